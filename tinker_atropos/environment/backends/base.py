@@ -1,0 +1,58 @@
+"""The interface every simulation backend of the environment service implements.
+
+A backend steps a batch of instances of one env together and resets finished episodes itself (autoreset).
+The service only validates requests, encodes tensors and keeps episode statistics, so a faster backend
+(threads, C-level batching) can replace the gymnasium one without touching the protocol.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import gymnasium as gym
+import numpy as np
+
+
+@dataclass(frozen=True)
+class BatchStep:
+    """What one step of all instances produced.
+
+    ``observations`` holds, for an instance whose episode just ended, the first observation of its next
+    episode; the terminal observation is kept apart in ``final_observations`` (rows in the order of
+    ``final_indices``), so a learner can bootstrap a truncated episode from it.
+    """
+
+    observations: np.ndarray  # [N, *obs_shape] float32
+    rewards: np.ndarray  # [N] float32
+    terminated: np.ndarray  # [N] bool
+    truncated: np.ndarray  # [N] bool
+    final_observations: np.ndarray  # [K, *obs_shape] float32
+    final_indices: np.ndarray  # [K] int32, the instances whose episode ended, ascending
+
+
+class EnvBatch(Protocol):
+    """N instances of one Gymnasium env id, stepped as a batch."""
+
+    observation_space: gym.Space
+    action_space: gym.Space
+    num_instances: int
+
+    def reset(self, seed: int | None) -> np.ndarray:
+        """Reset every instance; instance i is seeded with ``seed + i``. Returns [N, *obs_shape] float32."""
+        ...
+
+    def step(self, actions: np.ndarray) -> BatchStep:
+        """Step every instance with its row of ``actions`` (already validated and clipped)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def make_env_batch(backend: str, env_id: str, kwargs: dict[str, Any], num_instances: int) -> EnvBatch:
+    """Build the backend named in the config (``env.backend``)."""
+    if backend == "gymnasium":
+        from tinker_atropos.environment.backends.gymnasium_batch import GymnasiumBatch
+
+        return GymnasiumBatch(env_id, kwargs, num_instances)
+    raise ValueError(f"unknown env backend {backend!r}; allowed: 'gymnasium'")
