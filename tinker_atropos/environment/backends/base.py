@@ -55,4 +55,8 @@ def make_env_batch(backend: str, env_id: str, kwargs: dict[str, Any], num_instan
         from tinker_atropos.environment.backends.gymnasium_batch import GymnasiumBatch
 
         return GymnasiumBatch(env_id, kwargs, num_instances)
-    raise ValueError(f"unknown env backend {backend!r}; allowed: 'gymnasium'")
+    if backend == "mujoco":
+        from tinker_atropos.environment.backends.mujoco_batch import MujocoBatch
+
+        return MujocoBatch(env_id, kwargs, num_instances)
+    raise ValueError(f"unknown env backend {backend!r}; allowed: 'gymnasium', 'mujoco'")

@@ -1,0 +1,33 @@
+# The two commands a fresh machine needs: `make run` and `make test`. Everything else is set up from here.
+PYTHON ?= python3.11
+VENV ?= .venv
+PY := $(VENV)/bin/python
+RUN_CONFIG ?= configs/humanoid.yaml
+RUN_STEPS ?= 2000000
+
+.PHONY: run test lint proto bench clean
+
+$(VENV)/.installed: pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found: install Python 3.11 or pass PYTHON=..." >&2; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $@
+
+run: $(VENV)/.installed  ## train Humanoid-v5 with 16 env instances, printing throughput
+	$(VENV)/bin/tinker-atropos up $(RUN_CONFIG) --total-steps $(RUN_STEPS)
+
+test: $(VENV)/.installed  ## lint, then every test (unit, protocol, services as real processes)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/pytest -q
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+proto: $(VENV)/.installed  ## regenerate the gRPC/Protobuf stubs from tinker_atropos/protocol/v1/*.proto
+	$(PY) -m tinker_atropos.protocol.codegen
+
+clean:
+	rm -rf $(VENV) build *.egg-info

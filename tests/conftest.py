@@ -1,0 +1,87 @@
+"""Shared fixtures: a real Valkey server per test module and helpers to run services as OS processes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from tinker_atropos.runtime import child_preexec
+from tinker_atropos.state.embedded import EmbeddedValkey
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def valkey(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedValkey]:
+    server = EmbeddedValkey(tmp_path_factory.mktemp("valkey"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_client(valkey: EmbeddedValkey) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(valkey.url)
+    client.flushall()
+    yield client
+    client.close()
+
+
+class Processes:
+    """Service processes started by a test; all stopped (then killed) at teardown."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.started: list[subprocess.Popen] = []
+
+    def start(self, *args: str, name: str) -> subprocess.Popen:
+        log = open(self.log_dir / f"{name}.log", "w")  # noqa: SIM115 - inherited by the child
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tinker_atropos", *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=child_preexec,
+            cwd=REPO,
+        )
+        log.close()
+        self.started.append(process)
+        return process
+
+    def log(self, name: str) -> str:
+        return (self.log_dir / f"{name}.log").read_text()
+
+    def stop_all(self) -> None:
+        for process in self.started:
+            if process.poll() is None:
+                process.terminate()
+        deadline = time.monotonic() + 15
+        for process in self.started:
+            try:
+                process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+@pytest.fixture
+def processes(tmp_path: Path) -> Iterator[Processes]:
+    procs = Processes(tmp_path)
+    yield procs
+    procs.stop_all()
+
+
+def wait_for(condition, timeout_s: float, what: str, interval_s: float = 0.1):
+    """Poll ``condition`` until it returns a truthy value; fail the test with ``what`` on timeout."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(interval_s)
+    pytest.fail(f"timed out after {timeout_s}s waiting for {what}")

@@ -1,0 +1,3 @@
+from tinker_atropos.launcher.cli import main
+
+main()

@@ -1,0 +1,79 @@
+"""The PPO learner: turns accepted chunks into one update and owns everything a checkpoint must restore."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import torch
+
+from tinker_atropos.algorithms.ppo.learning import Batch, compute_gae, ppo_update
+from tinker_atropos.algorithms.ppo.networks import ActorCritic, weights_to_bytes
+from tinker_atropos.config import TrainerSection
+from tinker_atropos.protocol.chunks import ChunkArrays
+
+
+class PPOLearner:
+    def __init__(self, spec: dict[str, Any], config: TrainerSection, device: torch.device, seed: int) -> None:
+        self.spec, self.hp, self.device = spec, config.ppo, device
+        torch.manual_seed(seed)
+        self.model = ActorCritic(spec).to(device)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.hp.learning_rate, eps=1e-5)
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def batch(self, chunks: list[ChunkArrays]) -> Batch:
+        """Advantages per chunk (each is a contiguous [T, N] slab), then everything flattened to [B, …]."""
+        parts: dict[str, list[np.ndarray]] = {
+            k: [] for k in ("obs", "actions", "log_probs", "adv", "returns")
+        }
+        for c in chunks:
+            advantages, returns = compute_gae(
+                c.rewards,
+                c.values,
+                c.terminated,
+                c.truncated,
+                c.truncation_values,
+                c.bootstrap_values,
+                self.hp.gamma,
+                self.hp.gae_lambda,
+            )
+            flat = c.rewards.size
+            parts["obs"].append(c.observations.reshape(flat, *c.observations.shape[2:]))
+            parts["actions"].append(c.actions.reshape(flat, *c.actions.shape[2:]))
+            parts["log_probs"].append(c.log_probs.reshape(flat))
+            parts["adv"].append(advantages.reshape(flat))
+            parts["returns"].append(returns.reshape(flat))
+
+        def tensor(name: str) -> torch.Tensor:
+            return torch.as_tensor(np.concatenate(parts[name]), device=self.device)
+
+        return Batch(tensor("obs"), tensor("actions"), tensor("log_probs"), tensor("adv"), tensor("returns"))
+
+    def update(self, chunks: list[ChunkArrays]) -> dict[str, float]:
+        return ppo_update(self.model, self.optimizer, self.batch(chunks), self.hp, self.generator)
+
+    def weights(self) -> bytes:
+        return weights_to_bytes(self.model)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "spec": self.spec,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "rng": {
+                "generator": self.generator.get_state(),
+                "torch": torch.get_rng_state(),
+                "numpy": np.random.get_state(),
+                "python": random.getstate(),
+            },
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        rng = state["rng"]
+        self.generator.set_state(rng["generator"])
+        torch.set_rng_state(rng["torch"])
+        np.random.set_state(rng["numpy"])
+        random.setstate(rng["python"])

@@ -1,0 +1,178 @@
+"""The run configuration: one YAML file per run, validated here, printed back resolved at start.
+
+Every field has a default, so a config only says what differs. Swapping the env, the model or the algorithm's
+hyper-parameters is a change of this file, never of code.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+
+def _device(value: str) -> str:
+    if not re.fullmatch(r"cpu|cuda(:\d+)?|auto", value):
+        raise ValueError("allowed devices: cpu, cuda, cuda:N, auto")
+    return value
+
+
+Device = Annotated[str, AfterValidator(_device)]
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class RunSection(Section):
+    name: str = Field(
+        "default", pattern=r"^[A-Za-z0-9_.-]+$", description="Namespaces Redis keys: ta:{name}:…"
+    )
+    seed: int = Field(1, ge=0, description="Seeds env instances, policy sampling and network initialisation.")
+    report_interval_s: float = Field(2.0, gt=0, description="Seconds between progress reports of `up`.")
+
+
+class RedisSection(Section):
+    url: str | None = Field(
+        None, description="redis:// URL of a Redis-protocol server; null = `up` starts an embedded Valkey."
+    )
+    heartbeat_interval_s: float = Field(1.0, gt=0, description="Seconds between registry heartbeats.")
+    heartbeat_ttl_s: float = Field(5.0, gt=0, description="A service missing heartbeats this long is gone.")
+
+
+class EnvSection(Section):
+    id: str = Field("Pendulum-v1", description="Any registered Gymnasium env id, or 'module:EnvClass'.")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for gymnasium.make.")
+    backend: Literal["gymnasium", "mujoco"] = Field(
+        "gymnasium",
+        description="'gymnasium' steps gymnasium.make instances; 'mujoco' is the batched MuJoCo one.",
+    )
+    instances: int = Field(16, ge=1, le=4096, description="Environment instances hosted by each env service.")
+    services: int = Field(1, ge=1, le=256, description="Environment services that `up` starts.")
+
+    @field_validator("id")
+    @classmethod
+    def _registered(cls, env_id: str) -> str:
+        if ":" in env_id:  # 'module:EnvClass' is imported by gymnasium.make itself
+            return env_id
+        import gymnasium
+
+        if env_id not in gymnasium.registry:
+            close = difflib.get_close_matches(env_id, list(gymnasium.registry), n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise ValueError(f"unknown Gymnasium env id {env_id!r}{hint}")
+        return env_id
+
+
+class RolloutSection(Section):
+    replicas: int = Field(1, ge=1, le=256, description="Rollout services that `up` starts.")
+    sessions_per_env: int = Field(
+        1, ge=1, le=64, description="Streams opened on each env service; its instances are split among them."
+    )
+    chunk_length: int = Field(64, ge=1, le=4096, description="Steps per trajectory chunk.")
+    device: Device = Field("cpu", description="Where policy inference runs: cpu, cuda, cuda:N or auto.")
+    max_queued_chunks: int = Field(
+        64, ge=1, description="Bound of the experience stream in Redis; older chunks are dropped and counted."
+    )
+    flow_control: Literal["pause", "drop"] = Field(
+        "pause",
+        description="'pause': stop collecting while a full batch (trainer.chunks_per_update chunks) waits "
+        "in the stream, so no step goes stale; 'drop': collect flat out, the stream bound drops the excess.",
+    )
+    reconnect_backoff_s: float = Field(0.2, gt=0, description="First reconnect delay; doubles up to 5 s.")
+
+
+class ModelSection(Section):
+    hidden_sizes: list[int] = Field(
+        [64, 64], min_length=1, description="Widths of the actor and critic MLPs."
+    )
+    activation: Literal["tanh", "relu"] = Field("tanh", description="Hidden-layer activation.")
+    init_log_std: float = Field(0.0, description="Initial log standard deviation of Gaussian actions.")
+
+
+class PPOSection(Section):
+    learning_rate: float = Field(3e-4, gt=0, description="Adam step size.")
+    gamma: float = Field(0.99, gt=0, le=1, description="Discount factor.")
+    gae_lambda: float = Field(0.95, ge=0, le=1, description="GAE lambda.")
+    clip_coef: float = Field(0.2, gt=0, description="PPO ratio clipping.")
+    ent_coef: float = Field(0.0, ge=0, description="Entropy bonus weight.")
+    vf_coef: float = Field(0.5, ge=0, description="Value loss weight.")
+    max_grad_norm: float = Field(0.5, gt=0, description="Global gradient-norm clip.")
+    update_epochs: int = Field(10, ge=1, description="Passes over each batch.")
+    num_minibatches: int = Field(32, ge=1, description="Minibatches per epoch.")
+    target_kl: float | None = Field(None, gt=0, description="Stop the epochs early past this approximate KL.")
+    normalize_advantages: bool = Field(True, description="Standardise advantages per minibatch.")
+    normalize_observations: bool = Field(True, description="Running mean/std observation normaliser.")
+    normalize_returns: bool = Field(
+        True, description="Value head predicts returns standardised by running stats."
+    )
+
+
+class CheckpointSection(Section):
+    every_updates: int = Field(50, ge=1, description="Write a checkpoint every this many updates.")
+    keep: int = Field(3, ge=1, description="Checkpoints kept; older ones are deleted.")
+
+
+class TrainerSection(Section):
+    algorithm: Literal["ppo"] = Field("ppo", description="Learning algorithm.")
+    device: Device = Field("cpu", description="Where learning runs: cpu, cuda, cuda:N or auto.")
+    chunks_per_update: int = Field(4, ge=1, description="Chunks gathered into one PPO batch.")
+    max_policy_lag: int = Field(
+        2, ge=0, description="Chunks acted by a policy older than this many versions are rejected."
+    )
+    torch_threads: int = Field(1, ge=1, description="Intra-op threads of the trainer's torch.")
+    model: ModelSection = Field(default_factory=ModelSection)
+    ppo: PPOSection = Field(default_factory=PPOSection)
+    checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
+
+
+class Config(Section):
+    run: RunSection = Field(default_factory=RunSection)
+    redis: RedisSection = Field(default_factory=RedisSection)
+    env: EnvSection = Field(default_factory=EnvSection)
+    rollout: RolloutSection = Field(default_factory=RolloutSection)
+    trainer: TrainerSection = Field(default_factory=TrainerSection)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+class ConfigError(ValueError):
+    """A config that does not validate; the message names each bad field and what it accepts."""
+
+
+def _describe(error: ValidationError, source: str) -> str:
+    lines = [f"invalid config {source}:"]
+    for item in error.errors():
+        field = ".".join(str(p) for p in item["loc"]) or "(top level)"
+        message = item["msg"].removeprefix("Value error, ")
+        got = "" if item["type"] == "missing" else f" (got {item['input']!r})"
+        if item["type"] == "extra_forbidden":
+            message, got = "unknown field", ""
+        lines.append(f"  {field}: {message}{got}")
+    return "\n".join(lines)
+
+
+def parse_config(data: dict[str, Any], source: str = "") -> Config:
+    try:
+        return Config.model_validate(data)
+    except ValidationError as error:
+        raise ConfigError(_describe(error, source)) from None
+
+
+def load_config(path: str | Path) -> Config:
+    """Read and validate a YAML run config."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except OSError as error:
+        raise ConfigError(f"cannot read config {path}: {error.strerror}") from None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"config {path} is not valid YAML: {error}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config {path} must be a mapping of sections, got {type(data).__name__}")
+    return parse_config(data, str(path))

@@ -1,0 +1,32 @@
+"""Per-instance episode return and length, reported when an episode ends."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tinker_atropos.protocol.v1 import environment_pb2
+
+
+class EpisodeTracker:
+    def __init__(self, num_instances: int) -> None:
+        self.returns = np.zeros(num_instances, dtype=np.float64)
+        self.lengths = np.zeros(num_instances, dtype=np.int64)
+
+    def update(
+        self, rewards: np.ndarray, terminated: np.ndarray, truncated: np.ndarray
+    ) -> list[environment_pb2.EpisodeEnd]:
+        self.returns += rewards
+        self.lengths += 1
+        ended = []
+        for i in np.flatnonzero(terminated | truncated):
+            ended.append(
+                environment_pb2.EpisodeEnd(
+                    instance=int(i),
+                    episode_return=float(self.returns[i]),
+                    length=int(self.lengths[i]),
+                    terminated=bool(terminated[i]),
+                )
+            )
+            self.returns[i] = 0.0
+            self.lengths[i] = 0
+        return ended

@@ -1,0 +1,154 @@
+"""The ``tinker-atropos`` command: run the whole system locally (``up``) or one service (``env``, ``rollout``,
+``trainer``) as a container or another machine would, and look at a run (``status``, ``health``)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from tinker_atropos.config import Config, ConfigError, load_config
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+
+ConfigOpt = Annotated[Path, typer.Option("--config", "-c", envvar="TA_CONFIG", help="Run config (YAML).")]
+RedisOpt = Annotated[
+    str | None, typer.Option(envvar="TA_REDIS_URL", help="redis:// URL; overrides redis.url.")
+]
+HostOpt = Annotated[str, typer.Option(envvar="TA_HOST", help="Address to bind.")]
+AdvertiseOpt = Annotated[
+    str | None,
+    typer.Option(envvar="TA_ADVERTISE_HOST", help="Host written to the registry (default: the bound host)."),
+]
+RunDirOpt = Annotated[
+    Path | None, typer.Option(envvar="TA_RUN_DIR", help="Run folder (default runs/RUN_NAME).")
+]
+
+
+def _config(path: Path) -> Config:
+    try:
+        return load_config(path)
+    except ConfigError as error:
+        typer.echo(str(error), err=True)
+        raise typer.Exit(2) from None
+
+
+def _redis_url(config: Config, override: str | None) -> str:
+    url = override or config.redis.url
+    if not url:
+        typer.echo(
+            "no Redis URL: pass --redis-url, set TA_REDIS_URL or redis.url in the config "
+            "(only `up` starts an embedded server)",
+            err=True,
+        )
+        raise typer.Exit(2)
+    return url
+
+
+@app.command()
+def up(
+    config: Annotated[Path, typer.Argument(help="Run config (YAML).")],
+    total_steps: Annotated[int | None, typer.Option(min=1, help="Stop after this many env steps.")] = None,
+    run_dir: RunDirOpt = None,
+    redis_url: RedisOpt = None,
+    target_return: Annotated[
+        float | None, typer.Option(help="Stop once the mean return of the last 10 episodes reaches this.")
+    ] = None,
+) -> None:
+    """Start Redis (embedded Valkey unless a URL is given) and every service as its own process."""
+    from tinker_atropos.launcher.up import run_local
+
+    cfg = _config(config)
+    raise typer.Exit(
+        run_local(cfg, total_steps, run_dir or Path("runs") / cfg.run.name, redis_url, target_return)
+    )
+
+
+@app.command()
+def env(
+    config: ConfigOpt,
+    redis_url: RedisOpt = None,
+    host: HostOpt = "127.0.0.1",
+    port: Annotated[
+        int, typer.Option(envvar="TA_PORT", min=0, max=65535, help="gRPC port; 0 = any free.")
+    ] = 50051,
+    advertise_host: AdvertiseOpt = None,
+    instances: Annotated[
+        int | None, typer.Option(envvar="TA_INSTANCES", min=1, help="Overrides env.instances.")
+    ] = None,
+) -> None:
+    """Run one environment service."""
+    from tinker_atropos.environment.service import serve
+
+    cfg = _config(config)
+    if instances is not None:
+        cfg.env.instances = instances
+    serve(cfg, _redis_url(cfg, redis_url), host, port, advertise_host)
+
+
+@app.command()
+def rollout(
+    config: ConfigOpt,
+    redis_url: RedisOpt = None,
+    host: HostOpt = "127.0.0.1",
+    port: Annotated[
+        int, typer.Option(envvar="TA_PORT", min=0, max=65535, help="gRPC port; 0 = any free.")
+    ] = 50052,
+    advertise_host: AdvertiseOpt = None,
+) -> None:
+    """Run one rollout service."""
+    from tinker_atropos.rollout.service import serve
+
+    cfg = _config(config)
+    serve(cfg, _redis_url(cfg, redis_url), host, port, advertise_host)
+
+
+@app.command()
+def trainer(
+    config: ConfigOpt,
+    redis_url: RedisOpt = None,
+    host: HostOpt = "127.0.0.1",
+    port: Annotated[
+        int, typer.Option(envvar="TA_PORT", min=0, max=65535, help="gRPC port; 0 = any free.")
+    ] = 50053,
+    advertise_host: AdvertiseOpt = None,
+    run_dir: RunDirOpt = None,
+) -> None:
+    """Run the trainer service (checkpoints under RUN_DIR/checkpoints)."""
+    from tinker_atropos.trainer.service import serve
+
+    cfg = _config(config)
+    serve(cfg, _redis_url(cfg, redis_url), host, port, advertise_host, run_dir or Path("runs") / cfg.run.name)
+
+
+@app.command()
+def status(
+    redis_url: Annotated[
+        str, typer.Option(envvar="TA_REDIS_URL", help="redis:// URL of the run's Redis.")
+    ] = ("redis://127.0.0.1:6379/0"),
+    run: Annotated[str | None, typer.Option(help="Run name (default: every run found).")] = None,
+) -> None:
+    """Print the live services of a run and its counters, from the Redis registry."""
+    from tinker_atropos.launcher.status import print_status
+
+    raise typer.Exit(print_status(redis_url, run))
+
+
+@app.command()
+def health(address: Annotated[str, typer.Argument(help="host:port of a service.")]) -> None:
+    """Exit 0 when the service's gRPC health check reports SERVING (for container health checks)."""
+    from tinker_atropos.runtime import check_health
+
+    serving = check_health(address)
+    typer.echo("SERVING" if serving else "NOT_SERVING")
+    raise typer.Exit(0 if serving else 1)
+
+
+def main() -> None:
+    app(prog_name="tinker-atropos")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

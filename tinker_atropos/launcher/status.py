@@ -1,0 +1,72 @@
+"""``tinker-atropos status``: the live services of a run and its counters, read from the Redis registry."""
+
+from __future__ import annotations
+
+import redis
+from rich.console import Console
+from rich.table import Table
+
+from tinker_atropos.state.connection import connect
+from tinker_atropos.state.experience import queued_chunks, read_stats
+from tinker_atropos.state.registry import live_services
+from tinker_atropos.state.weights import published_version
+
+SHOWN_FIGURES = {
+    "env": ("env_id", "instances", "free_instances", "sessions", "steps", "episodes"),
+    "rollout": (
+        "policy_version",
+        "env_steps",
+        "chunks_written",
+        "partial_chunks_dropped",
+        "connected_sessions",
+    ),
+    "trainer": (
+        "policy_version",
+        "updates",
+        "busy_fraction",
+        "policy_lag_min",
+        "policy_lag_mean",
+        "policy_lag_max",
+    ),
+}
+
+
+def runs_in(client: redis.Redis) -> list[str]:
+    return sorted({key.decode().split(":")[1] for key in client.scan_iter(match="ta:*:service:*", count=500)})
+
+
+def _figure(value: object) -> str:
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+def print_status(redis_url: str, run: str | None) -> int:
+    console = Console()
+    client = connect(redis_url)
+    try:
+        runs = [run] if run else runs_in(client)
+    except redis.RedisError as error:
+        console.print(f"[red]cannot reach Redis at {redis_url}: {error}")
+        return 1
+    if not runs:
+        console.print(f"no live services in {redis_url}")
+        return 0
+    for name in runs:
+        table = Table(title=f"run {name!r}  (policy version {published_version(client, name)})")
+        for column in ("kind", "address", "incarnation", "heartbeat age", "up", "figures"):
+            table.add_column(column)
+        for record in live_services(client, name):
+            shown = SHOWN_FIGURES.get(record.kind, tuple(record.figures))
+            figures = "  ".join(f"{k}={_figure(record.figures[k])}" for k in shown if k in record.figures)
+            table.add_row(
+                record.kind,
+                record.address,
+                record.incarnation,
+                f"{record.heartbeat_age_s:.1f}s",
+                f"{record.heartbeat_at - record.started_at:.0f}s",
+                figures,
+            )
+        console.print(table)
+        counters = read_stats(client, name)
+        counters["chunks_queued"] = queued_chunks(client, name)
+        console.print("  ".join(f"{k}={v}" for k, v in sorted(counters.items())))
+    return 0

@@ -1,0 +1,62 @@
+"""numpy <-> ``Tensor`` messages: dtype + shape + raw bytes, decoded without copying."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tinker_atropos.protocol.v1 import tensor_pb2
+
+_TO_NUMPY: dict[int, np.dtype] = {
+    tensor_pb2.DTYPE_FLOAT32: np.dtype("<f4"),
+    tensor_pb2.DTYPE_FLOAT64: np.dtype("<f8"),
+    tensor_pb2.DTYPE_FLOAT16: np.dtype("<f2"),
+    tensor_pb2.DTYPE_INT8: np.dtype("i1"),
+    tensor_pb2.DTYPE_INT16: np.dtype("<i2"),
+    tensor_pb2.DTYPE_INT32: np.dtype("<i4"),
+    tensor_pb2.DTYPE_INT64: np.dtype("<i8"),
+    tensor_pb2.DTYPE_UINT8: np.dtype("u1"),
+    tensor_pb2.DTYPE_BOOL: np.dtype("?"),
+}
+_FROM_NUMPY: dict[np.dtype, int] = {dt.newbyteorder("="): code for code, dt in _TO_NUMPY.items()}
+
+
+class TensorError(ValueError):
+    """A tensor message that cannot be decoded: unknown dtype, or bytes that do not match the shape."""
+
+
+def dtype_code(dtype: np.dtype | type) -> int:
+    """Protobuf enum value for a numpy dtype."""
+    try:
+        return _FROM_NUMPY[np.dtype(dtype).newbyteorder("=")]
+    except KeyError:
+        allowed = ", ".join(sorted(str(d) for d in _FROM_NUMPY))
+        raise TensorError(f"dtype {np.dtype(dtype)} cannot travel as a Tensor; allowed: {allowed}") from None
+
+
+def numpy_dtype(code: int) -> np.dtype:
+    try:
+        return _TO_NUMPY[code]
+    except KeyError:
+        raise TensorError(f"unknown tensor dtype code {code}") from None
+
+
+def encode(array: np.ndarray) -> tensor_pb2.Tensor:
+    """Encode a numpy array (any memory layout) as a Tensor message."""
+    array = np.asarray(array)
+    code = dtype_code(array.dtype)
+    data = np.ascontiguousarray(array, dtype=_TO_NUMPY[code]).tobytes()
+    return tensor_pb2.Tensor(dtype=code, shape=array.shape, data=data)
+
+
+def decode(tensor: tensor_pb2.Tensor) -> np.ndarray:
+    """Decode a Tensor message into a read-only numpy view of its bytes (no copy)."""
+    dtype = numpy_dtype(tensor.dtype)
+    shape = tuple(tensor.shape)
+    if any(d < 0 for d in shape):
+        raise TensorError(f"negative dimension in shape {shape}")
+    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if len(tensor.data) != expected:
+        raise TensorError(
+            f"tensor of shape {shape} and dtype {dtype} needs {expected} bytes, got {len(tensor.data)}"
+        )
+    return np.frombuffer(tensor.data, dtype=dtype).reshape(shape)

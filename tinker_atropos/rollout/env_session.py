@@ -1,0 +1,210 @@
+"""One environment session, SEED RL style: one bidi stream, one loop, one reconnect with backoff.
+
+The loop acts on the latest observations with the current policy, sends the actions of every instance in one
+message, and appends the result to the chunk being built. The policy only changes between chunks, so each
+chunk is acted by a single version. When the stream breaks, the partial chunk is dropped (never stitched
+onto the next incarnation) and the loop reconnects.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable, Iterator
+
+import grpc
+import numpy as np
+
+from tinker_atropos.environment.spaces import space_from_proto
+from tinker_atropos.protocol import tensors
+from tinker_atropos.protocol.v1 import environment_pb2, environment_pb2_grpc
+from tinker_atropos.rollout.chunks import ChunkBuilder
+from tinker_atropos.rollout.policy import PolicySource
+from tinker_atropos.runtime import GRPC_OPTIONS
+from tinker_atropos.state.experience import ExperienceWriter
+
+log = logging.getLogger(__name__)
+
+MAX_BACKOFF_S = 5.0
+PAUSE_POLL_S = 0.005
+CHANNEL_OPTIONS = [
+    *GRPC_OPTIONS,
+    ("grpc.keepalive_time_ms", 2000),  # notice a peer that stopped answering (SIGSTOP, cut link)
+    ("grpc.keepalive_timeout_ms", 3000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+]
+
+
+def _reason(error: grpc.RpcError) -> str:
+    return f"{error.code().name}: {error.details()}" if isinstance(error, grpc.Call) else str(error)
+
+
+class SessionCounters:
+    """Figures shared by all sessions of a rollout service (updated under the GIL, read by heartbeats)."""
+
+    def __init__(self) -> None:
+        self.env_steps = 0
+        self.chunks_written = 0
+        self.partial_chunks_dropped = 0
+        self.episodes = 0
+        self.connected = 0
+
+
+class EnvSession(threading.Thread):
+    """Keeps one session open on the env service at ``address`` until ``stop`` is set or the address
+    leaves the registry."""
+
+    def __init__(
+        self,
+        address: str,
+        slot: int,
+        slots: int,
+        seed: int,
+        chunk_length: int,
+        policy: PolicySource,
+        writer: ExperienceWriter,
+        rollout_incarnation: str,
+        counters: SessionCounters,
+        still_registered: Callable[[str], bool],
+        stop: threading.Event,
+        backoff_s: float,
+        pause_at_queued: int | None,
+    ) -> None:
+        super().__init__(name=f"session-{address}-{slot}", daemon=True)
+        self.address, self.slot, self.slots, self.seed = address, slot, slots, seed
+        self.chunk_length, self.policy, self.writer = chunk_length, policy, writer
+        self.rollout_incarnation, self.counters = rollout_incarnation, counters
+        self.still_registered, self.stop, self.first_backoff_s = still_registered, stop, backoff_s
+        self.pause_at_queued = pause_at_queued
+        self.opened_once = False
+
+    def run(self) -> None:
+        backoff, attempt = self.first_backoff_s, 0
+        while not self.stop.is_set():
+            try:
+                with grpc.insecure_channel(self.address, options=CHANNEL_OPTIONS) as channel:
+                    # a new seed per attempt: a reconnect does not replay the same initial states
+                    self._serve(environment_pb2_grpc.EnvironmentStub(channel), self.seed + attempt * 1000)
+                return  # stopped cleanly
+            except grpc.RpcError as error:
+                if self.opened_once:
+                    backoff, self.opened_once = self.first_backoff_s, False
+                log.warning(
+                    "session %s/%d lost: %s; retrying in %.1fs",
+                    self.address,
+                    self.slot,
+                    _reason(error),
+                    backoff,
+                )
+                busy = isinstance(error, grpc.Call) and error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                if not busy and not self.still_registered(self.address):
+                    log.info("env service %s left the registry; session %d ends", self.address, self.slot)
+                    return
+            attempt += 1
+            if self.stop.wait(backoff):
+                return
+            backoff = min(backoff * 2, MAX_BACKOFF_S)
+
+    def wait_for_trainer(self, queued: int) -> None:
+        """Flow control 'pause': while a full batch is already queued, more steps would only go stale."""
+        if self.pause_at_queued is None:
+            return
+        while queued >= self.pause_at_queued and not self.stop.wait(PAUSE_POLL_S):
+            queued = self.writer.queued()
+
+    def _wait_for_policy(self):
+        while not self.stop.is_set():
+            policy = self.policy.refresh()
+            if policy is not None:
+                return policy
+            self.stop.wait(0.5)
+        return None
+
+    def _serve(self, stub: environment_pb2_grpc.EnvironmentStub, seed: int) -> None:
+        info = stub.Describe(environment_pb2.DescribeRequest(), timeout=10)
+        policy = self._wait_for_policy()
+        if policy is None:
+            return
+        n = info.num_instances // self.slots + (self.slot < info.num_instances % self.slots)
+        action_space = space_from_proto(info.action_space)
+        obs_shape = tuple(info.observation_space.box.shape)
+        action_dtype = np.float32 if info.action_space.WhichOneof("kind") == "box" else np.int64
+
+        requests: queue.SimpleQueue = queue.SimpleQueue()
+
+        def request_stream() -> Iterator[environment_pb2.SessionRequest]:
+            while (request := requests.get()) is not None:
+                yield request
+
+        responses = stub.Session(request_stream())
+        try:
+            requests.put(
+                environment_pb2.SessionRequest(open=environment_pb2.OpenSession(num_instances=n, seed=seed))
+            )
+            opened = next(responses).opened
+            self.counters.connected += 1
+            self.opened_once = True
+            try:
+                self._step_loop(
+                    opened, responses, requests, policy, action_space.shape, action_dtype, obs_shape
+                )
+            finally:
+                self.counters.connected -= 1
+        finally:
+            requests.put(None)  # half-close: the env service frees the session's instances
+            responses.cancel()
+
+    def _step_loop(self, opened, responses, requests, policy, action_shape, action_dtype, obs_shape) -> None:
+        n, session_id = opened.num_instances, opened.session_id
+        log.info(
+            "session %s/%d open: %d instances of env incarnation %s",
+            self.address,
+            self.slot,
+            n,
+            opened.incarnation,
+        )
+        builder = ChunkBuilder(self.chunk_length, n, obs_shape, action_shape, action_dtype)
+        observations = tensors.decode(opened.observations)
+        try:
+            while not self.stop.is_set():
+                actions, log_probs, values = policy.act(observations)
+                actions = actions.astype(action_dtype, copy=False)
+                requests.put(
+                    environment_pb2.SessionRequest(
+                        step=environment_pb2.StepRequest(
+                            session_id=session_id, actions=tensors.encode(actions)
+                        )
+                    )
+                )
+                result = next(responses).step
+                truncation_values = np.zeros(n, np.float32)
+                final_indices = tensors.decode(result.final_indices)
+                if final_indices.size:
+                    truncated = tensors.decode(result.truncated)[final_indices]
+                    if truncated.any():
+                        finals = tensors.decode(result.final_observations)[truncated]
+                        truncation_values[final_indices[truncated]] = policy.value(finals)
+                builder.add(observations, actions, log_probs, values, result, truncation_values)
+                observations = tensors.decode(result.observations)
+                if builder.full:
+                    episodes = [{"return": e.episode_return, "length": e.length} for e in builder.episodes]
+                    chunk = builder.finish(
+                        observations,
+                        policy.value(observations),
+                        policy.version,
+                        self.rollout_incarnation,
+                        opened.incarnation,
+                        session_id,
+                    )
+                    queued = self.writer.append(chunk, env_steps=n * self.chunk_length, episodes=episodes) + 1
+                    self.counters.chunks_written += 1
+                    self.counters.env_steps += n * self.chunk_length
+                    self.counters.episodes += len(episodes)
+                    self.wait_for_trainer(queued)
+                    policy = self.policy.refresh() or policy
+        finally:
+            if builder.steps:
+                self.counters.partial_chunks_dropped += 1

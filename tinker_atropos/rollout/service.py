@@ -1,0 +1,115 @@
+"""The rollout service: discovers env services in the registry and keeps sessions open on each of them."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import redis
+import torch
+
+from tinker_atropos.config import Config
+from tinker_atropos.protocol.v1 import services_pb2, services_pb2_grpc
+from tinker_atropos.rollout.env_session import EnvSession, SessionCounters
+from tinker_atropos.rollout.policy import PolicySource
+from tinker_atropos.runtime import ServiceHost, configure_logging, stop_on_signals
+from tinker_atropos.state.connection import connect
+from tinker_atropos.state.experience import ExperienceWriter
+from tinker_atropos.state.registry import live_services
+
+log = logging.getLogger(__name__)
+
+DISCOVERY_INTERVAL_S = 0.5
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+class RolloutServicer(services_pb2_grpc.RolloutServicer):
+    def __init__(self, config: Config, client: redis.Redis) -> None:
+        self.config, self.client = config, client
+        self.incarnation = ""
+        self.counters = SessionCounters()
+        self.policy = PolicySource(client, config.run.name, resolve_device(config.rollout.device))
+        self.writer = ExperienceWriter(client, config.run.name, config.rollout.max_queued_chunks)
+        self.sessions: dict[tuple[str, int], EnvSession] = {}
+        self._env_addresses: set[str] = set()
+        pausing = config.rollout.flow_control == "pause"
+        self.pause_at_queued = config.trainer.chunks_per_update if pausing else None
+        self._sessions_started = 0  # numbers the sessions, so seeds are reproducible
+
+    def status(self) -> services_pb2.RolloutStatus:
+        c = self.counters
+        return services_pb2.RolloutStatus(
+            incarnation=self.incarnation,
+            policy_version=self.policy.version or 0,
+            env_steps=c.env_steps,
+            chunks_written=c.chunks_written,
+            partial_chunks_dropped=c.partial_chunks_dropped,
+            connected_sessions=c.connected,
+            episodes=c.episodes,
+        )
+
+    def figures(self) -> dict:
+        from google.protobuf.json_format import MessageToDict
+
+        return MessageToDict(
+            self.status(), preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+        )
+
+    def GetStatus(self, request, context) -> services_pb2.RolloutStatus:  # noqa: N802 - gRPC name
+        return self.status()
+
+    def discover(self, stop: threading.Event) -> None:
+        """Open the missing sessions: one per (env service, slot), restarted when its thread ended."""
+        try:
+            self._env_addresses = {s.address for s in live_services(self.client, self.config.run.name, "env")}
+        except redis.RedisError as error:
+            log.warning("registry unreadable (%s); keeping current sessions", error)
+            return
+        slots = self.config.rollout.sessions_per_env
+        for address in sorted(self._env_addresses):
+            for slot in range(slots):
+                session = self.sessions.get((address, slot))
+                if session is not None and session.is_alive():
+                    continue
+                self._sessions_started += 1
+                seed = self.config.run.seed * 1_000_000 + self._sessions_started * 10_000
+                session = EnvSession(
+                    address,
+                    slot,
+                    slots,
+                    seed,
+                    self.config.rollout.chunk_length,
+                    self.policy,
+                    self.writer,
+                    self.incarnation,
+                    self.counters,
+                    lambda a: a in self._env_addresses,
+                    stop,
+                    self.config.rollout.reconnect_backoff_s,
+                    self.pause_at_queued,
+                )
+                self.sessions[(address, slot)] = session
+                session.start()
+
+
+def serve(config: Config, redis_url: str, host: str, port: int, advertise_host: str | None) -> None:
+    """Run one rollout service until SIGTERM/SIGINT."""
+    configure_logging("rollout")
+    torch.set_num_threads(1)
+    stop = stop_on_signals()
+    client = connect(redis_url)
+    servicer = RolloutServicer(config, client)
+    service = ServiceHost("rollout", config, client, host, port, advertise_host, servicer.figures)
+    servicer.incarnation = service.incarnation
+    services_pb2_grpc.add_RolloutServicer_to_server(servicer, service.server)
+    service.start()
+    while not stop.wait(DISCOVERY_INTERVAL_S):
+        servicer.discover(stop)
+    for session in servicer.sessions.values():
+        session.join(timeout=10)
+    service.stop()

@@ -1,0 +1,127 @@
+"""What every service process shares: its gRPC server with the standard health service, its registry entry,
+its incarnation id, and a SIGTERM that drains instead of killing."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import signal
+import socket
+import threading
+import uuid
+from collections.abc import Callable
+from concurrent import futures
+from typing import Any
+
+import grpc
+import redis
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from tinker_atropos.config import Config
+from tinker_atropos.state.registry import Registration
+
+log = logging.getLogger(__name__)
+
+GRPC_OPTIONS = [
+    ("grpc.max_send_message_length", 256 * 1024 * 1024),
+    ("grpc.max_receive_message_length", 256 * 1024 * 1024),
+]
+_PR_SET_PDEATHSIG = 1
+
+
+def new_incarnation() -> str:
+    """Random per process start: lets peers tell a restarted service from the one they knew."""
+    return uuid.uuid4().hex[:12]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def child_preexec() -> None:
+    """Run in a forked child: its own session (Ctrl-C reaches only the launcher, which drains it) and a
+    SIGTERM when the launcher dies, so that no child outlives it even after a SIGKILL."""
+    import os
+
+    os.setsid()
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def configure_logging(kind: str) -> None:
+    logging.basicConfig(
+        level=logging.INFO, format=f"%(asctime)s {kind} %(levelname)s %(name)s: %(message)s", force=True
+    )
+
+
+def stop_on_signals() -> threading.Event:
+    """An event set by SIGTERM or SIGINT: service loops finish their step and return."""
+    stop = threading.Event()
+
+    def handler(signum: int, _frame: Any) -> None:
+        log.info("received %s, draining", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+    return stop
+
+
+class ServiceHost:
+    """A service's gRPC server, health status and registry entry, started and stopped together."""
+
+    def __init__(
+        self,
+        kind: str,
+        config: Config,
+        client: redis.Redis,
+        host: str,
+        port: int,
+        advertise_host: str | None,
+        figures: Callable[[], dict[str, Any]],
+        max_workers: int = 16,
+    ) -> None:
+        self.kind, self.incarnation = kind, new_incarnation()
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=GRPC_OPTIONS)
+        self.health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        self.port = self.server.add_insecure_port(f"{host}:{port}")
+        if self.port == 0:
+            raise RuntimeError(f"cannot bind the {kind} service to {host}:{port}")
+        if not advertise_host:
+            advertise_host = host if host not in ("0.0.0.0", "::", "") else socket.gethostname()
+        self.address = f"{advertise_host}:{self.port}"
+        self.registration = Registration(
+            client,
+            config.run.name,
+            kind,
+            self.address,
+            self.incarnation,
+            figures,
+            config.redis.heartbeat_interval_s,
+            config.redis.heartbeat_ttl_s,
+        )
+
+    def start(self) -> None:
+        self.server.start()
+        self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        self.registration.start()
+        log.info("%s service %s serving on %s", self.kind, self.incarnation, self.address)
+
+    def stop(self, grace_s: float = 2.0) -> None:
+        self.health.enter_graceful_shutdown()
+        self.registration.close()
+        self.server.stop(grace_s).wait()
+        log.info("%s service %s stopped", self.kind, self.incarnation)
+
+
+def check_health(address: str, timeout_s: float = 3.0) -> bool:
+    """True when the gRPC health service at ``address`` reports SERVING."""
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        try:
+            reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
+        except grpc.RpcError:
+            return False
+    return reply.status == health_pb2.HealthCheckResponse.SERVING

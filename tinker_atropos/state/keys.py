@@ -1,0 +1,39 @@
+"""The Redis key layout, versioned with the protocol. Every key of a run lives under ``ta:{run}:``."""
+
+from __future__ import annotations
+
+LAYOUT_VERSION = 1
+
+
+def service(run: str, kind: str, incarnation: str) -> str:
+    """Hash with a TTL: one live service instance (registry entry)."""
+    return f"ta:{run}:service:{kind}:{incarnation}"
+
+
+def service_pattern(run: str, kind: str | None = None) -> str:
+    return f"ta:{run}:service:{kind or '*'}:*"
+
+
+def weights(run: str) -> str:
+    """Hash {version, blob, spec, published_at}: the latest policy published by the trainer."""
+    return f"ta:{run}:weights"
+
+
+def weights_channel(run: str) -> str:
+    """Pub/sub channel announcing each new weights version."""
+    return f"ta:{run}:weights:published"
+
+
+def experience(run: str) -> str:
+    """Bounded stream of serialized TrajectoryChunk messages, rollout -> trainer."""
+    return f"ta:{run}:experience"
+
+
+def stats(run: str) -> str:
+    """Hash of run-wide counters (env steps, chunks written/dropped/rejected, episodes)."""
+    return f"ta:{run}:stats"
+
+
+def episodes(run: str) -> str:
+    """Capped list of the latest finished episodes, as JSON, newest first."""
+    return f"ta:{run}:episodes"

@@ -1,0 +1,113 @@
+"""Service registry: each service writes who and where it is under a TTL and refreshes it (heartbeat).
+
+Discovery reads the registry, never a hard-coded address; a service that stops heart-beating disappears
+when its TTL runs out and is accepted back as soon as it beats again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from tinker_atropos.state import keys
+
+
+@dataclass(frozen=True)
+class ServiceRecord:
+    kind: str
+    address: str
+    incarnation: str
+    started_at: float
+    heartbeat_at: float
+    figures: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def heartbeat_age_s(self) -> float:
+        return max(0.0, time.time() - self.heartbeat_at)
+
+
+class Registration:
+    """Keeps one service's registry entry alive from a background thread until ``close``."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        run: str,
+        kind: str,
+        address: str,
+        incarnation: str,
+        figures: Callable[[], dict[str, Any]],
+        interval_s: float,
+        ttl_s: float,
+    ) -> None:
+        self._client, self._figures = client, figures
+        self._key = keys.service(run, kind, incarnation)
+        self._static = {
+            "kind": kind,
+            "address": address,
+            "incarnation": incarnation,
+            "started_at": time.time(),
+        }
+        self._interval_s, self._ttl_ms = interval_s, int(ttl_s * 1000)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"heartbeat-{kind}", daemon=True)
+
+    def start(self) -> Registration:
+        self.beat()
+        self._thread.start()
+        return self
+
+    def beat(self) -> None:
+        entry = {**self._static, "heartbeat_at": time.time(), "figures": json.dumps(self._figures())}
+        with self._client.pipeline(transaction=True) as pipe:
+            pipe.hset(self._key, mapping=entry)
+            pipe.pexpire(self._key, self._ttl_ms)
+            pipe.execute()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            # Redis away: the client's retries already backed off; the next beat re-registers
+            with contextlib.suppress(redis.RedisError):
+                self.beat()
+
+    def close(self) -> None:
+        """Stop beating and deregister, so discovery forgets this service at once."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        with contextlib.suppress(redis.RedisError):  # the TTL removes the entry anyway
+            self._client.delete(self._key)
+
+
+def live_services(client: redis.Redis, run: str, kind: str | None = None) -> list[ServiceRecord]:
+    """Every service of ``run`` (of one ``kind`` if given) whose heartbeat has not expired."""
+    names = sorted(client.scan_iter(match=keys.service_pattern(run, kind), count=500))
+    if not names:
+        return []
+    with client.pipeline(transaction=False) as pipe:
+        for name in names:
+            pipe.hgetall(name)
+        entries = pipe.execute()
+    records = []
+    for entry in entries:
+        if not entry:  # expired between SCAN and HGETALL
+            continue
+        e = {k.decode(): v.decode() for k, v in entry.items()}
+        records.append(
+            ServiceRecord(
+                kind=e["kind"],
+                address=e["address"],
+                incarnation=e["incarnation"],
+                started_at=float(e["started_at"]),
+                heartbeat_at=float(e["heartbeat_at"]),
+                figures=json.loads(e.get("figures") or "{}"),
+            )
+        )
+    return records
