@@ -1,0 +1,52 @@
+from pathlib import Path
+
+import pytest
+
+from tinker_atropos.config import ConfigError, load_config, parse_config
+
+CONFIGS = sorted((Path(__file__).parents[1] / "configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_shipped_configs_validate(path: Path) -> None:
+    config = load_config(path)
+    assert parse_config(config.model_dump()) == config  # the resolved form reads back identically
+
+
+def test_unknown_env_id_names_the_field_and_suggests() -> None:
+    with pytest.raises(ConfigError) as error:
+        parse_config({"env": {"id": "Humanoid-v9"}}, "run.yaml")
+    message = str(error.value)
+    assert "run.yaml" in message
+    assert "env.id: unknown Gymnasium env id 'Humanoid-v9'" in message
+    assert "Humanoid-v5" in message
+
+
+def test_invalid_values_name_each_field_and_the_allowed_values() -> None:
+    with pytest.raises(ConfigError) as error:
+        parse_config({"env": {"backend": "bullet", "instances": 0}, "rollout": {"device": "tpu"}})
+    message = str(error.value)
+    assert "env.backend: Input should be 'gymnasium' or 'mujoco' (got 'bullet')" in message
+    assert "env.instances: Input should be greater than or equal to 1 (got 0)" in message
+    assert "rollout.device: allowed devices: cpu, cuda, cuda:N, auto (got 'tpu')" in message
+
+
+def test_unknown_field_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"trainer\.ppo\.learning_rat: unknown field"):
+        parse_config({"trainer": {"ppo": {"learning_rat": 0.1}}})
+
+
+def test_unreadable_and_non_mapping_files_are_clear_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read config"):
+        load_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "list.yaml"
+    bad.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="must be a mapping"):
+        load_config(bad)
+
+
+def test_defaults_fill_every_field() -> None:
+    config = parse_config({})
+    assert config.env.id == "Pendulum-v1"
+    assert config.redis.url is None
+    assert config.trainer.ppo.clip_coef == 0.2

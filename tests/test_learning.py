@@ -1,0 +1,71 @@
+"""End to end: `tinker-atropos up` runs Valkey and the three services as OS processes, and PPO learns."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.integration
+METRIC_KEYS = {
+    "env_steps",
+    "wall_time_s",
+    "env_steps_per_s",
+    "episode_return_mean",
+    "policy_version",
+    "trainer_busy",
+}
+
+
+def run_up(config: str, run_dir: Path, total_steps: int, target_return: float) -> list[dict]:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tinker_atropos",
+            "up",
+            str(REPO / "configs" / config),
+            "--run-dir",
+            str(run_dir),
+            "--total-steps",
+            str(total_steps),
+            "--target-return",
+            str(target_return),
+        ],  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    leftovers = subprocess.run(["pgrep", "-f", str(run_dir)], capture_output=True, text=True).stdout
+    assert leftovers == "", f"processes left behind: {leftovers}"
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def assert_learned(rows: list[dict], random_below: float, target: float, budget: int) -> None:
+    assert rows and all(row.keys() >= METRIC_KEYS for row in rows)
+    returns = [r["episode_return_mean"] for r in rows if r["episode_return_mean"] is not None]
+    assert returns[0] < random_below, f"the first episodes should be near random play, got {returns[0]}"
+    final = rows[-1]
+    assert final["episode_return_mean"] >= target, f"did not reach {target} within {budget} steps: {returns}"
+    assert final["env_steps"] <= budget + 20_000
+    assert final["policy_version"] > 0
+    assert [r["env_steps"] for r in rows] == sorted(r["env_steps"] for r in rows)
+
+
+def test_pendulum_learns_to_swing_up(tmp_path: Path) -> None:
+    budget = 200_000
+    rows = run_up("pendulum.yaml", tmp_path / "run", budget, target_return=-400.0)
+    assert_learned(rows, random_below=-900.0, target=-400.0, budget=budget)
+    assert (tmp_path / "run" / "checkpoints").is_dir()
+
+
+def test_cartpole_learns_to_balance(tmp_path: Path) -> None:
+    budget = 200_000
+    rows = run_up("cartpole.yaml", tmp_path / "run", budget, target_return=300.0)
+    assert_learned(rows, random_below=100.0, target=300.0, budget=budget)
