@@ -50,3 +50,23 @@ def test_defaults_fill_every_field() -> None:
     assert config.env.id == "Pendulum-v1"
     assert config.redis.url is None
     assert config.trainer.ppo.clip_coef == 0.2
+
+
+def _field_paths(model, prefix: str = "") -> list[str]:
+    from pydantic import BaseModel
+
+    paths = []
+    for name, field in model.model_fields.items():
+        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            paths += _field_paths(field.annotation, f"{prefix}{name}.")
+        else:
+            paths.append(f"{prefix}{name}")
+    return paths
+
+
+def test_readme_documents_every_config_field() -> None:
+    from tinker_atropos.config import Config
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    missing = [p for p in _field_paths(Config) if f"`{p}`" not in readme]
+    assert not missing, f"README's config reference lacks {missing}"
