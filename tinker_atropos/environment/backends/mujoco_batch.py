@@ -5,6 +5,9 @@ instances runs on several threads without the GIL, and observations, rewards and
 numpy over the whole batch. The MuJoCo calls, the formulas and the reset-noise draws are gymnasium's own, so
 under the same seeds and actions the results equal those of ``gymnasium.make(env_id, **kwargs)`` (the time limit
 included); the tests compare the two.
+
+Two physics engines: envs that read contact forces (Humanoid, Ant) keep one MjData per instance on Python threads,
+the others run in one ``mujoco.batch.Batch``, whose C++ threads need no Python per instance at all.
 """
 
 from __future__ import annotations
@@ -140,7 +143,7 @@ class _Task:
     normal_qvel_noise: ClassVar[bool] = False  # reset noise on qvel: Gaussian, else uniform like qpos
 
     def __init__(self, params: dict[str, Any], model: mujoco.MjModel) -> None:
-        self.p = params
+        self.params = params
         self.healthy_reward = float(params.get("healthy_reward", 0.0))
         self.terminate_when_unhealthy = bool(params.get("terminate_when_unhealthy", False))
 
@@ -157,7 +160,7 @@ class _Task:
 
     def costs(self, f: Fields, actions: np.ndarray) -> np.ndarray:
         """Control cost on the action as given (in its dtype, as gymnasium), plus any contact cost."""
-        return self.p["ctrl_cost_weight"] * np.sum(np.square(actions), axis=1)
+        return self.params["ctrl_cost_weight"] * np.sum(np.square(actions), axis=1)
 
 
 class _HalfCheetah(_Task):
@@ -172,7 +175,7 @@ class _HalfCheetah(_Task):
     normal_qvel_noise = True
 
     def observe(self, f: Fields) -> list[np.ndarray]:
-        return [f["qpos"][:, int(self.p["exclude_current_positions_from_observation"]) :], f["qvel"]]
+        return [f["qpos"][:, int(self.params["exclude_current_positions_from_observation"]) :], f["qvel"]]
 
 
 class _Hopper(_Task):
@@ -191,16 +194,16 @@ class _Hopper(_Task):
     }
 
     def observe(self, f: Fields) -> list[np.ndarray]:
-        skip = int(self.p["exclude_current_positions_from_observation"])
+        skip = int(self.params["exclude_current_positions_from_observation"])
         return [f["qpos"][:, skip:], np.clip(f["qvel"], -10, 10)]
 
     def is_healthy(self, f: Fields) -> np.ndarray:
         qpos = f["qpos"]
         z, angle = qpos[:, 1], qpos[:, 2]
         state = np.concatenate((qpos, f["qvel"]), axis=1)[:, 2:]
-        min_state, max_state = self.p["healthy_state_range"]
-        min_z, max_z = self.p["healthy_z_range"]
-        min_angle, max_angle = self.p["healthy_angle_range"]
+        min_state, max_state = self.params["healthy_state_range"]
+        min_z, max_z = self.params["healthy_z_range"]
+        min_angle, max_angle = self.params["healthy_angle_range"]
         healthy_state = np.all((min_state < state) & (state < max_state), axis=1)
         return healthy_state & (min_z < z) & (z < max_z) & (min_angle < angle) & (angle < max_angle)
 
@@ -220,13 +223,13 @@ class _Walker2d(_Task):
     }
 
     def observe(self, f: Fields) -> list[np.ndarray]:
-        skip = int(self.p["exclude_current_positions_from_observation"])
+        skip = int(self.params["exclude_current_positions_from_observation"])
         return [f["qpos"][:, skip:], np.clip(f["qvel"], -10, 10)]
 
     def is_healthy(self, f: Fields) -> np.ndarray:
         z, angle = f["qpos"][:, 1], f["qpos"][:, 2]
-        min_z, max_z = self.p["healthy_z_range"]
-        min_angle, max_angle = self.p["healthy_angle_range"]
+        min_z, max_z = self.params["healthy_z_range"]
+        min_angle, max_angle = self.params["healthy_angle_range"]
         return (min_z < z) & (z < max_z) & (min_angle < angle) & (angle < max_angle)
 
 
@@ -255,11 +258,14 @@ class _Ant(_Task):
         self._main_body = model.body(params["main_body"]).id
 
     def _contact_forces(self, f: Fields) -> np.ndarray:
-        return np.clip(f["cfrc_ext"], *self.p["contact_force_range"])
+        return np.clip(f["cfrc_ext"], *self.params["contact_force_range"])
 
     def observe(self, f: Fields) -> list[np.ndarray]:
-        parts = [f["qpos"][:, 2 * int(self.p["exclude_current_positions_from_observation"]) :], f["qvel"]]
-        if self.p["include_cfrc_ext_in_observation"]:
+        parts = [
+            f["qpos"][:, 2 * int(self.params["exclude_current_positions_from_observation"]) :],
+            f["qvel"],
+        ]
+        if self.params["include_cfrc_ext_in_observation"]:
             parts.append(self._contact_forces(f)[:, 1:].reshape(len(f["qpos"]), -1))
         return parts
 
@@ -269,11 +275,13 @@ class _Ant(_Task):
     def is_healthy(self, f: Fields) -> np.ndarray:
         qpos = f["qpos"]
         finite = np.isfinite(qpos).all(axis=1) & np.isfinite(f["qvel"]).all(axis=1)
-        min_z, max_z = self.p["healthy_z_range"]
+        min_z, max_z = self.params["healthy_z_range"]
         return finite & (min_z <= qpos[:, 2]) & (qpos[:, 2] <= max_z)
 
     def costs(self, f: Fields, actions: np.ndarray) -> np.ndarray:
-        contact_cost = self.p["contact_cost_weight"] * np.sum(np.square(self._contact_forces(f)), axis=(1, 2))
+        contact_cost = self.params["contact_cost_weight"] * np.sum(
+            np.square(self._contact_forces(f)), axis=(1, 2)
+        )
         return super().costs(f, actions) + contact_cost
 
 
@@ -304,7 +312,7 @@ class _Humanoid(_Task):
         self._total_mass = np.sum(self._mass)
 
     def observe(self, f: Fields) -> list[np.ndarray]:
-        p, n = self.p, len(f["qpos"])
+        p, n = self.params, len(f["qpos"])
         parts = [f["qpos"][:, 2 * int(p["exclude_current_positions_from_observation"]) :], f["qvel"]]
         if p["include_cinert_in_observation"]:
             parts.append(f["cinert"][:, 1:].reshape(n, -1))
@@ -321,15 +329,15 @@ class _Humanoid(_Task):
         return np.sum(self._mass[:, None] * f["xipos"], axis=1)[:, 0] / self._total_mass
 
     def is_healthy(self, f: Fields) -> np.ndarray:
-        min_z, max_z = self.p["healthy_z_range"]
+        min_z, max_z = self.params["healthy_z_range"]
         z = f["qpos"][:, 2]
         return (min_z < z) & (z < max_z)
 
     def costs(self, f: Fields, actions: np.ndarray) -> np.ndarray:
         """Humanoid's control cost reads ``data.ctrl``, the action as float64, unlike the others."""
-        ctrl_cost = self.p["ctrl_cost_weight"] * np.sum(np.square(actions.astype(np.float64)), axis=1)
-        contact_cost = self.p["contact_cost_weight"] * np.sum(np.square(f["cfrc_ext"]), axis=(1, 2))
-        return ctrl_cost + np.clip(contact_cost, *self.p["contact_cost_range"])
+        ctrl_cost = self.params["ctrl_cost_weight"] * np.sum(np.square(actions.astype(np.float64)), axis=1)
+        contact_cost = self.params["contact_cost_weight"] * np.sum(np.square(f["cfrc_ext"]), axis=(1, 2))
+        return ctrl_cost + np.clip(contact_cost, *self.params["contact_cost_range"])
 
 
 _TASKS: dict[str, type[_Task]] = {
@@ -385,9 +393,8 @@ class MujocoBatch:
         # Unseeded until reset(seed), as a gymnasium env: then instance i draws from seeding.np_random(seed + i).
         self._rngs = [np.random.default_rng() for _ in range(num_instances)]
         self._elapsed = np.zeros(num_instances, dtype=np.int64)
-        self._x: np.ndarray | None = (
-            None  # x_position after the last step or reset, for the next forward reward
-        )
+        # x_position after the last step or reset, which the next forward reward differentiates.
+        self._x: np.ndarray | None = None
 
     @staticmethod
     def _time_limit(env_id: str, max_episode_steps: Any) -> int | None:
@@ -416,9 +423,8 @@ class MujocoBatch:
         x_after = np.array(task.x_position(fields))  # a copy: the next step overwrites the fields
         x_velocity = (x_after - self._x) / self._dt
         healthy = task.is_healthy(fields)
-        rewards = (self._forward_reward_weight * x_velocity + healthy * task.healthy_reward) - task.costs(
-            fields, actions
-        )
+        forward_reward = self._forward_reward_weight * x_velocity
+        rewards = (forward_reward + healthy * task.healthy_reward) - task.costs(fields, actions)
         terminated = ~healthy if task.terminate_when_unhealthy else np.zeros(self.num_instances, dtype=bool)
         self._elapsed += 1
         if self._max_episode_steps is None:
