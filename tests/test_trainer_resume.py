@@ -1,0 +1,95 @@
+"""The trainer resumes exactly where its checkpoint left it, with a policy version that only goes up."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from tinker_atropos.config import parse_config
+from tinker_atropos.environment.spaces import space_to_proto
+from tinker_atropos.protocol.chunks import ChunkArrays
+from tinker_atropos.protocol.v1 import environment_pb2
+from tinker_atropos.state.weights import fetch_weights, published_version
+from tinker_atropos.trainer.service import TrainerServicer
+
+
+def pendulum_info() -> environment_pb2.EnvironmentInfo:
+    env = gym.make("Pendulum-v1")
+    return environment_pb2.EnvironmentInfo(
+        observation_space=space_to_proto(env.observation_space), action_space=space_to_proto(env.action_space)
+    )
+
+
+def chunk(seed: int, version: int) -> ChunkArrays:
+    rng = np.random.default_rng(seed)
+    t, n = 8, 2
+    return ChunkArrays(
+        policy_version=version,
+        env_incarnation="e",
+        observations=rng.standard_normal((t, n, 3)).astype(np.float32),
+        actions=rng.standard_normal((t, n, 1)).astype(np.float32),
+        log_probs=rng.standard_normal((t, n)).astype(np.float32),
+        values=rng.standard_normal((t, n)).astype(np.float32),
+        rewards=rng.standard_normal((t, n)).astype(np.float32),
+        terminated=np.zeros((t, n), bool),
+        truncated=np.zeros((t, n), bool),
+        truncation_values=np.zeros((t, n), np.float32),
+        bootstrap_observations=rng.standard_normal((n, 3)).astype(np.float32),
+        bootstrap_values=np.zeros(n, np.float32),
+    )
+
+
+def assert_same(a, b, path: str = "") -> None:
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), path
+        for k in a:
+            assert_same(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, list | tuple):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_same(x, y, f"{path}[{i}]")
+    elif isinstance(a, torch.Tensor):
+        assert torch.equal(a, b), path
+    elif isinstance(a, np.ndarray):
+        np.testing.assert_array_equal(a, b, err_msg=path)
+    else:
+        assert a == b, path
+
+
+def test_resume_restores_everything_and_keeps_the_version_monotonic(tmp_path: Path, redis_client) -> None:
+    config = parse_config({"run": {"name": "resume"}, "trainer": {"checkpoint": {"keep": 2}}})
+    first = TrainerServicer(config, redis_client, tmp_path)
+    first.setup(pendulum_info())
+    for i in range(3):
+        first.losses = first.learner.update([chunk(i, first.version)])
+        first.version += 1
+        first.updates += 1
+    first.checkpoint()
+    saved = first.checkpoint_state()
+    assert saved["learner"]["model"]["obs_rms.count"] > 1  # normaliser statistics are part of the state
+
+    second = TrainerServicer(config, redis_client, tmp_path)
+    second.setup(pendulum_info())
+    assert_same(second.checkpoint_state(), saved)
+    assert second.version == 3 and published_version(redis_client, "resume") == 3
+
+    # both continue identically: same data, same RNG streams, same parameters afterwards
+    first.learner.update([chunk(9, 3)])
+    second.learner.update([chunk(9, 3)])
+    assert_same(second.learner.model.state_dict(), first.learner.model.state_dict())
+
+
+def test_version_never_goes_below_what_redis_already_holds(tmp_path: Path, redis_client) -> None:
+    config = parse_config({"run": {"name": "monotonic"}})
+    ahead = TrainerServicer(config, redis_client, tmp_path / "a")
+    ahead.setup(pendulum_info())
+    ahead.version = 41
+    ahead.publish()
+
+    fresh = TrainerServicer(config, redis_client, tmp_path / "b")  # no checkpoint of its own
+    fresh.setup(pendulum_info())
+    assert fresh.version == 42
+    assert fetch_weights(redis_client, "monotonic").version == 42
