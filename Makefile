@@ -29,5 +29,9 @@ lint: $(VENV)/.installed
 proto: $(VENV)/.installed  ## regenerate the gRPC/Protobuf stubs from tinker_atropos/protocol/v1/*.proto
 	$(PY) -m tinker_atropos.protocol.codegen
 
+bench: $(VENV)/.installed  ## throughput vs the simulator alone, EnvPool and SB3 PPO, plus env-service scaling (~10 min)
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
+	$(VENV)/bin/tinker-atropos bench --out bench/out
+
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -61,6 +61,8 @@ class EnvSection(Section):
             return env_id
         import gymnasium
 
+        import tinker_atropos.environment.delay  # noqa: F401 - registers TinkerAtropos/Delayed-v0
+
         if env_id not in gymnasium.registry:
             close = difflib.get_close_matches(env_id, list(gymnasium.registry), n=3)
             hint = f"; did you mean {', '.join(close)}?" if close else ""

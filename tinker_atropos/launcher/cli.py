@@ -146,6 +146,55 @@ def health(address: Annotated[str, typer.Argument(help="host:port of a service."
     raise typer.Exit(0 if serving else 1)
 
 
+@app.command()
+def bench(
+    config: Annotated[Path, typer.Option("--config", "-c", help="Run config (YAML).")] = Path(
+        "configs/humanoid.yaml"
+    ),
+    phases: Annotated[
+        str, typer.Option(help="Comma-separated: raw, envpool, collect, train, sb3, scaling.")
+    ] = "raw,envpool,collect,train,sb3,scaling",
+    env_id: Annotated[str | None, typer.Option(help="Overrides env.id.")] = None,
+    instances: Annotated[int | None, typer.Option(min=1, help="Overrides env.instances.")] = None,
+    window_s: Annotated[float, typer.Option(min=0.5, help="Measured seconds per phase.")] = 30.0,
+    warmup_s: Annotated[float, typer.Option(min=0.0, help="Unmeasured seconds before each window.")] = 10.0,
+    out: Annotated[Path, typer.Option(help="Folder for bench.json and the charts.")] = Path("bench/out"),
+    scaling_services: Annotated[
+        str, typer.Option(help="Env service counts of the scaling curve.")
+    ] = "1,2,4,8",
+    scaling_delay_ms: Annotated[
+        float, typer.Option(min=0.0, help="Latency per batch step of the scaling env.")
+    ] = 2.0,
+    scaling_env_id: Annotated[str, typer.Option(help="Env behind the latency of the scaling curve.")] = (
+        "Pendulum-v1"
+    ),
+) -> None:
+    """Measure env steps/s of the simulator alone, EnvPool, collection, training and Stable-Baselines3 PPO."""
+    from rich.console import Console
+
+    from tinker_atropos.bench.phases import Timing
+    from tinker_atropos.bench.run import BenchOptions, run_benchmark
+
+    cfg = _config(config)
+    try:
+        if env_id is not None:
+            cfg.env.id = env_id
+        if instances is not None:
+            cfg.env.instances = instances
+        options = BenchOptions(
+            phases=tuple(p.strip() for p in phases.split(",") if p.strip()),
+            timing=Timing(warmup_s=warmup_s, window_s=window_s),
+            out=out,
+            scaling_services=tuple(int(n) for n in scaling_services.split(",")),
+            scaling_delay_s=scaling_delay_ms / 1000,
+            scaling_env_id=scaling_env_id,
+        )
+    except ValueError as error:  # a bad override or phase list; pydantic's errors are ValueErrors too
+        typer.echo(str(error), err=True)
+        raise typer.Exit(2) from None
+    run_benchmark(cfg, options, Console(soft_wrap=True))
+
+
 def main() -> None:
     app(prog_name="tinker-atropos")
 

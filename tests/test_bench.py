@@ -1,0 +1,108 @@
+"""The benchmark's output schema on a tiny run, and the latency wrapper its scaling curve relies on."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from rich.console import Console
+
+from tinker_atropos.bench.phases import Timing
+from tinker_atropos.bench.report import RATE_KEYS
+from tinker_atropos.bench.run import BenchOptions, run_benchmark
+from tinker_atropos.config import parse_config
+from tinker_atropos.environment import delay
+from tinker_atropos.environment.backends.gymnasium_batch import GymnasiumBatch
+
+
+@pytest.mark.integration
+def test_a_tiny_benchmark_writes_every_key_and_nulls_the_phases_not_run(tmp_path: Path) -> None:
+    config = parse_config(
+        {
+            "run": {"name": "bench-test"},
+            "env": {"id": "Pendulum-v1", "instances": 4},
+            "rollout": {"sessions_per_env": 2},
+        }
+    )
+    options = BenchOptions(
+        phases=("raw", "collect", "train"), timing=Timing(warmup_s=1.0, window_s=3.0), out=tmp_path
+    )
+
+    result = run_benchmark(config, options, Console(file=open("/dev/null", "w")))  # noqa: SIM115
+
+    assert json.loads((tmp_path / "bench.json").read_text()) == result
+    assert set(RATE_KEYS) <= result.keys()
+    for key in (
+        "raw_env_steps_per_s",
+        "raw_backend_steps_per_s",
+        "collect_env_steps_per_s",
+        "train_env_steps_per_s",
+    ):
+        assert result[key] > 0, key
+    assert result["envpool_steps_per_s"] is None and result["sb3_ppo_steps_per_s"] is None
+    assert result["scaling"] is None
+    assert result["ratios"]["collect/raw"] == pytest.approx(
+        result["collect_env_steps_per_s"] / result["raw_env_steps_per_s"]
+    )
+    assert result["ratios"]["collect/envpool"] is None and result["ratios"]["train/sb3"] is None
+    train = result["train"]
+    assert 0.0 <= train["trainer_busy"] <= 1.0
+    assert train["policy_lag"]["min"] <= train["policy_lag"]["mean"] <= train["policy_lag"]["max"]
+    assert {"env", "rollout", "trainer", "launcher"} <= train["cpu_seconds_per_service"].keys()
+    conditions = result["conditions"]
+    assert (conditions["env_id"], conditions["instances"]) == ("Pendulum-v1", 4)
+    assert (conditions["warmup_s"], conditions["window_s"]) == (1.0, 3.0)
+    assert "5 physics steps" in conditions["step_convention"] and "shared" in conditions["note"]
+    assert result["machine"]["cores"] >= 1 and result["machine"]["cpu_model"]
+    assert result["packages"]["gymnasium"] == gym.__version__
+    assert not list(tmp_path.glob("bench-*")), "scratch folder left behind"
+
+
+def test_an_unknown_phase_is_refused_with_the_allowed_ones(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="allowed: raw, envpool"):
+        BenchOptions(phases=("raw", "warp"), timing=Timing(1.0, 1.0), out=tmp_path)
+
+
+def test_the_delayed_env_validates_as_a_config_env_id() -> None:
+    config = parse_config(
+        {"env": {"id": delay.ENV_ID, "kwargs": {"env_id": "Pendulum-v1", "delay_s": 0.001}}}
+    )
+    assert config.env.id == delay.ENV_ID
+
+
+def test_a_delayed_step_sleeps_at_least_the_delay_and_returns_what_the_wrapped_env_returns() -> None:
+    delayed = gym.make(delay.ENV_ID, env_id="Pendulum-v1", delay_s=0.05)
+    plain = gym.make("Pendulum-v1")
+    try:
+        obs_d, _ = delayed.reset(seed=3)
+        obs_p, _ = plain.reset(seed=3)
+        np.testing.assert_array_equal(obs_d, obs_p)
+        for action in ([0.5], [-1.5], [2.0]):
+            start = time.monotonic()
+            got = delayed.step(np.array(action, dtype=np.float32))
+            assert time.monotonic() - start >= 0.05
+            want = plain.step(np.array(action, dtype=np.float32))
+            np.testing.assert_array_equal(got[0], want[0])
+            assert got[1:4] == want[1:4]
+    finally:
+        delayed.close()
+        plain.close()
+
+
+def test_the_latency_is_paid_once_per_batch_step_not_once_per_instance(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    sleeps: list[float] = []
+    monkeypatch.setattr(delay.time, "sleep", sleeps.append)
+    batch = GymnasiumBatch(delay.ENV_ID, {"env_id": "Pendulum-v1", "delay_s": 0.002}, 4)
+    try:
+        batch.reset(seed=1)
+        for _ in range(3):
+            batch.step(np.zeros((4, 1), dtype=np.float32))
+    finally:
+        batch.close()
+    assert sleeps == [0.002] * 3

@@ -1,0 +1,398 @@
+"""The benchmark's phases: each measures env steps per second of one way to run the same env and instances.
+
+Every phase runs a warm-up (imports, JIT-free but cache- and allocator-warming first steps, service start-up
+excluded) and then counts the env steps of a fixed wall-time window. One env step is one ``env.step`` of one
+instance (for MuJoCo locomotion, 5 physics steps).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import redis
+import torch
+
+from tinker_atropos.algorithms.ppo.learner import PPOLearner
+from tinker_atropos.algorithms.ppo.networks import policy_spec
+from tinker_atropos.config import Config
+from tinker_atropos.environment.backends.base import EnvBatch, make_env_batch
+from tinker_atropos.environment.backends.gymnasium_batch import GymnasiumBatch
+from tinker_atropos.launcher.up import Child, service_children
+from tinker_atropos.runtime import child_preexec
+from tinker_atropos.state.connection import connect
+from tinker_atropos.state.embedded import EmbeddedValkey
+from tinker_atropos.state.experience import ExperienceReader, read_stats
+from tinker_atropos.state.registry import live_services
+from tinker_atropos.state.weights import publish_weights
+
+STARTUP_TIMEOUT_S = 120.0
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class Timing:
+    warmup_s: float
+    window_s: float
+
+
+def _timed_steps(step: Callable[[], int], timing: Timing) -> float:
+    """Call ``step`` (returns env steps done) through the warm-up, then return steps/s over the window."""
+    end_warmup = time.monotonic() + timing.warmup_s
+    while time.monotonic() < end_warmup:
+        step()
+    start = time.monotonic()
+    steps = 0
+    while (now := time.monotonic()) - start < timing.window_s:
+        steps += step()
+    return steps / (now - start)
+
+
+def _random_batch_stepper(batch: EnvBatch, seed: int) -> Callable[[], int]:
+    batch.reset(seed)
+    actions = gym.vector.utils.batch_space(batch.action_space, batch.num_instances)
+    actions.seed(seed)
+
+    def step() -> int:
+        batch.step(actions.sample())
+        return batch.num_instances
+
+    return step
+
+
+def raw_steps_per_s(config: Config, timing: Timing, backend: str | None = None) -> float:
+    """The instances stepped in this process with random actions: the simulator alone, no services."""
+    env = config.env
+    batch: EnvBatch = (
+        GymnasiumBatch(env.id, env.kwargs, env.instances)
+        if backend is None
+        else make_env_batch(backend, env.id, env.kwargs, env.instances)
+    )
+    try:
+        return _timed_steps(_random_batch_stepper(batch, config.run.seed), timing)
+    finally:
+        batch.close()
+
+
+def envpool_steps_per_s(config: Config, timing: Timing) -> float | None:
+    """EnvPool (C++ thread pool) on the same env id and count; None when EnvPool or the id is missing."""
+    try:
+        import envpool
+    except ImportError:
+        return None
+    if config.env.id not in envpool.list_all_envs():
+        return None
+    pool = envpool.make_gymnasium(
+        config.env.id, num_envs=config.env.instances, seed=config.run.seed, **config.env.kwargs
+    )
+    try:
+        pool.reset()
+        actions = gym.vector.utils.batch_space(pool.action_space, config.env.instances)
+        actions.seed(config.run.seed)
+
+        def step() -> int:
+            pool.step(actions.sample())
+            return config.env.instances
+
+        return _timed_steps(step, timing)
+    finally:
+        pool.close()
+
+
+def initial_policy(config: Config) -> tuple[bytes, dict[str, Any]]:
+    """Version-0 weights and spec, built as the trainer builds them (spaces from a local instance)."""
+    probe = gym.make(config.env.id, **config.env.kwargs)
+    try:
+        ppo = config.trainer.ppo
+        spec = policy_spec(
+            probe.observation_space,
+            probe.action_space,
+            config.trainer.model,
+            ppo.normalize_observations,
+            ppo.normalize_returns,
+        )
+    finally:
+        probe.close()
+    learner = PPOLearner(spec, config.trainer, torch.device("cpu"), config.run.seed)
+    return learner.weights(), spec
+
+
+def _wait_until(condition: Callable[[], Any], timeout_s: float, what: str, children: list[Child]) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if value := condition():
+            return value
+        for child in children:
+            if child.process is not None and child.process.poll() is not None:
+                raise RuntimeError(
+                    f"{child.name} exited with code {child.process.returncode}; see {child.log_path}"
+                )
+        time.sleep(0.1)
+    raise RuntimeError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+
+
+@contextmanager
+def _services(children: list[Child]) -> Iterator[list[Child]]:
+    """Start service processes and always stop them, as ``up`` does."""
+    try:
+        for child in children:
+            child.start()
+        yield children
+    finally:
+        for child in children:
+            child.terminate()
+        deadline = time.monotonic() + 10.0
+        for child in children:
+            child.wait(deadline)
+
+
+def _drain(client: redis.Redis, run: str, stop: threading.Event) -> None:
+    """Consume chunks as a trainer would, so the bounded stream never throttles collection."""
+    reader = ExperienceReader(client, run)
+    while not stop.is_set():
+        reader.take(count=64, block_ms=200)
+
+
+def collect_steps_per_s(config: Config, timing: Timing, work_dir: Path) -> float:
+    """Env service(s) + one rollout service as processes with the real policy over gRPC, chunks written to
+    Redis and drained here: collection without learning. Counts the ``env_steps`` stat over the window."""
+    config = config.model_copy(deep=True)
+    config.rollout.flow_control = "drop"
+    config.rollout.replicas = 1
+    run = config.run.name
+    work_dir.mkdir(parents=True, exist_ok=True)
+    config_path = work_dir / "config.yaml"
+    config_path.write_text(config.to_yaml())
+    server = EmbeddedValkey(work_dir / "valkey")
+    client = connect(server.url)
+    stop = threading.Event()
+    drainer = threading.Thread(target=_drain, args=(client, run, stop), daemon=True)
+    try:
+        publish_weights(client, run, 0, *initial_policy(config))
+        children = [
+            c for c in service_children(config, config_path, server.url, work_dir) if c.name != "trainer"
+        ]
+        with _services(children):
+            drainer.start()
+            steps = lambda: read_stats(client, run).get("env_steps", 0)  # noqa: E731
+            _wait_until(steps, STARTUP_TIMEOUT_S, "the first chunk", children)
+            time.sleep(timing.warmup_s)
+            start, first = time.monotonic(), steps()
+            time.sleep(timing.window_s)
+            return (steps() - first) / (time.monotonic() - start)
+    finally:
+        stop.set()
+        if drainer.is_alive():
+            drainer.join()
+        client.close()
+        server.stop()
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of one process, from /proc (fields 14 and 15 of stat, in clock ticks)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+
+
+def _service_pids(parent: int) -> dict[str, int]:
+    """The service processes of ``tinker-atropos up`` (its children), named by their command."""
+    services = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) != parent or b"tinker_atropos" not in argv:
+            continue
+        kind = argv[argv.index(b"tinker_atropos") + 1].decode()
+        name, n = kind, 0
+        while name in services:
+            n += 1
+            name = f"{kind}-{n}"
+        services[name] = int(entry.name)
+    return services
+
+
+def _metrics_rows(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def train_figures(config: Config, timing: Timing, work_dir: Path) -> dict[str, Any]:
+    """The whole system learning, exactly as ``tinker-atropos up`` runs it, stopped with Ctrl-C (SIGINT).
+
+    The window starts ``warmup_s`` after the first env steps are counted; its rate comes from metrics.jsonl,
+    the trainer's lag range from its registry figures and the CPU time of each service from /proc.
+    """
+    config = config.model_copy(deep=True)
+    config.run.report_interval_s = min(config.run.report_interval_s, 1.0)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    config_path = work_dir / "config.yaml"
+    config_path.write_text(config.to_yaml())
+    metrics = work_dir / "run" / "metrics.jsonl"
+    server = EmbeddedValkey(work_dir / "valkey")
+    client = connect(server.url)
+    log = open(work_dir / "up.log", "w")  # noqa: SIM115 - closed below
+    command = [sys.executable, "-m", "tinker_atropos", "up", str(config_path), "--total-steps", str(10**12)]
+    command += ["--run-dir", str(work_dir / "run"), "--redis-url", server.url]
+    up = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=child_preexec)
+    try:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while not any(r["env_steps"] > 0 for r in _metrics_rows(metrics)):
+            if up.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"`tinker-atropos up` collected no env steps; see {work_dir / 'up.log'}")
+            time.sleep(0.2)
+        time.sleep(timing.warmup_s)
+        pids = _service_pids(up.pid) | {"launcher": up.pid}
+        cpu_start = {name: _cpu_seconds(pid) for name, pid in pids.items()}
+        window_start = _metrics_rows(metrics)[-1]
+        time.sleep(timing.window_s)
+        rows = _metrics_rows(metrics)
+        cpu = {name: round(_cpu_seconds(pid) - cpu_start[name], 2) for name, pid in pids.items()}
+        trainers = live_services(client, config.run.name, "trainer")
+        trainer = trainers[0].figures if trainers else {}
+    finally:
+        if up.poll() is None:
+            up.send_signal(signal.SIGINT)
+        try:
+            up.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            up.kill()
+            up.wait()
+        log.close()
+        client.close()
+        server.stop()
+    window = [r for r in rows if r["wall_time_s"] > window_start["wall_time_s"]]
+    end = window[-1] if window else window_start
+    seconds = end["wall_time_s"] - window_start["wall_time_s"]
+    return {
+        "train_env_steps_per_s": (end["env_steps"] - window_start["env_steps"]) / seconds
+        if seconds
+        else None,
+        "trainer_busy": float(np.mean([r["trainer_busy"] for r in window])) if window else None,
+        "policy_lag": {
+            "min": trainer.get("policy_lag_min"),
+            "mean": float(np.mean([r["policy_lag_mean"] for r in window])) if window else None,
+            "max": trainer.get("policy_lag_max"),
+        },
+        "policy_versions": [window_start["policy_version"], end["policy_version"]],
+        "cpu_seconds_per_service": cpu,
+        "window_measured_s": round(seconds, 2),
+    }
+
+
+def sb3_ppo_steps_per_s(config: Config, timing: Timing) -> float | None:
+    """Stable-Baselines3 PPO on the same env and instance count (DummyVecEnv), with our PPO's batch and
+    hyper-parameters; ``learn()`` steps/s over the window, training included. None without SB3."""
+    try:
+        from stable_baselines3 import PPO
+        from stable_baselines3.common.callbacks import BaseCallback
+        from stable_baselines3.common.env_util import make_vec_env
+        from stable_baselines3.common.vec_env import DummyVecEnv
+    except ImportError:
+        return None
+    env, ppo = config.env, config.trainer.ppo
+    per_session = env.instances // config.rollout.sessions_per_env
+    batch = config.trainer.chunks_per_update * config.rollout.chunk_length * max(per_session, 1)
+    n_steps = max(batch // env.instances, 1)
+
+    class Window(BaseCallback):
+        """Marks the end of the warm-up and stops ``learn()`` when the window is over."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.start = time.monotonic()
+            self.window_start: tuple[float, int] | None = None
+            self.rate: float | None = None
+
+        def _on_step(self) -> bool:
+            now = time.monotonic()
+            if self.window_start is None:
+                if now - self.start >= timing.warmup_s:
+                    self.window_start = (now, self.num_timesteps)
+                return True
+            started, steps = self.window_start
+            if now - started < timing.window_s:
+                return True
+            self.rate = (self.num_timesteps - steps) / (now - started)
+            return False
+
+    venv = make_vec_env(
+        env.id, n_envs=env.instances, seed=config.run.seed, env_kwargs=env.kwargs, vec_env_cls=DummyVecEnv
+    )
+    model = PPO(
+        "MlpPolicy",
+        venv,
+        n_steps=n_steps,
+        batch_size=max(n_steps * env.instances // ppo.num_minibatches, 2),
+        n_epochs=ppo.update_epochs,
+        learning_rate=ppo.learning_rate,
+        gamma=ppo.gamma,
+        gae_lambda=ppo.gae_lambda,
+        clip_range=ppo.clip_coef,
+        ent_coef=ppo.ent_coef,
+        vf_coef=ppo.vf_coef,
+        max_grad_norm=ppo.max_grad_norm,
+        policy_kwargs={"net_arch": list(config.trainer.model.hidden_sizes)},
+        seed=config.run.seed,
+        device="cpu",
+    )
+    window = Window()
+    try:
+        model.learn(total_timesteps=10**12, callback=window)
+    finally:
+        venv.close()
+    return window.rate
+
+
+def scaling_curve(
+    config: Config, timing: Timing, services: list[int], delay_s: float, wrapped_id: str, work_dir: Path
+) -> dict[str, Any]:
+    """Collection throughput with 1, 2, 4, … env services of a latency-bound env, and efficiency vs linear.
+
+    The env is ``wrapped_id`` behind ``TinkerAtropos/Delayed-v0`` (``delay_s`` per batch step of a session):
+    a simulator on another node, whose latency more env services can hide while the CPU here stays free.
+    """
+    from tinker_atropos.environment.delay import ENV_ID
+
+    base = config.model_copy(deep=True)
+    base.env.id, base.env.kwargs, base.env.backend = (
+        ENV_ID,
+        {"env_id": wrapped_id, "delay_s": delay_s},
+        "gymnasium",
+    )
+    points = []
+    for n in services:
+        base.env.services = n
+        rate = collect_steps_per_s(base, timing, work_dir / f"services-{n}")
+        points.append({"env_services": n, "env_steps_per_s": rate})
+    single = points[0]["env_steps_per_s"] / points[0]["env_services"]
+    for point in points:
+        point["efficiency_vs_linear"] = (
+            point["env_steps_per_s"] / (single * point["env_services"]) if single else None
+        )
+    return {
+        "env_id": ENV_ID,
+        "wrapped_env_id": wrapped_id,
+        "delay_s_per_batch_step": delay_s,
+        "instances_per_service": config.env.instances,
+        "sessions_per_env": config.rollout.sessions_per_env,
+        "points": points,
+    }

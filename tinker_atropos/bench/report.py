@@ -1,0 +1,153 @@
+"""What a benchmark run leaves: one JSON file, a table of figures and ratios, and bar charts."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+RATE_KEYS = (
+    "raw_env_steps_per_s",
+    "raw_backend_steps_per_s",
+    "envpool_steps_per_s",
+    "collect_env_steps_per_s",
+    "train_env_steps_per_s",
+    "sb3_ppo_steps_per_s",
+)
+RATIOS = {
+    "collect/raw": ("collect_env_steps_per_s", "raw_env_steps_per_s"),
+    "collect/envpool": ("collect_env_steps_per_s", "envpool_steps_per_s"),
+    "train/sb3": ("train_env_steps_per_s", "sb3_ppo_steps_per_s"),
+}
+PACKAGES = (
+    "tinker-atropos",
+    "gymnasium",
+    "mujoco",
+    "torch",
+    "numpy",
+    "grpcio",
+    "envpool",
+    "stable-baselines3",
+)
+
+
+def machine() -> dict[str, Any]:
+    model = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
+    return {"cores": os.cpu_count(), "cpu_model": model, "platform": platform.platform()}
+
+
+def package_versions() -> dict[str, str | None]:
+    versions: dict[str, str | None] = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def ratios(result: dict[str, Any]) -> dict[str, float | None]:
+    def ratio(num: str, den: str) -> float | None:
+        a, b = result.get(num), result.get(den)
+        return None if a is None or not b else a / b
+
+    return {name: ratio(*keys) for name, keys in RATIOS.items()}
+
+
+def print_table(result: dict[str, Any], console: Console) -> None:
+    c = result["conditions"]
+    table = Table(title=f"{c['env_id']} × {c['instances']} instances, env steps/s ({c['step_convention']})")
+    table.add_column("phase")
+    table.add_column("env steps/s", justify="right")
+    for key in RATE_KEYS:
+        value = result[key]
+        table.add_row(key, "-" if value is None else f"{value:,.0f}")
+    for name, value in result["ratios"].items():
+        table.add_row(f"[bold]{name}", "-" if value is None else f"{value:.2f}")
+    console.print(table)
+    train = result.get("train")
+    if train:
+        lag = train["policy_lag"]
+        console.print(
+            f"train: trainer busy {train['trainer_busy']:.0%}, policy lag min/mean/max "
+            f"{lag['min']}/{lag['mean']:.2f}/{lag['max']}, CPU s per service {train['cpu_seconds_per_service']}"
+        )
+    scaling = result.get("scaling")
+    if scaling:
+        table = Table(title=f"collection scaling, {scaling['env_id']} ({scaling['wrapped_env_id']})")
+        for column in ("env services", "env steps/s", "efficiency vs linear"):
+            table.add_column(column, justify="right")
+        for p in scaling["points"]:
+            table.add_row(
+                str(p["env_services"]), f"{p['env_steps_per_s']:,.0f}", f"{p['efficiency_vs_linear']:.0%}"
+            )
+        console.print(table)
+
+
+def draw_charts(result: dict[str, Any], out: Path) -> list[Path]:
+    """Bar chart of the phases (and the scaling curve); nothing without matplotlib (the ``bench`` extra)."""
+    if importlib.util.find_spec("matplotlib") is None:
+        return []
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    c = result["conditions"]
+    measured = [(k.removesuffix("_steps_per_s"), result[k]) for k in RATE_KEYS if result[k] is not None]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    bars = ax.bar([name for name, _ in measured], [value for _, value in measured], color="tab:blue")
+    ax.bar_label(bars, fmt="{:,.0f}")
+    ax.set_ylabel("env steps/s")
+    ax.set_title(
+        f"{c['env_id']} × {c['instances']}, {result['machine']['cores']} cores ({c['step_convention']})"
+    )
+    ax.tick_params(axis="x", rotation=20)
+    fig.tight_layout()
+    paths = [out / "bench.png"]
+    fig.savefig(paths[0], dpi=120)
+    plt.close(fig)
+    scaling = result.get("scaling")
+    if scaling:
+        points = scaling["points"]
+        services = [p["env_services"] for p in points]
+        single = points[0]["env_steps_per_s"] / services[0]
+        fig, ax = plt.subplots(figsize=(6, 4.5))
+        ax.plot(services, [p["env_steps_per_s"] for p in points], "o-", label="measured")
+        ax.plot(services, [single * n for n in services], "--", color="gray", label="linear")
+        for p in points:
+            ax.annotate(f"{p['efficiency_vs_linear']:.0%}", (p["env_services"], p["env_steps_per_s"]))
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(services, [str(n) for n in services])
+        ax.set_xlabel("env services")
+        ax.set_ylabel("env steps/s")
+        ax.set_title(
+            f"{scaling['wrapped_env_id']} + {scaling['delay_s_per_batch_step'] * 1000:g} ms per batch step, "
+            f"{scaling['instances_per_service']} instances/service"
+        )
+        ax.legend()
+        fig.tight_layout()
+        paths.append(out / "scaling.png")
+        fig.savefig(paths[1], dpi=120)
+        plt.close(fig)
+    return paths
+
+
+def write_json(result: dict[str, Any], out: Path) -> Path:
+    path = out / "bench.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    return path

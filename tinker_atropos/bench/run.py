@@ -1,0 +1,98 @@
+"""Runs the selected phases one after the other (never two at once: they would share the CPUs) and reports."""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from tinker_atropos.bench import phases, report
+from tinker_atropos.config import Config
+
+ALL_PHASES = ("raw", "envpool", "collect", "train", "sb3", "scaling")
+STEP_CONVENTION = "one step = one env.step of one instance = 5 physics steps for MuJoCo locomotion"
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    phases: tuple[str, ...]
+    timing: phases.Timing
+    out: Path
+    scaling_services: tuple[int, ...] = (1, 2, 4, 8)
+    scaling_delay_s: float = 0.002
+    scaling_env_id: str = "Pendulum-v1"
+    note: str = (
+        "measured on a machine shared with other workloads: absolute figures are noisy, ratios less so"
+    )
+
+    def __post_init__(self) -> None:
+        unknown = set(self.phases) - set(ALL_PHASES)
+        if unknown:
+            raise ValueError(f"unknown phases {sorted(unknown)}; allowed: {', '.join(ALL_PHASES)}")
+
+
+def run_benchmark(config: Config, options: BenchOptions, console: Console) -> dict[str, Any]:
+    """Measure each selected phase; unselected or unavailable ones are null. Writes JSON and charts."""
+    timing = options.timing
+    result: dict[str, Any] = {key: None for key in report.RATE_KEYS}
+    result |= {"train": None, "scaling": None}
+    options.out.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="bench-", dir=options.out) as scratch:
+        work = Path(scratch)
+        for phase in (p for p in ALL_PHASES if p in options.phases):
+            console.print(
+                f"[bold]phase {phase}[/] (warm-up {timing.warmup_s:g}s, window {timing.window_s:g}s)"
+            )
+            if phase == "raw":
+                result["raw_env_steps_per_s"] = phases.raw_steps_per_s(config, timing)
+                result["raw_backend_steps_per_s"] = (
+                    result["raw_env_steps_per_s"]
+                    if config.env.backend == "gymnasium"
+                    else phases.raw_steps_per_s(config, timing, config.env.backend)
+                )
+            elif phase == "envpool":
+                result["envpool_steps_per_s"] = phases.envpool_steps_per_s(config, timing)
+            elif phase == "collect":
+                result["collect_env_steps_per_s"] = phases.collect_steps_per_s(
+                    config, timing, work / "collect"
+                )
+            elif phase == "train":
+                result["train"] = phases.train_figures(config, timing, work / "train")
+                result["train_env_steps_per_s"] = result["train"].pop("train_env_steps_per_s")
+            elif phase == "sb3":
+                result["sb3_ppo_steps_per_s"] = phases.sb3_ppo_steps_per_s(config, timing)
+            else:
+                result["scaling"] = phases.scaling_curve(
+                    config,
+                    timing,
+                    list(options.scaling_services),
+                    options.scaling_delay_s,
+                    options.scaling_env_id,
+                    work / "scaling",
+                )
+    result["ratios"] = report.ratios(result)
+    result["conditions"] = {
+        "env_id": config.env.id,
+        "instances": config.env.instances,
+        "backend": config.env.backend,
+        "env_services": config.env.services,
+        "sessions_per_env": config.rollout.sessions_per_env,
+        "phases": [p for p in ALL_PHASES if p in options.phases],
+        "warmup_s": timing.warmup_s,
+        "window_s": timing.window_s,
+        "step_convention": STEP_CONVENTION,
+        "total_wall_s": round(time.monotonic() - started, 1),
+        "note": options.note,
+    }
+    result["machine"] = report.machine()
+    result["packages"] = report.package_versions()
+    path = report.write_json(result, options.out)
+    report.print_table(result, console)
+    charts = report.draw_charts(result, options.out)
+    console.print(f"wrote {path}" + "".join(f", {p}" for p in charts))
+    return result
