@@ -112,10 +112,8 @@ def draw_charts(result: dict[str, Any], out: Path) -> list[Path]:
     fig, ax = plt.subplots(figsize=(8, 4.5))
     bars = ax.bar([name for name, _ in measured], [value for _, value in measured], color="tab:blue")
     ax.bar_label(bars, fmt="{:,.0f}")
-    ax.set_ylabel("env steps/s")
-    ax.set_title(
-        f"{c['env_id']} × {c['instances']}, {result['machine']['cores']} cores ({c['step_convention']})"
-    )
+    ax.set_ylabel("env steps/s (MuJoCo: 1 step = 5 physics steps)")
+    ax.set_title(f"{c['env_id']} × {c['instances']} instances, {result['machine']['cores']} cores")
     ax.tick_params(axis="x", rotation=20)
     fig.tight_layout()
     paths = [out / "bench.png"]

@@ -50,11 +50,10 @@ def run_benchmark(config: Config, options: BenchOptions, console: Console) -> di
             )
             if phase == "raw":
                 result["raw_env_steps_per_s"] = phases.raw_steps_per_s(config, timing)
-                result["raw_backend_steps_per_s"] = (
-                    result["raw_env_steps_per_s"]
-                    if config.env.backend == "gymnasium"
-                    else phases.raw_steps_per_s(config, timing, config.env.backend)
-                )
+                if config.env.backend != "gymnasium":  # else it would measure the same thing again
+                    result["raw_backend_steps_per_s"] = phases.raw_steps_per_s(
+                        config, timing, config.env.backend
+                    )
             elif phase == "envpool":
                 result["envpool_steps_per_s"] = phases.envpool_steps_per_s(config, timing)
             elif phase == "collect":
