@@ -42,6 +42,11 @@ class RedisSection(Section):
     )
     heartbeat_interval_s: float = Field(1.0, gt=0, description="Seconds between registry heartbeats.")
     heartbeat_ttl_s: float = Field(5.0, gt=0, description="A service missing heartbeats this long is gone.")
+    append_only: bool = Field(
+        False,
+        description="The embedded Valkey keeps an append-only file in the run folder: registry, weights "
+        "and version survive a Redis restart.",
+    )
 
 
 class EnvSection(Section):

@@ -11,6 +11,7 @@ import threading
 import uuid
 from collections.abc import Callable
 from concurrent import futures
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -25,6 +26,14 @@ log = logging.getLogger(__name__)
 GRPC_OPTIONS = [
     ("grpc.max_send_message_length", 256 * 1024 * 1024),
     ("grpc.max_receive_message_length", 256 * 1024 * 1024),
+]
+# Clients ping every few seconds to notice a stopped or unreachable peer, also while a paused stream carries
+# no data; by default a server answers such pings with GOAWAY ("too many pings") and breaks the stream.
+SERVER_OPTIONS = [
+    *GRPC_OPTIONS,
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 1000),
+    ("grpc.http2.max_ping_strikes", 0),
 ]
 _PR_SET_PDEATHSIG = 1
 
@@ -68,6 +77,23 @@ def stop_on_signals() -> threading.Event:
     return stop
 
 
+@dataclass(frozen=True)
+class Endpoint:
+    """Where a service listens and how others reach it: containers bind 0.0.0.0 and advertise the pod or
+    node address; ``name`` identifies the service across restarts (counted in the registry)."""
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    advertise_host: str | None = None
+    name: str | None = None
+
+    def advertised(self, port: int) -> str:
+        host = self.advertise_host
+        if not host:
+            host = self.host if self.host not in ("0.0.0.0", "::", "") else socket.gethostname()
+        return f"{host}:{port}"
+
+
 class ServiceHost:
     """A service's gRPC server, health status and registry entry, started and stopped together."""
 
@@ -76,22 +102,18 @@ class ServiceHost:
         kind: str,
         config: Config,
         client: redis.Redis,
-        host: str,
-        port: int,
-        advertise_host: str | None,
+        endpoint: Endpoint,
         figures: Callable[[], dict[str, Any]],
         max_workers: int = 16,
     ) -> None:
         self.kind, self.incarnation = kind, new_incarnation()
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=GRPC_OPTIONS)
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=SERVER_OPTIONS)
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        self.port = self.server.add_insecure_port(f"{host}:{port}")
+        self.port = self.server.add_insecure_port(f"{endpoint.host}:{endpoint.port}")
         if self.port == 0:
-            raise RuntimeError(f"cannot bind the {kind} service to {host}:{port}")
-        if not advertise_host:
-            advertise_host = host if host not in ("0.0.0.0", "::", "") else socket.gethostname()
-        self.address = f"{advertise_host}:{self.port}"
+            raise RuntimeError(f"cannot bind the {kind} service to {endpoint.host}:{endpoint.port}")
+        self.address = endpoint.advertised(self.port)
         self.registration = Registration(
             client,
             config.run.name,
@@ -101,6 +123,7 @@ class ServiceHost:
             figures,
             config.redis.heartbeat_interval_s,
             config.redis.heartbeat_ttl_s,
+            endpoint.name,
         )
 
     def start(self) -> None:

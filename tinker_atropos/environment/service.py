@@ -20,7 +20,7 @@ from tinker_atropos.environment.episodes import EpisodeTracker
 from tinker_atropos.environment.spaces import ActionError, check_actions, space_to_proto
 from tinker_atropos.protocol import tensors
 from tinker_atropos.protocol.v1 import environment_pb2, environment_pb2_grpc
-from tinker_atropos.runtime import ServiceHost, configure_logging, stop_on_signals
+from tinker_atropos.runtime import Endpoint, ServiceHost, configure_logging, stop_on_signals
 from tinker_atropos.state.connection import connect
 
 log = logging.getLogger(__name__)
@@ -139,7 +139,7 @@ class EnvironmentServicer(environment_pb2_grpc.EnvironmentServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
 
 
-def serve(config: Config, redis_url: str, host: str, port: int, advertise_host: str | None) -> None:
+def serve(config: Config, redis_url: str, endpoint: Endpoint) -> None:
     """Run one environment service until SIGTERM/SIGINT."""
     configure_logging("env")
     stop = stop_on_signals()
@@ -148,9 +148,7 @@ def serve(config: Config, redis_url: str, host: str, port: int, advertise_host: 
         "env",
         config,
         connect(redis_url),
-        host,
-        port,
-        advertise_host,
+        endpoint,
         servicer.figures,
         max_workers=max(8, 2 * config.env.instances + 4),
     )

@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from tinker_atropos.config import Config, ConfigError, load_config
+from tinker_atropos.runtime import Endpoint
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 
@@ -21,6 +22,11 @@ HostOpt = Annotated[str, typer.Option(envvar="TA_HOST", help="Address to bind.")
 AdvertiseOpt = Annotated[
     str | None,
     typer.Option(envvar="TA_ADVERTISE_HOST", help="Host written to the registry (default: the bound host)."),
+]
+PortOpt = Annotated[int, typer.Option(envvar="TA_PORT", min=0, max=65535, help="gRPC port; 0 = any free.")]
+NameOpt = Annotated[
+    str | None,
+    typer.Option(envvar="TA_SERVICE_NAME", help="Stable name across restarts (default KIND@ADDRESS)."),
 ]
 RunDirOpt = Annotated[
     Path | None, typer.Option(envvar="TA_RUN_DIR", help="Run folder (default runs/RUN_NAME).")
@@ -56,14 +62,24 @@ def up(
     target_return: Annotated[
         float | None, typer.Option(help="Stop once the mean return of the last 10 episodes reaches this.")
     ] = None,
+    chaos_interval: Annotated[
+        float | None,
+        typer.Option(min=0.5, help="Chaos mode: SIGKILL a random service every this many seconds."),
+    ] = None,
 ) -> None:
     """Start Redis (embedded Valkey unless a URL is given) and every service as its own process."""
     from tinker_atropos.launcher.up import run_local
 
     cfg = _config(config)
     raise typer.Exit(
-        run_local(cfg, total_steps, run_dir or Path("runs") / cfg.run.name, redis_url, target_return)
+        run_local(
+            cfg, total_steps, run_dir or Path("runs") / cfg.run.name, redis_url, target_return, chaos_interval
+        )
     )
+
+
+def _endpoint(host: str, port: int, advertise_host: str | None, name: str | None) -> Endpoint:
+    return Endpoint(host=host, port=port, advertise_host=advertise_host, name=name)
 
 
 @app.command()
@@ -71,10 +87,9 @@ def env(
     config: ConfigOpt,
     redis_url: RedisOpt = None,
     host: HostOpt = "127.0.0.1",
-    port: Annotated[
-        int, typer.Option(envvar="TA_PORT", min=0, max=65535, help="gRPC port; 0 = any free.")
-    ] = 50051,
+    port: PortOpt = 50051,
     advertise_host: AdvertiseOpt = None,
+    name: NameOpt = None,
     instances: Annotated[
         int | None, typer.Option(envvar="TA_INSTANCES", min=1, help="Overrides env.instances.")
     ] = None,
@@ -85,7 +100,7 @@ def env(
     cfg = _config(config)
     if instances is not None:
         cfg.env.instances = instances
-    serve(cfg, _redis_url(cfg, redis_url), host, port, advertise_host)
+    serve(cfg, _redis_url(cfg, redis_url), _endpoint(host, port, advertise_host, name))
 
 
 @app.command()
@@ -93,16 +108,15 @@ def rollout(
     config: ConfigOpt,
     redis_url: RedisOpt = None,
     host: HostOpt = "127.0.0.1",
-    port: Annotated[
-        int, typer.Option(envvar="TA_PORT", min=0, max=65535, help="gRPC port; 0 = any free.")
-    ] = 50052,
+    port: PortOpt = 50052,
     advertise_host: AdvertiseOpt = None,
+    name: NameOpt = None,
 ) -> None:
     """Run one rollout service."""
     from tinker_atropos.rollout.service import serve
 
     cfg = _config(config)
-    serve(cfg, _redis_url(cfg, redis_url), host, port, advertise_host)
+    serve(cfg, _redis_url(cfg, redis_url), _endpoint(host, port, advertise_host, name))
 
 
 @app.command()
@@ -110,17 +124,17 @@ def trainer(
     config: ConfigOpt,
     redis_url: RedisOpt = None,
     host: HostOpt = "127.0.0.1",
-    port: Annotated[
-        int, typer.Option(envvar="TA_PORT", min=0, max=65535, help="gRPC port; 0 = any free.")
-    ] = 50053,
+    port: PortOpt = 50053,
     advertise_host: AdvertiseOpt = None,
+    name: NameOpt = None,
     run_dir: RunDirOpt = None,
 ) -> None:
     """Run the trainer service (checkpoints under RUN_DIR/checkpoints)."""
     from tinker_atropos.trainer.service import serve
 
     cfg = _config(config)
-    serve(cfg, _redis_url(cfg, redis_url), host, port, advertise_host, run_dir or Path("runs") / cfg.run.name)
+    endpoint = _endpoint(host, port, advertise_host, name)
+    serve(cfg, _redis_url(cfg, redis_url), endpoint, run_dir or Path("runs") / cfg.run.name)
 
 
 @app.command()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import redis
 from rich.console import Console
 from rich.table import Table
@@ -40,7 +42,8 @@ def _figure(value: object) -> str:
 
 
 def print_status(redis_url: str, run: str | None) -> int:
-    console = Console()
+    # piped output (logs, scripts) gets full-width rows instead of wrapped, truncated cells
+    console = Console() if sys.stdout.isatty() else Console(width=250)
     client = connect(redis_url)
     try:
         runs = [run] if run else runs_in(client)
@@ -52,15 +55,26 @@ def print_status(redis_url: str, run: str | None) -> int:
         return 0
     for name in runs:
         table = Table(title=f"run {name!r}  (policy version {published_version(client, name)})")
-        for column in ("kind", "address", "incarnation", "heartbeat age", "up", "figures"):
+        for column in (
+            "kind",
+            "name",
+            "address",
+            "incarnation",
+            "restarts",
+            "heartbeat age",
+            "up",
+            "figures",
+        ):
             table.add_column(column)
         for record in live_services(client, name):
             shown = SHOWN_FIGURES.get(record.kind, tuple(record.figures))
             figures = "  ".join(f"{k}={_figure(record.figures[k])}" for k in shown if k in record.figures)
             table.add_row(
                 record.kind,
+                record.name,
                 record.address,
                 record.incarnation,
+                str(record.restarts),
                 f"{record.heartbeat_age_s:.1f}s",
                 f"{record.heartbeat_at - record.started_at:.0f}s",
                 figures,

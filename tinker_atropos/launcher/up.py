@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import signal
 import subprocess
 import sys
@@ -30,6 +31,7 @@ from tinker_atropos.state.registry import live_services
 log = logging.getLogger(__name__)
 
 MAX_RESTARTS = 10
+CHAOS_RESTART_DELAY_S = 0.5
 STOP_TIMEOUT_S = 10.0
 RETURN_WINDOW = 10  # episode_return_mean is over the latest this many episodes
 
@@ -43,6 +45,8 @@ class Child:
     log_path: Path
     process: subprocess.Popen | None = None
     restarts: int = 0
+    failures: int = 0  # unexpected exits, capped; chaos kills are expected and not counted
+    killed_by_chaos: bool = False
     next_start: float = 0.0
     log_file: TextIO | None = field(default=None, repr=False)
 
@@ -78,14 +82,13 @@ def service_children(config: Config, config_path: Path, redis_url: str, run_dir:
     common = ["--config", str(config_path), "--redis-url", redis_url, "--host", "127.0.0.1", "--port", "0"]
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    children = [
-        Child(f"env-{i}", ["env", *common], logs / f"env-{i}.log") for i in range(config.env.services)
-    ]
-    children += [
-        Child(f"rollout-{i}", ["rollout", *common], logs / f"rollout-{i}.log")
-        for i in range(config.rollout.replicas)
-    ]
-    children.append(Child("trainer", ["trainer", *common, "--run-dir", str(run_dir)], logs / "trainer.log"))
+    names = [("env", f"env-{i}") for i in range(config.env.services)]
+    names += [("rollout", f"rollout-{i}") for i in range(config.rollout.replicas)]
+    names.append(("trainer", "trainer"))
+    children = []
+    for kind, name in names:
+        extra = ["--run-dir", str(run_dir)] if kind == "trainer" else []
+        children.append(Child(name, [kind, *common, "--name", name, *extra], logs / f"{name}.log"))
     return children
 
 
@@ -140,8 +143,12 @@ def run_local(
     run_dir: Path,
     redis_url: str | None,
     target_return: float | None = None,
+    chaos_interval_s: float | None = None,
 ) -> int:
-    """Run until ``total_steps`` env steps, ``target_return`` reached, or Ctrl-C; returns the exit code."""
+    """Run until ``total_steps`` env steps, ``target_return`` reached, or Ctrl-C; returns the exit code.
+
+    With ``chaos_interval_s``, a random service process is killed (SIGKILL) that often: the run must go on.
+    """
     console = Console(soft_wrap=True)
     run_dir.mkdir(parents=True, exist_ok=True)
     config_path = run_dir / "config.yaml"
@@ -160,7 +167,7 @@ def run_local(
     server = None
     url = redis_url or config.redis.url
     if url is None:
-        server = EmbeddedValkey(run_dir / "valkey")
+        server = EmbeddedValkey(run_dir / "valkey", append_only=config.redis.append_only)
         url = server.url
         console.print(f"embedded Valkey at {url}")
     children = service_children(config, config_path, url, run_dir)
@@ -171,11 +178,16 @@ def run_local(
             child.start()
         reporter = ProgressReporter(connect(url), config.run.name, run_dir / "metrics.jsonl", console)
         next_report = time.monotonic() + config.run.report_interval_s
+        chaos = random.Random(config.run.seed)
+        next_chaos = time.monotonic() + (chaos_interval_s or 0.0)
         while not stopping:
             time.sleep(0.1)
             code = supervise(children, console)
             if code:
                 break
+            if chaos_interval_s and time.monotonic() >= next_chaos:
+                next_chaos += chaos_interval_s
+                kill_one(children, chaos, console)
             if time.monotonic() >= next_report:
                 next_report += config.run.report_interval_s
                 row = reporter.report()
@@ -202,6 +214,16 @@ def run_local(
     return code
 
 
+def kill_one(children: list[Child], chaos: random.Random, console: Console) -> None:
+    """Chaos mode: SIGKILL one running service, as a crashed node or an OOM kill would."""
+    running = [c for c in children if c.process is not None and c.process.poll() is None]
+    if running:
+        victim = chaos.choice(running)
+        victim.killed_by_chaos = True
+        victim.process.kill()
+        console.print(f"[magenta]chaos: killed {victim.name} (pid {victim.process.pid})")
+
+
 def supervise(children: list[Child], console: Console) -> int:
     """Restart children that died, with exponential backoff; non-zero when one exceeded the restart cap."""
     now = time.monotonic()
@@ -213,13 +235,18 @@ def supervise(children: list[Child], console: Console) -> int:
             continue
         if process.poll() is None:
             continue
-        if child.restarts >= MAX_RESTARTS:
-            console.print(
-                f"[red]{child.name} exited with code {process.returncode} {MAX_RESTARTS} times; giving up"
-            )
-            return 1
         child.restarts += 1
-        delay = min(2.0 ** (child.restarts - 1), 30.0)
+        if child.killed_by_chaos:
+            child.killed_by_chaos = False
+            delay = CHAOS_RESTART_DELAY_S
+        else:
+            if child.failures >= MAX_RESTARTS:
+                console.print(
+                    f"[red]{child.name} exited with code {process.returncode} {MAX_RESTARTS} times; giving up"
+                )
+                return 1
+            child.failures += 1
+            delay = min(2.0 ** (child.failures - 1), 30.0)
         console.print(
             f"[yellow]{child.name} exited with code {process.returncode}; restart {child.restarts} "
             f"in {delay:.0f}s (log: {child.log_path})"

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 
 import grpc
 import numpy as np
+import redis
 
 from tinker_atropos.environment.spaces import space_from_proto
 from tinker_atropos.protocol import tensors
@@ -38,7 +39,7 @@ CHANNEL_OPTIONS = [
 ]
 
 
-def _reason(error: grpc.RpcError) -> str:
+def _reason(error: Exception) -> str:
     return f"{error.code().name}: {error.details()}" if isinstance(error, grpc.Call) else str(error)
 
 
@@ -89,7 +90,8 @@ class EnvSession(threading.Thread):
                     # a new seed per attempt: a reconnect does not replay the same initial states
                     self._serve(environment_pb2_grpc.EnvironmentStub(channel), self.seed + attempt * 1000)
                 return  # stopped cleanly
-            except grpc.RpcError as error:
+            except (grpc.RpcError, redis.RedisError) as error:
+                # env service gone or Redis away: the partial chunk is dropped, never stitched
                 if self.opened_once:
                     backoff, self.opened_once = self.first_backoff_s, False
                 log.warning(
@@ -100,7 +102,7 @@ class EnvSession(threading.Thread):
                     backoff,
                 )
                 busy = isinstance(error, grpc.Call) and error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-                if not busy and not self.still_registered(self.address):
+                if isinstance(error, grpc.RpcError) and not busy and not self.still_registered(self.address):
                     log.info("env service %s left the registry; session %d ends", self.address, self.slot)
                     return
             attempt += 1

@@ -12,7 +12,7 @@ from tinker_atropos.config import Config
 from tinker_atropos.protocol.v1 import services_pb2, services_pb2_grpc
 from tinker_atropos.rollout.env_session import EnvSession, SessionCounters
 from tinker_atropos.rollout.policy import PolicySource
-from tinker_atropos.runtime import ServiceHost, configure_logging, stop_on_signals
+from tinker_atropos.runtime import Endpoint, ServiceHost, configure_logging, stop_on_signals
 from tinker_atropos.state.connection import connect
 from tinker_atropos.state.experience import ExperienceWriter
 from tinker_atropos.state.registry import live_services
@@ -97,14 +97,14 @@ class RolloutServicer(services_pb2_grpc.RolloutServicer):
                 session.start()
 
 
-def serve(config: Config, redis_url: str, host: str, port: int, advertise_host: str | None) -> None:
+def serve(config: Config, redis_url: str, endpoint: Endpoint) -> None:
     """Run one rollout service until SIGTERM/SIGINT."""
     configure_logging("rollout")
     torch.set_num_threads(1)
     stop = stop_on_signals()
     client = connect(redis_url)
     servicer = RolloutServicer(config, client)
-    service = ServiceHost("rollout", config, client, host, port, advertise_host, servicer.figures)
+    service = ServiceHost("rollout", config, client, endpoint, servicer.figures)
     servicer.incarnation = service.incarnation
     services_pb2_grpc.add_RolloutServicer_to_server(servicer, service.server)
     service.start()

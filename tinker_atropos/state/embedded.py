@@ -13,16 +13,20 @@ from tinker_atropos.runtime import child_preexec, free_port
 
 
 class EmbeddedValkey:
-    """A private valkey-server on 127.0.0.1, bound to the life of the process that started it."""
+    """A private valkey-server, bound to the life of the process that started it. It listens on loopback only,
+    unless ``host`` names the address of a node that other nodes must reach it at."""
 
-    def __init__(self, data_dir: Path, port: int = 0, append_only: bool = False) -> None:
-        self.port = port or free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
+    def __init__(
+        self, data_dir: Path, port: int = 0, append_only: bool = False, host: str = "127.0.0.1"
+    ) -> None:
+        self.host = host
+        self.port = port or free_port(host)
+        self.url = f"redis://{host}:{self.port}/0"
         data_dir.mkdir(parents=True, exist_ok=True)
         args = [
             str(get_binary_path()),
             "--port", str(self.port),
-            "--bind", "127.0.0.1",
+            "--bind", host,
             "--dir", str(data_dir),
             "--save", "",
             "--appendonly", "yes" if append_only else "no",
@@ -36,7 +40,7 @@ class EmbeddedValkey:
         self._wait_ready()
 
     def _wait_ready(self, timeout_s: float = 10.0) -> None:
-        client = redis.Redis(port=self.port, socket_connect_timeout=0.5)
+        client = redis.Redis(host=self.host, port=self.port, socket_connect_timeout=0.5)
         deadline = time.monotonic() + timeout_s
         while True:
             if self.process.poll() is not None:

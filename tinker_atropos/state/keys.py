@@ -14,6 +14,11 @@ def service_pattern(run: str, kind: str | None = None) -> str:
     return f"ta:{run}:service:{kind or '*'}:*"
 
 
+def starts(run: str) -> str:
+    """Hash service name -> how many incarnations it has had (restarts seen = starts - 1)."""
+    return f"ta:{run}:starts"
+
+
 def weights(run: str) -> str:
     """Hash {version, blob, spec, published_at}: the latest policy published by the trainer."""
     return f"ta:{run}:weights"

@@ -26,7 +26,13 @@ class ServiceRecord:
     incarnation: str
     started_at: float
     heartbeat_at: float
+    name: str = ""
+    starts: int = 1
     figures: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def restarts(self) -> int:
+        return self.starts - 1
 
     @property
     def heartbeat_age_s(self) -> float:
@@ -46,11 +52,14 @@ class Registration:
         figures: Callable[[], dict[str, Any]],
         interval_s: float,
         ttl_s: float,
+        name: str | None = None,
     ) -> None:
         self._client, self._figures = client, figures
         self._key = keys.service(run, kind, incarnation)
-        self._static = {
+        self._starts_key = keys.starts(run)
+        self._static: dict[str, Any] = {
             "kind": kind,
+            "name": name or f"{kind}@{address}",
             "address": address,
             "incarnation": incarnation,
             "started_at": time.time(),
@@ -60,6 +69,7 @@ class Registration:
         self._thread = threading.Thread(target=self._loop, name=f"heartbeat-{kind}", daemon=True)
 
     def start(self) -> Registration:
+        self._static["starts"] = self._client.hincrby(self._starts_key, self._static["name"], 1)
         self.beat()
         self._thread.start()
         return self
@@ -107,6 +117,8 @@ def live_services(client: redis.Redis, run: str, kind: str | None = None) -> lis
                 incarnation=e["incarnation"],
                 started_at=float(e["started_at"]),
                 heartbeat_at=float(e["heartbeat_at"]),
+                name=e.get("name", ""),
+                starts=int(e.get("starts", 1)),
                 figures=json.loads(e.get("figures") or "{}"),
             )
         )

@@ -24,7 +24,7 @@ from tinker_atropos.environment.spaces import space_from_proto
 from tinker_atropos.protocol.chunks import ChunkArrays, decode_chunk
 from tinker_atropos.protocol.v1 import environment_pb2, environment_pb2_grpc, services_pb2, services_pb2_grpc
 from tinker_atropos.rollout.service import resolve_device
-from tinker_atropos.runtime import ServiceHost, configure_logging, stop_on_signals
+from tinker_atropos.runtime import Endpoint, ServiceHost, configure_logging, stop_on_signals
 from tinker_atropos.state.checkpoints import load_latest_checkpoint, save_checkpoint
 from tinker_atropos.state.connection import connect
 from tinker_atropos.state.experience import ExperienceReader, add_stats
@@ -34,13 +34,20 @@ from tinker_atropos.trainer.metrics import BusyMeter, LagMeter
 
 log = logging.getLogger(__name__)
 
+SYNC_INTERVAL_S = 1.0
+
 
 def describe_env(
     client: redis.Redis, run: str, stop: threading.Event
 ) -> environment_pb2.EnvironmentInfo | None:
     """Spaces come from a live env service, so the trainer needs no simulator installed."""
     while not stop.is_set():
-        for record in live_services(client, run, "env"):
+        try:
+            records = live_services(client, run, "env")
+        except redis.RedisError as error:
+            log.warning("registry unreadable (%s); retrying", error)
+            records = []
+        for record in records:
             try:
                 with grpc.insecure_channel(record.address) as channel:
                     stub = environment_pb2_grpc.EnvironmentStub(channel)
@@ -65,6 +72,8 @@ class TrainerServicer(services_pb2_grpc.TrainerServicer):
         self.chunks_consumed = 0
         self.chunks_rejected_stale = 0
         self.losses: dict[str, float] = {}
+        self._stale_unreported = 0
+        self._last_sync = 0.0
         self.busy = BusyMeter()
         self.lag = LagMeter()
 
@@ -140,6 +149,20 @@ class TrainerServicer(services_pb2_grpc.TrainerServicer):
         assert self.learner is not None
         publish_weights(self.client, self.run, self.version, self.learner.weights(), self.learner.spec)
 
+    def sync_redis(self) -> None:
+        """Report counters, and publish again if Redis lost the weights (restarted without persistence)
+        or missed the last publication: rollouts must always find the current version."""
+        now = time.monotonic()
+        if now - self._last_sync < SYNC_INTERVAL_S:
+            return
+        if self._stale_unreported:
+            add_stats(self.client, self.run, chunks_rejected_stale=self._stale_unreported)
+            self._stale_unreported = 0
+        if (published_version(self.client, self.run) or -1) < self.version:
+            log.info("Redis lacks policy version %d; publishing it again", self.version)
+            self.publish()
+        self._last_sync = now
+
     # -- learning ------------------------------------------------------------------------------------
     def accept(self, data: bytes) -> ChunkArrays | None:
         try:
@@ -150,7 +173,7 @@ class TrainerServicer(services_pb2_grpc.TrainerServicer):
         lag = max(0, self.version - chunk.policy_version)
         if lag > self.config.trainer.max_policy_lag:
             self.chunks_rejected_stale += 1
-            add_stats(self.client, self.run, chunks_rejected_stale=1)
+            self._stale_unreported += 1
             return None
         self.lag.record(lag)
         return chunk
@@ -162,9 +185,10 @@ class TrainerServicer(services_pb2_grpc.TrainerServicer):
         wanted = self.config.trainer.chunks_per_update
         while not stop.is_set():
             try:
+                self.sync_redis()
                 raw = reader.take(count=wanted - len(pending), block_ms=500)
             except redis.RedisError as error:
-                log.warning("experience stream unreadable (%s); retrying", error)
+                log.warning("Redis unreachable (%s); retrying", error)
                 stop.wait(1.0)
                 continue
             pending.extend(c for c in map(self.accept, raw) if c is not None)
@@ -181,21 +205,19 @@ class TrainerServicer(services_pb2_grpc.TrainerServicer):
             try:
                 self.publish()
             except redis.RedisError as error:
-                log.warning("cannot publish version %d (%s); will publish the next", self.version, error)
+                log.warning("cannot publish version %d (%s); will retry", self.version, error)
             if self.updates % self.config.trainer.checkpoint.every_updates == 0:
                 self.checkpoint()
 
 
-def serve(
-    config: Config, redis_url: str, host: str, port: int, advertise_host: str | None, run_dir: Path
-) -> None:
+def serve(config: Config, redis_url: str, endpoint: Endpoint, run_dir: Path) -> None:
     """Run the trainer until SIGTERM/SIGINT, then checkpoint and exit."""
     configure_logging("trainer")
     torch.set_num_threads(config.trainer.torch_threads)
     stop = stop_on_signals()
     client = connect(redis_url)
     servicer = TrainerServicer(config, client, run_dir)
-    service = ServiceHost("trainer", config, client, host, port, advertise_host, servicer.figures)
+    service = ServiceHost("trainer", config, client, endpoint, servicer.figures)
     servicer.incarnation = service.incarnation
     services_pb2_grpc.add_TrainerServicer_to_server(servicer, service.server)
     service.start()
