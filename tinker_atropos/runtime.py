@@ -16,6 +16,7 @@ from typing import Any
 
 import grpc
 import redis
+from google.protobuf.message import Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from tinker_atropos.config import Config
@@ -29,11 +30,15 @@ GRPC_OPTIONS = [
 ]
 # Clients ping every few seconds to notice a stopped or unreachable peer, also while a paused stream carries
 # no data; by default a server answers such pings with GOAWAY ("too many pings") and breaks the stream.
+# Servers ping too: a client cut off by the network (or whose machine died) never closes its streams, and an
+# env session held by it would keep its instances claimed for good, also after the link is back.
 SERVER_OPTIONS = [
     *GRPC_OPTIONS,
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.min_recv_ping_interval_without_data_ms", 1000),
     ("grpc.http2.max_ping_strikes", 0),
+    ("grpc.keepalive_time_ms", 5000),
+    ("grpc.keepalive_timeout_ms", 5000),
 ]
 _PR_SET_PDEATHSIG = 1
 
@@ -137,6 +142,16 @@ class ServiceHost:
         self.registration.close()
         self.server.stop(grace_s).wait()
         log.info("%s service %s stopped", self.kind, self.incarnation)
+
+
+def status_figures(status: Message) -> dict[str, Any]:
+    """A status message as plain JSON-able values for the registry (numbers stay numbers, unlike the
+    canonical JSON mapping that writes 64-bit integers as strings)."""
+    figures: dict[str, Any] = {}
+    for field in status.DESCRIPTOR.fields:
+        value = getattr(status, field.name)
+        figures[field.name] = dict(value) if field.message_type is not None else value
+    return figures
 
 
 def check_health(address: str, timeout_s: float = 3.0) -> bool:

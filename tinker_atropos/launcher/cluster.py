@@ -87,7 +87,9 @@ def start_cluster(config_path: Path, work_dir: Path, env_nodes: int = 4, instanc
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--config", type=Path, default=Path("configs/pendulum.yaml"), help="Run config.")
     parser.add_argument("--env-nodes", type=int, default=4, help="Env nodes, one env service each.")
     parser.add_argument("--instances", type=int, default=4, help="Env instances per env service.")
@@ -103,7 +105,9 @@ def main() -> int:
         hub = cluster.network.hub
         print(f"nodes: {', '.join(f'{n.name} {n.address}' for n in cluster.network.nodes)}")
         print(f"logs:  {cluster.log_dir}/")
-        print(f"watch: {Path(sys.executable).parent / 'tinker-atropos'} status --redis-url {cluster.redis_url}")
+        print(
+            f"watch: {Path(sys.executable).parent / 'tinker-atropos'} status --redis-url {cluster.redis_url}"
+        )
         print(f"cut a node: ip -n {hub} link set env1 down   (restore: ... up)")
         print("Ctrl-C stops the services and removes the nodes.", flush=True)
         while not stop.wait(1.0):

@@ -125,7 +125,20 @@ class Network:
     def add_node(self, name: str) -> Node:
         node = Node(name, f"{self.tag}-{name}", f"{self.subnet}.{len(self.nodes) + 2}", self.hub)
         self._add_namespace(node.namespace)
-        ip("-n", self.hub, "link", "add", name, "type", "veth", "peer", "name", "eth0", "netns", node.namespace)
+        ip(
+            "-n",
+            self.hub,
+            "link",
+            "add",
+            name,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "netns",
+            node.namespace,
+        )
         ip("-n", self.hub, "link", "set", name, "master", BRIDGE, "up")
         ip("-n", node.namespace, "addr", "add", f"{node.address}/24", "dev", "eth0")
         ip("-n", node.namespace, "link", "set", "eth0", "up")

@@ -12,7 +12,7 @@ from tinker_atropos.config import Config
 from tinker_atropos.protocol.v1 import services_pb2, services_pb2_grpc
 from tinker_atropos.rollout.env_session import EnvSession, SessionCounters
 from tinker_atropos.rollout.policy import PolicySource
-from tinker_atropos.runtime import Endpoint, ServiceHost, configure_logging, stop_on_signals
+from tinker_atropos.runtime import Endpoint, ServiceHost, configure_logging, status_figures, stop_on_signals
 from tinker_atropos.state.connection import connect
 from tinker_atropos.state.experience import ExperienceWriter
 from tinker_atropos.state.registry import live_services
@@ -54,11 +54,7 @@ class RolloutServicer(services_pb2_grpc.RolloutServicer):
         )
 
     def figures(self) -> dict:
-        from google.protobuf.json_format import MessageToDict
-
-        return MessageToDict(
-            self.status(), preserving_proto_field_name=True, always_print_fields_with_no_presence=True
-        )
+        return status_figures(self.status())
 
     def GetStatus(self, request, context) -> services_pb2.RolloutStatus:  # noqa: N802 - gRPC name
         return self.status()

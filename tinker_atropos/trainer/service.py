@@ -15,7 +15,6 @@ from pathlib import Path
 import grpc
 import redis
 import torch
-from google.protobuf.json_format import MessageToDict
 
 from tinker_atropos.algorithms.ppo.learner import PPOLearner
 from tinker_atropos.algorithms.ppo.networks import policy_spec
@@ -24,7 +23,7 @@ from tinker_atropos.environment.spaces import space_from_proto
 from tinker_atropos.protocol.chunks import ChunkArrays, decode_chunk
 from tinker_atropos.protocol.v1 import environment_pb2, environment_pb2_grpc, services_pb2, services_pb2_grpc
 from tinker_atropos.rollout.service import resolve_device
-from tinker_atropos.runtime import Endpoint, ServiceHost, configure_logging, stop_on_signals
+from tinker_atropos.runtime import Endpoint, ServiceHost, configure_logging, status_figures, stop_on_signals
 from tinker_atropos.state.checkpoints import load_latest_checkpoint, save_checkpoint
 from tinker_atropos.state.connection import connect
 from tinker_atropos.state.experience import ExperienceReader, add_stats
@@ -94,9 +93,7 @@ class TrainerServicer(services_pb2_grpc.TrainerServicer):
         )
 
     def figures(self) -> dict:
-        return MessageToDict(
-            self.status(), preserving_proto_field_name=True, always_print_fields_with_no_presence=True
-        )
+        return status_figures(self.status())
 
     def GetStatus(self, request, context) -> services_pb2.TrainerStatus:  # noqa: N802 - gRPC name
         return self.status()
