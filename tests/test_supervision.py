@@ -21,6 +21,19 @@ def metrics(run_dir: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
 
 
+def child_pids(parent: int) -> list[int]:
+    """Direct children of ``parent``, read from /proc: the services and the embedded Valkey."""
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited while we looked
+        if int(fields[1]) == parent:
+            children.append(int(stat.parent.name))
+    return children
+
+
 def service_pid(run_dir: Path, kind: str) -> int | None:
     found = subprocess.run(
         ["pgrep", "-f", f"tinker_atropos {kind} --config {run_dir}"], capture_output=True, text=True
@@ -29,7 +42,7 @@ def service_pid(run_dir: Path, kind: str) -> int | None:
     return pids[0] if pids else None
 
 
-@pytest.mark.parametrize("kind", ["env", "trainer"])
+@pytest.mark.parametrize("kind", ["env", "rollout", "trainer"])
 def test_a_killed_service_is_restarted_and_the_run_goes_on(tmp_path: Path, kind: str) -> None:
     run_dir = tmp_path / "run"
     up = subprocess.Popen(
@@ -61,10 +74,12 @@ def test_a_killed_service_is_restarted_and_the_run_goes_on(tmp_path: Path, kind:
             90,
             "env steps and policy version to keep rising after the restart",
         )
+        children = child_pids(up.pid)
+        assert len(children) == 4  # valkey, env, rollout, trainer
     finally:
-        up.send_signal(signal.SIGINT)
+        up.send_signal(signal.SIGINT)  # Ctrl-C
         output = up.communicate(timeout=30)[0]
     assert up.returncode == 0, output[-3000:]
     assert f"{kind}" in output and "restart 1" in output
-    leftovers = subprocess.run(["pgrep", "-f", str(run_dir)], capture_output=True, text=True).stdout
-    assert leftovers == "", f"processes left behind: {leftovers}"
+    alive = [pid for pid in children if Path(f"/proc/{pid}").exists()]
+    assert alive == [], f"processes left behind: {alive}"
