@@ -49,6 +49,9 @@ class Cluster:
         args += ["--redis-url", self.redis_url, "--host", node.address, "--advertise-host", node.address]
         self.processes[name] = node.popen([*args, *extra], self.log_dir / f"{name}.log")
 
+    def log(self, name: str) -> str:
+        return (self.log_dir / f"{name}.log").read_text()
+
     def close(self) -> None:
         """Drain every service (SIGTERM), kill what does not stop in time, then remove the nodes."""
         for process in self.processes.values():

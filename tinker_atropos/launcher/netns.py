@@ -155,8 +155,10 @@ class Network:
         return left
 
     def close(self) -> None:
-        """End whatever still runs on a node, then delete the namespaces: the veths and the bridge go with
-        them, and the host link with its peer in the hub. Safe to call twice or after a partial setup."""
+        """Delete the host link, end whatever still runs on a node, then delete the namespaces: the veths and
+        the bridge go with them. Safe to call twice or after a partial setup."""
+        with contextlib.suppress(NetnsError):  # at once, unlike the kernel's clean-up of a deleted namespace
+            ip("link", "del", self.tag)
         for namespace in reversed(self._namespaces):
             with contextlib.suppress(NetnsError):
                 for pid in ip("netns", "pids", namespace).split():
@@ -165,8 +167,6 @@ class Network:
             with contextlib.suppress(NetnsError):
                 ip("netns", "del", namespace)
         self._namespaces.clear()
-        with contextlib.suppress(NetnsError):  # only left when the hub never got its end
-            ip("link", "del", self.tag)
 
 
 def _free_subnet() -> str:
