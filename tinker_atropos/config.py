@@ -57,6 +57,12 @@ class EnvSection(Section):
         description="'gymnasium' steps gymnasium.make instances; 'mujoco' is the batched MuJoCo one.",
     )
     instances: int = Field(16, ge=1, le=4096, description="Environment instances hosted by each env service.")
+    threads: int = Field(
+        2,
+        ge=1,
+        le=256,
+        description="Simulation threads per session ('mujoco' backend; MuJoCo releases the GIL).",
+    )
     services: int = Field(1, ge=1, le=256, description="Environment services that `up` starts.")
 
     @field_validator("id")

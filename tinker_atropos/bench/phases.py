@@ -78,7 +78,7 @@ def raw_steps_per_s(config: Config, timing: Timing, backend: str | None = None) 
     batch: EnvBatch = (
         GymnasiumBatch(env.id, env.kwargs, env.instances)
         if backend is None
-        else make_env_batch(backend, env.id, env.kwargs, env.instances)
+        else make_env_batch(backend, env.id, env.kwargs, env.instances, env.threads)
     )
     try:
         return _timed_steps(_random_batch_stepper(batch, config.run.seed), timing)

@@ -89,7 +89,7 @@ class EnvironmentServicer(environment_pb2_grpc.EnvironmentServicer):
         session_id, n = self._claim(first.open.num_instances, context)
         batch = None
         try:
-            batch = make_env_batch(self.env.backend, self.env.id, self.env.kwargs, n)
+            batch = make_env_batch(self.env.backend, self.env.id, self.env.kwargs, n, self.env.threads)
             observations = batch.reset(first.open.seed)
             log.info("session %s opened: %d instances", session_id[:8], n)
             yield environment_pb2.SessionResponse(

@@ -107,7 +107,7 @@ def ppo_update(
             loss, stats = ppo_loss(model, batch, order[start : start + minibatch], hp)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            nn.utils.clip_grad_norm_(model.parameters(), hp.max_grad_norm)
+            nn.utils.clip_grad_norm_(model.parameters(), hp.max_grad_norm, foreach=True)
             optimizer.step()
             for k, v in stats.items():
                 totals[k] = totals.get(k, 0.0) + v

@@ -122,9 +122,10 @@ class ActorCritic(nn.Module):
 
     def distribution(self, norm_obs: torch.Tensor) -> Distribution:
         out = self.actor(norm_obs)
+        # argument validation costs more than the small MLP itself on every step and minibatch
         if self.discrete:
-            return Categorical(logits=out)
-        return Normal(out, self.actor_logstd.expand_as(out).exp())
+            return Categorical(logits=out, validate_args=False)
+        return Normal(out, self.actor_logstd.expand_as(out).exp(), validate_args=False)
 
     def log_prob(self, dist: Distribution, actions: torch.Tensor) -> torch.Tensor:
         logp = dist.log_prob(actions)
@@ -134,7 +135,7 @@ class ActorCritic(nn.Module):
         ent = dist.entropy()
         return ent if self.discrete else ent.sum(-1)
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def act(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Sample actions; returns (actions, behaviour log-probs, values in return units)."""
         norm_obs = self.normalize_obs(obs)
@@ -143,7 +144,7 @@ class ActorCritic(nn.Module):
         value = self.denormalize_value(self.normalized_value(norm_obs))
         return actions, self.log_prob(dist, actions), value
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         return self.denormalize_value(self.normalized_value(self.normalize_obs(obs)))
 

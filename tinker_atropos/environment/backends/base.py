@@ -49,8 +49,10 @@ class EnvBatch(Protocol):
     def close(self) -> None: ...
 
 
-def make_env_batch(backend: str, env_id: str, kwargs: dict[str, Any], num_instances: int) -> EnvBatch:
-    """Build the backend named in the config (``env.backend``)."""
+def make_env_batch(
+    backend: str, env_id: str, kwargs: dict[str, Any], num_instances: int, threads: int = 2
+) -> EnvBatch:
+    """Build the backend named in the config (``env.backend``); ``threads`` is for backends that use them."""
     if backend == "gymnasium":
         from tinker_atropos.environment.backends.gymnasium_batch import GymnasiumBatch
 
@@ -58,5 +60,5 @@ def make_env_batch(backend: str, env_id: str, kwargs: dict[str, Any], num_instan
     if backend == "mujoco":
         from tinker_atropos.environment.backends.mujoco_batch import MujocoBatch
 
-        return MujocoBatch(env_id, kwargs, num_instances)
+        return MujocoBatch(env_id, kwargs, num_instances, num_threads=threads)
     raise ValueError(f"unknown env backend {backend!r}; allowed: 'gymnasium', 'mujoco'")
