@@ -388,6 +388,9 @@ def scaling_curve(
         point["efficiency_vs_linear"] = (
             point["env_steps_per_s"] / (single * point["env_services"]) if single else None
         )
+        # what the latency alone allows: every session steps its instances once per delay
+        bound = point["env_services"] * config.env.instances / delay_s if delay_s else None
+        point["efficiency_vs_latency_bound"] = point["env_steps_per_s"] / bound if bound else None
     return {
         "env_id": ENV_ID,
         "wrapped_env_id": wrapped_id,

@@ -89,11 +89,15 @@ def print_table(result: dict[str, Any], console: Console) -> None:
     scaling = result.get("scaling")
     if scaling:
         table = Table(title=f"collection scaling, {scaling['env_id']} ({scaling['wrapped_env_id']})")
-        for column in ("env services", "env steps/s", "efficiency vs linear"):
+        for column in ("env services", "env steps/s", "efficiency vs linear", "vs latency bound"):
             table.add_column(column, justify="right")
         for p in scaling["points"]:
+            bound = p.get("efficiency_vs_latency_bound")
             table.add_row(
-                str(p["env_services"]), f"{p['env_steps_per_s']:,.0f}", f"{p['efficiency_vs_linear']:.0%}"
+                str(p["env_services"]),
+                f"{p['env_steps_per_s']:,.0f}",
+                f"{p['efficiency_vs_linear']:.0%}",
+                "-" if bound is None else f"{bound:.0%}",
             )
         console.print(table)
 

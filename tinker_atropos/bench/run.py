@@ -23,7 +23,7 @@ class BenchOptions:
     timing: phases.Timing
     out: Path
     scaling_services: tuple[int, ...] = (1, 2, 4, 8)
-    scaling_delay_s: float = 0.002
+    scaling_delay_s: float = 0.02  # a remote simulator's round trip, e.g. one 50 Hz game-engine tick
     scaling_env_id: str = "Pendulum-v1"
     note: str = (
         "measured on a machine shared with other workloads: absolute figures are noisy, ratios less so"

@@ -178,7 +178,7 @@ def bench(
     ] = "1,2,4,8",
     scaling_delay_ms: Annotated[
         float, typer.Option(min=0.0, help="Latency per batch step of the scaling env.")
-    ] = 2.0,
+    ] = 20.0,
     scaling_env_id: Annotated[str, typer.Option(help="Env behind the latency of the scaling curve.")] = (
         "Pendulum-v1"
     ),
