@@ -34,6 +34,25 @@ def child_pids(parent: int) -> list[int]:
     return children
 
 
+def start_up(run_dir: Path, *options: str) -> subprocess.Popen:
+    """``tinker-atropos up`` on the Pendulum config, its output piped for the assertions."""
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tinker_atropos",
+            "up",
+            str(REPO / "configs" / "pendulum.yaml"),
+            "--run-dir",
+            str(run_dir),
+            *options,
+        ],  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
 def service_pid(run_dir: Path, kind: str) -> int | None:
     found = subprocess.run(
         ["pgrep", "-f", f"tinker_atropos {kind} --config {run_dir}"], capture_output=True, text=True
@@ -45,20 +64,7 @@ def service_pid(run_dir: Path, kind: str) -> int | None:
 @pytest.mark.parametrize("kind", ["env", "rollout", "trainer"])
 def test_a_killed_service_is_restarted_and_the_run_goes_on(tmp_path: Path, kind: str) -> None:
     run_dir = tmp_path / "run"
-    up = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tinker_atropos",
-            "up",
-            str(REPO / "configs" / "pendulum.yaml"),
-            "--run-dir",
-            str(run_dir),
-        ],  # fmt: skip
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    up = start_up(run_dir)
     try:
         wait_for(lambda: any(r["policy_version"] >= 2 for r in metrics(run_dir)), 90, "two updates")
         victim = service_pid(run_dir, kind)

@@ -209,6 +209,28 @@ def bench(
     run_benchmark(cfg, options, Console(soft_wrap=True))
 
 
+@app.command()
+def chaos(
+    config: Annotated[Path, typer.Option("--config", "-c", help="Run config (YAML).")] = Path(
+        "configs/pendulum.yaml"
+    ),
+    total_steps: Annotated[int, typer.Option(min=1, help="Env steps of each of the two runs.")] = 150_000,
+    chaos_interval: Annotated[
+        float, typer.Option(min=0.5, help="Seconds between SIGKILLs in the chaos run.")
+    ] = 8.0,
+    out: Annotated[Path, typer.Option(help="Folder for chaos.json, chaos.png and the two runs.")] = Path(
+        "bench/out"
+    ),
+) -> None:
+    """Run `up` undisturbed and with chaos; learning curves of both and recovery times per killed service."""
+    from rich.console import Console
+
+    from tinker_atropos.bench.chaos import ChaosOptions, run_chaos
+
+    options = ChaosOptions(total_steps=total_steps, chaos_interval_s=chaos_interval, out=out)
+    run_chaos(_config(config), options, Console(soft_wrap=True))
+
+
 def main() -> None:
     app(prog_name="tinker-atropos")
 

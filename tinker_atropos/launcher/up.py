@@ -187,7 +187,7 @@ def run_local(
                 break
             if chaos_interval_s and time.monotonic() >= next_chaos:
                 next_chaos += chaos_interval_s
-                kill_one(children, chaos, console)
+                kill_one(children, chaos, console, run_dir / "chaos.jsonl", reporter.start)
             if time.monotonic() >= next_report:
                 next_report += config.run.report_interval_s
                 row = reporter.report()
@@ -214,14 +214,27 @@ def run_local(
     return code
 
 
-def kill_one(children: list[Child], chaos: random.Random, console: Console) -> None:
-    """Chaos mode: SIGKILL one running service, as a crashed node or an OOM kill would."""
+def kill_one(
+    children: list[Child], chaos: random.Random, console: Console, events: Path, clock_start: float
+) -> None:
+    """Chaos mode: SIGKILL one running service, as a crashed node or an OOM kill would.
+
+    Each kill is appended to ``events`` on the clock of metrics.jsonl, so recovery can be read off both.
+    """
     running = [c for c in children if c.process is not None and c.process.poll() is None]
     if running:
         victim = chaos.choice(running)
         victim.killed_by_chaos = True
         victim.process.kill()
         console.print(f"[magenta]chaos: killed {victim.name} (pid {victim.process.pid})")
+        event = {
+            "wall_time_s": round(time.monotonic() - clock_start, 3),
+            "service": victim.name,
+            "kind": victim.args[0],
+            "pid": victim.process.pid,
+        }
+        with events.open("a") as out:
+            out.write(json.dumps(event) + "\n")
 
 
 def supervise(children: list[Child], console: Console) -> int:
