@@ -39,7 +39,10 @@ class ChaosOptions:
     out: Path = Path("bench/out")
     report_interval_s: float = 0.5  # the resolution of the recovery times
     timeout_s: float = 1800.0  # per run: a run that stops making progress must not hang the command
-    note: str = "measured on a machine shared with other workloads; recovery times are multiples of the report interval"
+    note: str = (
+        "measured on a machine shared with other workloads; "
+        "recovery times have the resolution of the report interval"
+    )
 
 
 def recovery_times(rows: list[dict[str, Any]], events: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -186,12 +189,15 @@ def run_chaos(config: Config, options: ChaosOptions, console: Console) -> dict[s
         console.print(f"[bold]{label}[/]: {options.total_steps:,} env steps")
         runs[label] = run_up(run_config, options.out / "chaos-runs" / label, options, label == "chaos")
     kills = recovery_times(runs["chaos"]["rows"], runs["chaos"]["events"])
+    undisturbed = runs["undisturbed"]["rows"]
+    probes = [e for e in runs["chaos"]["events"] if e["wall_time_s"] < undisturbed[-1]["wall_time_s"]]
     result = {
         "conditions": {
             "env_id": config.env.id,
             "instances": config.env.instances,
             "env_services": config.env.services,
             "rollout_replicas": config.rollout.replicas,
+            "checkpoint_every_updates": config.trainer.checkpoint.every_updates,  # what a trainer kill loses
             "total_steps": options.total_steps,
             "chaos_interval_s": options.chaos_interval_s,
             "report_interval_s": options.report_interval_s,
@@ -204,9 +210,7 @@ def run_chaos(config: Config, options: ChaosOptions, console: Console) -> dict[s
         },
         "recovery": recovery_summary(kills),
         # the same measure at the same times of the undisturbed run: what it reads with nothing killed
-        "recovery_undisturbed": time_stats(
-            recovery_times(runs["undisturbed"]["rows"], runs["chaos"]["events"])
-        ),
+        "recovery_undisturbed": time_stats(recovery_times(undisturbed, probes)),
         "kills": kills,
         "machine": machine(),
         "packages": package_versions(),
