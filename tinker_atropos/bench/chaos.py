@@ -1,8 +1,8 @@
 """``tinker-atropos chaos``: the same run undisturbed and with a random service SIGKILLed every K seconds.
 
 It answers two questions: does learning survive crashes (the two learning curves), and what does each kind of
-crash cost (per kill, the seconds until env steps and policy version have both moved past their values at the
-kill, i.e. until the run goes on).
+crash cost (per kill, the seconds until env steps and policy version have both moved past the first report after
+the kill, i.e. until the run goes on).
 """
 
 from __future__ import annotations
@@ -80,6 +80,7 @@ def time_stats(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def recovery_summary(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per killed service kind: each kind fails in its own way, so one figure for all would hide the slow one."""
     return {kind: time_stats([r for r in records if r["kind"] == kind]) for kind in KINDS}
 
 
