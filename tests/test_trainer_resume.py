@@ -82,14 +82,29 @@ def test_resume_restores_everything_and_keeps_the_version_monotonic(tmp_path: Pa
     assert_same(second.learner.model.state_dict(), first.learner.model.state_dict())
 
 
-def test_version_never_goes_below_what_redis_already_holds(tmp_path: Path, redis_client) -> None:
+def test_a_restart_continues_from_newer_weights_in_redis(tmp_path: Path, redis_client) -> None:
     config = parse_config({"run": {"name": "monotonic"}})
     ahead = TrainerServicer(config, redis_client, tmp_path / "a")
     ahead.setup(pendulum_info())
+    ahead.learner.update([chunk(1, 0)])
     ahead.version = 41
     ahead.publish()
 
     fresh = TrainerServicer(config, redis_client, tmp_path / "b")  # no checkpoint of its own
     fresh.setup(pendulum_info())
+    assert fresh.version == 41
+    assert_same(fresh.learner.model.state_dict(), ahead.learner.model.state_dict())
+    assert fetch_weights(redis_client, "monotonic").version == 41
+
+
+def test_version_goes_above_weights_of_another_model(tmp_path: Path, redis_client) -> None:
+    other = parse_config({"run": {"name": "other"}, "trainer": {"model": {"hidden_sizes": [8]}}})
+    ahead = TrainerServicer(other, redis_client, tmp_path / "a")
+    ahead.setup(pendulum_info())
+    ahead.version = 41
+    ahead.publish()
+
+    fresh = TrainerServicer(parse_config({"run": {"name": "other"}}), redis_client, tmp_path / "b")
+    fresh.setup(pendulum_info())
     assert fresh.version == 42
-    assert fetch_weights(redis_client, "monotonic").version == 42
+    assert fetch_weights(redis_client, "other").spec["hidden_sizes"] == [64, 64]

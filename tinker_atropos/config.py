@@ -127,6 +127,9 @@ class PPOSection(Section):
 
 class CheckpointSection(Section):
     every_updates: int = Field(50, ge=1, description="Write a checkpoint every this many updates.")
+    every_seconds: float = Field(
+        60.0, gt=0, description="Also write one when this long has passed since the last checkpoint."
+    )
     keep: int = Field(3, ge=1, description="Checkpoints kept; older ones are deleted.")
 
 

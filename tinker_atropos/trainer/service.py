@@ -17,7 +17,7 @@ import redis
 import torch
 
 from tinker_atropos.algorithms.ppo.learner import PPOLearner
-from tinker_atropos.algorithms.ppo.networks import policy_spec
+from tinker_atropos.algorithms.ppo.networks import policy_spec, weights_from_bytes
 from tinker_atropos.config import Config
 from tinker_atropos.environment.spaces import space_from_proto
 from tinker_atropos.protocol.chunks import ChunkArrays, decode_chunk
@@ -28,7 +28,7 @@ from tinker_atropos.state.checkpoints import load_latest_checkpoint, save_checkp
 from tinker_atropos.state.connection import connect
 from tinker_atropos.state.experience import ExperienceReader, add_stats
 from tinker_atropos.state.registry import live_services
-from tinker_atropos.state.weights import publish_weights, published_version
+from tinker_atropos.state.weights import fetch_weights, publish_weights, published_version
 from tinker_atropos.trainer.metrics import BusyMeter, LagMeter
 
 log = logging.getLogger(__name__)
@@ -73,6 +73,7 @@ class TrainerServicer(services_pb2_grpc.TrainerServicer):
         self.losses: dict[str, float] = {}
         self._stale_unreported = 0
         self._last_sync = 0.0
+        self._last_checkpoint = time.monotonic()
         self.busy = BusyMeter()
         self.lag = LagMeter()
 
@@ -119,11 +120,24 @@ class TrainerServicer(services_pb2_grpc.TrainerServicer):
             self.version, self.updates = counters["version"], counters["updates"]
             self.env_steps_trained = counters["env_steps_trained"]
             log.info("resumed from %s at policy version %d", path, self.version)
-        already = published_version(self.client, self.run) or 0
-        if already > self.version:
-            log.info("Redis holds policy version %d; continuing above it", already)
-            self.version = already + 1
+        self.adopt_newer_weights()
         self.publish()
+
+    def adopt_newer_weights(self) -> None:
+        """Weights in Redis newer than the checkpoint (a trainer killed between checkpoints) are the policy
+        the rollouts act with: continue from them rather than from older parameters, so a restart loses
+        only the optimizer moments since the checkpoint and the version stays monotonic."""
+        assert self.learner is not None
+        published = fetch_weights(self.client, self.run)
+        if published is None or published.version <= self.version:
+            return
+        if published.spec == self.learner.spec:
+            self.learner.model.load_state_dict(weights_from_bytes(published.blob))
+            log.info("continuing from the weights of version %d found in Redis", published.version)
+            self.version = published.version
+        else:
+            log.warning("Redis holds version %d of another model; continuing above it", published.version)
+            self.version = published.version + 1
 
     def checkpoint_state(self) -> dict:
         assert self.learner is not None
@@ -140,6 +154,7 @@ class TrainerServicer(services_pb2_grpc.TrainerServicer):
         path = save_checkpoint(
             self.checkpoint_dir, self.version, self.checkpoint_state(), self.config.trainer.checkpoint.keep
         )
+        self._last_checkpoint = time.monotonic()
         log.info("checkpoint %s", path.name)
 
     def publish(self) -> None:
@@ -203,7 +218,9 @@ class TrainerServicer(services_pb2_grpc.TrainerServicer):
                 self.publish()
             except redis.RedisError as error:
                 log.warning("cannot publish version %d (%s); will retry", self.version, error)
-            if self.updates % self.config.trainer.checkpoint.every_updates == 0:
+            policy = self.config.trainer.checkpoint
+            overdue = time.monotonic() - self._last_checkpoint >= policy.every_seconds
+            if overdue or self.updates % policy.every_updates == 0:
                 self.checkpoint()
 
 
