@@ -40,10 +40,6 @@ class PolicySource:
         self._lock = threading.Lock()
         self._current: VersionedPolicy | None = None
 
-    @property
-    def current(self) -> VersionedPolicy | None:
-        return self._current
-
     def refresh(self) -> VersionedPolicy | None:
         """The latest published policy (fetched only if its version is new); None before the first one.
 

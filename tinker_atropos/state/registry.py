@@ -63,6 +63,7 @@ class Registration:
             "address": address,
             "incarnation": incarnation,
             "started_at": time.time(),
+            "layout": keys.LAYOUT_VERSION,  # lets a reader tell entries of another key-layout version
         }
         self._interval_s, self._ttl_ms = interval_s, int(ttl_s * 1000)
         self._stop = threading.Event()
