@@ -52,8 +52,8 @@ class ChunkBuilder:
         values: np.ndarray,
         result: environment_pb2.StepResult,
         truncation_values: np.ndarray,
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Record the step that acted on ``observations``; returns (rewards, truncated) of this step."""
+    ) -> None:
+        """Record the step that acted on ``observations`` and the env's answer to it."""
         t = self.steps
         self.observations[t] = observations
         self.actions[t] = actions
@@ -65,7 +65,6 @@ class ChunkBuilder:
         self.truncation_values[t] = truncation_values
         self.episodes.extend(result.episodes)
         self.steps += 1
-        return self.rewards[t], self.truncated[t]
 
     def finish(
         self,

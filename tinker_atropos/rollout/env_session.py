@@ -21,7 +21,7 @@ from tinker_atropos.environment.spaces import space_from_proto
 from tinker_atropos.protocol import tensors
 from tinker_atropos.protocol.v1 import environment_pb2, environment_pb2_grpc
 from tinker_atropos.rollout.chunks import ChunkBuilder
-from tinker_atropos.rollout.policy import PolicySource
+from tinker_atropos.rollout.policy import PolicySource, VersionedPolicy
 from tinker_atropos.runtime import GRPC_OPTIONS
 from tinker_atropos.state.experience import ExperienceWriter
 
@@ -117,7 +117,7 @@ class EnvSession(threading.Thread):
         while queued >= self.pause_at_queued and not self.stop.wait(PAUSE_POLL_S):
             queued = self.writer.queued()
 
-    def _wait_for_policy(self):
+    def _wait_for_policy(self) -> VersionedPolicy | None:
         while not self.stop.is_set():
             policy = self.policy.refresh()
             if policy is not None:
