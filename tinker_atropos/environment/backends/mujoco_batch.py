@@ -178,7 +178,15 @@ class _HalfCheetah(_Task):
         return [f["qpos"][:, int(self.params["exclude_current_positions_from_observation"]) :], f["qvel"]]
 
 
-class _Hopper(_Task):
+class _PlanarWalker(_Task):
+    """Hopper and Walker2d observe alike: positions (less x) and velocities clipped to ±10."""
+
+    def observe(self, f: Fields) -> list[np.ndarray]:
+        skip = int(self.params["exclude_current_positions_from_observation"])
+        return [f["qpos"][:, skip:], np.clip(f["qvel"], -10, 10)]
+
+
+class _Hopper(_PlanarWalker):
     defaults: ClassVar[dict[str, Any]] = {
         "xml_file": "hopper.xml",
         "frame_skip": 4,
@@ -193,10 +201,6 @@ class _Hopper(_Task):
         "exclude_current_positions_from_observation": True,
     }
 
-    def observe(self, f: Fields) -> list[np.ndarray]:
-        skip = int(self.params["exclude_current_positions_from_observation"])
-        return [f["qpos"][:, skip:], np.clip(f["qvel"], -10, 10)]
-
     def is_healthy(self, f: Fields) -> np.ndarray:
         qpos = f["qpos"]
         z, angle = qpos[:, 1], qpos[:, 2]
@@ -208,7 +212,7 @@ class _Hopper(_Task):
         return healthy_state & (min_z < z) & (z < max_z) & (min_angle < angle) & (angle < max_angle)
 
 
-class _Walker2d(_Task):
+class _Walker2d(_PlanarWalker):
     defaults: ClassVar[dict[str, Any]] = {
         "xml_file": "walker2d_v5.xml",
         "frame_skip": 4,
@@ -221,10 +225,6 @@ class _Walker2d(_Task):
         "reset_noise_scale": 5e-3,
         "exclude_current_positions_from_observation": True,
     }
-
-    def observe(self, f: Fields) -> list[np.ndarray]:
-        skip = int(self.params["exclude_current_positions_from_observation"])
-        return [f["qpos"][:, skip:], np.clip(f["qvel"], -10, 10)]
 
     def is_healthy(self, f: Fields) -> np.ndarray:
         z, angle = f["qpos"][:, 1], f["qpos"][:, 2]
