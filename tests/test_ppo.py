@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from tinker_atropos.algorithms.ppo.learning import Batch, compute_gae, ppo_loss
-from tinker_atropos.algorithms.ppo.networks import ActorCritic
+from tinker_atropos.algorithms.ppo.networks import ActorCritic, InferencePolicy
 from tinker_atropos.config import PPOSection
 
 GAMMA, LAM = 0.9, 0.8
@@ -89,3 +89,33 @@ def test_ppo_loss_gradient_is_zero_for_clipped_samples() -> None:
     loss, _ = ppo_loss(model, batch, torch.arange(1), hp)
     loss.backward()
     assert all(p.grad is None or torch.all(p.grad == 0) for p in model.actor.parameters())
+
+
+@pytest.mark.parametrize("discrete", [False, True])
+def test_inference_policy_equals_the_module(discrete: bool) -> None:
+    """The rollout's fused network acts as the trainer's module: same values, same log-probs, same draws."""
+    torch.manual_seed(0)
+    action = {"kind": "discrete", "n": 3, "start": 0} if discrete else {"kind": "box", "shape": [2]}
+    spec = {"obs_shape": [4], "action": action, "hidden_sizes": [8, 6], "activation": "tanh",
+            "init_log_std": -0.5, "normalize_observations": True, "normalize_returns": True}  # fmt: skip
+    model = ActorCritic(spec)
+    model.obs_rms.update(torch.randn(64, 4) * 5 + 2)  # non-trivial normalisers, as after training
+    model.return_rms.update(torch.randn(64) * 30 - 10)
+    frozen = InferencePolicy(model, torch.device("cpu"))
+    obs = torch.randn(16, 4) * 4
+
+    with torch.no_grad():
+        norm_obs = model.normalize_obs(obs)
+        expected_values = model.denormalize_value(model.normalized_value(norm_obs))
+        dist = model.distribution(norm_obs)
+    torch.manual_seed(1)
+    actions, log_probs, values = frozen.act(obs)
+    torch.testing.assert_close(values, expected_values)
+    torch.testing.assert_close(frozen.value(obs), expected_values)
+    torch.testing.assert_close(log_probs, model.log_prob(dist, actions))
+    if discrete:
+        assert actions.dtype == torch.int64 and actions.min() >= 0 and actions.max() < 3
+    else:
+        torch.manual_seed(1)
+        eps = torch.randn(16, 2)
+        torch.testing.assert_close(actions, dist.mean + dist.stddev * eps)

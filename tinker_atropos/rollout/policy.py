@@ -10,7 +10,7 @@ import numpy as np
 import redis
 import torch
 
-from tinker_atropos.algorithms.ppo.networks import ActorCritic, weights_from_bytes
+from tinker_atropos.algorithms.ppo.networks import ActorCritic, InferencePolicy, weights_from_bytes
 from tinker_atropos.state.weights import fetch_weights, published_version
 
 log = logging.getLogger(__name__)
@@ -21,15 +21,15 @@ class VersionedPolicy:
     """One immutable (version, network) pair: a chunk is acted by exactly one of these."""
 
     version: int
-    model: ActorCritic
+    network: InferencePolicy
     device: torch.device
 
     def act(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        actions, log_probs, values = self.model.act(torch.as_tensor(obs, device=self.device))
+        actions, log_probs, values = self.network.act(torch.as_tensor(obs, device=self.device))
         return actions.cpu().numpy(), log_probs.cpu().numpy(), values.cpu().numpy()
 
     def value(self, obs: np.ndarray) -> np.ndarray:
-        return self.model.value(torch.as_tensor(obs, device=self.device)).cpu().numpy()
+        return self.network.value(torch.as_tensor(obs, device=self.device)).cpu().numpy()
 
 
 class PolicySource:
@@ -57,8 +57,8 @@ class PolicySource:
                     return self._current
                 model = ActorCritic(published.spec)
                 model.load_state_dict(weights_from_bytes(published.blob))
-                model.to(self._device).eval()
-                self._current = VersionedPolicy(published.version, model, self._device)
+                network = InferencePolicy(model, self._device)
+                self._current = VersionedPolicy(published.version, network, self._device)
                 log.info("loaded policy version %d", published.version)
         except redis.RedisError as error:
             log.warning("cannot refresh weights (%s); acting with version %s", error, self.version)

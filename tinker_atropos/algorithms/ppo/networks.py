@@ -135,19 +135,6 @@ class ActorCritic(nn.Module):
         ent = dist.entropy()
         return ent if self.discrete else ent.sum(-1)
 
-    @torch.inference_mode()
-    def act(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Sample actions; returns (actions, behaviour log-probs, values in return units)."""
-        norm_obs = self.normalize_obs(obs)
-        dist = self.distribution(norm_obs)
-        actions = dist.sample()
-        value = self.denormalize_value(self.normalized_value(norm_obs))
-        return actions, self.log_prob(dist, actions), value
-
-    @torch.inference_mode()
-    def value(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.denormalize_value(self.normalized_value(self.normalize_obs(obs)))
-
     def evaluate(
         self, obs: torch.Tensor, actions: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -155,6 +142,73 @@ class ActorCritic(nn.Module):
         norm_obs = self.normalize_obs(obs)
         dist = self.distribution(norm_obs)
         return self.log_prob(dist, actions), self.entropy(dist), self.normalized_value(norm_obs)
+
+
+class InferencePolicy:
+    """One version of an ActorCritic frozen for acting: what a rollout calls on every step.
+
+    A rollout runs the network on a few instances at a time, where torch's fixed cost per op outweighs the
+    arithmetic, so the frozen form does fewer ops: actor and critic run as one MLP (first layers stacked, the
+    others block-diagonal), the normalisers' statistics are cast once, and a Gaussian's log-prob comes from its
+    standard-normal draw. Results equal the module's up to float rounding (a test compares them).
+    """
+
+    @torch.no_grad()
+    def __init__(self, model: ActorCritic, device: torch.device) -> None:
+        spec = model.spec
+        self.discrete = model.discrete
+        actor = [m for m in model.actor if isinstance(m, nn.Linear)]
+        critic = [m for m in model.critic if isinstance(m, nn.Linear)]
+        self.n_out = actor[-1].out_features
+        self.layers: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for depth, (a, c) in enumerate(zip(actor, critic, strict=True)):
+            weight = torch.cat([a.weight, c.weight]) if depth == 0 else torch.block_diag(a.weight, c.weight)
+            self.layers.append((weight.T.contiguous().to(device), torch.cat([a.bias, c.bias]).to(device)))
+        self.activation = {"tanh": torch.tanh, "relu": torch.relu}[spec["activation"]]
+        self.obs_stats = (
+            (model.obs_rms.mean.float().to(device), model.obs_rms.std().to(device))
+            if spec["normalize_observations"]
+            else None
+        )
+        ret_std, ret_mean = (
+            (model.return_rms.std().item(), model.return_rms.mean.item())
+            if spec["normalize_returns"]
+            else (1.0, 0.0)
+        )
+        self.return_std, self.return_mean = ret_std, ret_mean
+        if not self.discrete:
+            log_std = model.actor_logstd.reshape(-1)
+            self.action_std = log_std.exp().to(device)
+            # log N(mean + std * eps | mean, std) = -eps^2 / 2 - log std - log sqrt(2 pi), summed over dimensions
+            self.log_prob_offset = -(log_std.sum().item() + self.n_out * 0.5 * math.log(2 * math.pi))
+
+    def _forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(actor output, value in return units)."""
+        x = obs.flatten(1)
+        if self.obs_stats is not None:
+            mean, std = self.obs_stats
+            x = ((x - mean) / std).clamp_(-10.0, 10.0)
+        *hidden, (last_weight, last_bias) = self.layers
+        for weight, bias in hidden:
+            x = self.activation(torch.addmm(bias, x, weight))
+        out = torch.addmm(last_bias, x, last_weight)
+        return out[:, : self.n_out], out[:, self.n_out] * self.return_std + self.return_mean
+
+    @torch.inference_mode()
+    def act(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Sample actions; returns (actions, behaviour log-probs, values in return units)."""
+        out, value = self._forward(obs)
+        if self.discrete:
+            log_p = torch.log_softmax(out, dim=-1)
+            actions = torch.multinomial(log_p.exp(), 1).squeeze(1)
+            return actions, log_p.gather(1, actions[:, None]).squeeze(1), value
+        eps = torch.randn_like(out)
+        actions = out + self.action_std * eps
+        return actions, self.log_prob_offset - 0.5 * eps.square().sum(1), value
+
+    @torch.inference_mode()
+    def value(self, obs: torch.Tensor) -> torch.Tensor:
+        return self._forward(obs)[1]
 
 
 def weights_to_bytes(model: nn.Module) -> bytes:
