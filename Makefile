@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 RUN_CONFIG ?= configs/humanoid.yaml
 RUN_STEPS ?= 2000000
 
-.PHONY: run test lint proto bench chaos demo-cluster clean
+.PHONY: run test lint proto bench bench-learn chaos demo-cluster clean
 
 $(VENV)/.installed: pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found: install Python 3.11 or pass PYTHON=..." >&2; exit 1; }
@@ -32,6 +32,10 @@ proto: $(VENV)/.installed  ## regenerate the gRPC/Protobuf stubs from tinker_atr
 bench: $(VENV)/.installed  ## throughput vs the simulator alone, EnvPool and SB3 PPO, plus env-service scaling (~10 min)
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	$(VENV)/bin/tinker-atropos bench --out bench/out
+
+bench-learn: $(VENV)/.installed  ## Humanoid mean return after 20 min of wall time, ours then SB3 PPO (~41 min; MINUTES=, SEEDS=)
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
+	$(VENV)/bin/tinker-atropos bench-learn configs/humanoid.yaml --minutes $(or $(MINUTES),20) --seeds $(or $(SEEDS),1) --out bench/out
 
 chaos: $(VENV)/.installed  ## Pendulum undisturbed and with a random service SIGKILLed every 8 s: curves, recovery times (~5 min)
 	$(PY) -m pip install --quiet -e '.[dev,bench]'

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import time
 from pathlib import Path
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 from rich.console import Console
 
+from tinker_atropos.bench.learn import LearnOptions, run_learning_benchmark
 from tinker_atropos.bench.phases import Timing
 from tinker_atropos.bench.report import RATE_KEYS
 from tinker_atropos.bench.run import BenchOptions, run_benchmark
@@ -60,6 +62,41 @@ def test_a_tiny_benchmark_writes_every_key_and_nulls_the_phases_not_run(tmp_path
     assert result["machine"]["cores"] >= 1 and result["machine"]["cpu_model"]
     assert result["packages"]["gymnasium"] == gym.__version__
     assert not list(tmp_path.glob("bench-*")), "scratch folder left behind"
+
+
+@pytest.mark.integration
+def test_the_learning_benchmark_reports_curves_and_final_returns_under_the_budget(tmp_path: Path) -> None:
+    config = parse_config(
+        {
+            "run": {"name": "bench-learn-test"},
+            "env": {"id": "Pendulum-v1", "instances": 4},
+            "rollout": {"chunk_length": 32},
+            "trainer": {"chunks_per_update": 2},
+        }
+    )
+    options = LearnOptions(budget_s=10.0, seeds=1, out=tmp_path, report_interval_s=2.0)
+
+    result = run_learning_benchmark(config, options, Console(quiet=True))
+
+    assert json.loads((tmp_path / "bench-learn.json").read_text()) == result
+    assert (tmp_path / "bench-learn.png").stat().st_size > 0
+    ours = result["runs"]["tinker_atropos"]
+    assert [run["seed"] for run in ours] == [config.run.seed]
+    curve = ours[0]["curve"]
+    assert curve[-1]["wall_time_s"] >= options.budget_s, "stopped before the budget was spent"
+    assert curve[-1]["wall_time_s"] < options.budget_s + 3 * options.report_interval_s
+    assert [p["env_steps"] for p in curve] == sorted(p["env_steps"] for p in curve) and curve[-1][
+        "env_steps"
+    ] > 0
+    assert ours[0]["final_return"] == curve[-1]["episode_return_mean"] < 0  # Pendulum returns are negative
+    assert result["summary"]["tinker_atropos"]["seeds"] == 1
+    if importlib.util.find_spec("stable_baselines3") is None:  # the bench extra is not installed
+        assert result["runs"]["sb3_ppo"] == [] and result["return_difference"] is None
+    else:
+        sb3_final = result["summary"]["sb3_ppo"]["final_return_mean"]
+        assert result["return_difference"] == pytest.approx(ours[0]["final_return"] - sb3_final)
+    assert result["conditions"]["return_window_episodes"] == 10
+    assert not list(tmp_path.glob("bench-learn-*")), "scratch folder left behind"
 
 
 def test_an_unknown_phase_is_refused_with_the_allowed_ones(tmp_path: Path) -> None:

@@ -298,20 +298,52 @@ def train_figures(config: Config, timing: Timing, work_dir: Path) -> dict[str, A
     }
 
 
-def sb3_ppo_steps_per_s(config: Config, timing: Timing) -> float | None:
-    """Stable-Baselines3 PPO on the same env and instance count (DummyVecEnv), with our PPO's batch and
-    hyper-parameters; ``learn()`` steps/s over the window, training included. None without SB3."""
-    try:
-        from stable_baselines3 import PPO
-        from stable_baselines3.common.callbacks import BaseCallback
-        from stable_baselines3.common.env_util import make_vec_env
-        from stable_baselines3.common.vec_env import DummyVecEnv
-    except ImportError:
-        return None
+def sb3_ppo(config: Config) -> Any:
+    """Stable-Baselines3 PPO set up as our trainer is: same env and instance count (DummyVecEnv), same batch,
+    minibatches, epochs and hyper-parameters, observations and returns normalised (VecNormalize). Raises
+    ImportError without SB3; the caller closes ``model.get_env()``."""
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
+
     env, ppo = config.env, config.trainer.ppo
     per_session = env.instances // config.rollout.sessions_per_env
     batch = config.trainer.chunks_per_update * config.rollout.chunk_length * max(per_session, 1)
     n_steps = max(batch // env.instances, 1)
+    venv = make_vec_env(
+        env.id, n_envs=env.instances, seed=config.run.seed, env_kwargs=env.kwargs, vec_env_cls=DummyVecEnv
+    )
+    venv = VecNormalize(
+        venv, norm_obs=ppo.normalize_observations, norm_reward=ppo.normalize_returns, gamma=ppo.gamma
+    )
+    return PPO(
+        "MlpPolicy",
+        venv,
+        n_steps=n_steps,
+        batch_size=max(n_steps * env.instances // ppo.num_minibatches, 2),
+        n_epochs=ppo.update_epochs,
+        learning_rate=ppo.learning_rate,
+        gamma=ppo.gamma,
+        gae_lambda=ppo.gae_lambda,
+        clip_range=ppo.clip_coef,
+        ent_coef=ppo.ent_coef,
+        vf_coef=ppo.vf_coef,
+        max_grad_norm=ppo.max_grad_norm,
+        policy_kwargs={"net_arch": list(config.trainer.model.hidden_sizes)},
+        seed=config.run.seed,
+        device="cpu",
+    )
+
+
+def sb3_ppo_steps_per_s(config: Config, timing: Timing) -> float | None:
+    """Stable-Baselines3 PPO set up as ours (``sb3_ppo``): ``learn()`` steps/s over the window, training
+    included. None without SB3."""
+    try:
+        from stable_baselines3.common.callbacks import BaseCallback
+
+        model = sb3_ppo(config)
+    except ImportError:
+        return None
 
     class Window(BaseCallback):
         """Marks the end of the warm-up and stops ``learn()`` when the window is over."""
@@ -334,31 +366,11 @@ def sb3_ppo_steps_per_s(config: Config, timing: Timing) -> float | None:
             self.rate = (self.num_timesteps - steps) / (now - started)
             return False
 
-    venv = make_vec_env(
-        env.id, n_envs=env.instances, seed=config.run.seed, env_kwargs=env.kwargs, vec_env_cls=DummyVecEnv
-    )
-    model = PPO(
-        "MlpPolicy",
-        venv,
-        n_steps=n_steps,
-        batch_size=max(n_steps * env.instances // ppo.num_minibatches, 2),
-        n_epochs=ppo.update_epochs,
-        learning_rate=ppo.learning_rate,
-        gamma=ppo.gamma,
-        gae_lambda=ppo.gae_lambda,
-        clip_range=ppo.clip_coef,
-        ent_coef=ppo.ent_coef,
-        vf_coef=ppo.vf_coef,
-        max_grad_norm=ppo.max_grad_norm,
-        policy_kwargs={"net_arch": list(config.trainer.model.hidden_sizes)},
-        seed=config.run.seed,
-        device="cpu",
-    )
     window = Window()
     try:
         model.learn(total_timesteps=10**12, callback=window)
     finally:
-        venv.close()
+        model.get_env().close()
     return window.rate
 
 

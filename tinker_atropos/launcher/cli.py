@@ -66,15 +66,17 @@ def up(
         float | None,
         typer.Option(min=0.5, help="Chaos mode: SIGKILL a random service every this many seconds."),
     ] = None,
+    max_seconds: Annotated[
+        float | None, typer.Option(min=1, help="Stop after this much wall time, start-up included.")
+    ] = None,
 ) -> None:
     """Start Redis (embedded Valkey unless a URL is given) and every service as its own process."""
     from tinker_atropos.launcher.up import run_local
 
     cfg = _config(config)
+    run_dir = run_dir or Path("runs") / cfg.run.name
     raise typer.Exit(
-        run_local(
-            cfg, total_steps, run_dir or Path("runs") / cfg.run.name, redis_url, target_return, chaos_interval
-        )
+        run_local(cfg, total_steps, run_dir, redis_url, target_return, chaos_interval, max_seconds)
     )
 
 
@@ -207,6 +209,22 @@ def bench(
         typer.echo(str(error), err=True)
         raise typer.Exit(2) from None
     run_benchmark(cfg, options, Console(soft_wrap=True))
+
+
+@app.command("bench-learn")
+def bench_learn(
+    config: Annotated[Path, typer.Argument(help="Run config (YAML).")] = Path("configs/humanoid.yaml"),
+    minutes: Annotated[float, typer.Option(min=0.05, help="Wall-clock budget of each run.")] = 20.0,
+    seeds: Annotated[int, typer.Option(min=1, help="Runs per system, seeds run.seed, run.seed + 1, ...")] = 1,
+    out: Annotated[Path, typer.Option(help="Folder for bench-learn.json and its chart.")] = Path("bench/out"),
+) -> None:
+    """Mean return after the same wall time: tinker-atropos against Stable-Baselines3 PPO, one after the other."""
+    from rich.console import Console
+
+    from tinker_atropos.bench.learn import LearnOptions, run_learning_benchmark
+
+    options = LearnOptions(budget_s=minutes * 60, seeds=seeds, out=out)
+    run_learning_benchmark(_config(config), options, Console(soft_wrap=True))
 
 
 @app.command()

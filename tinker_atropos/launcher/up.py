@@ -144,8 +144,10 @@ def run_local(
     redis_url: str | None,
     target_return: float | None = None,
     chaos_interval_s: float | None = None,
+    max_seconds: float | None = None,
 ) -> int:
-    """Run until ``total_steps`` env steps, ``target_return`` reached, or Ctrl-C; returns the exit code.
+    """Run until ``total_steps`` env steps, ``target_return`` reached, ``max_seconds`` of wall time (start-up
+    included) or Ctrl-C; returns the exit code.
 
     With ``chaos_interval_s``, a random service process is killed (SIGKILL) that often: the run must go on.
     """
@@ -193,6 +195,9 @@ def run_local(
                 row = reporter.report()
                 if total_steps is not None and row["env_steps"] >= total_steps:
                     console.print(f"reached {total_steps:,} env steps; stopping")
+                    break
+                if max_seconds is not None and row["wall_time_s"] >= max_seconds:
+                    console.print(f"{max_seconds:g} s of wall time spent; stopping")
                     break
                 solved = row["episode_return_mean"] is not None and row["episodes"] >= RETURN_WINDOW
                 if target_return is not None and solved and row["episode_return_mean"] >= target_return:

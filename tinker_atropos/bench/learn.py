@@ -1,0 +1,224 @@
+"""Learning under a wall-clock budget: our whole system against Stable-Baselines3 PPO on the same machine.
+
+Throughput means nothing if the policy learns less, so this measures what a user gets: the mean return of the
+latest episodes after the same wall time (start-up included) for each system and seed, run one after the other
+so that they never share the CPUs. SB3 is set up as our trainer (``phases.sb3_ppo``): same batch, epochs and
+hyper-parameters, observations and returns normalised.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from tinker_atropos.bench import report
+from tinker_atropos.bench.phases import sb3_ppo
+from tinker_atropos.bench.run import STEP_CONVENTION
+from tinker_atropos.config import Config
+from tinker_atropos.launcher.up import RETURN_WINDOW
+from tinker_atropos.runtime import child_preexec
+
+SYSTEMS = ("tinker_atropos", "sb3_ppo")
+
+
+@dataclass(frozen=True)
+class LearnOptions:
+    budget_s: float
+    seeds: int
+    out: Path
+    report_interval_s: float = 5.0
+
+
+def _point(wall_time_s: float, env_steps: int, episode_return_mean: float | None) -> dict[str, Any]:
+    return {
+        "wall_time_s": round(wall_time_s, 2),
+        "env_steps": int(env_steps),
+        "episode_return_mean": episode_return_mean,
+    }
+
+
+def ours(config: Config, budget_s: float, work_dir: Path) -> list[dict[str, Any]]:
+    """``tinker-atropos up`` for ``budget_s`` of wall time; its metrics.jsonl is the curve."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    config_path = work_dir / "config.yaml"
+    config_path.write_text(config.to_yaml())
+    command = [sys.executable, "-m", "tinker_atropos", "up", str(config_path)]
+    command += ["--run-dir", str(work_dir / "run"), "--max-seconds", str(budget_s)]
+    with open(work_dir / "up.log", "w") as log:
+        up = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=child_preexec)
+        try:
+            code = up.wait(timeout=budget_s + 120)
+        except subprocess.TimeoutExpired:
+            up.send_signal(signal.SIGINT)
+            code = up.wait(timeout=30)
+    if code != 0:
+        raise RuntimeError(f"`tinker-atropos up` exited with code {code}; see {work_dir / 'up.log'}")
+    rows = [json.loads(line) for line in (work_dir / "run" / "metrics.jsonl").read_text().splitlines()]
+    return [_point(r["wall_time_s"], r["env_steps"], r["episode_return_mean"]) for r in rows]
+
+
+def sb3(config: Config, budget_s: float, report_interval_s: float) -> list[dict[str, Any]] | None:
+    """SB3 PPO ``learn()`` for ``budget_s`` of wall time, model set-up included; None without SB3."""
+    try:
+        from stable_baselines3.common.callbacks import BaseCallback
+    except ImportError:
+        return None
+    start = time.monotonic()
+    model = sb3_ppo(config)
+    curve: list[dict[str, Any]] = []
+
+    class Budget(BaseCallback):
+        """Samples the curve every report interval and stops ``learn()`` when the budget is spent."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.next_report = start + report_interval_s
+
+        def _on_step(self) -> bool:
+            now = time.monotonic()
+            if now >= self.next_report or now - start >= budget_s:
+                self.next_report += report_interval_s
+                latest = [e["r"] for e in list(self.model.ep_info_buffer)[-RETURN_WINDOW:]]
+                curve.append(
+                    _point(now - start, self.num_timesteps, float(np.mean(latest)) if latest else None)
+                )
+            return now - start < budget_s
+
+    try:
+        model.learn(total_timesteps=10**12, callback=Budget())
+    finally:
+        model.get_env().close()
+    return curve
+
+
+def _summary(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    finals = [r["final_return"] for r in runs if r["final_return"] is not None]
+    if not finals:
+        return None
+    return {
+        "final_return_mean": float(np.mean(finals)),
+        "final_return_min": float(np.min(finals)),
+        "final_return_max": float(np.max(finals)),
+        "env_steps_mean": float(np.mean([r["env_steps"] for r in runs])),
+        "seeds": len(runs),
+    }
+
+
+def _run(seed: int, curve: list[dict[str, Any]]) -> dict[str, Any]:
+    last = curve[-1] if curve else _point(0.0, 0, None)
+    return {
+        "seed": seed,
+        "final_return": last["episode_return_mean"],
+        "env_steps": last["env_steps"],
+        "curve": curve,
+    }
+
+
+def run_learning_benchmark(config: Config, options: LearnOptions, console: Console) -> dict[str, Any]:
+    """Each seed: our system, then SB3, each for the budget. Writes bench-learn.json and its chart."""
+    options.out.mkdir(parents=True, exist_ok=True)
+    systems: dict[str, Callable[[Config, Path], list[dict[str, Any]] | None]] = {
+        "tinker_atropos": lambda cfg, work: ours(cfg, options.budget_s, work),
+        "sb3_ppo": lambda cfg, work: sb3(cfg, options.budget_s, options.report_interval_s),
+    }
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in SYSTEMS}
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="bench-learn-", dir=options.out) as scratch:
+        for k in range(options.seeds):
+            cfg = config.model_copy(deep=True)
+            cfg.run.seed = config.run.seed + k
+            cfg.run.report_interval_s = options.report_interval_s
+            for name in SYSTEMS:
+                console.print(f"[bold]{name}[/] seed {cfg.run.seed}: {options.budget_s:g} s of wall time")
+                curve = systems[name](cfg, Path(scratch) / f"{name}-seed{cfg.run.seed}")
+                if curve is not None:
+                    runs[name].append(_run(cfg.run.seed, curve))
+    summary = {name: _summary(runs[name]) for name in SYSTEMS}
+    ours_s, sb3_s = summary["tinker_atropos"], summary["sb3_ppo"]
+    result = {
+        "budget_s": options.budget_s,
+        "runs": runs,
+        "summary": summary,
+        "return_difference": ours_s["final_return_mean"] - sb3_s["final_return_mean"]
+        if ours_s and sb3_s
+        else None,
+        "conditions": {
+            "env_id": config.env.id,
+            "instances": config.env.instances,
+            "backend": config.env.backend,
+            "seeds": options.seeds,
+            "return_window_episodes": RETURN_WINDOW,
+            "step_convention": STEP_CONVENTION,
+            "total_wall_s": round(time.monotonic() - started, 1),
+            "note": "systems run one after the other, never together; start-up counts against the budget",
+        },
+        "machine": report.machine(),
+        "packages": report.package_versions(),
+    }
+    path = options.out / "bench-learn.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    _print_table(result, console)
+    chart = _draw_curves(result, options.out / "bench-learn.png")
+    console.print(f"wrote {path}" + (f", {chart}" if chart else ""))
+    return result
+
+
+def _print_table(result: dict[str, Any], console: Console) -> None:
+    table = Table(title=f"{result['conditions']['env_id']}: mean return after {result['budget_s']:g} s")
+    for column in ("system", "seeds", "final return (mean)", "min", "max", "env steps (mean)"):
+        table.add_column(column)
+    for name, s in result["summary"].items():
+        if s is None:
+            table.add_row(name, "0", "-", "-", "-", "-")
+            continue
+        table.add_row(
+            name,
+            str(s["seeds"]),
+            f"{s['final_return_mean']:.1f}",
+            f"{s['final_return_min']:.1f}",
+            f"{s['final_return_max']:.1f}",
+            f"{s['env_steps_mean']:,.0f}",
+        )
+    console.print(table)
+
+
+def _draw_curves(result: dict[str, Any], path: Path) -> Path | None:
+    """Mean return against wall time, one line per system and seed; None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for color, name in zip(("tab:blue", "tab:orange"), SYSTEMS, strict=True):
+        for i, run in enumerate(result["runs"][name]):
+            points = [p for p in run["curve"] if p["episode_return_mean"] is not None]
+            ax.plot(
+                [p["wall_time_s"] / 60 for p in points],
+                [p["episode_return_mean"] for p in points],
+                color=color,
+                alpha=0.9 if i == 0 else 0.5,
+                label=name if i == 0 else None,
+            )
+    ax.set_xlabel("wall time (minutes, start-up included)")
+    ax.set_ylabel(f"mean return, last {RETURN_WINDOW} episodes")
+    ax.set_title(f"{result['conditions']['env_id']}, {result['conditions']['instances']} instances")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
