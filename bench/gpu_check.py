@@ -1,0 +1,127 @@
+"""GPU check of the trainer: PPO updates on CUDA against CPU (same seed, same data), and the rollout's inference.
+
+Needs a CUDA machine; run from the repository root: ``python bench/gpu_check.py`` writes gpu_check.json to $OUT
+(or here). The gymnasium-free parts of the package suffice. Reference result: bench/results/gpu_check.json.
+"""
+
+import json
+import os
+import time
+
+import numpy as np
+import torch
+import yaml
+
+from tinker_atropos.algorithms.ppo.learner import PPOLearner
+from tinker_atropos.algorithms.ppo.networks import ActorCritic, InferencePolicy
+from tinker_atropos.config import TrainerSection
+from tinker_atropos.protocol.chunks import ChunkArrays
+
+OBS, ACT, T, N = 348, 17, 64, 16  # Humanoid-v5 chunks as the rollout writes them
+
+
+def make_chunks(count: int, seed: int) -> list[ChunkArrays]:
+    rng = np.random.default_rng(seed)
+    f32 = np.float32
+    return [
+        ChunkArrays(
+            policy_version=0,
+            env_incarnation="x",
+            observations=rng.normal(size=(T, N, OBS)).astype(f32),
+            actions=rng.normal(scale=0.3, size=(T, N, ACT)).astype(f32),
+            log_probs=rng.normal(-15.7, 0.5, size=(T, N)).astype(f32),
+            values=rng.normal(size=(T, N)).astype(f32),
+            rewards=rng.normal(5, 1, size=(T, N)).astype(f32),
+            terminated=rng.random((T, N)) < 0.02,
+            truncated=np.zeros((T, N), bool),
+            truncation_values=np.zeros((T, N), f32),
+            bootstrap_observations=rng.normal(size=(N, OBS)).astype(f32),
+            bootstrap_values=rng.normal(size=N).astype(f32),
+        )
+        for _ in range(count)
+    ]
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def updates(spec: dict, trainer, device: torch.device, chunks, repeats: int) -> dict:
+    learner = PPOLearner(spec, trainer, device, seed=7)
+    first = learner.update(chunks)  # also the warm-up
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        learner.update(chunks)
+    sync(device)
+    seconds = (time.perf_counter() - start) / repeats
+    samples = len(chunks) * T * N
+    return {
+        "update_s": seconds,
+        "samples_per_s": samples * trainer.ppo.update_epochs / seconds,
+        "first": first,
+    }
+
+
+def act_latency(spec: dict, device: torch.device) -> float:
+    network = InferencePolicy(ActorCritic(spec), device)
+    obs = np.random.default_rng(0).normal(size=(N, OBS)).astype(np.float32)
+    for _ in range(50):
+        network.act(torch.as_tensor(obs, device=device))[0].cpu()
+    start = time.perf_counter()
+    for _ in range(500):
+        network.act(torch.as_tensor(obs, device=device))[0].cpu().numpy()
+    return (time.perf_counter() - start) / 500
+
+
+def main() -> None:
+    torch.set_num_threads(1)  # the trainer's default (trainer.torch_threads)
+    with open("configs/humanoid.yaml") as f:  # the trainer section only: the env section needs gymnasium
+        trainer = TrainerSection.model_validate(yaml.safe_load(f)["trainer"])
+    result = {
+        "gpu": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "cpu_threads": 1,
+        "cases": {},
+    }
+    cases = {
+        "humanoid.yaml: 4 chunks = 4096 samples, 64x64, 10 epochs x 8 minibatches": ([64, 64], 4, 3),
+        "wide: 64 chunks = 65536 samples, 256x256, 10 epochs x 8 minibatches": ([256, 256], 64, 1),
+    }
+    for name, (hidden, count, repeats) in cases.items():
+        spec = {
+            "obs_shape": [OBS],
+            "action": {"kind": "box", "shape": [ACT]},
+            "hidden_sizes": hidden,
+            "activation": trainer.model.activation,
+            "init_log_std": trainer.model.init_log_std,
+            "normalize_observations": True,
+            "normalize_returns": True,
+        }
+        chunks = make_chunks(count, seed=1)
+        cpu = updates(spec, trainer, torch.device("cpu"), chunks, repeats)
+        gpu = updates(spec, trainer, torch.device("cuda"), chunks, repeats * 3)
+        gaps = {k: abs(cpu["first"][k] - gpu["first"][k]) for k in cpu["first"]}
+        result["cases"][name] = {
+            "cpu_update_s": round(cpu["update_s"], 4),
+            "cuda_update_s": round(gpu["update_s"], 4),
+            "speedup": round(cpu["update_s"] / gpu["update_s"], 2),
+            "cuda_samples_per_s": round(gpu["samples_per_s"]),
+            "first_update_stats_cpu": cpu["first"],
+            "first_update_stats_cuda": gpu["first"],
+            "max_abs_stat_gap": max(gaps.values()),
+        }
+        result["cases"][name]["act_16_instances_us"] = {
+            "cpu": round(act_latency(spec, torch.device("cpu")) * 1e6, 1),
+            "cuda": round(act_latency(spec, torch.device("cuda")) * 1e6, 1),
+        }
+        print(name, json.dumps(result["cases"][name]), flush=True)
+    out = os.environ.get("OUT", ".")
+    with open(os.path.join(out, "gpu_check.json"), "w") as f:
+        json.dump(result, f, indent=2)
+    print(json.dumps({k: v for k, v in result.items() if k != "cases"}))
+
+
+if __name__ == "__main__":
+    main()
