@@ -4,9 +4,11 @@ import numpy as np
 import pytest
 import torch
 
+from tinker_atropos.algorithms.ppo.learner import PPOLearner, contiguous_runs
 from tinker_atropos.algorithms.ppo.learning import Batch, compute_gae, ppo_loss
 from tinker_atropos.algorithms.ppo.networks import ActorCritic, InferencePolicy
-from tinker_atropos.config import PPOSection
+from tinker_atropos.config import PPOSection, TrainerSection
+from tinker_atropos.protocol.chunks import ChunkArrays
 
 GAMMA, LAM = 0.9, 0.8
 
@@ -119,3 +121,61 @@ def test_inference_policy_equals_the_module(discrete: bool) -> None:
         torch.manual_seed(1)
         eps = torch.randn(16, 2)
         torch.testing.assert_close(actions, dist.mean + dist.stddev * eps)
+
+
+def _chunk(
+    rng: np.random.Generator, first_obs: np.ndarray | None = None, t: int = 5, n: int = 2
+) -> ChunkArrays:
+    obs = rng.normal(size=(t, n, 3)).astype(np.float32)
+    if first_obs is not None:
+        obs[0] = first_obs
+    return ChunkArrays(
+        policy_version=0,
+        env_incarnation="e",
+        observations=obs,
+        actions=rng.normal(size=(t, n, 2)).astype(np.float32),
+        log_probs=rng.normal(size=(t, n)).astype(np.float32),
+        values=rng.normal(size=(t, n)).astype(np.float32),
+        rewards=rng.normal(size=(t, n)).astype(np.float32),
+        terminated=rng.random((t, n)) < 0.2,
+        truncated=rng.random((t, n)) < 0.1,
+        truncation_values=rng.normal(size=(t, n)).astype(np.float32),
+        bootstrap_observations=rng.normal(size=(n, 3)).astype(np.float32),
+        bootstrap_values=rng.normal(size=n).astype(np.float32),
+    )
+
+
+def test_gae_runs_across_chunks_that_continue_one_another() -> None:
+    """A session's next chunk starts at the previous one's bootstrap observations: GAE spans both, as over one
+    rollout, even when another session's chunk arrived in between."""
+    rng = np.random.default_rng(0)
+    first = _chunk(rng)
+    other = _chunk(rng)
+    second = _chunk(rng, first_obs=first.bootstrap_observations)
+    assert contiguous_runs([first, other, second]) == [[first, second], [other]]
+
+    spec = {"obs_shape": [3], "action": {"kind": "box", "shape": [2]}, "hidden_sizes": [8], "activation": "tanh",
+            "init_log_std": 0.0, "normalize_observations": False, "normalize_returns": False}  # fmt: skip
+    trainer = TrainerSection(ppo={"gamma": GAMMA, "gae_lambda": LAM, "normalize_advantages": False})
+    batch = PPOLearner(spec, trainer, torch.device("cpu"), seed=0).batch([first, other, second])
+
+    def joined(name: str) -> np.ndarray:
+        return np.concatenate([getattr(first, name), getattr(second, name)])
+
+    advantages, returns = compute_gae(
+        joined("rewards"), joined("values"), joined("terminated"), joined("truncated"),
+        joined("truncation_values"), second.bootstrap_values, GAMMA, LAM,
+    )  # fmt: skip
+    alone, _ = compute_gae(
+        other.rewards, other.values, other.terminated, other.truncated, other.truncation_values,
+        other.bootstrap_values, GAMMA, LAM,
+    )  # fmt: skip
+    np.testing.assert_allclose(batch.advantages.numpy(), np.concatenate([advantages.ravel(), alone.ravel()]))
+    np.testing.assert_allclose(batch.returns.numpy()[:20], returns.ravel())
+    np.testing.assert_array_equal(batch.observations.numpy()[:20], joined("observations").reshape(20, 3))
+    # without the link, the first chunk's last advantages would bootstrap from its own values instead
+    cut, _ = compute_gae(
+        first.rewards, first.values, first.terminated, first.truncated, first.truncation_values,
+        first.bootstrap_values, GAMMA, LAM,
+    )  # fmt: skip
+    assert not np.allclose(cut, advantages[:5])

@@ -39,6 +39,12 @@ class LearnOptions:
     seeds: int
     out: Path
     report_interval_s: float = 5.0
+    systems: tuple[str, ...] = SYSTEMS
+
+    def __post_init__(self) -> None:
+        unknown = set(self.systems) - set(SYSTEMS)
+        if unknown:
+            raise ValueError(f"unknown systems {sorted(unknown)}; allowed: {', '.join(SYSTEMS)}")
 
 
 def _point(wall_time_s: float, env_steps: int, episode_return_mean: float | None) -> dict[str, Any]:
@@ -140,7 +146,7 @@ def run_learning_benchmark(config: Config, options: LearnOptions, console: Conso
             cfg = config.model_copy(deep=True)
             cfg.run.seed = config.run.seed + k
             cfg.run.report_interval_s = options.report_interval_s
-            for name in SYSTEMS:
+            for name in (name for name in SYSTEMS if name in options.systems):
                 console.print(f"[bold]{name}[/] seed {cfg.run.seed}: {options.budget_s:g} s of wall time")
                 curve = systems[name](cfg, Path(scratch) / f"{name}-seed{cfg.run.seed}")
                 if curve is not None:

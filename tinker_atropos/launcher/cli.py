@@ -217,13 +217,21 @@ def bench_learn(
     minutes: Annotated[float, typer.Option(min=0.05, help="Wall-clock budget of each run.")] = 20.0,
     seeds: Annotated[int, typer.Option(min=1, help="Runs per system, seeds run.seed, run.seed + 1, ...")] = 1,
     out: Annotated[Path, typer.Option(help="Folder for bench-learn.json and its chart.")] = Path("bench/out"),
+    systems: Annotated[
+        str, typer.Option(help="Comma-separated: tinker_atropos, sb3_ppo (default both).")
+    ] = "tinker_atropos,sb3_ppo",
 ) -> None:
     """Mean return after the same wall time: tinker-atropos against Stable-Baselines3 PPO, one after the other."""
     from rich.console import Console
 
     from tinker_atropos.bench.learn import LearnOptions, run_learning_benchmark
 
-    options = LearnOptions(budget_s=minutes * 60, seeds=seeds, out=out)
+    try:
+        chosen = tuple(s.strip() for s in systems.split(",") if s.strip())
+        options = LearnOptions(budget_s=minutes * 60, seeds=seeds, out=out, systems=chosen)
+    except ValueError as error:
+        typer.echo(str(error), err=True)
+        raise typer.Exit(2) from None
     run_learning_benchmark(_config(config), options, Console(soft_wrap=True))
 
 

@@ -14,6 +14,25 @@ from tinker_atropos.config import TrainerSection
 from tinker_atropos.protocol.chunks import ChunkArrays
 
 
+def contiguous_runs(chunks: list[ChunkArrays]) -> list[list[ChunkArrays]]:
+    """Group chunks that continue one another: a chunk whose first observations are exactly another's bootstrap
+    observations comes from the same session, right after it.
+
+    GAE then runs over a whole run as over one long rollout. Cut at every chunk, a quarter of the advantage
+    weight of 64-step chunks would rest on bootstrapped values instead of rewards (with gamma 0.99, lambda 0.95).
+    """
+    runs: list[list[ChunkArrays]] = []
+    run_ending_at: dict[bytes, int] = {}  # bootstrap observations -> the run they end
+    for chunk in chunks:
+        index = run_ending_at.pop(chunk.observations[0].tobytes(), None)
+        if index is None or runs[index][-1].observations.shape[1:] != chunk.observations.shape[1:]:
+            index = len(runs)
+            runs.append([])
+        runs[index].append(chunk)
+        run_ending_at[chunk.bootstrap_observations.tobytes()] = index
+    return runs
+
+
 class PPOLearner:
     def __init__(self, spec: dict[str, Any], config: TrainerSection, device: torch.device, seed: int) -> None:
         self.spec, self.hp, self.device = spec, config.ppo, device
@@ -26,25 +45,31 @@ class PPOLearner:
         self.generator = torch.Generator().manual_seed(seed)
 
     def batch(self, chunks: list[ChunkArrays]) -> Batch:
-        """Advantages per chunk (each is a contiguous [T, N] slab), then everything flattened to [B, …]."""
+        """Advantages over each run of contiguous chunks, then everything flattened to [B, …]."""
         parts: dict[str, list[np.ndarray]] = {
             k: [] for k in ("obs", "actions", "log_probs", "adv", "returns")
         }
-        for c in chunks:
+        for run in contiguous_runs(chunks):
+
+            def along_time(name: str, run: list[ChunkArrays] = run) -> np.ndarray:
+                return np.concatenate([getattr(c, name) for c in run])
+
+            rewards = along_time("rewards")
             advantages, returns = compute_gae(
-                c.rewards,
-                c.values,
-                c.terminated,
-                c.truncated,
-                c.truncation_values,
-                c.bootstrap_values,
+                rewards,
+                along_time("values"),
+                along_time("terminated"),
+                along_time("truncated"),
+                along_time("truncation_values"),
+                run[-1].bootstrap_values,
                 self.hp.gamma,
                 self.hp.gae_lambda,
             )
-            flat = c.rewards.size
-            parts["obs"].append(c.observations.reshape(flat, *c.observations.shape[2:]))
-            parts["actions"].append(c.actions.reshape(flat, *c.actions.shape[2:]))
-            parts["log_probs"].append(c.log_probs.reshape(flat))
+            observations, actions = along_time("observations"), along_time("actions")
+            flat = rewards.size
+            parts["obs"].append(observations.reshape(flat, *observations.shape[2:]))
+            parts["actions"].append(actions.reshape(flat, *actions.shape[2:]))
+            parts["log_probs"].append(along_time("log_probs").reshape(flat))
             parts["adv"].append(advantages.reshape(flat))
             parts["returns"].append(returns.reshape(flat))
 
