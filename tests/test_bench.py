@@ -79,7 +79,8 @@ def test_the_learning_benchmark_reports_curves_and_final_returns_under_the_budge
     result = run_learning_benchmark(config, options, Console(quiet=True))
 
     assert json.loads((tmp_path / "bench-learn.json").read_text()) == result
-    assert (tmp_path / "bench-learn.png").stat().st_size > 0
+    chart = tmp_path / "bench-learn.png"
+    assert chart.exists() == (importlib.util.find_spec("matplotlib") is not None)  # the bench extra draws it
     ours = result["runs"]["tinker_atropos"]
     assert [run["seed"] for run in ours] == [config.run.seed]
     curve = ours[0]["curve"]
