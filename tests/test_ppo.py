@@ -97,7 +97,8 @@ def test_ppo_loss_gradient_is_zero_for_clipped_samples() -> None:
 def test_inference_policy_equals_the_module(discrete: bool) -> None:
     """The rollout's fused network acts as the trainer's module: same values, same log-probs, same draws."""
     torch.manual_seed(0)
-    action = {"kind": "discrete", "n": 3, "start": 0} if discrete else {"kind": "box", "shape": [2]}
+    # a Discrete space that starts at 5: the env's actions are 5, 6, 7
+    action = {"kind": "discrete", "n": 3, "start": 5} if discrete else {"kind": "box", "shape": [2]}
     spec = {"obs_shape": [4], "action": action, "hidden_sizes": [8, 6], "activation": "tanh",
             "init_log_std": -0.5, "normalize_observations": True, "normalize_returns": True}  # fmt: skip
     model = ActorCritic(spec)
@@ -116,7 +117,8 @@ def test_inference_policy_equals_the_module(discrete: bool) -> None:
     torch.testing.assert_close(frozen.value(obs), expected_values)
     torch.testing.assert_close(log_probs, model.log_prob(dist, actions))
     if discrete:
-        assert actions.dtype == torch.int64 and actions.min() >= 0 and actions.max() < 3
+        assert actions.dtype == torch.int64 and actions.min() >= 5 and actions.max() <= 7
+        torch.testing.assert_close(log_probs, dist.log_prob(actions - 5))
     else:
         torch.manual_seed(1)
         eps = torch.randn(16, 2)

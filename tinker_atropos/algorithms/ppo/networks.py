@@ -92,6 +92,8 @@ class ActorCritic(nn.Module):
         obs_dim = int(np.prod(spec["obs_shape"]))
         self.discrete = spec["action"]["kind"] == "discrete"
         n_out = spec["action"]["n"] if self.discrete else int(np.prod(spec["action"]["shape"]))
+        # Discrete(n, start): the env's actions are start..start+n-1, the categorical's indices 0..n-1
+        self.action_start = int(spec["action"].get("start", 0)) if self.discrete else 0
         hidden, activation = spec["hidden_sizes"], spec["activation"]
         self.obs_rms = RunningMeanStd((obs_dim,))
         self.return_rms = RunningMeanStd(())
@@ -128,8 +130,10 @@ class ActorCritic(nn.Module):
         return Normal(out, self.actor_logstd.expand_as(out).exp(), validate_args=False)
 
     def log_prob(self, dist: Distribution, actions: torch.Tensor) -> torch.Tensor:
-        logp = dist.log_prob(actions)
-        return logp if self.discrete else logp.sum(-1)
+        """Log-probability of env actions (a Discrete space's start included)."""
+        if self.discrete:
+            return dist.log_prob(actions - self.action_start)
+        return dist.log_prob(actions).sum(-1)
 
     def entropy(self, dist: Distribution) -> torch.Tensor:
         ent = dist.entropy()
@@ -156,7 +160,7 @@ class InferencePolicy:
     @torch.no_grad()
     def __init__(self, model: ActorCritic, device: torch.device) -> None:
         spec = model.spec
-        self.discrete = model.discrete
+        self.discrete, self.action_start = model.discrete, model.action_start
         actor = [m for m in model.actor if isinstance(m, nn.Linear)]
         critic = [m for m in model.critic if isinstance(m, nn.Linear)]
         self.n_out = actor[-1].out_features
@@ -200,8 +204,8 @@ class InferencePolicy:
         out, value = self._forward(obs)
         if self.discrete:
             log_p = torch.log_softmax(out, dim=-1)
-            actions = torch.multinomial(log_p.exp(), 1).squeeze(1)
-            return actions, log_p.gather(1, actions[:, None]).squeeze(1), value
+            index = torch.multinomial(log_p.exp(), 1).squeeze(1)
+            return index + self.action_start, log_p.gather(1, index[:, None]).squeeze(1), value
         eps = torch.randn_like(out)
         actions = out + self.action_std * eps
         return actions, self.log_prob_offset - 0.5 * eps.square().sum(1), value
