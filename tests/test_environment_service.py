@@ -1,68 +1,98 @@
-"""The environment service over real gRPC: sessions, autoreset, and bad input that harms nobody else."""
+"""The environment service over its two carriers, real gRPC and the local Unix-socket fast path: sessions,
+autoreset, and bad input that harms nobody else."""
 
 from __future__ import annotations
 
-import queue
+import socket
+import threading
+import uuid
 from collections.abc import Iterator
+from concurrent import futures
+from dataclasses import dataclass
 
 import grpc
 import numpy as np
 import pytest
 
 from tinker_atropos.config import ConfigError, parse_config
+from tinker_atropos.environment.local_server import LocalSessionServer
 from tinker_atropos.environment.service import EnvironmentServicer
-from tinker_atropos.protocol import tensors
+from tinker_atropos.protocol import local_stream, tensors
 from tinker_atropos.protocol.v1 import environment_pb2 as pb
 from tinker_atropos.protocol.v1 import environment_pb2_grpc, tensor_pb2
+from tinker_atropos.rollout.env_streams import (
+    GrpcSessionStream,
+    LocalSessionStream,
+    LocalStreamError,
+    SessionStream,
+    open_stream,
+)
+
+
+@dataclass
+class EnvUnderTest:
+    """An env service in this process, reached over ``transport``."""
+
+    stub: environment_pb2_grpc.EnvironmentStub
+    local: LocalSessionServer
+    transport: str
+
+    def open(self) -> SessionStream:
+        if self.transport == "grpc":
+            return GrpcSessionStream(self.stub)
+        return LocalSessionStream(self.local.address, threading.Event())
+
+    def free_instances(self) -> int:
+        return self.stub.Describe(pb.DescribeRequest()).free_instances
 
 
 class Session:
-    """A test client holding one bidi stream open."""
+    """A test client holding one session open."""
 
-    def __init__(self, stub: environment_pb2_grpc.EnvironmentStub, num_instances: int, seed: int = 0) -> None:
-        self.requests: queue.SimpleQueue = queue.SimpleQueue()
-        self.responses = stub.Session(iter(self.requests.get, None))
-        self.requests.put(pb.SessionRequest(open=pb.OpenSession(num_instances=num_instances, seed=seed)))
-        self.opened = next(self.responses).opened
+    def __init__(self, env: EnvUnderTest, num_instances: int, seed: int = 0) -> None:
+        self.stream = env.open()
+        self.stream.send(pb.SessionRequest(open=pb.OpenSession(num_instances=num_instances, seed=seed)))
+        self.opened = self.stream.receive().opened
         self.id = self.opened.session_id
 
     def step(self, actions: np.ndarray | tensor_pb2.Tensor, session_id: str | None = None) -> pb.StepResult:
         message = actions if isinstance(actions, tensor_pb2.Tensor) else tensors.encode(actions)
         step = pb.StepRequest(session_id=self.id if session_id is None else session_id, actions=message)
-        self.requests.put(pb.SessionRequest(step=step))
-        return next(self.responses).step
+        self.stream.send(pb.SessionRequest(step=step))
+        return self.stream.receive().step
 
     def close(self) -> None:
-        self.requests.put(None)
+        self.stream.close()
 
 
-def _server(env: dict, capacity: int) -> tuple[grpc.Server, environment_pb2_grpc.EnvironmentStub]:
-    from concurrent import futures
-
+def _serve(env: dict, capacity: int, transport: str) -> Iterator[EnvUnderTest]:
     servicer = EnvironmentServicer(parse_config({"env": env}), capacity)
+    local = LocalSessionServer(servicer.session, f"tinker-atropos-test/{uuid.uuid4().hex}")
+    servicer.local_address = local.address
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
     environment_pb2_grpc.add_EnvironmentServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
-    return server, environment_pb2_grpc.EnvironmentStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
-
-
-@pytest.fixture
-def pendulum() -> Iterator[environment_pb2_grpc.EnvironmentStub]:
-    server, stub = _server({"id": "Pendulum-v1"}, capacity=4)
-    yield stub
+    local.start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    yield EnvUnderTest(environment_pb2_grpc.EnvironmentStub(channel), local, transport)
+    local.stop()
     server.stop(0).wait()
+    channel.close()
 
 
-@pytest.fixture
-def cartpole() -> Iterator[environment_pb2_grpc.EnvironmentStub]:
-    server, stub = _server({"id": "CartPole-v1"}, capacity=2)
-    yield stub
-    server.stop(0).wait()
+@pytest.fixture(params=["grpc", "local"])
+def pendulum(request) -> Iterator[EnvUnderTest]:
+    yield from _serve({"id": "Pendulum-v1"}, 4, request.param)
+
+
+@pytest.fixture(params=["grpc", "local"])
+def cartpole(request) -> Iterator[EnvUnderTest]:
+    yield from _serve({"id": "CartPole-v1"}, 2, request.param)
 
 
 def test_describe_reports_spaces_and_capacity(pendulum) -> None:
-    info = pendulum.Describe(pb.DescribeRequest())
+    info = pendulum.stub.Describe(pb.DescribeRequest())
     assert info.env_id == "Pendulum-v1"
     assert list(info.observation_space.box.shape) == [3]
     assert list(info.action_space.box.shape) == [1]
@@ -79,7 +109,7 @@ def test_session_steps_all_instances_in_one_message_and_seeds_reproducibly(pendu
     result = a.step(np.zeros((2, 1), np.float32))
     assert tensors.decode(result.observations).shape == (2, 3)
     assert tensors.decode(result.rewards).dtype == np.float32
-    assert pendulum.Describe(pb.DescribeRequest()).free_instances == 0
+    assert pendulum.free_instances() == 0
     a.close()
     b.close()
 
@@ -132,7 +162,7 @@ def test_bad_actions_end_only_their_own_session(pendulum, actions, match: str) -
     _expect_invalid(lambda: offender.step(actions), match)
     for _ in range(3):  # the other session keeps being served
         bystander.step(np.zeros((2, 1), np.float32))
-    assert pendulum.Describe(pb.DescribeRequest()).free_instances == 2  # the offender's instances are back
+    assert pendulum.free_instances() == 2  # the offender's instances are back
     bystander.close()
 
 
@@ -151,8 +181,9 @@ def test_discrete_actions_out_of_range_are_refused(cartpole) -> None:
 
 
 def test_first_request_must_open_and_capacity_is_enforced(pendulum) -> None:
-    requests = [pb.SessionRequest(step=pb.StepRequest(session_id="x"))]
-    _expect_invalid(lambda: next(pendulum.Session(iter(requests))), "must be 'open'")
+    stream = pendulum.open()
+    stream.send(pb.SessionRequest(step=pb.StepRequest(session_id="x")))
+    _expect_invalid(stream.receive, "must be 'open'")
     holder = Session(pendulum, 4)
     with pytest.raises(grpc.RpcError) as error:
         Session(pendulum, 1)
@@ -163,3 +194,67 @@ def test_first_request_must_open_and_capacity_is_enforced(pendulum) -> None:
 def test_unknown_env_id_fails_at_config_time() -> None:
     with pytest.raises(ConfigError, match="env.id: unknown Gymnasium env id 'NoSuchEnv-v0'"):
         parse_config({"env": {"id": "NoSuchEnv-v0"}})
+
+
+def test_describe_advertises_the_local_path_and_auto_takes_it_when_reachable(pendulum) -> None:
+    info = pendulum.stub.Describe(pb.DescribeRequest())
+    assert info.local_address == pendulum.local.address
+    stop = threading.Event()
+    for transport, kind in [("auto", "local"), ("grpc", "grpc")]:
+        stream = open_stream(pendulum.stub, info, transport, stop)
+        assert stream.kind == kind
+        stream.close()
+    elsewhere = pb.EnvironmentInfo()  # an env service in another network namespace: nobody listens here
+    elsewhere.CopyFrom(info)
+    elsewhere.local_address = local_stream.local_address(f"tinker-atropos-test/{uuid.uuid4().hex}")
+    stream = open_stream(pendulum.stub, elsewhere, "auto", stop)
+    assert stream.kind == "grpc"
+    stream.close()
+
+
+def test_both_carriers_give_the_same_trajectory(pendulum) -> None:
+    other = EnvUnderTest(pendulum.stub, pendulum.local, "grpc" if pendulum.transport == "local" else "local")
+    a, b = Session(pendulum, 2, seed=3), Session(other, 2, seed=3)
+    actions = np.random.default_rng(0).uniform(-2, 2, (20, 2, 1)).astype(np.float32)
+    for step_actions in actions:
+        ra, rb = a.step(step_actions), b.step(step_actions)
+        assert ra.SerializeToString() == rb.SerializeToString()
+    a.close()
+    b.close()
+
+
+def test_garbage_on_the_local_socket_ends_only_that_connection() -> None:
+    for env in _serve({"id": "Pendulum-v1"}, 4, "local"):
+        bystander = Session(env, 2)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as raw:
+            raw.connect(local_stream.socket_name(env.local.address))
+            raw.sendall(local_stream.HEADER.pack(5) + b"\xff\xff\xff\xff\xff")
+            frame = local_stream.receive(raw, pb.LocalFrame)
+            assert frame.status.code == "INVALID_ARGUMENT" and "not a SessionRequest" in frame.status.message
+            assert local_stream.receive(raw, pb.LocalFrame) is None  # then the server closes it
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as raw:
+            raw.connect(local_stream.socket_name(env.local.address))
+            raw.sendall(local_stream.HEADER.pack(local_stream.MAX_FRAME_BYTES + 1))
+            assert "over the" in local_stream.receive(raw, pb.LocalFrame).status.message
+        bystander.step(np.zeros((2, 1), np.float32))
+        assert env.free_instances() == 2
+        bystander.close()
+
+
+def test_a_vanished_local_client_frees_its_instances_and_a_stopped_server_ends_its_sessions() -> None:
+    for env in _serve({"id": "Pendulum-v1"}, 4, "local"):
+        gone = Session(env, 4)
+        gone.step(np.zeros((4, 1), np.float32))
+        gone.stream.close()  # as when its process dies: the kernel closes the socket
+        deadline = threading.Event()
+        for _ in range(50):
+            if env.free_instances() == 4:
+                break
+            deadline.wait(0.1)
+        assert env.free_instances() == 4
+        kept = Session(env, 2)
+        env.local.stop()
+        with pytest.raises(LocalStreamError) as error:
+            kept.step(np.zeros((2, 1), np.float32))
+        assert error.value.code() == grpc.StatusCode.UNAVAILABLE
+        kept.close()

@@ -1,7 +1,8 @@
 """The environment service: hosts instances of one env and steps them over one bidi stream per session.
 
 A session claims some of the service's instances for as long as its stream lives; a malformed request ends
-only its own stream (INVALID_ARGUMENT), never the service or the other sessions.
+only its own stream (INVALID_ARGUMENT), never the service or the other sessions. The same session logic
+serves the gRPC stream and the local fast path for co-located rollouts (``local_server``).
 """
 
 from __future__ import annotations
@@ -9,7 +10,8 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import NoReturn
 
 import grpc
 import gymnasium as gym
@@ -17,6 +19,7 @@ import gymnasium as gym
 from tinker_atropos.config import Config
 from tinker_atropos.environment.backends.base import make_env_batch
 from tinker_atropos.environment.episodes import EpisodeTracker
+from tinker_atropos.environment.local_server import LocalSessionServer
 from tinker_atropos.environment.spaces import ActionError, check_actions, space_to_proto
 from tinker_atropos.protocol import tensors
 from tinker_atropos.protocol.v1 import environment_pb2, environment_pb2_grpc
@@ -24,6 +27,8 @@ from tinker_atropos.runtime import Endpoint, ServiceHost, configure_logging, sto
 from tinker_atropos.state.connection import connect
 
 log = logging.getLogger(__name__)
+
+Abort = Callable[[grpc.StatusCode, str], NoReturn]
 
 
 class EnvironmentServicer(environment_pb2_grpc.EnvironmentServicer):
@@ -35,6 +40,7 @@ class EnvironmentServicer(environment_pb2_grpc.EnvironmentServicer):
         probe.close()
         space_to_proto(self.action_space)  # unsupported spaces are refused at start, not mid-run
         self.incarnation = ""
+        self.local_address = ""
         self._lock = threading.Lock()
         self._sessions: dict[str, int] = {}  # session id -> instances held
         self.steps = 0
@@ -63,14 +69,15 @@ class EnvironmentServicer(environment_pb2_grpc.EnvironmentServicer):
             free_instances=self.free_instances,
             incarnation=self.incarnation,
             backend=self.env.backend,
+            local_address=self.local_address,
         )
 
-    def _claim(self, wanted: int, context: grpc.ServicerContext) -> tuple[str, int]:
+    def _claim(self, wanted: int, abort: Abort) -> tuple[str, int]:
         with self._lock:
             free = self.free_instances
             n = wanted or free
             if n == 0 or n > free:
-                context.abort(
+                abort(
                     grpc.StatusCode.RESOURCE_EXHAUSTED,
                     f"{n or 'any'} instances asked, {free} of {self.capacity} free",
                 )
@@ -81,12 +88,18 @@ class EnvironmentServicer(environment_pb2_grpc.EnvironmentServicer):
     def Session(  # noqa: N802 - gRPC name
         self, request_iterator: Iterator[environment_pb2.SessionRequest], context: grpc.ServicerContext
     ) -> Iterator[environment_pb2.SessionResponse]:
+        return self.session(request_iterator, context.abort)
+
+    def session(
+        self, request_iterator: Iterator[environment_pb2.SessionRequest], abort: Abort
+    ) -> Iterator[environment_pb2.SessionResponse]:
+        """One session, whatever carries it: ``abort`` ends it with a status and never returns."""
         first = next(request_iterator, None)
         if first is None:
             return
         if first.WhichOneof("kind") != "open":
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first request of a session must be 'open'")
-        session_id, n = self._claim(first.open.num_instances, context)
+            abort(grpc.StatusCode.INVALID_ARGUMENT, "the first request of a session must be 'open'")
+        session_id, n = self._claim(first.open.num_instances, abort)
         batch = None
         try:
             batch = make_env_batch(self.env.backend, self.env.id, self.env.kwargs, n, self.env.threads)
@@ -102,7 +115,7 @@ class EnvironmentServicer(environment_pb2_grpc.EnvironmentServicer):
             )
             tracker = EpisodeTracker(n)
             for request in request_iterator:
-                actions = self._actions(request, session_id, n, context)
+                actions = self._actions(request, session_id, n, abort)
                 step = batch.step(actions)
                 ended = tracker.update(step.rewards, step.terminated, step.truncated)
                 self.steps += n
@@ -125,18 +138,18 @@ class EnvironmentServicer(environment_pb2_grpc.EnvironmentServicer):
                 del self._sessions[session_id]
             log.info("session %s closed, %d instances released", session_id[:8], n)
 
-    def _actions(self, request, session_id: str, n: int, context: grpc.ServicerContext):
+    def _actions(self, request, session_id: str, n: int, abort: Abort):
         if request.WhichOneof("kind") != "step":
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a session is opened once; send 'step' requests")
+            abort(grpc.StatusCode.INVALID_ARGUMENT, "a session is opened once; send 'step' requests")
         if request.step.session_id != session_id:
-            context.abort(
+            abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"unknown session {request.step.session_id!r}: this stream serves session {session_id!r}",
             )
         try:
             return check_actions(tensors.decode(request.step.actions), self.action_space, n)
         except (ActionError, tensors.TensorError) as error:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+            abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
 
 
 def serve(config: Config, redis_url: str, endpoint: Endpoint) -> None:
@@ -153,7 +166,13 @@ def serve(config: Config, redis_url: str, endpoint: Endpoint) -> None:
         max_workers=max(8, 2 * config.env.instances + 4),
     )
     servicer.incarnation = service.incarnation
+    local = LocalSessionServer(
+        servicer.session, f"tinker-atropos/{config.run.name}/env/{service.incarnation}"
+    )
+    servicer.local_address = local.address
     environment_pb2_grpc.add_EnvironmentServicer_to_server(servicer, service.server)
+    local.start()
     service.start()
     stop.wait()
+    local.stop()
     service.stop()

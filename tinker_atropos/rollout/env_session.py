@@ -1,5 +1,8 @@
 """One environment session, SEED RL style: one bidi stream, one loop, one reconnect with backoff.
 
+The stream is the env service's local fast path when it runs on this host, else its gRPC ``Session``
+(``env_streams``); the loop below is the same for both.
+
 The loop acts on the latest observations with the current policy, sends the actions of every instance in one
 message, and appends the result to the chunk being built. The policy only changes between chunks, so each
 chunk is acted by a single version. When the stream breaks, the partial chunk is dropped (never stitched
@@ -9,9 +12,8 @@ onto the next incarnation) and the loop reconnects.
 from __future__ import annotations
 
 import logging
-import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import grpc
 import numpy as np
@@ -21,6 +23,7 @@ from tinker_atropos.environment.spaces import space_from_proto
 from tinker_atropos.protocol import tensors
 from tinker_atropos.protocol.v1 import environment_pb2, environment_pb2_grpc
 from tinker_atropos.rollout.chunks import ChunkBuilder
+from tinker_atropos.rollout.env_streams import LocalStreamError, SessionStream, Transport, open_stream
 from tinker_atropos.rollout.policy import PolicySource, VersionedPolicy
 from tinker_atropos.runtime import GRPC_OPTIONS
 from tinker_atropos.state.experience import ExperienceWriter
@@ -39,8 +42,13 @@ CHANNEL_OPTIONS = [
 ]
 
 
+def _status(error: Exception) -> grpc.StatusCode | None:
+    return error.code() if isinstance(error, grpc.Call | LocalStreamError) else None
+
+
 def _reason(error: Exception) -> str:
-    return f"{error.code().name}: {error.details()}" if isinstance(error, grpc.Call) else str(error)
+    code = _status(error)
+    return f"{code.name}: {error.details()}" if code is not None else str(error)
 
 
 class SessionCounters:
@@ -73,13 +81,14 @@ class EnvSession(threading.Thread):
         stop: threading.Event,
         backoff_s: float,
         pause_at_queued: int | None,
+        transport: Transport,
     ) -> None:
         super().__init__(name=f"session-{address}-{slot}", daemon=True)
         self.address, self.slot, self.slots, self.seed = address, slot, slots, seed
         self.chunk_length, self.policy, self.writer = chunk_length, policy, writer
         self.rollout_incarnation, self.counters = rollout_incarnation, counters
         self.still_registered, self.stop, self.first_backoff_s = still_registered, stop, backoff_s
-        self.pause_at_queued = pause_at_queued
+        self.pause_at_queued, self.transport = pause_at_queued, transport
         self.opened_once = False
 
     def run(self) -> None:
@@ -101,7 +110,7 @@ class EnvSession(threading.Thread):
                     _reason(error),
                     backoff,
                 )
-                busy = isinstance(error, grpc.Call) and error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                busy = _status(error) == grpc.StatusCode.RESOURCE_EXHAUSTED
                 if isinstance(error, grpc.RpcError) and not busy and not self.still_registered(self.address):
                     log.info("env service %s left the registry; session %d ends", self.address, self.slot)
                     return
@@ -135,53 +144,47 @@ class EnvSession(threading.Thread):
         obs_shape = tuple(info.observation_space.box.shape)
         action_dtype = np.float32 if info.action_space.WhichOneof("kind") == "box" else np.int64
 
-        requests: queue.SimpleQueue = queue.SimpleQueue()
-
-        def request_stream() -> Iterator[environment_pb2.SessionRequest]:
-            while (request := requests.get()) is not None:
-                yield request
-
-        responses = stub.Session(request_stream())
+        stream = open_stream(stub, info, self.transport, self.stop)
         try:
-            requests.put(
+            stream.send(
                 environment_pb2.SessionRequest(open=environment_pb2.OpenSession(num_instances=n, seed=seed))
             )
-            opened = next(responses).opened
+            opened = stream.receive().opened
             self.counters.connected += 1
             self.opened_once = True
+            log.info(
+                "session %s/%d open over %s: %d instances of env incarnation %s",
+                self.address,
+                self.slot,
+                stream.kind,
+                opened.num_instances,
+                opened.incarnation,
+            )
             try:
-                self._step_loop(
-                    opened, responses, requests, policy, action_space.shape, action_dtype, obs_shape
-                )
+                self._step_loop(opened, stream, policy, action_space.shape, action_dtype, obs_shape)
             finally:
                 self.counters.connected -= 1
         finally:
-            requests.put(None)  # half-close: the env service frees the session's instances
-            responses.cancel()
+            stream.close()
 
-    def _step_loop(self, opened, responses, requests, policy, action_shape, action_dtype, obs_shape) -> None:
+    def _step_loop(
+        self, opened, stream: SessionStream, policy, action_shape, action_dtype, obs_shape
+    ) -> None:
         n, session_id = opened.num_instances, opened.session_id
-        log.info(
-            "session %s/%d open: %d instances of env incarnation %s",
-            self.address,
-            self.slot,
-            n,
-            opened.incarnation,
-        )
         builder = ChunkBuilder(self.chunk_length, n, obs_shape, action_shape, action_dtype)
         observations = tensors.decode(opened.observations)
         try:
             while not self.stop.is_set():
                 actions, log_probs, values = policy.act(observations)
                 actions = actions.astype(action_dtype, copy=False)
-                requests.put(
+                stream.send(
                     environment_pb2.SessionRequest(
                         step=environment_pb2.StepRequest(
                             session_id=session_id, actions=tensors.encode(actions)
                         )
                     )
                 )
-                result = next(responses).step
+                result = stream.receive().step
                 truncation_values = np.zeros(n, np.float32)
                 final_indices = tensors.decode(result.final_indices)
                 if final_indices.size:

@@ -88,6 +88,7 @@ class RolloutServicer(services_pb2_grpc.RolloutServicer):
                     stop,
                     self.config.rollout.reconnect_backoff_s,
                     self.pause_at_queued,
+                    self.config.rollout.transport,
                 )
                 self.sessions[(address, slot)] = session
                 session.start()

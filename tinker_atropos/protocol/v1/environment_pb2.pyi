@@ -40,7 +40,7 @@ class Space(_message.Message):
     def __init__(self, box: _Optional[_Union[Box, _Mapping]] = ..., discrete: _Optional[_Union[Discrete, _Mapping]] = ...) -> None: ...
 
 class EnvironmentInfo(_message.Message):
-    __slots__ = ("env_id", "observation_space", "action_space", "num_instances", "free_instances", "incarnation", "backend")
+    __slots__ = ("env_id", "observation_space", "action_space", "num_instances", "free_instances", "incarnation", "backend", "local_address")
     ENV_ID_FIELD_NUMBER: _ClassVar[int]
     OBSERVATION_SPACE_FIELD_NUMBER: _ClassVar[int]
     ACTION_SPACE_FIELD_NUMBER: _ClassVar[int]
@@ -48,6 +48,7 @@ class EnvironmentInfo(_message.Message):
     FREE_INSTANCES_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     env_id: str
     observation_space: Space
     action_space: Space
@@ -55,7 +56,8 @@ class EnvironmentInfo(_message.Message):
     free_instances: int
     incarnation: str
     backend: str
-    def __init__(self, env_id: _Optional[str] = ..., observation_space: _Optional[_Union[Space, _Mapping]] = ..., action_space: _Optional[_Union[Space, _Mapping]] = ..., num_instances: _Optional[int] = ..., free_instances: _Optional[int] = ..., incarnation: _Optional[str] = ..., backend: _Optional[str] = ...) -> None: ...
+    local_address: str
+    def __init__(self, env_id: _Optional[str] = ..., observation_space: _Optional[_Union[Space, _Mapping]] = ..., action_space: _Optional[_Union[Space, _Mapping]] = ..., num_instances: _Optional[int] = ..., free_instances: _Optional[int] = ..., incarnation: _Optional[str] = ..., backend: _Optional[str] = ..., local_address: _Optional[str] = ...) -> None: ...
 
 class SessionRequest(_message.Message):
     __slots__ = ("open", "step")
@@ -130,3 +132,19 @@ class EpisodeEnd(_message.Message):
     length: int
     terminated: bool
     def __init__(self, instance: _Optional[int] = ..., episode_return: _Optional[float] = ..., length: _Optional[int] = ..., terminated: _Optional[bool] = ...) -> None: ...
+
+class LocalFrame(_message.Message):
+    __slots__ = ("response", "status")
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    response: SessionResponse
+    status: LocalStatus
+    def __init__(self, response: _Optional[_Union[SessionResponse, _Mapping]] = ..., status: _Optional[_Union[LocalStatus, _Mapping]] = ...) -> None: ...
+
+class LocalStatus(_message.Message):
+    __slots__ = ("code", "message")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    code: str
+    message: str
+    def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...

@@ -1,0 +1,101 @@
+"""The env service's local fast path: the sessions of ``Environment.Session`` over a Unix socket, for a
+rollout on the same host. One thread per connection runs the very same session code as the gRPC stream; a
+malformed frame or request ends that connection with a status frame, never the service."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from typing import NoReturn
+
+import grpc
+
+from tinker_atropos.protocol import local_stream
+from tinker_atropos.protocol.v1 import environment_pb2
+
+log = logging.getLogger(__name__)
+
+SessionHandler = Callable[
+    [Iterator[environment_pb2.SessionRequest], Callable[[grpc.StatusCode, str], NoReturn]],
+    Iterator[environment_pb2.SessionResponse],
+]
+
+
+class SessionAborted(Exception):
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+def _abort(code: grpc.StatusCode, message: str) -> NoReturn:
+    raise SessionAborted(code, message)
+
+
+class LocalSessionServer:
+    """Listens on the abstract Unix socket ``name`` and serves each connection as one session."""
+
+    def __init__(self, session: SessionHandler, name: str) -> None:
+        self.session = session
+        self.address = local_stream.local_address(name)
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(local_stream.socket_name(self.address))
+        self.listener.listen(64)
+        self._lock = threading.Lock()
+        self._connections: set[socket.socket] = set()
+        self._acceptor = threading.Thread(target=self._accept_loop, name="local-accept", daemon=True)
+
+    def start(self) -> None:
+        self._acceptor.start()
+
+    def stop(self) -> None:
+        """Stop accepting and end every open connection; their sessions release their instances. Idempotent."""
+        if self.listener.fileno() == -1:
+            return
+        self.listener.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept()
+        self.listener.close()
+        with self._lock:
+            for connection in self._connections:
+                with contextlib.suppress(OSError):  # already closed by its peer
+                    connection.shutdown(socket.SHUT_RDWR)
+        self._acceptor.join(timeout=5)
+
+    def _accept_loop(self) -> None:
+        while True:
+            try:
+                connection, _ = self.listener.accept()
+            except OSError:
+                return  # the listener was shut down
+            with self._lock:
+                self._connections.add(connection)
+            threading.Thread(
+                target=self._serve, args=(connection,), name="local-session", daemon=True
+            ).start()
+
+    def _serve(self, connection: socket.socket) -> None:
+        def requests() -> Iterator[environment_pb2.SessionRequest]:
+            while (request := local_stream.receive(connection, environment_pb2.SessionRequest)) is not None:
+                yield request
+
+        try:
+            try:
+                with contextlib.closing(self.session(requests(), _abort)) as responses:
+                    for response in responses:
+                        local_stream.send(connection, environment_pb2.LocalFrame(response=response))
+            except SessionAborted as error:
+                self._send_status(connection, error.code, error.message)
+            except local_stream.FrameError as error:
+                self._send_status(connection, grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        except OSError as error:  # the peer went away mid-frame: its session is already released
+            log.info("local session connection lost: %s", error)
+        finally:
+            with self._lock:
+                self._connections.discard(connection)
+            connection.close()
+
+    @staticmethod
+    def _send_status(connection: socket.socket, code: grpc.StatusCode, message: str) -> None:
+        status = environment_pb2.LocalStatus(code=code.name, message=message)
+        local_stream.send(connection, environment_pb2.LocalFrame(status=status))

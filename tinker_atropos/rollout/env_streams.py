@@ -1,0 +1,123 @@
+"""The two carriers of an env session: the gRPC ``Session`` stream, and the local fast path (a Unix socket
+in the abstract namespace) that an env service offers to rollouts on its own host.
+
+Both carry the same SessionRequest/SessionResponse sequence and fail the same way (an ``grpc.RpcError``
+with a status code), so the session loop and its reconnect logic do not know which one they use.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import select
+import socket
+import threading
+from typing import Literal, Protocol
+
+import grpc
+
+from tinker_atropos.protocol import local_stream
+from tinker_atropos.protocol.v1 import environment_pb2, environment_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+Transport = Literal["auto", "grpc"]
+STOP_POLL_S = 1.0
+
+
+class SessionStream(Protocol):
+    kind: str
+
+    def send(self, request: environment_pb2.SessionRequest) -> None: ...
+    def receive(self) -> environment_pb2.SessionResponse: ...
+    def close(self) -> None: ...
+
+
+class LocalStreamError(grpc.RpcError):
+    """A local session ended with a status, or its socket broke: the codes gRPC would have used."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(f"{code.name}: {details}")
+        self._code, self._details = code, details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+
+class GrpcSessionStream:
+    """``Environment.Session``: requests go through a queue that gRPC's sender thread drains."""
+
+    kind = "grpc"
+
+    def __init__(self, stub: environment_pb2_grpc.EnvironmentStub) -> None:
+        self._requests: queue.SimpleQueue = queue.SimpleQueue()
+        self._responses = stub.Session(iter(self._requests.get, None))
+
+    def send(self, request: environment_pb2.SessionRequest) -> None:
+        self._requests.put(request)
+
+    def receive(self) -> environment_pb2.SessionResponse:
+        return next(self._responses)
+
+    def close(self) -> None:
+        self._requests.put(None)  # half-close: the env service frees the session's instances
+        self._responses.cancel()
+
+
+class LocalSessionStream:
+    """The local fast path: one frame each way per step, written and read by the session's own thread."""
+
+    kind = "local"
+
+    def __init__(self, address: str, stop: threading.Event) -> None:
+        self._stop = stop
+        self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self._socket.connect(local_stream.socket_name(address))
+        except OSError:
+            self._socket.close()
+            raise
+
+    def send(self, request: environment_pb2.SessionRequest) -> None:
+        try:
+            local_stream.send(self._socket, request)
+        except OSError as error:
+            raise LocalStreamError(grpc.StatusCode.UNAVAILABLE, f"local stream broken: {error}") from error
+
+    def receive(self) -> environment_pb2.SessionResponse:
+        # The kernel closes the socket when the env process dies; a stopped (SIGSTOP) env is waited for,
+        # its session resumes where it was. Wake up now and then to honour our own stop.
+        while not select.select([self._socket], [], [], STOP_POLL_S)[0]:
+            if self._stop.is_set():
+                raise LocalStreamError(grpc.StatusCode.CANCELLED, "the rollout is stopping")
+        try:
+            frame = local_stream.receive(self._socket, environment_pb2.LocalFrame)
+        except (OSError, local_stream.FrameError) as error:
+            raise LocalStreamError(grpc.StatusCode.UNAVAILABLE, f"local stream broken: {error}") from error
+        if frame is None:
+            raise LocalStreamError(grpc.StatusCode.UNAVAILABLE, "the env service closed the local stream")
+        if frame.WhichOneof("kind") == "status":
+            code = grpc.StatusCode.__members__.get(frame.status.code, grpc.StatusCode.UNKNOWN)
+            raise LocalStreamError(code, frame.status.message)
+        return frame.response
+
+    def close(self) -> None:
+        self._socket.close()  # the env service sees the end of the stream and frees the instances
+
+
+def open_stream(
+    stub: environment_pb2_grpc.EnvironmentStub,
+    info: environment_pb2.EnvironmentInfo,
+    transport: Transport,
+    stop: threading.Event,
+) -> SessionStream:
+    """The local fast path when allowed and reachable (same host and network namespace), else gRPC."""
+    if transport == "auto" and info.local_address:
+        try:
+            return LocalSessionStream(info.local_address, stop)
+        except (OSError, ValueError) as error:
+            log.info("local stream %s not reachable (%s): using gRPC", info.local_address, error)
+    return GrpcSessionStream(stub)
