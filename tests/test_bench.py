@@ -31,7 +31,9 @@ def test_a_tiny_benchmark_writes_every_key_and_nulls_the_phases_not_run(tmp_path
         }
     )
     options = BenchOptions(
-        phases=("raw", "collect", "train"), timing=Timing(warmup_s=1.0, window_s=3.0), out=tmp_path
+        phases=("raw", "collect", "collect_grpc", "train"),
+        timing=Timing(warmup_s=1.0, window_s=3.0),
+        out=tmp_path,
     )
 
     result = run_benchmark(config, options, Console(quiet=True))
@@ -41,6 +43,7 @@ def test_a_tiny_benchmark_writes_every_key_and_nulls_the_phases_not_run(tmp_path
     for key in (
         "raw_env_steps_per_s",
         "collect_env_steps_per_s",
+        "collect_grpc_env_steps_per_s",
         "train_env_steps_per_s",
     ):
         assert result[key] > 0, key
@@ -50,6 +53,9 @@ def test_a_tiny_benchmark_writes_every_key_and_nulls_the_phases_not_run(tmp_path
     assert result["ratios"]["collect/raw"] == pytest.approx(
         result["collect_env_steps_per_s"] / result["raw_env_steps_per_s"]
     )
+    assert result["ratios"]["collect/collect_grpc"] == pytest.approx(
+        result["collect_env_steps_per_s"] / result["collect_grpc_env_steps_per_s"]
+    )
     assert result["ratios"]["collect/envpool"] is None and result["ratios"]["train/sb3"] is None
     train = result["train"]
     assert 0.0 <= train["trainer_busy"] <= 1.0
@@ -58,6 +64,7 @@ def test_a_tiny_benchmark_writes_every_key_and_nulls_the_phases_not_run(tmp_path
     conditions = result["conditions"]
     assert (conditions["env_id"], conditions["instances"]) == ("Pendulum-v1", 4)
     assert (conditions["warmup_s"], conditions["window_s"]) == (1.0, 3.0)
+    assert conditions["transport"] == "auto"
     assert "5 physics steps" in conditions["step_convention"] and "shared" in conditions["note"]
     assert result["machine"]["cores"] >= 1 and result["machine"]["cpu_model"]
     assert result["packages"]["gymnasium"] == gym.__version__

@@ -27,12 +27,14 @@ def cli(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.parametrize(("transport", "carrier"), [("auto", "local"), ("grpc", "grpc")])
 def test_services_discover_each_other_through_redis_and_drain_on_sigterm(
-    tmp_path: Path, valkey, redis_client, processes
+    tmp_path: Path, valkey, redis_client, processes, transport: str, carrier: str
 ) -> None:
     config = yaml.safe_load((REPO / "configs" / "pendulum.yaml").read_text())
     config["run"]["name"] = "services-test"
     config["env"]["instances"] = 4
+    config["rollout"]["transport"] = transport
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(config))
     common = ["--config", str(path), "--redis-url", valkey.url, "--port", "0"]
@@ -51,6 +53,9 @@ def test_services_discover_each_other_through_redis_and_drain_on_sigterm(
 
     wait_for(lambda: (published_version(redis_client, "services-test") or 0) >= 2, 120, "two PPO updates")
     assert read_stats(redis_client, "services-test")["env_steps"] > 0
+    assert f"open over {carrier}: 4 instances" in processes.log(
+        "rollout"
+    )  # same host: the socket, unless told
 
     trainer = next(s for s in services if s.kind == "trainer")
     with grpc.insecure_channel(trainer.address) as channel:

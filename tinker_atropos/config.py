@@ -22,6 +22,7 @@ def _device(value: str) -> str:
 
 
 Device = Annotated[str, AfterValidator(_device)]
+Transport = Literal["auto", "grpc"]  # how a rollout reaches an env service: see RolloutSection.transport
 
 
 class Section(BaseModel):
@@ -97,7 +98,7 @@ class RolloutSection(Section):
         "in the stream, so no step goes stale; 'drop': collect flat out, the stream bound drops the excess.",
     )
     reconnect_backoff_s: float = Field(0.2, gt=0, description="First reconnect delay; doubles up to 5 s.")
-    transport: Literal["auto", "grpc"] = Field(
+    transport: Transport = Field(
         "auto",
         description="'auto': an env service on the same host (and network namespace) is stepped over its local "
         "Unix socket, the others over gRPC; 'grpc': always gRPC.",

@@ -27,7 +27,7 @@ import torch
 
 from tinker_atropos.algorithms.ppo.learner import PPOLearner
 from tinker_atropos.algorithms.ppo.networks import policy_spec
-from tinker_atropos.config import Config
+from tinker_atropos.config import Config, Transport
 from tinker_atropos.environment.backends.base import EnvBatch, make_env_batch
 from tinker_atropos.environment.backends.gymnasium_batch import GymnasiumBatch
 from tinker_atropos.launcher.up import Child, service_children
@@ -165,10 +165,14 @@ def _drain(client: redis.Redis, run: str, stop: threading.Event) -> None:
         reader.take(count=64, block_ms=200)
 
 
-def collect_steps_per_s(config: Config, timing: Timing, work_dir: Path) -> float:
-    """Env service(s) + one rollout service as processes with the real policy over gRPC, chunks written to
-    Redis and drained here: collection without learning. Counts the ``env_steps`` stat over the window."""
+def collect_steps_per_s(
+    config: Config, timing: Timing, work_dir: Path, transport: Transport | None = None
+) -> float:
+    """Env service(s) + one rollout service as processes with the real policy, over the config's transport
+    (or ``transport``), chunks written to Redis and drained here: collection without learning. Counts the
+    ``env_steps`` stat over the window."""
     config = config.model_copy(deep=True)
+    config.rollout.transport = transport or config.rollout.transport
     config.rollout.flow_control = "drop"
     config.rollout.replicas = 1
     run = config.run.name

@@ -18,12 +18,14 @@ RATE_KEYS = (
     "raw_backend_steps_per_s",
     "envpool_steps_per_s",
     "collect_env_steps_per_s",
+    "collect_grpc_env_steps_per_s",
     "train_env_steps_per_s",
     "sb3_ppo_steps_per_s",
 )
 RATIOS = {
     "collect/raw": ("collect_env_steps_per_s", "raw_env_steps_per_s"),
     "collect/envpool": ("collect_env_steps_per_s", "envpool_steps_per_s"),
+    "collect/collect_grpc": ("collect_env_steps_per_s", "collect_grpc_env_steps_per_s"),
     "train/sb3": ("train_env_steps_per_s", "sb3_ppo_steps_per_s"),
 }
 PACKAGES = (

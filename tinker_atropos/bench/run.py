@@ -13,7 +13,7 @@ from rich.console import Console
 from tinker_atropos.bench import phases, report
 from tinker_atropos.config import Config
 
-ALL_PHASES = ("raw", "envpool", "collect", "train", "sb3", "scaling")
+ALL_PHASES = ("raw", "envpool", "collect", "collect_grpc", "train", "sb3", "scaling")
 STEP_CONVENTION = "one step = one env.step of one instance = 5 physics steps for MuJoCo locomotion"
 
 
@@ -60,6 +60,10 @@ def run_benchmark(config: Config, options: BenchOptions, console: Console) -> di
                 result["collect_env_steps_per_s"] = phases.collect_steps_per_s(
                     config, timing, work / "collect"
                 )
+            elif phase == "collect_grpc":  # the same, with the local fast path switched off
+                result["collect_grpc_env_steps_per_s"] = phases.collect_steps_per_s(
+                    config, timing, work / "collect-grpc", transport="grpc"
+                )
             elif phase == "train":
                 result["train"] = phases.train_figures(config, timing, work / "train")
                 result["train_env_steps_per_s"] = result["train"].pop("train_env_steps_per_s")
@@ -81,6 +85,7 @@ def run_benchmark(config: Config, options: BenchOptions, console: Console) -> di
         "backend": config.env.backend,
         "env_services": config.env.services,
         "sessions_per_env": config.rollout.sessions_per_env,
+        "transport": config.rollout.transport,
         "phases": [p for p in ALL_PHASES if p in options.phases],
         "warmup_s": timing.warmup_s,
         "window_s": timing.window_s,

@@ -166,13 +166,17 @@ def serve(config: Config, redis_url: str, endpoint: Endpoint) -> None:
         max_workers=max(8, 2 * config.env.instances + 4),
     )
     servicer.incarnation = service.incarnation
-    local = LocalSessionServer(
-        servicer.session, f"tinker-atropos/{config.run.name}/env/{service.incarnation}"
-    )
-    servicer.local_address = local.address
+    try:  # the incarnation makes the name unique on the host (a run name could overflow the 107-byte limit)
+        local = LocalSessionServer(servicer.session, f"tinker-atropos/env/{service.incarnation}")
+    except OSError as error:  # no abstract Unix sockets (not Linux): rollouts use gRPC
+        log.warning("no local fast path: %s", error)
+        local = None
     environment_pb2_grpc.add_EnvironmentServicer_to_server(servicer, service.server)
-    local.start()
+    if local is not None:
+        servicer.local_address = local.address
+        local.start()
     service.start()
     stop.wait()
-    local.stop()
+    if local is not None:
+        local.stop()
     service.stop()

@@ -19,11 +19,12 @@ import grpc
 import numpy as np
 import redis
 
+from tinker_atropos.config import Transport
 from tinker_atropos.environment.spaces import space_from_proto
 from tinker_atropos.protocol import tensors
 from tinker_atropos.protocol.v1 import environment_pb2, environment_pb2_grpc
 from tinker_atropos.rollout.chunks import ChunkBuilder
-from tinker_atropos.rollout.env_streams import LocalStreamError, SessionStream, Transport, open_stream
+from tinker_atropos.rollout.env_streams import LocalStreamError, SessionStream, open_stream
 from tinker_atropos.rollout.policy import PolicySource, VersionedPolicy
 from tinker_atropos.runtime import GRPC_OPTIONS
 from tinker_atropos.state.experience import ExperienceWriter
@@ -100,6 +101,8 @@ class EnvSession(threading.Thread):
                     self._serve(environment_pb2_grpc.EnvironmentStub(channel), self.seed + attempt * 1000)
                 return  # stopped cleanly
             except (grpc.RpcError, redis.RedisError) as error:
+                if self.stop.is_set():  # our own drain ended the stream: not a loss to report
+                    return
                 # env service gone or Redis away: the partial chunk is dropped, never stitched
                 if self.opened_once:
                     backoff, self.opened_once = self.first_backoff_s, False

@@ -12,16 +12,16 @@ import queue
 import select
 import socket
 import threading
-from typing import Literal, Protocol
+from typing import Protocol
 
 import grpc
 
+from tinker_atropos.config import Transport
 from tinker_atropos.protocol import local_stream
 from tinker_atropos.protocol.v1 import environment_pb2, environment_pb2_grpc
 
 log = logging.getLogger(__name__)
 
-Transport = Literal["auto", "grpc"]
 STOP_POLL_S = 1.0
 
 
