@@ -258,3 +258,24 @@ def test_a_vanished_local_client_frees_its_instances_and_a_stopped_server_ends_i
             kept.step(np.zeros((2, 1), np.float32))
         assert error.value.code() == grpc.StatusCode.UNAVAILABLE
         kept.close()
+
+
+def test_a_failing_local_session_answers_unknown_and_the_server_keeps_serving() -> None:
+    def broken(requests, abort):
+        next(requests)
+        raise RuntimeError("the simulator crashed")
+        yield  # a generator, like the real session
+
+    server = LocalSessionServer(broken, f"tinker-atropos-test/{uuid.uuid4().hex}")
+    server.start()
+    try:
+        for _ in range(2):  # the second connection is served as the first was
+            stream = LocalSessionStream(server.address, threading.Event())
+            stream.send(pb.SessionRequest(open=pb.OpenSession(num_instances=1)))
+            with pytest.raises(LocalStreamError) as error:
+                stream.receive()
+            assert error.value.code() == grpc.StatusCode.UNKNOWN
+            assert error.value.details() == "RuntimeError: the simulator crashed"
+            stream.close()
+    finally:
+        server.stop()

@@ -84,10 +84,15 @@ class LocalSessionServer:
                 with contextlib.closing(self.session(requests(), _abort)) as responses:
                     for response in responses:
                         local_stream.send(connection, environment_pb2.LocalFrame(response=response))
+            except OSError:
+                raise  # the socket itself failed: no status can reach the peer
             except SessionAborted as error:
                 self._send_status(connection, error.code, error.message)
             except local_stream.FrameError as error:
                 self._send_status(connection, grpc.StatusCode.INVALID_ARGUMENT, str(error))
+            except Exception as error:  # a bug or a crashed env: what grpcio answers with UNKNOWN
+                log.exception("local session failed")
+                self._send_status(connection, grpc.StatusCode.UNKNOWN, f"{type(error).__name__}: {error}")
         except OSError as error:  # the peer went away mid-frame: its session is already released
             log.info("local session connection lost: %s", error)
         finally:
