@@ -93,9 +93,11 @@ def test_ppo_loss_gradient_is_zero_for_clipped_samples() -> None:
     assert all(p.grad is None or torch.all(p.grad == 0) for p in model.actor.parameters())
 
 
+@pytest.mark.parametrize("library", ["numpy", "torch"])
 @pytest.mark.parametrize("discrete", [False, True])
-def test_inference_policy_equals_the_module(discrete: bool) -> None:
-    """The rollout's fused network acts as the trainer's module: same values, same log-probs, same draws."""
+def test_inference_policy_equals_the_module(discrete: bool, library: str) -> None:
+    """The rollout's fused network acts as the trainer's module: same values, same log-probs, same draws,
+    whether it computes with numpy (CPU) or torch (other devices)."""
     torch.manual_seed(0)
     # a Discrete space that starts at 5: the env's actions are 5, 6, 7
     action = {"kind": "discrete", "n": 3, "start": 5} if discrete else {"kind": "box", "shape": [2]}
@@ -104,7 +106,7 @@ def test_inference_policy_equals_the_module(discrete: bool) -> None:
     model = ActorCritic(spec)
     model.obs_rms.update(torch.randn(64, 4) * 5 + 2)  # non-trivial normalisers, as after training
     model.return_rms.update(torch.randn(64) * 30 - 10)
-    frozen = InferencePolicy(model, torch.device("cpu"))
+    frozen = InferencePolicy(model, torch.device("cpu"), np.random.default_rng(1), library)
     obs = torch.randn(16, 4) * 4
 
     with torch.no_grad():
@@ -112,16 +114,23 @@ def test_inference_policy_equals_the_module(discrete: bool) -> None:
         expected_values = model.denormalize_value(model.normalized_value(norm_obs))
         dist = model.distribution(norm_obs)
     torch.manual_seed(1)
-    actions, log_probs, values = frozen.act(obs)
+    actions, log_probs, values = (torch.as_tensor(a) for a in frozen.act(obs.numpy()))
     torch.testing.assert_close(values, expected_values)
-    torch.testing.assert_close(frozen.value(obs), expected_values)
+    torch.testing.assert_close(torch.as_tensor(frozen.value(obs.numpy())), expected_values)
     torch.testing.assert_close(log_probs, model.log_prob(dist, actions))
     if discrete:
         assert actions.dtype == torch.int64 and actions.min() >= 5 and actions.max() <= 7
         torch.testing.assert_close(log_probs, dist.log_prob(actions - 5))
+        # the draws follow the policy's probabilities: 30,000 draws for one observation
+        many, _, _ = frozen.act(obs[:1].repeat(30_000, 1).numpy())
+        frequencies = np.bincount(many - 5, minlength=3) / len(many)
+        np.testing.assert_allclose(frequencies, dist.probs[0].numpy(), atol=0.015)
     else:
-        torch.manual_seed(1)
-        eps = torch.randn(16, 2)
+        if library == "numpy":
+            eps = torch.as_tensor(np.random.default_rng(1).standard_normal((16, 2), dtype=np.float32))
+        else:
+            torch.manual_seed(1)
+            eps = torch.randn(16, 2)
         torch.testing.assert_close(actions, dist.mean + dist.stddev * eps)
 
 

@@ -22,14 +22,12 @@ class VersionedPolicy:
 
     version: int
     network: InferencePolicy
-    device: torch.device
 
     def act(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        actions, log_probs, values = self.network.act(torch.as_tensor(obs, device=self.device))
-        return actions.cpu().numpy(), log_probs.cpu().numpy(), values.cpu().numpy()
+        return self.network.act(obs)
 
     def value(self, obs: np.ndarray) -> np.ndarray:
-        return self.network.value(torch.as_tensor(obs, device=self.device)).cpu().numpy()
+        return self.network.value(obs)
 
 
 class PolicySource:
@@ -39,6 +37,7 @@ class PolicySource:
         self._client, self._run, self._device = client, run, device
         self._lock = threading.Lock()
         self._current: VersionedPolicy | None = None
+        self._rng = np.random.default_rng()  # one stream for every version: no two replay the same noise
 
     def refresh(self) -> VersionedPolicy | None:
         """The latest published policy (fetched only if its version is new); None before the first one.
@@ -57,8 +56,8 @@ class PolicySource:
                     return self._current
                 model = ActorCritic(published.spec)
                 model.load_state_dict(weights_from_bytes(published.blob))
-                network = InferencePolicy(model, self._device)
-                self._current = VersionedPolicy(published.version, network, self._device)
+                network = InferencePolicy(model, self._device, self._rng)
+                self._current = VersionedPolicy(published.version, network)
                 log.info("loaded policy version %d", published.version)
         except redis.RedisError as error:
             log.warning("cannot refresh weights (%s); acting with version %s", error, self.version)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import io
 import math
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -151,26 +151,43 @@ class ActorCritic(nn.Module):
 class InferencePolicy:
     """One version of an ActorCritic frozen for acting: what a rollout calls on every step.
 
-    A rollout runs the network on a few instances at a time, where torch's fixed cost per op outweighs the
+    A rollout runs the network on a few instances at a time, where the fixed cost per op outweighs the
     arithmetic, so the frozen form does fewer ops: actor and critic run as one MLP (first layers stacked, the
     others block-diagonal), the normalisers' statistics are cast once, and a Gaussian's log-prob comes from its
-    standard-normal draw. Results equal the module's up to float rounding (a test compares them).
+    standard-normal draw. On a CPU it computes with numpy: a rollout acts once per env round trip, after
+    idling while the physics ran, and there a torch call costs about 3x a numpy one (483 against 166 µs for
+    16 Humanoid instances). Elsewhere it keeps torch tensors on the device. One forward serves both: it uses
+    only operations numpy and torch spell alike. Results equal the module's up to float rounding (a test
+    compares them, for both libraries).
     """
 
     @torch.no_grad()
-    def __init__(self, model: ActorCritic, device: torch.device) -> None:
+    def __init__(
+        self,
+        model: ActorCritic,
+        device: torch.device,
+        rng: np.random.Generator | None = None,
+        library: Literal["numpy", "torch"] | None = None,
+    ) -> None:
         spec = model.spec
-        self.discrete, self.action_start = model.discrete, model.action_start
+        self.discrete, self.action_start, self.device = model.discrete, model.action_start, device
+        self.xp: Any = {"numpy": np, "torch": torch}[
+            library or ("numpy" if device.type == "cpu" else "torch")
+        ]
+        self.rng = rng or np.random.default_rng()
         actor = [m for m in model.actor if isinstance(m, nn.Linear)]
         critic = [m for m in model.critic if isinstance(m, nn.Linear)]
         self.n_out = actor[-1].out_features
-        self.layers: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.layers = []
         for depth, (a, c) in enumerate(zip(actor, critic, strict=True)):
             weight = torch.cat([a.weight, c.weight]) if depth == 0 else torch.block_diag(a.weight, c.weight)
-            self.layers.append((weight.T.contiguous().to(device), torch.cat([a.bias, c.bias]).to(device)))
-        self.activation = {"tanh": torch.tanh, "relu": torch.relu}[spec["activation"]]
+            self.layers.append((self._array(weight.T), self._array(torch.cat([a.bias, c.bias]))))
+        self.activation = {
+            "tanh": self.xp.tanh,
+            "relu": lambda x: self.xp.clip(x, 0.0, None),
+        }[spec["activation"]]
         self.obs_stats = (
-            (model.obs_rms.mean.float().to(device), model.obs_rms.std().to(device))
+            (self._array(model.obs_rms.mean), self._array(model.obs_rms.std()))
             if spec["normalize_observations"]
             else None
         )
@@ -182,37 +199,68 @@ class InferencePolicy:
         self.return_std, self.return_mean = ret_std, ret_mean
         if not self.discrete:
             log_std = model.actor_logstd.reshape(-1)
-            self.action_std = log_std.exp().to(device)
+            self.action_std = self._array(log_std.exp())
             # log N(mean + std * eps | mean, std) = -eps^2 / 2 - log std - log sqrt(2 pi), summed over dimensions
             self.log_prob_offset = -(log_std.sum().item() + self.n_out * 0.5 * math.log(2 * math.pi))
 
-    def _forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _array(self, tensor: torch.Tensor) -> Any:
+        """A float32 parameter in this policy's library, contiguous, on its device."""
+        tensor = tensor.detach().float().contiguous()
+        return tensor.numpy().copy() if self.xp is np else tensor.to(self.device)
+
+    def _input(self, obs: np.ndarray) -> Any:
+        if self.xp is np:
+            return np.asarray(obs, dtype=np.float32)
+        return torch.as_tensor(obs, dtype=torch.float32, device=self.device)
+
+    def _output(self, array: Any) -> np.ndarray:
+        return array if self.xp is np else array.cpu().numpy()
+
+    def _standard_normal(self, shape: tuple[int, ...]) -> Any:
+        if self.xp is np:
+            return self.rng.standard_normal(shape, dtype=np.float32)
+        return torch.randn(shape, device=self.device)
+
+    def _uniform(self, shape: tuple[int, ...]) -> Any:
+        if self.xp is np:
+            return self.rng.random(shape, dtype=np.float32)
+        return torch.rand(shape, device=self.device)
+
+    def _forward(self, obs: Any) -> tuple[Any, Any]:
         """(actor output, value in return units)."""
-        x = obs.flatten(1)
+        xp = self.xp
+        x = obs.reshape(obs.shape[0], -1)
         if self.obs_stats is not None:
             mean, std = self.obs_stats
-            x = ((x - mean) / std).clamp_(-10.0, 10.0)
+            x = xp.clip((x - mean) / std, -10.0, 10.0)
         *hidden, (last_weight, last_bias) = self.layers
         for weight, bias in hidden:
-            x = self.activation(torch.addmm(bias, x, weight))
-        out = torch.addmm(last_bias, x, last_weight)
+            x = self.activation(x @ weight + bias)
+        out = x @ last_weight + last_bias
         return out[:, : self.n_out], out[:, self.n_out] * self.return_std + self.return_mean
 
     @torch.inference_mode()
-    def act(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Sample actions; returns (actions, behaviour log-probs, values in return units)."""
-        out, value = self._forward(obs)
+    def act(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Sample actions; returns numpy (actions, behaviour log-probs, values in return units)."""
+        xp = self.xp
+        out, value = self._forward(self._input(obs))
         if self.discrete:
-            log_p = torch.log_softmax(out, dim=-1)
-            index = torch.multinomial(log_p.exp(), 1).squeeze(1)
-            return index + self.action_start, log_p.gather(1, index[:, None]).squeeze(1), value
-        eps = torch.randn_like(out)
-        actions = out + self.action_std * eps
-        return actions, self.log_prob_offset - 0.5 * eps.square().sum(1), value
+            z = out - xp.amax(out, axis=1, keepdims=True)
+            log_p = z - xp.log(xp.sum(xp.exp(z), axis=1, keepdims=True))
+            # inverse CDF: the first index whose cumulative probability reaches a uniform draw
+            below = xp.cumsum(xp.exp(log_p), axis=1) < self._uniform((out.shape[0], 1))
+            index = xp.clip(xp.sum(below, axis=1), None, self.n_out - 1)  # rounding can leave the sum < 1
+            log_prob = log_p[xp.arange(out.shape[0]), index]
+            actions = index + self.action_start
+        else:
+            eps = self._standard_normal(tuple(out.shape))
+            actions = out + self.action_std * eps
+            log_prob = self.log_prob_offset - 0.5 * xp.sum(eps * eps, axis=1)
+        return self._output(actions), self._output(log_prob), self._output(value)
 
     @torch.inference_mode()
-    def value(self, obs: torch.Tensor) -> torch.Tensor:
-        return self._forward(obs)[1]
+    def value(self, obs: np.ndarray) -> np.ndarray:
+        return self._output(self._forward(self._input(obs))[1])
 
 
 def weights_to_bytes(model: nn.Module) -> bytes:
