@@ -204,7 +204,8 @@ class InferencePolicy:
             self.log_prob_offset = -(log_std.sum().item() + self.n_out * 0.5 * math.log(2 * math.pi))
 
     def _array(self, tensor: torch.Tensor) -> Any:
-        """A float32 parameter in this policy's library, contiguous, on its device."""
+        """A float32 parameter in this policy's library, contiguous, on its device; detached, so acting records
+        no autograd graph and needs no inference_mode around it (a cost on every step)."""
         tensor = tensor.detach().float().contiguous()
         return tensor.numpy().copy() if self.xp is np else tensor.to(self.device)
 
@@ -239,7 +240,6 @@ class InferencePolicy:
         out = x @ last_weight + last_bias
         return out[:, : self.n_out], out[:, self.n_out] * self.return_std + self.return_mean
 
-    @torch.inference_mode()
     def act(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Sample actions; returns numpy (actions, behaviour log-probs, values in return units)."""
         xp = self.xp
@@ -258,7 +258,6 @@ class InferencePolicy:
             log_prob = self.log_prob_offset - 0.5 * xp.sum(eps * eps, axis=1)
         return self._output(actions), self._output(log_prob), self._output(value)
 
-    @torch.inference_mode()
     def value(self, obs: np.ndarray) -> np.ndarray:
         return self._output(self._forward(self._input(obs))[1])
 
