@@ -18,11 +18,23 @@ import grpc
 import redis
 from google.protobuf.message import Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from threadpoolctl import threadpool_limits
 
 from tinker_atropos.config import Config
 from tinker_atropos.state.registry import Registration
 
 log = logging.getLogger(__name__)
+
+
+def limit_blas_threads() -> None:
+    """One thread for numpy's BLAS in every service process.
+
+    Each service sizes its own parallelism (``env.threads``, ``trainer.torch_threads``). OpenBLAS would add a
+    thread per core that spins after each matmul, and on a host where the physics fills the cores those spins
+    take one from it: collection of Humanoid on 2 cores went from 1,945 to 3,480 steps/s without them.
+    """
+    threadpool_limits(limits=1, user_api="blas")
+
 
 GRPC_OPTIONS = [
     ("grpc.max_send_message_length", 256 * 1024 * 1024),

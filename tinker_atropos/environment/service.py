@@ -23,7 +23,13 @@ from tinker_atropos.environment.local_server import LocalSessionServer
 from tinker_atropos.environment.spaces import ActionError, check_actions, space_to_proto
 from tinker_atropos.protocol import tensors
 from tinker_atropos.protocol.v1 import environment_pb2, environment_pb2_grpc
-from tinker_atropos.runtime import Endpoint, ServiceHost, configure_logging, stop_on_signals
+from tinker_atropos.runtime import (
+    Endpoint,
+    ServiceHost,
+    configure_logging,
+    limit_blas_threads,
+    stop_on_signals,
+)
 from tinker_atropos.state.connection import connect
 
 log = logging.getLogger(__name__)
@@ -155,6 +161,7 @@ class EnvironmentServicer(environment_pb2_grpc.EnvironmentServicer):
 def serve(config: Config, redis_url: str, endpoint: Endpoint) -> None:
     """Run one environment service until SIGTERM/SIGINT."""
     configure_logging("env")
+    limit_blas_threads()
     stop = stop_on_signals()
     servicer = EnvironmentServicer(config, config.env.instances)
     service = ServiceHost(

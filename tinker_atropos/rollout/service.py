@@ -7,13 +7,19 @@ import threading
 
 import redis
 import torch
-from threadpoolctl import threadpool_limits
 
 from tinker_atropos.config import Config
 from tinker_atropos.protocol.v1 import services_pb2, services_pb2_grpc
 from tinker_atropos.rollout.env_session import EnvSession, SessionCounters
 from tinker_atropos.rollout.policy import PolicySource
-from tinker_atropos.runtime import Endpoint, ServiceHost, configure_logging, status_figures, stop_on_signals
+from tinker_atropos.runtime import (
+    Endpoint,
+    ServiceHost,
+    configure_logging,
+    limit_blas_threads,
+    status_figures,
+    stop_on_signals,
+)
 from tinker_atropos.state.connection import connect
 from tinker_atropos.state.experience import ExperienceWriter
 from tinker_atropos.state.registry import live_services
@@ -98,11 +104,8 @@ class RolloutServicer(services_pb2_grpc.RolloutServicer):
 def serve(config: Config, redis_url: str, endpoint: Endpoint) -> None:
     """Run one rollout service until SIGTERM/SIGINT."""
     configure_logging("rollout")
-    # Acting on a few dozen observations gains nothing from threads, and OpenBLAS's threads spin after each
-    # matmul: on a host where the physics fills the cores they took one from it (collection 1,945 -> 3,480
-    # steps/s on 2 cores). One thread for torch and for numpy's BLAS alike.
-    torch.set_num_threads(1)
-    threadpool_limits(limits=1)
+    limit_blas_threads()
+    torch.set_num_threads(1)  # acting on a few dozen observations gains nothing from threads
     stop = stop_on_signals()
     client = connect(redis_url)
     servicer = RolloutServicer(config, client)

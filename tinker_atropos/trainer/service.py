@@ -23,7 +23,14 @@ from tinker_atropos.environment.spaces import space_from_proto
 from tinker_atropos.protocol.chunks import ChunkArrays, decode_chunk
 from tinker_atropos.protocol.v1 import environment_pb2, environment_pb2_grpc, services_pb2, services_pb2_grpc
 from tinker_atropos.rollout.service import resolve_device
-from tinker_atropos.runtime import Endpoint, ServiceHost, configure_logging, status_figures, stop_on_signals
+from tinker_atropos.runtime import (
+    Endpoint,
+    ServiceHost,
+    configure_logging,
+    limit_blas_threads,
+    status_figures,
+    stop_on_signals,
+)
 from tinker_atropos.state.checkpoints import load_latest_checkpoint, save_checkpoint
 from tinker_atropos.state.connection import connect
 from tinker_atropos.state.experience import ExperienceReader, add_stats
@@ -227,6 +234,7 @@ class TrainerServicer(services_pb2_grpc.TrainerServicer):
 def serve(config: Config, redis_url: str, endpoint: Endpoint, run_dir: Path) -> None:
     """Run the trainer until SIGTERM/SIGINT, then checkpoint and exit."""
     configure_logging("trainer")
+    limit_blas_threads()  # before torch sets its own pool, which may be the same BLAS
     torch.set_num_threads(config.trainer.torch_threads)
     stop = stop_on_signals()
     client = connect(redis_url)
