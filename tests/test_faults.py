@@ -220,3 +220,21 @@ def test_stopped_service_leaves_discovery_after_its_ttl_and_comes_back(cluster: 
     wait_for(lambda: cluster.named("env") is not None, 3, "the service to heartbeat again")
     cluster.wait_progress(2048, 30, "collection to resume on the same env process")
     assert cluster.named("env").restarts == 0
+
+
+@pytest.mark.parametrize("kind", ["env", "rollout", "trainer"])
+def test_a_resumed_service_drains_promptly_on_sigterm(cluster: Cluster, kind: str) -> None:
+    """SIGCONT then SIGTERM, as a supervisor stops a paused container: the kernel may hand the SIGTERM to any
+    thread, and the main thread must still notice it without waiting for another signal."""
+    for attempt in range(3):
+        service = cluster.start(kind, f"{kind}-{attempt}")
+        wait_for(lambda n=f"{kind}-{attempt}": cluster.named(n), 30, f"the {kind} service to register")
+        os.kill(service.pid, signal.SIGSTOP)
+        time.sleep(0.2)
+        os.kill(service.pid, signal.SIGCONT)
+        os.kill(service.pid, signal.SIGTERM)
+        try:
+            service.wait(timeout=8)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the {kind} service ignored SIGTERM after a pause (attempt {attempt + 1})")
+        assert service.returncode == 0

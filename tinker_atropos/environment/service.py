@@ -183,7 +183,10 @@ def serve(config: Config, redis_url: str, endpoint: Endpoint) -> None:
         servicer.local_address = local.address
         local.start()
     service.start()
-    stop.wait()
+    # A timed wait: the kernel may hand SIGTERM to any thread (it does right after a SIGCONT), and then only a
+    # main thread that wakes up by itself runs the Python handler. An untimed wait ignored SIGTERM for good.
+    while not stop.wait(0.5):
+        pass
     if local is not None:
         local.stop()
     service.stop()
