@@ -13,7 +13,7 @@ import pytest
 from rich.console import Console
 
 from tinker_atropos.bench.learn import LearnOptions, run_learning_benchmark
-from tinker_atropos.bench.phases import Timing
+from tinker_atropos.bench.phases import ServicesMeter, Timing
 from tinker_atropos.bench.report import RATE_KEYS
 from tinker_atropos.bench.run import BenchOptions, run_benchmark
 from tinker_atropos.config import parse_config
@@ -32,7 +32,7 @@ def test_a_tiny_benchmark_writes_every_key_and_nulls_the_phases_not_run(tmp_path
     )
     options = BenchOptions(
         phases=("raw", "collect", "collect_grpc", "train"),
-        timing=Timing(warmup_s=1.0, window_s=3.0),
+        timing=Timing(warmup_s=1.0, window_s=4.0, rounds=2),
         out=tmp_path,
     )
 
@@ -57,13 +57,32 @@ def test_a_tiny_benchmark_writes_every_key_and_nulls_the_phases_not_run(tmp_path
         result["collect_env_steps_per_s"] / result["collect_grpc_env_steps_per_s"]
     )
     assert result["ratios"]["collect/envpool"] is None and result["ratios"]["train/sb3"] is None
+    # raw, collect and collect_grpc alternate in 2 rounds, each round giving every ratio once more
+    rounds = result["rounds"]
+    assert rounds["steps_per_s"].keys() == {
+        "raw_env_steps_per_s",
+        "collect_env_steps_per_s",
+        "collect_grpc_env_steps_per_s",
+    }
+    assert all(len(rates) == 2 and min(rates) > 0 for rates in rounds["steps_per_s"].values())
+    raw, collect = (
+        rounds["steps_per_s"]["raw_env_steps_per_s"],
+        rounds["steps_per_s"]["collect_env_steps_per_s"],
+    )
+    spread = rounds["ratios"]["collect/raw"]
+    assert (spread["min"], spread["max"]) == pytest.approx(
+        sorted(c / r for c, r in zip(collect, raw, strict=True))
+    )
+    assert spread["min"] <= spread["median"] <= spread["max"]
+    assert rounds["ratios"]["train/sb3"] is None, "train and sb3 are not interleaved"
     train = result["train"]
     assert 0.0 <= train["trainer_busy"] <= 1.0
     assert train["policy_lag"]["min"] <= train["policy_lag"]["mean"] <= train["policy_lag"]["max"]
     assert {"env", "rollout", "trainer", "launcher"} <= train["cpu_seconds_per_service"].keys()
     conditions = result["conditions"]
     assert (conditions["env_id"], conditions["instances"]) == ("Pendulum-v1", 4)
-    assert (conditions["warmup_s"], conditions["window_s"]) == (1.0, 3.0)
+    assert (conditions["warmup_s"], conditions["window_s"], conditions["rounds"]) == (1.0, 4.0, 2)
+    assert conditions["slice_s"] == 2.0
     assert conditions["transport"] == "auto"
     assert "5 physics steps" in conditions["step_convention"] and "shared" in conditions["note"]
     assert result["machine"]["cores"] >= 1 and result["machine"]["cpu_model"]
@@ -153,3 +172,23 @@ def test_the_latency_is_paid_once_per_batch_step_not_once_per_instance(
     finally:
         batch.close()
     assert sleeps == [0.002] * 3
+
+
+def test_a_services_meter_takes_the_rate_between_the_counters_moves_not_the_window_edges() -> None:
+    """A counter moving 1,000 steps every 0.2 s: 5,000 steps/s, though a 1.1 s window holds 5 or 6 moves
+    (counting from the window's edges would say 4,500 or 5,500)."""
+    start = time.monotonic()
+    meter = ServicesMeter([], lambda: 1000 * int((time.monotonic() - start) / 0.2))
+
+    steps, seconds = meter.count(settle_s=0.05, window_s=1.1)
+
+    assert steps % 1000 == 0 and steps >= 3000
+    assert steps / seconds == pytest.approx(5_000, rel=0.1)
+
+
+def test_a_services_meter_falls_back_to_the_window_when_the_counter_moves_less_than_twice() -> None:
+    meter = ServicesMeter([], lambda: 0)
+
+    steps, seconds = meter.count(settle_s=0.0, window_s=0.05)
+
+    assert steps == 0 and seconds >= 0.05

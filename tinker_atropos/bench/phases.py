@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import gymnasium as gym
 import numpy as np
@@ -44,20 +44,46 @@ _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 @dataclass(frozen=True)
 class Timing:
+    """Warm-up, then a measured window per phase, cut into ``rounds`` slices that alternate with the other
+    phases' slices (so the machine's drift hits every phase alike)."""
+
     warmup_s: float
     window_s: float
+    rounds: int = 1
+
+    @property
+    def slice_s(self) -> float:
+        return self.window_s / self.rounds
 
 
-def _timed_steps(step: Callable[[], int], timing: Timing) -> float:
-    """Call ``step`` (returns env steps done) through the warm-up, then return steps/s over the window."""
-    end_warmup = time.monotonic() + timing.warmup_s
-    while time.monotonic() < end_warmup:
-        step()
-    start = time.monotonic()
-    steps = 0
-    while (now := time.monotonic()) - start < timing.window_s:
-        steps += step()
-    return steps / (now - start)
+COUNTER_POLL_S = 0.01
+# Unmeasured run-in before each slice: the phase that ran before it left its own data in the caches.
+SETTLE_S = 1.0
+
+
+class Meter(Protocol):
+    """One way of stepping the env, set up and warmed up, idle (or paused) between its measured slices."""
+
+    def count(self, settle_s: float, window_s: float) -> tuple[int, float]:
+        """Run ``settle_s`` unmeasured, then ``window_s``: (env steps, seconds) of the latter; then idle."""
+        ...
+
+
+class SteppingMeter:
+    """A phase this process drives itself: ``step`` does one batch step and returns the env steps done."""
+
+    def __init__(self, step: Callable[[], int], warmup_s: float) -> None:
+        self._step = step
+        self.count(0.0, warmup_s)
+
+    def count(self, settle_s: float, window_s: float) -> tuple[int, float]:
+        end_settle = time.monotonic() + settle_s
+        while time.monotonic() < end_settle:
+            self._step()
+        start, steps = time.monotonic(), 0
+        while (now := time.monotonic()) - start < window_s:
+            steps += self._step()
+        return steps, now - start
 
 
 def _random_batch_stepper(batch: EnvBatch, seed: int) -> Callable[[], int]:
@@ -72,8 +98,10 @@ def _random_batch_stepper(batch: EnvBatch, seed: int) -> Callable[[], int]:
     return step
 
 
-def raw_steps_per_s(config: Config, timing: Timing, backend: str | None = None) -> float:
-    """The instances stepped in this process with random actions: the simulator alone, no services."""
+@contextmanager
+def raw_meter(config: Config, timing: Timing, backend: str | None = None) -> Iterator[Meter]:
+    """The instances stepped in this process with random actions: the simulator alone, no services. gymnasium's
+    own envs one after the other, or ``backend``."""
     env = config.env
     batch: EnvBatch = (
         GymnasiumBatch(env.id, env.kwargs, env.instances)
@@ -81,19 +109,22 @@ def raw_steps_per_s(config: Config, timing: Timing, backend: str | None = None) 
         else make_env_batch(backend, env.id, env.kwargs, env.instances, env.threads)
     )
     try:
-        return _timed_steps(_random_batch_stepper(batch, config.run.seed), timing)
+        yield SteppingMeter(_random_batch_stepper(batch, config.run.seed), timing.warmup_s)
     finally:
         batch.close()
 
 
-def envpool_steps_per_s(config: Config, timing: Timing) -> float | None:
+@contextmanager
+def envpool_meter(config: Config, timing: Timing) -> Iterator[Meter | None]:
     """EnvPool (C++ thread pool) on the same env id and count; None when EnvPool or the id is missing."""
     try:
         import envpool
     except ImportError:
-        return None
+        yield None
+        return
     if config.env.id not in envpool.list_all_envs():
-        return None
+        yield None
+        return
     pool = envpool.make_gymnasium(
         config.env.id, num_envs=config.env.instances, seed=config.run.seed, **config.env.kwargs
     )
@@ -106,9 +137,21 @@ def envpool_steps_per_s(config: Config, timing: Timing) -> float | None:
             pool.step(actions.sample())
             return config.env.instances
 
-        return _timed_steps(step, timing)
+        yield SteppingMeter(step, timing.warmup_s)
     finally:
         pool.close()
+
+
+def interleaved_rates(meters: dict[str, Meter], timing: Timing) -> dict[str, list[tuple[int, float]]]:
+    """Each meter's (env steps, seconds) per round: a round gives every meter one slice, in an order that
+    rotates from round to round, so no phase always runs right after the same other one."""
+    names = list(meters)
+    slices: dict[str, list[tuple[int, float]]] = {name: [] for name in names}
+    for round_ in range(timing.rounds):
+        shift = round_ % len(names)
+        for name in names[shift:] + names[:shift]:
+            slices[name].append(meters[name].count(SETTLE_S, timing.slice_s))
+    return slices
 
 
 def initial_policy(config: Config) -> tuple[bytes, dict[str, Any]]:
@@ -165,12 +208,50 @@ def _drain(client: redis.Redis, run: str, stop: threading.Event) -> None:
         reader.take(count=64, block_ms=200)
 
 
-def collect_steps_per_s(
+class ServicesMeter:
+    """Service processes counted by the run's ``env_steps`` stat, paused with SIGSTOP between slices: paused,
+    they take no CPU from the other phases, and they resume with their connections and warm state intact."""
+
+    def __init__(self, children: list[Child], steps: Callable[[], int]) -> None:
+        self._children, self._steps = children, steps
+
+    def _signal(self, signum: signal.Signals) -> None:
+        for child in self._children:
+            if child.process is not None and child.process.poll() is None:
+                child.process.send_signal(signum)
+
+    def pause(self) -> None:
+        self._signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self._signal(signal.SIGCONT)
+
+    def count(self, settle_s: float, window_s: float) -> tuple[int, float]:
+        """The counter moves a whole chunk at a time (a thousand steps for Humanoid), too coarse for a slice of
+        a few seconds: the rate is taken between its first and last moves within the window instead."""
+        self.resume()
+        try:
+            time.sleep(settle_s)
+            start, initial = time.monotonic(), self._steps()
+            moves: list[tuple[float, int]] = []  # (time, steps) whenever the counter moved
+            while time.monotonic() - start < window_s:
+                time.sleep(COUNTER_POLL_S)
+                if (steps := self._steps()) != (moves[-1][1] if moves else initial):
+                    moves.append((time.monotonic(), steps))
+            if len(moves) < 2:  # too slow to move twice: the whole window, coarse as it is
+                return self._steps() - initial, time.monotonic() - start
+            (first_time, first_steps), (last_time, last_steps) = moves[0], moves[-1]
+            return last_steps - first_steps, last_time - first_time
+        finally:
+            self.pause()
+
+
+@contextmanager
+def collect_meter(
     config: Config, timing: Timing, work_dir: Path, transport: Transport | None = None
-) -> float:
+) -> Iterator[ServicesMeter]:
     """Env service(s) + one rollout service as processes with the real policy, over the config's transport
-    (or ``transport``), chunks written to Redis and drained here: collection without learning. Counts the
-    ``env_steps`` stat over the window."""
+    (or ``transport``), chunks written to Redis and drained here: collection without learning."""
     config = config.model_copy(deep=True)
     config.rollout.transport = transport or config.rollout.transport
     config.rollout.flow_control = "drop"
@@ -193,15 +274,27 @@ def collect_steps_per_s(
             steps = lambda: read_stats(client, run).get("env_steps", 0)  # noqa: E731
             _wait_until(steps, STARTUP_TIMEOUT_S, "the first chunk", children)
             time.sleep(timing.warmup_s)
-            start, first = time.monotonic(), steps()
-            time.sleep(timing.window_s)
-            return (steps() - first) / (time.monotonic() - start)
+            meter = ServicesMeter(children, steps)
+            meter.pause()
+            try:
+                yield meter
+            finally:
+                meter.resume()  # a stopped process would not act on the SIGTERM that stops it
     finally:
         stop.set()
         if drainer.is_alive():
             drainer.join()
         client.close()
         server.stop()
+
+
+def collect_steps_per_s(
+    config: Config, timing: Timing, work_dir: Path, transport: Transport | None = None
+) -> float:
+    """``collect_meter``'s rate over one window, alone on the machine."""
+    with collect_meter(config, timing, work_dir, transport) as meter:
+        steps, seconds = meter.count(0.0, timing.window_s)
+    return steps / seconds
 
 
 def _cpu_seconds(pid: int) -> float:

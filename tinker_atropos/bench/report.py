@@ -7,6 +7,7 @@ import importlib.util
 import json
 import os
 import platform
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,19 @@ def ratios(result: dict[str, Any]) -> dict[str, float | None]:
     return {name: ratio(*keys) for name, keys in RATIOS.items()}
 
 
+def ratio_ranges(per_round: dict[str, list[float]]) -> dict[str, dict[str, float] | None]:
+    """Each ratio taken round by round (both phases measured minutes apart at most): min, median and max."""
+
+    def spread(num: str, den: str) -> dict[str, float] | None:
+        pairs = list(zip(per_round.get(num, []), per_round.get(den, []), strict=False))
+        values = [a / b for a, b in pairs if b]
+        if not values:
+            return None
+        return {"min": min(values), "median": statistics.median(values), "max": max(values)}
+
+    return {name: spread(*keys) for name, keys in RATIOS.items()}
+
+
 def print_table(result: dict[str, Any], console: Console) -> None:
     c = result["conditions"]
     table = Table(title=f"{c['env_id']} × {c['instances']} instances, env steps/s ({c['step_convention']})")
@@ -78,8 +92,11 @@ def print_table(result: dict[str, Any], console: Console) -> None:
     for key in RATE_KEYS:
         value = result[key]
         table.add_row(key, "-" if value is None else f"{value:,.0f}")
+    ranges = (result.get("rounds") or {}).get("ratios", {})
     for name, value in result["ratios"].items():
-        table.add_row(f"[bold]{name}", "-" if value is None else f"{value:.2f}")
+        spread = ranges.get(name)
+        per_round = "" if spread is None else f" (rounds {spread['min']:.2f}–{spread['max']:.2f})"
+        table.add_row(f"[bold]{name}", "-" if value is None else f"{value:.2f}{per_round}")
     console.print(table)
     train = result.get("train")
     if train:

@@ -1,9 +1,16 @@
-"""Runs the selected phases one after the other (never two at once: they would share the CPUs) and reports."""
+"""Runs the selected phases, never two at once (they would share the CPUs), and reports.
+
+The phases that only step the env (raw, envpool, collect, collect_grpc) are set up together and measured in
+alternating slices, round after round: on a shared machine whose speed drifts by a third within minutes, a
+ratio of two phases measured minutes apart says more about the drift than about the phases. Training and
+SB3 run one after the other, each alone for its whole window.
+"""
 
 from __future__ import annotations
 
 import tempfile
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,6 +21,7 @@ from tinker_atropos.bench import phases, report
 from tinker_atropos.config import Config
 
 ALL_PHASES = ("raw", "envpool", "collect", "collect_grpc", "train", "sb3", "scaling")
+INTERLEAVED_PHASES = ("raw", "envpool", "collect", "collect_grpc")
 STEP_CONVENTION = "one step = one env.step of one instance = 5 physics steps for MuJoCo locomotion"
 
 
@@ -44,27 +52,14 @@ def run_benchmark(config: Config, options: BenchOptions, console: Console) -> di
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench-", dir=options.out) as scratch:
         work = Path(scratch)
-        for phase in (p for p in ALL_PHASES if p in options.phases):
+        slices = _interleaved_slices(config, options, work, console)
+        for key, measured in slices.items():
+            result[key] = sum(steps for steps, _ in measured) / sum(seconds for _, seconds in measured)
+        for phase in (p for p in ALL_PHASES if p in options.phases and p not in INTERLEAVED_PHASES):
             console.print(
                 f"[bold]phase {phase}[/] (warm-up {timing.warmup_s:g}s, window {timing.window_s:g}s)"
             )
-            if phase == "raw":
-                result["raw_env_steps_per_s"] = phases.raw_steps_per_s(config, timing)
-                if config.env.backend != "gymnasium":  # else it would measure the same thing again
-                    result["raw_backend_steps_per_s"] = phases.raw_steps_per_s(
-                        config, timing, config.env.backend
-                    )
-            elif phase == "envpool":
-                result["envpool_steps_per_s"] = phases.envpool_steps_per_s(config, timing)
-            elif phase == "collect":
-                result["collect_env_steps_per_s"] = phases.collect_steps_per_s(
-                    config, timing, work / "collect"
-                )
-            elif phase == "collect_grpc":  # the same, with the local fast path switched off
-                result["collect_grpc_env_steps_per_s"] = phases.collect_steps_per_s(
-                    config, timing, work / "collect-grpc", transport="grpc"
-                )
-            elif phase == "train":
+            if phase == "train":
                 result["train"] = phases.train_figures(config, timing, work / "train")
                 result["train_env_steps_per_s"] = result["train"].pop("train_env_steps_per_s")
             elif phase == "sb3":
@@ -79,6 +74,8 @@ def run_benchmark(config: Config, options: BenchOptions, console: Console) -> di
                     work / "scaling",
                 )
     result["ratios"] = report.ratios(result)
+    per_round = {key: [steps / seconds for steps, seconds in measured] for key, measured in slices.items()}
+    result["rounds"] = {"steps_per_s": per_round, "ratios": report.ratio_ranges(per_round)}
     result["conditions"] = {
         "env_id": config.env.id,
         "instances": config.env.instances,
@@ -89,6 +86,9 @@ def run_benchmark(config: Config, options: BenchOptions, console: Console) -> di
         "phases": [p for p in ALL_PHASES if p in options.phases],
         "warmup_s": timing.warmup_s,
         "window_s": timing.window_s,
+        "rounds": timing.rounds,
+        "slice_s": timing.slice_s,
+        "settle_s": phases.SETTLE_S,
         "step_convention": STEP_CONVENTION,
         "total_wall_s": round(time.monotonic() - started, 1),
         "note": options.note,
@@ -100,3 +100,39 @@ def run_benchmark(config: Config, options: BenchOptions, console: Console) -> di
     charts = report.draw_charts(result, options.out)
     console.print(f"wrote {path}" + "".join(f", {p}" for p in charts))
     return result
+
+
+def _interleaved_slices(
+    config: Config, options: BenchOptions, work: Path, console: Console
+) -> dict[str, list[tuple[int, float]]]:
+    """Set up every selected stepping phase, then measure them in alternating slices (``interleaved_rates``);
+    (env steps, seconds) per slice, keyed by the result key. A phase whose library is missing is left out."""
+    timing = options.timing
+    with ExitStack() as stack:
+        meters: dict[str, phases.Meter] = {}
+        for phase in (p for p in INTERLEAVED_PHASES if p in options.phases):
+            console.print(f"[bold]setting up {phase}[/] (warm-up {timing.warmup_s:g}s)")
+            if phase == "raw":
+                meters["raw_env_steps_per_s"] = stack.enter_context(phases.raw_meter(config, timing))
+                if config.env.backend != "gymnasium":  # else it would measure the same thing again
+                    meters["raw_backend_steps_per_s"] = stack.enter_context(
+                        phases.raw_meter(config, timing, config.env.backend)
+                    )
+            elif phase == "envpool":
+                if (pool := stack.enter_context(phases.envpool_meter(config, timing))) is not None:
+                    meters["envpool_steps_per_s"] = pool
+            elif phase == "collect":
+                meters["collect_env_steps_per_s"] = stack.enter_context(
+                    phases.collect_meter(config, timing, work / "collect")
+                )
+            else:  # collect_grpc: the same, with the local fast path switched off
+                meters["collect_grpc_env_steps_per_s"] = stack.enter_context(
+                    phases.collect_meter(config, timing, work / "collect-grpc", transport="grpc")
+                )
+        if not meters:
+            return {}
+        console.print(
+            f"[bold]measuring {', '.join(meters)}[/]: {timing.rounds} round(s) of {timing.slice_s:g}s slices, "
+            f"each after {phases.SETTLE_S:g}s unmeasured"
+        )
+        return phases.interleaved_rates(meters, timing)

@@ -175,6 +175,10 @@ def bench(
     instances: Annotated[int | None, typer.Option(min=1, help="Overrides env.instances.")] = None,
     window_s: Annotated[float, typer.Option(min=0.5, help="Measured seconds per phase.")] = 30.0,
     warmup_s: Annotated[float, typer.Option(min=0.0, help="Unmeasured seconds before each window.")] = 10.0,
+    rounds: Annotated[
+        int,
+        typer.Option(min=1, help="Slices each window of raw/envpool/collect phases is cut into, alternated."),
+    ] = 6,
     out: Annotated[Path, typer.Option(help="Folder for bench.json and the charts.")] = Path("bench/out"),
     scaling_services: Annotated[
         str, typer.Option(help="Env service counts of the scaling curve.")
@@ -200,7 +204,7 @@ def bench(
             cfg.env.instances = instances
         options = BenchOptions(
             phases=tuple(p.strip() for p in phases.split(",") if p.strip()),
-            timing=Timing(warmup_s=warmup_s, window_s=window_s),
+            timing=Timing(warmup_s=warmup_s, window_s=window_s, rounds=rounds),
             out=out,
             scaling_services=tuple(int(n) for n in scaling_services.split(",")),
             scaling_delay_s=scaling_delay_ms / 1000,
