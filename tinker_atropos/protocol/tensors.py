@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from tinker_atropos.protocol.v1 import tensor_pb2
@@ -26,6 +28,8 @@ class TensorError(ValueError):
 
 def dtype_code(dtype: np.dtype | type) -> int:
     """Protobuf enum value for a numpy dtype."""
+    if (code := _FROM_NUMPY.get(dtype)) is not None:  # an array's own dtype: no new dtype object per call
+        return code
     try:
         return _FROM_NUMPY[np.dtype(dtype).newbyteorder("=")]
     except KeyError:
@@ -44,8 +48,10 @@ def encode(array: np.ndarray) -> tensor_pb2.Tensor:
     """Encode a numpy array (any memory layout) as a Tensor message."""
     array = np.asarray(array)
     code = dtype_code(array.dtype)
-    data = np.ascontiguousarray(array, dtype=_TO_NUMPY[code]).tobytes()
-    return tensor_pb2.Tensor(dtype=code, shape=array.shape, data=data)
+    if array.dtype != _TO_NUMPY[code]:  # only a big-endian array (or a big-endian host)
+        array = array.astype(_TO_NUMPY[code])
+    # tobytes() writes C order whatever the layout: the one copy the message needs
+    return tensor_pb2.Tensor(dtype=code, shape=array.shape, data=array.tobytes())
 
 
 def decode(tensor: tensor_pb2.Tensor) -> np.ndarray:
@@ -54,7 +60,7 @@ def decode(tensor: tensor_pb2.Tensor) -> np.ndarray:
     shape = tuple(tensor.shape)
     if any(d < 0 for d in shape):
         raise TensorError(f"negative dimension in shape {shape}")
-    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    expected = math.prod(shape) * dtype.itemsize
     if len(tensor.data) != expected:
         raise TensorError(
             f"tensor of shape {shape} and dtype {dtype} needs {expected} bytes, got {len(tensor.data)}"

@@ -51,9 +51,10 @@ class ChunkBuilder:
         log_probs: np.ndarray,
         values: np.ndarray,
         result: environment_pb2.StepResult,
-        truncation_values: np.ndarray,
+        truncation_values: np.ndarray | None,
     ) -> None:
-        """Record the step that acted on ``observations`` and the env's answer to it."""
+        """Record the step that acted on ``observations`` and the env's answer to it; ``truncation_values``
+        None means zeros (no episode was cut by the time limit)."""
         t = self.steps
         self.observations[t] = observations
         self.actions[t] = actions
@@ -62,7 +63,8 @@ class ChunkBuilder:
         self.rewards[t] = tensors.decode(result.rewards)
         self.terminated[t] = tensors.decode(result.terminated)
         self.truncated[t] = tensors.decode(result.truncated)
-        self.truncation_values[t] = truncation_values
+        if truncation_values is not None:  # else the zeros ``reset`` left
+            self.truncation_values[t] = truncation_values
         self.episodes.extend(result.episodes)
         self.steps += 1
 

@@ -52,6 +52,23 @@ def _reason(error: Exception) -> str:
     return f"{code.name}: {error.details()}" if code is not None else str(error)
 
 
+def _truncation_values(
+    result: environment_pb2.StepResult, policy: VersionedPolicy, num_instances: int
+) -> np.ndarray | None:
+    """The value of each instance's last observation where the time limit cut its episode (the return there
+    is bootstrapped, not zero); None on the many steps where no episode ended."""
+    if not result.final_indices.data:
+        return None
+    final_indices = tensors.decode(result.final_indices)
+    truncated = tensors.decode(result.truncated)[final_indices]
+    if not truncated.any():
+        return None
+    values = np.zeros(num_instances, np.float32)
+    finals = tensors.decode(result.final_observations)[truncated]
+    values[final_indices[truncated]] = policy.value(finals)
+    return values
+
+
 class SessionCounters:
     """Figures shared by all sessions of a rollout service (updated under the GIL, read by heartbeats)."""
 
@@ -188,14 +205,9 @@ class EnvSession(threading.Thread):
                     )
                 )
                 result = stream.receive().step
-                truncation_values = np.zeros(n, np.float32)
-                final_indices = tensors.decode(result.final_indices)
-                if final_indices.size:
-                    truncated = tensors.decode(result.truncated)[final_indices]
-                    if truncated.any():
-                        finals = tensors.decode(result.final_observations)[truncated]
-                        truncation_values[final_indices[truncated]] = policy.value(finals)
-                builder.add(observations, actions, log_probs, values, result, truncation_values)
+                builder.add(
+                    observations, actions, log_probs, values, result, _truncation_values(result, policy, n)
+                )
                 observations = tensors.decode(result.observations)
                 if builder.full:
                     episodes = [{"return": e.episode_return, "length": e.length} for e in builder.episodes]
