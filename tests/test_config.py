@@ -70,3 +70,9 @@ def test_readme_documents_every_config_field() -> None:
     readme = (Path(__file__).parents[1] / "README.md").read_text()
     missing = [p for p in _field_paths(Config) if f"`{p}`" not in readme]
     assert not missing, f"README's config reference lacks {missing}"
+
+
+def test_total_instances_counts_every_env_service_that_up_starts() -> None:
+    config = parse_config({"run": {"name": "t"}, "env": {"id": "Pendulum-v1", "instances": 8, "services": 3}})
+
+    assert config.env.total_instances == 24

@@ -439,6 +439,12 @@ def test_external_redis_overlay_runs_no_redis_and_points_at_the_managed_one():
     assert url.hostname not in {service["metadata"]["name"] for service in objects_of(objects, "Service")}
 
 
+def humanoid_instances() -> int:
+    """The reference workload's instances in all: those of each env service times the services `up` starts."""
+    env = run_config("humanoid.yaml")["env"]
+    return env["instances"] * env["services"]
+
+
 def test_humanoid_16_overlay_serves_16_instances_from_4_env_pods():
     objects = render("humanoid-16")
     env = the_object(objects, "Deployment", "env")
@@ -447,9 +453,7 @@ def test_humanoid_16_overlay_serves_16_instances_from_4_env_pods():
     assert environment["TA_CONFIG"] == "/config/humanoid.yaml"
     instances_per_pod = int(environment["TA_INSTANCES"])
     assert env["spec"]["replicas"] == 4
-    assert (
-        env["spec"]["replicas"] * instances_per_pod == run_config("humanoid.yaml")["env"]["instances"] == 16
-    )
+    assert env["spec"]["replicas"] * instances_per_pod == humanoid_instances() == 16
 
 
 # --- Compose -------------------------------------------------------------------------------------------------
@@ -483,7 +487,7 @@ def test_compose_runs_humanoid_on_4_env_containers_of_4_instances():
     env = services["env"]
     instances = int(option_value(compose_argv(env), "--instances"))
     assert env["environment"]["TA_CONFIG"] == "/config/humanoid.yaml"
-    assert env["deploy"]["replicas"] * instances == run_config("humanoid.yaml")["env"]["instances"] == 16
+    assert env["deploy"]["replicas"] * instances == humanoid_instances() == 16
 
 
 def test_compose_services_share_configs_and_redis_and_wait_for_it():

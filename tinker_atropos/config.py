@@ -66,6 +66,11 @@ class EnvSection(Section):
     )
     services: int = Field(1, ge=1, le=256, description="Environment services that `up` starts.")
 
+    @property
+    def total_instances(self) -> int:
+        """The instances of all the env services `up` starts: what the benchmark's peers step in one place."""
+        return self.instances * self.services
+
     @field_validator("id")
     @classmethod
     def _registered(cls, env_id: str) -> str:

@@ -171,7 +171,7 @@ def run_learning_benchmark(config: Config, options: LearnOptions, console: Conso
         else None,
         "conditions": {
             "env_id": config.env.id,
-            "instances": config.env.instances,
+            "instances": config.env.total_instances,
             "backend": config.env.backend,
             "seeds": options.seeds,
             "return_window_episodes": RETURN_WINDOW,

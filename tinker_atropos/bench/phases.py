@@ -100,13 +100,14 @@ def _random_batch_stepper(batch: EnvBatch, seed: int) -> Callable[[], int]:
 
 @contextmanager
 def raw_meter(config: Config, timing: Timing, backend: str | None = None) -> Iterator[Meter]:
-    """The instances stepped in this process with random actions: the simulator alone, no services. gymnasium's
-    own envs one after the other, or ``backend``."""
+    """All the env services' instances stepped in this process with random actions: the simulator alone, no
+    services. gymnasium's own envs one after the other, or ``backend`` on as many threads as the env services
+    have in all."""
     env = config.env
     batch: EnvBatch = (
-        GymnasiumBatch(env.id, env.kwargs, env.instances)
+        GymnasiumBatch(env.id, env.kwargs, env.total_instances)
         if backend is None
-        else make_env_batch(backend, env.id, env.kwargs, env.instances, env.threads)
+        else make_env_batch(backend, env.id, env.kwargs, env.total_instances, env.threads * env.services)
     )
     try:
         yield SteppingMeter(_random_batch_stepper(batch, config.run.seed), timing.warmup_s)
@@ -125,17 +126,18 @@ def envpool_meter(config: Config, timing: Timing) -> Iterator[Meter | None]:
     if config.env.id not in envpool.list_all_envs():
         yield None
         return
+    instances = config.env.total_instances
     pool = envpool.make_gymnasium(
-        config.env.id, num_envs=config.env.instances, seed=config.run.seed, **config.env.kwargs
+        config.env.id, num_envs=instances, seed=config.run.seed, **config.env.kwargs
     )
     try:
         pool.reset()
-        actions = gym.vector.utils.batch_space(pool.action_space, config.env.instances)
+        actions = gym.vector.utils.batch_space(pool.action_space, instances)
         actions.seed(config.run.seed)
 
         def step() -> int:
             pool.step(actions.sample())
-            return config.env.instances
+            return instances
 
         yield SteppingMeter(step, timing.warmup_s)
     finally:
@@ -403,12 +405,12 @@ def sb3_ppo(config: Config) -> Any:
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
-    env, ppo = config.env, config.trainer.ppo
+    env, ppo, instances = config.env, config.trainer.ppo, config.env.total_instances
     per_session = env.instances // config.rollout.sessions_per_env
     batch = config.trainer.chunks_per_update * config.rollout.chunk_length * max(per_session, 1)
-    n_steps = max(batch // env.instances, 1)
+    n_steps = max(batch // instances, 1)
     venv = make_vec_env(
-        env.id, n_envs=env.instances, seed=config.run.seed, env_kwargs=env.kwargs, vec_env_cls=DummyVecEnv
+        env.id, n_envs=instances, seed=config.run.seed, env_kwargs=env.kwargs, vec_env_cls=DummyVecEnv
     )
     venv = VecNormalize(
         venv, norm_obs=ppo.normalize_observations, norm_reward=ppo.normalize_returns, gamma=ppo.gamma
@@ -417,7 +419,7 @@ def sb3_ppo(config: Config) -> Any:
         "MlpPolicy",
         venv,
         n_steps=n_steps,
-        batch_size=max(n_steps * env.instances // ppo.num_minibatches, 2),
+        batch_size=max(n_steps * instances // ppo.num_minibatches, 2),
         n_epochs=ppo.update_epochs,
         learning_rate=ppo.learning_rate,
         gamma=ppo.gamma,

@@ -78,7 +78,7 @@ def run_benchmark(config: Config, options: BenchOptions, console: Console) -> di
     result["rounds"] = {"steps_per_s": per_round, "ratios": report.ratio_ranges(per_round)}
     result["conditions"] = {
         "env_id": config.env.id,
-        "instances": config.env.instances,
+        "instances": config.env.total_instances,
         "backend": config.env.backend,
         "env_services": config.env.services,
         "sessions_per_env": config.rollout.sessions_per_env,
