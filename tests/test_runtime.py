@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+import time
 
 PROBE = """
 import json
@@ -23,3 +24,39 @@ def test_limit_blas_threads_leaves_numpy_one_blas_thread() -> None:
     threads = json.loads(out.stdout)
     assert threads["before"] and max(threads["before"]) == 2  # numpy's OpenBLAS is there and threaded
     assert threads["after"] == [1] * len(threads["before"])
+
+
+PARENT = """
+import functools, signal, subprocess, sys
+from tinker_atropos.runtime import child_preexec
+child = subprocess.Popen(["sleep", "60"], preexec_fn=functools.partial(child_preexec, signal.SIGKILL))
+child.send_signal(signal.SIGSTOP)
+print(child.pid, flush=True)
+signal.pause()
+"""
+
+
+def _state(pid: int) -> str | None:
+    """The process's state letter from /proc (T: stopped, Z: zombie), or None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return None
+
+
+def test_a_paused_child_does_not_outlive_its_killed_parent_when_its_death_signal_is_sigkill() -> None:
+    """The benchmark pauses service processes between its slices; a SIGTERM would stay pending in them."""
+    parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    deadline = time.monotonic() + 10
+    while _state(child) != "T" and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert _state(child) == "T", "the child was not paused"
+
+    parent.kill()
+    parent.wait()
+
+    while _state(child) not in (None, "Z") and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert _state(child) in (None, "Z"), f"the paused child {child} outlived its parent"

@@ -66,13 +66,14 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def child_preexec() -> None:
-    """Run in a forked child: its own session (Ctrl-C reaches only the launcher, which drains it) and a
-    SIGTERM when the launcher dies, so that no child outlives it even after a SIGKILL."""
+def child_preexec(death_signal: int = signal.SIGTERM) -> None:
+    """Run in a forked child: its own session (Ctrl-C reaches only the launcher, which drains it) and
+    ``death_signal`` when the launcher dies, so that no child outlives it even after a SIGKILL. A child that may
+    be paused (SIGSTOP) needs SIGKILL there: a stopped process leaves a SIGTERM pending for ever."""
     import os
 
     os.setsid()
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, death_signal)
 
 
 def configure_logging(kind: str) -> None:

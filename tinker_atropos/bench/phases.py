@@ -271,6 +271,8 @@ def collect_meter(
         children = [
             c for c in service_children(config, config_path, server.url, work_dir) if c.name != "trainer"
         ]
+        for child in children:  # paused between slices, they could not act on a SIGTERM if this process died
+            child.death_signal = signal.SIGKILL
         with _services(children):
             drainer.start()
             steps = lambda: read_stats(client, run).get("env_steps", 0)  # noqa: E731

@@ -7,6 +7,7 @@ Compose or Kubernetes would restart its container.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import random
@@ -47,6 +48,7 @@ class Child:
     restarts: int = 0
     failures: int = 0  # unexpected exits, capped; chaos kills are expected and not counted
     killed_by_chaos: bool = False
+    death_signal: int = signal.SIGTERM  # what it gets when the launcher dies (see ``child_preexec``)
     next_start: float = 0.0
     log_file: TextIO | None = field(default=None, repr=False)
 
@@ -58,7 +60,7 @@ class Child:
             stdout=self.log_file,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            preexec_fn=child_preexec,
+            preexec_fn=functools.partial(child_preexec, self.death_signal),
         )
 
     def terminate(self) -> None:
