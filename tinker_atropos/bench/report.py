@@ -72,7 +72,7 @@ def ratios(result: dict[str, Any]) -> dict[str, float | None]:
 
 
 def ratio_ranges(per_round: dict[str, list[float]]) -> dict[str, dict[str, float] | None]:
-    """Each ratio taken round by round (both phases measured minutes apart at most): min, median and max."""
+    """Each ratio taken round by round, its two phases measured seconds apart: min, median and max."""
 
     def spread(num: str, den: str) -> dict[str, float] | None:
         pairs = list(zip(per_round.get(num, []), per_round.get(den, []), strict=False))
