@@ -77,8 +77,11 @@ def no_tracebacks(processes: Processes) -> None:
 
 
 def test_env_service_death_costs_only_its_instances(cluster: Cluster, processes: Processes) -> None:
-    # flow control 'drop': the rollout never idles at a chunk boundary, so a kill lands mid-chunk
-    cluster = Cluster(cluster.path.parent, processes, cluster.url, rollout={"flow_control": "drop"})
+    # The kill must land mid-chunk. Flow control 'drop': the rollout never idles at a chunk boundary. Long chunks:
+    # a kill during a chunk's first step or while the last one is being appended leaves nothing partial, which
+    # with 128-step chunks happened once in a clean-clone run.
+    overrides = {"flow_control": "drop", "chunk_length": 1024}
+    cluster = Cluster(cluster.path.parent, processes, cluster.url, rollout=overrides)
     cluster.start("env", "env-a")
     env_b = cluster.start("env", "env-b")
     cluster.start("trainer", "trainer")
