@@ -66,7 +66,7 @@ def test_ppo_loss_on_a_fixed_batch_matches_the_clipped_objective(discrete: bool)
                   torch.arange(6, dtype=torch.float32))  # fmt: skip
     hp = PPOSection(clip_coef=0.2, ent_coef=0.01, vf_coef=0.5, normalize_advantages=False)
 
-    loss, stats = ppo_loss(model, batch, torch.arange(6), hp)
+    loss, stats = ppo_loss(model, batch, hp)
 
     ratio = shift.exp()
     adv = batch.advantages
@@ -88,7 +88,7 @@ def test_ppo_loss_gradient_is_zero_for_clipped_samples() -> None:
     # ratio = e^1 > 1 + clip with a positive advantage: the clipped branch is taken, no policy gradient
     batch = Batch(obs, actions, logp - 1.0, torch.tensor([1.0]), torch.zeros(1))
     hp = PPOSection(ent_coef=0.0, vf_coef=0.0, normalize_advantages=False)
-    loss, _ = ppo_loss(model, batch, torch.arange(1), hp)
+    loss, _ = ppo_loss(model, batch, hp)
     loss.backward()
     assert all(p.grad is None or torch.all(p.grad == 0) for p in model.actor.parameters())
 

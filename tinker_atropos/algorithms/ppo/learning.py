@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 import torch
@@ -50,24 +50,29 @@ class Batch:
     advantages: torch.Tensor
     returns: torch.Tensor
 
+    def rows(self, index: torch.Tensor | slice) -> Batch:
+        """The same rows of every field: gathered for an index tensor, views for a slice."""
+        if isinstance(index, slice):
+            return Batch(*(getattr(self, f.name)[index] for f in fields(self)))
+        # index_select, not advanced indexing: 5x faster for these [4096, 348] float rows on a CPU
+        return Batch(*(getattr(self, f.name).index_select(0, index) for f in fields(self)))
 
-def ppo_loss(
-    model: ActorCritic, batch: Batch, idx: torch.Tensor, hp: PPOSection
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """The clipped surrogate, value and entropy terms on the minibatch ``idx``."""
-    new_log_probs, entropy, new_values = model.evaluate(batch.observations[idx], batch.actions[idx])
-    log_ratio = new_log_probs - batch.log_probs[idx]
+
+def ppo_loss(model: ActorCritic, minibatch: Batch, hp: PPOSection) -> tuple[torch.Tensor, dict[str, float]]:
+    """The clipped surrogate, value and entropy terms on a minibatch whose observations and returns are
+    already normalised."""
+    new_log_probs, entropy, new_values = model.evaluate(minibatch.observations, minibatch.actions)
+    log_ratio = new_log_probs - minibatch.log_probs
     ratio = log_ratio.exp()
 
-    advantages = batch.advantages[idx]
-    if hp.normalize_advantages and len(idx) > 1:
+    advantages = minibatch.advantages
+    if hp.normalize_advantages and len(advantages) > 1:
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
     policy_loss = torch.max(
         -advantages * ratio, -advantages * ratio.clamp(1 - hp.clip_coef, 1 + hp.clip_coef)
     ).mean()
 
-    value_targets = model.normalize_return(batch.returns[idx])
-    value_loss = 0.5 * (new_values - value_targets).square().mean()
+    value_loss = 0.5 * (new_values - minibatch.returns).square().mean()
     entropy_loss = entropy.mean()
     loss = policy_loss - hp.ent_coef * entropy_loss + hp.vf_coef * value_loss
 
@@ -97,14 +102,21 @@ def ppo_update(
     if model.spec["normalize_returns"]:
         model.return_rms.update(batch.returns)
 
+    # The normalisers stay fixed through the epochs, so observations and value targets are normalised once.
+    batch = replace(
+        batch,
+        observations=model.normalize_obs(batch.observations),
+        returns=model.normalize_return(batch.returns),
+    )
     size = batch.observations.shape[0]
     minibatch = max(1, size // hp.num_minibatches)
     totals: dict[str, float] = {}
     count = 0
     for _epoch in range(hp.update_epochs):
-        order = torch.randperm(size, generator=generator).to(batch.observations.device)
+        # One gather per epoch; its minibatches are then contiguous views.
+        shuffled = batch.rows(torch.randperm(size, generator=generator).to(batch.observations.device))
         for start in range(0, size - minibatch + 1, minibatch):
-            loss, stats = ppo_loss(model, batch, order[start : start + minibatch], hp)
+            loss, stats = ppo_loss(model, shuffled.rows(slice(start, start + minibatch)), hp)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             nn.utils.clip_grad_norm_(model.parameters(), hp.max_grad_norm, foreach=True)
