@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import multiprocessing
+import threading
 import time
 from pathlib import Path
 
@@ -13,7 +15,7 @@ import pytest
 from rich.console import Console
 
 from tinker_atropos.bench.learn import LearnOptions, run_learning_benchmark
-from tinker_atropos.bench.phases import ServicesMeter, Timing
+from tinker_atropos.bench.phases import GatedMeter, IterationGate, ServicesMeter, Timing
 from tinker_atropos.bench.report import RATE_KEYS
 from tinker_atropos.bench.run import BenchOptions, run_benchmark
 from tinker_atropos.config import parse_config
@@ -57,12 +59,14 @@ def test_a_tiny_benchmark_writes_every_key_and_nulls_the_phases_not_run(tmp_path
         result["collect_env_steps_per_s"] / result["collect_grpc_env_steps_per_s"]
     )
     assert result["ratios"]["collect/envpool"] is None and result["ratios"]["train/sb3"] is None
-    # raw, collect and collect_grpc alternate in 2 rounds, each round giving every ratio once more
+    # raw, collect and collect_grpc alternate in 2 rounds, each round giving every ratio once more; train,
+    # whose group has no SB3 here, runs its 2 slices too
     rounds = result["rounds"]
     assert rounds["steps_per_s"].keys() == {
         "raw_env_steps_per_s",
         "collect_env_steps_per_s",
         "collect_grpc_env_steps_per_s",
+        "train_env_steps_per_s",
     }
     assert all(len(rates) == 2 and min(rates) > 0 for rates in rounds["steps_per_s"].values())
     raw, collect = (
@@ -74,11 +78,14 @@ def test_a_tiny_benchmark_writes_every_key_and_nulls_the_phases_not_run(tmp_path
         sorted(c / r for c, r in zip(collect, raw, strict=True))
     )
     assert spread["min"] <= spread["median"] <= spread["max"]
-    assert rounds["ratios"]["train/sb3"] is None, "train and sb3 are not interleaved"
+    assert rounds["ratios"]["train/sb3"] is None, "no SB3 to compare with"
     train = result["train"]
-    assert 0.0 <= train["trainer_busy"] <= 1.0
+    assert 0.0 < train["trainer_busy"] <= 1.0
     assert train["policy_lag"]["min"] <= train["policy_lag"]["mean"] <= train["policy_lag"]["max"]
-    assert {"env", "rollout", "trainer", "launcher"} <= train["cpu_seconds_per_service"].keys()
+    assert train["unpaused_env_steps_per_s"] > 0
+    assert train["policy_versions"][1] > train["policy_versions"][0], "it learned in the figures window"
+    cpu = train["cpu_seconds_per_service"]
+    assert cpu.keys() == {"env-0", "rollout-0", "trainer"} and min(cpu.values()) > 0
     conditions = result["conditions"]
     assert (conditions["env_id"], conditions["instances"]) == ("Pendulum-v1", 4)
     assert (conditions["warmup_s"], conditions["window_s"], conditions["rounds"]) == (1.0, 4.0, 2)
@@ -192,3 +199,36 @@ def test_a_services_meter_falls_back_to_the_window_when_the_counter_moves_less_t
     steps, seconds = meter.count(settle_s=0.0, window_s=0.05)
 
     assert steps == 0 and seconds >= 0.05
+
+
+def test_a_gated_learner_counts_whole_iterations_and_waits_between_slices() -> None:
+    """A learner doing 100 steps per 0.05 s iteration: a 0.12 s slice ends at the first boundary past it (3
+    iterations, 300 steps, about 0.15 s); between slices it runs no iteration; closing the pipe ends it."""
+    conn, child_conn = multiprocessing.Pipe()
+    gate, steps, boundaries = IterationGate(child_conn), [0], []
+
+    def learner() -> None:
+        try:
+            while True:
+                boundaries.append(time.monotonic())
+                gate.boundary(steps[0])
+                time.sleep(0.05)
+                steps[0] += 100
+        except EOFError:
+            pass
+
+    thread = threading.Thread(target=learner, daemon=True)
+    thread.start()
+    try:
+        meter = GatedMeter(conn, warmup_s=0.05)  # the warm-up: a slice whose result is dropped
+        idle_since = time.monotonic()
+        time.sleep(0.3)
+        stepped_while_idle = [t for t in boundaries if t > idle_since]
+
+        counted, seconds = meter.count(settle_s=1.0, window_s=0.12)
+    finally:
+        conn.close()
+    assert counted == 300 and 0.12 <= seconds < 0.5
+    assert not stepped_while_idle, "it stepped between slices"
+    thread.join(timeout=5)
+    assert not thread.is_alive(), "the learner outlived the closed pipe"

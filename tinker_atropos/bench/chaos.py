@@ -22,8 +22,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from tinker_atropos.bench.phases import _metrics_rows as read_jsonl
-from tinker_atropos.bench.report import machine, package_versions
+from tinker_atropos.bench.report import machine, package_versions, read_jsonl
 from tinker_atropos.config import Config
 from tinker_atropos.launcher.up import RETURN_WINDOW
 from tinker_atropos.runtime import child_preexec

@@ -72,7 +72,7 @@ def ours(config: Config, budget_s: float, work_dir: Path) -> list[dict[str, Any]
             code = up.wait(timeout=30)
     if code != 0:
         raise RuntimeError(f"`tinker-atropos up` exited with code {code}; see {work_dir / 'up.log'}")
-    rows = [json.loads(line) for line in (work_dir / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = report.read_jsonl(work_dir / "run" / "metrics.jsonl")
     return [_point(r["wall_time_s"], r["env_steps"], r["episode_return_mean"]) for r in rows]
 
 

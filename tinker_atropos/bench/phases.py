@@ -7,16 +7,16 @@ instance (for MuJoCo locomotion, 5 physics steps).
 
 from __future__ import annotations
 
-import json
+import importlib.util
+import multiprocessing
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -24,19 +24,20 @@ import gymnasium as gym
 import numpy as np
 import redis
 import torch
+import yaml
 
 from tinker_atropos.algorithms.ppo.learner import PPOLearner
 from tinker_atropos.algorithms.ppo.networks import policy_spec
-from tinker_atropos.config import Config, Transport
+from tinker_atropos.config import Config, Transport, parse_config
 from tinker_atropos.environment.backends.base import EnvBatch, make_env_batch
 from tinker_atropos.environment.backends.gymnasium_batch import GymnasiumBatch
 from tinker_atropos.launcher.up import Child, service_children
-from tinker_atropos.runtime import child_preexec
 from tinker_atropos.state.connection import connect
 from tinker_atropos.state.embedded import EmbeddedValkey
 from tinker_atropos.state.experience import ExperienceReader, read_stats
 from tinker_atropos.state.registry import live_services
 from tinker_atropos.state.weights import publish_weights
+from tinker_atropos.trainer.metrics import BUSY_WINDOW_S
 
 STARTUP_TIMEOUT_S = 120.0
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -248,16 +249,61 @@ class ServicesMeter:
             self.pause()
 
 
+class TrainMeter(ServicesMeter):
+    """The whole system learning; its trainer's figures and each service's CPU time are read in ``figures``,
+    a window in which nothing is paused."""
+
+    def __init__(
+        self, children: list[Child], steps: Callable[[], int], trainer: Callable[[], dict[str, Any]]
+    ) -> None:
+        super().__init__(children, steps)
+        self._trainer = trainer
+
+    def figures(self, timing: Timing) -> dict[str, Any]:
+        """Trainer busy fraction and policy lag (sampled each second from the registry), CPU seconds per
+        service and the env steps/s, over ``window_s`` after ``warmup_s``; the run-in outlasts the trainer's
+        busy window, so none of the pauses falls inside the fractions read."""
+        self.resume()
+        try:
+            time.sleep(max(timing.warmup_s, BUSY_WINDOW_S))
+            pids = {c.name: c.process.pid for c in self._children if c.process is not None}
+            cpu_start = {name: _cpu_seconds(pid) for name, pid in pids.items()}
+            start, steps_start, samples = time.monotonic(), self._steps(), []
+            while time.monotonic() - start < timing.window_s:
+                time.sleep(min(1.0, timing.window_s))
+                samples.append(self._trainer())
+            seconds, steps = time.monotonic() - start, self._steps() - steps_start
+            cpu = {name: round(_cpu_seconds(pid) - cpu_start[name], 2) for name, pid in pids.items()}
+        finally:
+            self.pause()
+        last = samples[-1]
+        return {
+            "unpaused_env_steps_per_s": steps / seconds,
+            "trainer_busy": float(np.mean([s.get("busy_fraction", 0.0) for s in samples])),
+            "policy_lag": {
+                "min": last.get("policy_lag_min"),
+                "mean": float(np.mean([s.get("policy_lag_mean", 0.0) for s in samples])),
+                "max": last.get("policy_lag_max"),
+            },
+            "policy_versions": [samples[0].get("policy_version"), last.get("policy_version")],
+            "cpu_seconds_per_service": cpu,
+            "window_measured_s": round(seconds, 2),
+        }
+
+
 @contextmanager
-def collect_meter(
-    config: Config, timing: Timing, work_dir: Path, transport: Transport | None = None
+def services_meter(
+    config: Config, timing: Timing, work_dir: Path, transport: Transport | None = None, learn: bool = False
 ) -> Iterator[ServicesMeter]:
-    """Env service(s) + one rollout service as processes with the real policy, over the config's transport
-    (or ``transport``), chunks written to Redis and drained here: collection without learning."""
+    """The services as ``tinker-atropos up`` starts them, over the config's transport (or ``transport``).
+
+    With ``learn``, the trainer too: a ``TrainMeter``. Without, collection only: env service(s) and one rollout
+    service with the real policy, chunks written to Redis and drained here."""
     config = config.model_copy(deep=True)
     config.rollout.transport = transport or config.rollout.transport
-    config.rollout.flow_control = "drop"
-    config.rollout.replicas = 1
+    if not learn:
+        config.rollout.flow_control = "drop"
+        config.rollout.replicas = 1
     run = config.run.name
     work_dir.mkdir(parents=True, exist_ok=True)
     config_path = work_dir / "config.yaml"
@@ -267,18 +313,24 @@ def collect_meter(
     stop = threading.Event()
     drainer = threading.Thread(target=_drain, args=(client, run, stop), daemon=True)
     try:
-        publish_weights(client, run, 0, *initial_policy(config))
-        children = [
-            c for c in service_children(config, config_path, server.url, work_dir) if c.name != "trainer"
-        ]
+        children = service_children(config, config_path, server.url, work_dir)
+        if not learn:
+            publish_weights(client, run, 0, *initial_policy(config))
+            children = [c for c in children if c.name != "trainer"]
         for child in children:  # paused between slices, they could not act on a SIGTERM if this process died
             child.death_signal = signal.SIGKILL
         with _services(children):
-            drainer.start()
+            if not learn:
+                drainer.start()
             steps = lambda: read_stats(client, run).get("env_steps", 0)  # noqa: E731
             _wait_until(steps, STARTUP_TIMEOUT_S, "the first chunk", children)
             time.sleep(timing.warmup_s)
-            meter = ServicesMeter(children, steps)
+
+            def trainer() -> dict[str, Any]:
+                trainers = live_services(client, run, "trainer")
+                return trainers[0].figures if trainers else {}
+
+            meter = TrainMeter(children, steps, trainer) if learn else ServicesMeter(children, steps)
             meter.pause()
             try:
                 yield meter
@@ -295,8 +347,8 @@ def collect_meter(
 def collect_steps_per_s(
     config: Config, timing: Timing, work_dir: Path, transport: Transport | None = None
 ) -> float:
-    """``collect_meter``'s rate over one window, alone on the machine."""
-    with collect_meter(config, timing, work_dir, transport) as meter:
+    """Collection's rate (``services_meter``) over one window, alone on the machine."""
+    with services_meter(config, timing, work_dir, transport) as meter:
         steps, seconds = meter.count(0.0, timing.window_s)
     return steps / seconds
 
@@ -306,97 +358,6 @@ def _cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as stat:
         fields = stat.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
-
-
-def _service_pids(parent: int) -> dict[str, int]:
-    """The service processes of ``tinker-atropos up`` (its children), named by their command."""
-    services = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) != parent or b"tinker_atropos" not in argv:
-            continue
-        kind = argv[argv.index(b"tinker_atropos") + 1].decode()
-        name, n = kind, 0
-        while name in services:
-            n += 1
-            name = f"{kind}-{n}"
-        services[name] = int(entry.name)
-    return services
-
-
-def _metrics_rows(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def train_figures(config: Config, timing: Timing, work_dir: Path) -> dict[str, Any]:
-    """The whole system learning, exactly as ``tinker-atropos up`` runs it, stopped with Ctrl-C (SIGINT).
-
-    The window starts ``warmup_s`` after the first env steps are counted; its rate comes from metrics.jsonl,
-    the trainer's lag range from its registry figures and the CPU time of each service from /proc.
-    """
-    config = config.model_copy(deep=True)
-    config.run.report_interval_s = min(config.run.report_interval_s, 1.0)
-    work_dir.mkdir(parents=True, exist_ok=True)
-    config_path = work_dir / "config.yaml"
-    config_path.write_text(config.to_yaml())
-    metrics = work_dir / "run" / "metrics.jsonl"
-    server = EmbeddedValkey(work_dir / "valkey")
-    client = connect(server.url)
-    log = open(work_dir / "up.log", "w")  # noqa: SIM115 - closed below
-    command = [sys.executable, "-m", "tinker_atropos", "up", str(config_path), "--total-steps", str(10**12)]
-    command += ["--run-dir", str(work_dir / "run"), "--redis-url", server.url]
-    up = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=child_preexec)
-    try:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while not any(r["env_steps"] > 0 for r in _metrics_rows(metrics)):
-            if up.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"`tinker-atropos up` collected no env steps; see {work_dir / 'up.log'}")
-            time.sleep(0.2)
-        time.sleep(timing.warmup_s)
-        pids = _service_pids(up.pid) | {"launcher": up.pid}
-        cpu_start = {name: _cpu_seconds(pid) for name, pid in pids.items()}
-        window_start = _metrics_rows(metrics)[-1]
-        time.sleep(timing.window_s)
-        rows = _metrics_rows(metrics)
-        cpu = {name: round(_cpu_seconds(pid) - cpu_start[name], 2) for name, pid in pids.items()}
-        trainers = live_services(client, config.run.name, "trainer")
-        trainer = trainers[0].figures if trainers else {}
-    finally:
-        if up.poll() is None:
-            up.send_signal(signal.SIGINT)
-        try:
-            up.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            up.kill()
-            up.wait()
-        log.close()
-        client.close()
-        server.stop()
-    window = [r for r in rows if r["wall_time_s"] > window_start["wall_time_s"]]
-    end = window[-1] if window else window_start
-    seconds = end["wall_time_s"] - window_start["wall_time_s"]
-    return {
-        "train_env_steps_per_s": (end["env_steps"] - window_start["env_steps"]) / seconds
-        if seconds
-        else None,
-        "trainer_busy": float(np.mean([r["trainer_busy"] for r in window])) if window else None,
-        "policy_lag": {
-            "min": trainer.get("policy_lag_min"),
-            "mean": float(np.mean([r["policy_lag_mean"] for r in window])) if window else None,
-            "max": trainer.get("policy_lag_max"),
-        },
-        "policy_versions": [window_start["policy_version"], end["policy_version"]],
-        "cpu_seconds_per_service": cpu,
-        "window_measured_s": round(seconds, 2),
-    }
 
 
 def sb3_ppo(config: Config) -> Any:
@@ -436,43 +397,88 @@ def sb3_ppo(config: Config) -> Any:
     )
 
 
-def sb3_ppo_steps_per_s(config: Config, timing: Timing) -> float | None:
-    """Stable-Baselines3 PPO set up as ours (``sb3_ppo``): ``learn()`` steps/s over the window, training
-    included. None without SB3."""
-    try:
-        from stable_baselines3.common.callbacks import BaseCallback
+class IterationGate:
+    """Runs a learner in slices of whole iterations, on command over ``conn``.
 
-        model = sb3_ppo(config)
-    except ImportError:
-        return None
+    SB3 steps in bursts, a collection of n_steps then the whole update, so a slice of a few seconds cut
+    anywhere would count a burst or a pause. Called at every iteration boundary with the steps done so far,
+    the gate lets iterations run until the slice's time is reached, sends (steps, seconds) of the slice, then
+    blocks until the next slice's length arrives. A closed pipe (the benchmark gone) raises EOFError.
+    """
 
-    class Window(BaseCallback):
-        """Marks the end of the warm-up and stops ``learn()`` when the window is over."""
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+        self._slice: tuple[float, float, int] | None = None  # (length, start, steps at start)
 
-        def __init__(self) -> None:
-            super().__init__()
-            self.start = time.monotonic()
-            self.window_start: tuple[float, int] | None = None
-            self.rate: float | None = None
+    def boundary(self, steps: int) -> None:
+        now = time.monotonic()
+        if self._slice is not None:
+            length, start, steps_at_start = self._slice
+            if now - start < length:
+                return
+            self._conn.send((steps - steps_at_start, now - start))
+        length = self._conn.recv()
+        self._slice = (length, time.monotonic(), steps)
+
+
+class GatedMeter:
+    """A meter whose stepping runs in another process behind an ``IterationGate``. Its slices hold whole
+    iterations, so they run a little past ``window_s``; ``settle_s`` is not run, since an iteration takes
+    seconds and re-warms the caches within its first milliseconds."""
+
+    def __init__(self, conn: Connection, warmup_s: float) -> None:
+        self._conn = conn
+        self.count(0.0, warmup_s)
+
+    def count(self, settle_s: float, window_s: float) -> tuple[int, float]:
+        self._conn.send(window_s)
+        if not self._conn.poll(STARTUP_TIMEOUT_S + 10 * window_s):
+            raise RuntimeError(f"the gated learner reported no slice of {window_s:g}s in time")
+        return self._conn.recv()
+
+
+def _sb3_worker(conn: Connection, config_yaml: str) -> None:
+    """A child process: ``sb3_ppo`` learning behind an IterationGate until the benchmark closes the pipe."""
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    gate = IterationGate(conn)
+
+    class AtIterationStart(BaseCallback):
+        def _on_rollout_start(self) -> None:
+            gate.boundary(self.num_timesteps)
 
         def _on_step(self) -> bool:
-            now = time.monotonic()
-            if self.window_start is None:
-                if now - self.start >= timing.warmup_s:
-                    self.window_start = (now, self.num_timesteps)
-                return True
-            started, steps = self.window_start
-            if now - started < timing.window_s:
-                return True
-            self.rate = (self.num_timesteps - steps) / (now - started)
-            return False
+            return True
 
-    window = Window()
+    model = sb3_ppo(parse_config(yaml.safe_load(config_yaml)))
     try:
-        model.learn(total_timesteps=10**12, callback=window)
+        model.learn(total_timesteps=10**12, callback=AtIterationStart())
+    except EOFError:
+        pass  # the benchmark is over
     finally:
         model.get_env().close()
-    return window.rate
+
+
+@contextmanager
+def sb3_meter(config: Config, timing: Timing) -> Iterator[Meter | None]:
+    """Stable-Baselines3 PPO set up as ours (``sb3_ppo``), ``learn()`` in a child process, training included;
+    None without SB3. The child waits, blocked, between slices."""
+    if importlib.util.find_spec("stable_baselines3") is None:
+        yield None
+        return
+    context = multiprocessing.get_context("spawn")  # a fresh interpreter: no state of this process's torch
+    conn, child_conn = context.Pipe()
+    process = context.Process(target=_sb3_worker, args=(child_conn, config.to_yaml()), daemon=True)
+    process.start()
+    child_conn.close()
+    try:
+        yield GatedMeter(conn, timing.warmup_s)
+    finally:
+        conn.close()  # the child's next iteration boundary raises EOFError and it exits
+        process.join(timeout=60)
+        if process.is_alive():
+            process.kill()
+            process.join()
 
 
 def scaling_curve(

@@ -102,7 +102,8 @@ def print_table(result: dict[str, Any], console: Console) -> None:
     if train:
         lag = train["policy_lag"]
         console.print(
-            f"train: trainer busy {train['trainer_busy']:.0%}, policy lag min/mean/max "
+            f"train, nothing paused: {train['unpaused_env_steps_per_s']:,.0f} env steps/s, "
+            f"trainer busy {train['trainer_busy']:.0%}, policy lag min/mean/max "
             f"{lag['min']}/{lag['mean']:.2f}/{lag['max']}, CPU s per service {train['cpu_seconds_per_service']}"
         )
     scaling = result.get("scaling")
@@ -166,6 +167,13 @@ def draw_charts(result: dict[str, Any], out: Path) -> list[Path]:
         fig.savefig(paths[1], dpi=120)
         plt.close(fig)
     return paths
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The rows of a JSON-lines file (metrics.jsonl, chaos.jsonl); none when it does not exist."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def write_json(result: dict[str, Any], out: Path) -> Path:

@@ -1,9 +1,10 @@
 """Runs the selected phases, never two at once (they would share the CPUs), and reports.
 
-The phases that only step the env (raw, envpool, collect, collect_grpc) are set up together and measured in
-alternating slices, round after round: on a shared machine whose speed drifts by a third within minutes, a
-ratio of two phases measured minutes apart says more about the drift than about the phases. Training and
-SB3 run one after the other, each alone for its whole window.
+Phases that are compared are set up together and measured in alternating slices, round after round: on a
+shared machine whose speed drifts by a third within minutes, a ratio of two phases measured minutes apart
+says more about the drift than about the phases. Two groups alternate so: the env steppers (raw, envpool,
+collect, collect_grpc), then the learners (train, sb3). The trainer's own figures come from a window after
+the rounds in which nothing is paused; the scaling curve runs last, alone.
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ from rich.console import Console
 
 from tinker_atropos.bench import phases, report
 from tinker_atropos.config import Config
+from tinker_atropos.trainer.metrics import BUSY_WINDOW_S
 
 ALL_PHASES = ("raw", "envpool", "collect", "collect_grpc", "train", "sb3", "scaling")
-INTERLEAVED_PHASES = ("raw", "envpool", "collect", "collect_grpc")
+INTERLEAVED_GROUPS = (("raw", "envpool", "collect", "collect_grpc"), ("train", "sb3"))
 STEP_CONVENTION = "one step = one env.step of one instance = 5 physics steps for MuJoCo locomotion"
 
 
@@ -52,27 +54,26 @@ def run_benchmark(config: Config, options: BenchOptions, console: Console) -> di
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench-", dir=options.out) as scratch:
         work = Path(scratch)
-        slices = _interleaved_slices(config, options, work, console)
+        slices: dict[str, list[tuple[int, float]]] = {}
+        for group in INTERLEAVED_GROUPS:
+            group_slices, train_figures = _interleaved_slices(config, options, group, work, console)
+            slices |= group_slices
+            if train_figures is not None:
+                result["train"] = train_figures
         for key, measured in slices.items():
             result[key] = sum(steps for steps, _ in measured) / sum(seconds for _, seconds in measured)
-        for phase in (p for p in ALL_PHASES if p in options.phases and p not in INTERLEAVED_PHASES):
+        if "scaling" in options.phases:
             console.print(
-                f"[bold]phase {phase}[/] (warm-up {timing.warmup_s:g}s, window {timing.window_s:g}s)"
+                f"[bold]phase scaling[/] (warm-up {timing.warmup_s:g}s, window {timing.window_s:g}s)"
             )
-            if phase == "train":
-                result["train"] = phases.train_figures(config, timing, work / "train")
-                result["train_env_steps_per_s"] = result["train"].pop("train_env_steps_per_s")
-            elif phase == "sb3":
-                result["sb3_ppo_steps_per_s"] = phases.sb3_ppo_steps_per_s(config, timing)
-            else:
-                result["scaling"] = phases.scaling_curve(
-                    config,
-                    timing,
-                    list(options.scaling_services),
-                    options.scaling_delay_s,
-                    options.scaling_env_id,
-                    work / "scaling",
-                )
+            result["scaling"] = phases.scaling_curve(
+                config,
+                timing,
+                list(options.scaling_services),
+                options.scaling_delay_s,
+                options.scaling_env_id,
+                work / "scaling",
+            )
     result["ratios"] = report.ratios(result)
     per_round = {key: [steps / seconds for steps, seconds in measured] for key, measured in slices.items()}
     result["rounds"] = {"steps_per_s": per_round, "ratios": report.ratio_ranges(per_round)}
@@ -103,14 +104,15 @@ def run_benchmark(config: Config, options: BenchOptions, console: Console) -> di
 
 
 def _interleaved_slices(
-    config: Config, options: BenchOptions, work: Path, console: Console
-) -> dict[str, list[tuple[int, float]]]:
-    """Set up every selected stepping phase, then measure them in alternating slices (``interleaved_rates``);
-    (env steps, seconds) per slice, keyed by the result key. A phase whose library is missing is left out."""
+    config: Config, options: BenchOptions, group: tuple[str, ...], work: Path, console: Console
+) -> tuple[dict[str, list[tuple[int, float]]], dict[str, Any] | None]:
+    """Set up the selected phases of ``group``, then measure them in alternating slices
+    (``interleaved_rates``): (env steps, seconds) per slice keyed by the result key, and the trainer's
+    figures when ``train`` is among them. A phase whose library is missing is left out."""
     timing = options.timing
     with ExitStack() as stack:
         meters: dict[str, phases.Meter] = {}
-        for phase in (p for p in INTERLEAVED_PHASES if p in options.phases):
+        for phase in (p for p in group if p in options.phases):
             console.print(f"[bold]setting up {phase}[/] (warm-up {timing.warmup_s:g}s)")
             if phase == "raw":
                 meters["raw_env_steps_per_s"] = stack.enter_context(phases.raw_meter(config, timing))
@@ -123,16 +125,30 @@ def _interleaved_slices(
                     meters["envpool_steps_per_s"] = pool
             elif phase == "collect":
                 meters["collect_env_steps_per_s"] = stack.enter_context(
-                    phases.collect_meter(config, timing, work / "collect")
+                    phases.services_meter(config, timing, work / "collect")
                 )
-            else:  # collect_grpc: the same, with the local fast path switched off
+            elif phase == "collect_grpc":  # the same, with the local fast path switched off
                 meters["collect_grpc_env_steps_per_s"] = stack.enter_context(
-                    phases.collect_meter(config, timing, work / "collect-grpc", transport="grpc")
+                    phases.services_meter(config, timing, work / "collect-grpc", transport="grpc")
                 )
+            elif phase == "train":
+                meters["train_env_steps_per_s"] = stack.enter_context(
+                    phases.services_meter(config, timing, work / "train", learn=True)
+                )
+            elif (sb3 := stack.enter_context(phases.sb3_meter(config, timing))) is not None:
+                meters["sb3_ppo_steps_per_s"] = sb3
         if not meters:
-            return {}
+            return {}, None
         console.print(
             f"[bold]measuring {', '.join(meters)}[/]: {timing.rounds} round(s) of {timing.slice_s:g}s slices, "
             f"each after {phases.SETTLE_S:g}s unmeasured"
         )
-        return phases.interleaved_rates(meters, timing)
+        slices = phases.interleaved_rates(meters, timing)
+        train = meters.get("train_env_steps_per_s")
+        if not isinstance(train, phases.TrainMeter):
+            return slices, None
+        console.print(
+            f"[bold]trainer figures[/]: {max(timing.warmup_s, BUSY_WINDOW_S):g}s run-in, "
+            f"{timing.window_s:g}s window, nothing paused"
+        )
+        return slices, train.figures(timing)

@@ -177,7 +177,9 @@ def bench(
     warmup_s: Annotated[float, typer.Option(min=0.0, help="Unmeasured seconds before each window.")] = 10.0,
     rounds: Annotated[
         int,
-        typer.Option(min=1, help="Slices each window of raw/envpool/collect phases is cut into, alternated."),
+        typer.Option(
+            min=1, help="Slices each window is cut into, alternated: steppers, then train with sb3."
+        ),
     ] = 6,
     out: Annotated[Path, typer.Option(help="Folder for bench.json and the charts.")] = Path("bench/out"),
     scaling_services: Annotated[

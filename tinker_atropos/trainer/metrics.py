@@ -5,11 +5,13 @@ from __future__ import annotations
 import time
 from collections import deque
 
+BUSY_WINDOW_S = 10.0
+
 
 class BusyMeter:
     """Fraction of the last ``window_s`` seconds spent inside updates."""
 
-    def __init__(self, window_s: float = 10.0) -> None:
+    def __init__(self, window_s: float = BUSY_WINDOW_S) -> None:
         self.window_s = window_s
         self.started = time.monotonic()
         self._spans: deque[tuple[float, float]] = deque()
