@@ -104,7 +104,7 @@ def test_the_learning_benchmark_reports_curves_and_final_returns_under_the_budge
             "run": {"name": "bench-learn-test"},
             "env": {"id": "Pendulum-v1", "instances": 4},
             "rollout": {"chunk_length": 32},
-            "trainer": {"chunks_per_update": 2},
+            "trainer": {"samples_per_update": 256},
         }
     )
     options = LearnOptions(budget_s=10.0, seeds=1, out=tmp_path, report_interval_s=2.0)

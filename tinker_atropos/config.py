@@ -12,7 +12,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 
 def _device(value: str) -> str:
@@ -99,7 +107,7 @@ class RolloutSection(Section):
     )
     flow_control: Literal["pause", "drop"] = Field(
         "pause",
-        description="'pause': stop collecting while a full batch (trainer.chunks_per_update chunks) waits "
+        description="'pause': stop collecting while a full batch (trainer.samples_per_update env steps) waits "
         "in the stream, so no step goes stale; 'drop': collect flat out, the stream bound drops the excess.",
     )
     reconnect_backoff_s: float = Field(0.2, gt=0, description="First reconnect delay; doubles up to 5 s.")
@@ -147,7 +155,12 @@ class CheckpointSection(Section):
 class TrainerSection(Section):
     algorithm: Literal["ppo"] = Field("ppo", description="Learning algorithm.")
     device: Device = Field("cpu", description="Where learning runs: cpu, cuda, cuda:N or auto.")
-    chunks_per_update: int = Field(4, ge=1, description="Chunks gathered into one PPO batch.")
+    samples_per_update: int = Field(
+        4096,
+        ge=1,
+        description="Env steps in one PPO batch, whatever the deployment: the trainer takes whole chunks until "
+        "it holds at least this many.",
+    )
     max_policy_lag: int = Field(
         2, ge=0, description="Chunks acted by a policy older than this many versions are rejected."
     )
@@ -155,6 +168,17 @@ class TrainerSection(Section):
     model: ModelSection = Field(default_factory=ModelSection)
     ppo: PPOSection = Field(default_factory=PPOSection)
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_fields(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "chunks_per_update" in data:
+            raise ValueError(
+                "chunks_per_update was replaced by samples_per_update, the env steps of one batch "
+                "(chunks x rollout.chunk_length x instances per session), so that it no longer changes with "
+                "the instances of each env service"
+            )
+        return data
 
 
 class Config(Section):

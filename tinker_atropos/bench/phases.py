@@ -369,9 +369,7 @@ def sb3_ppo(config: Config) -> Any:
     from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
     env, ppo, instances = config.env, config.trainer.ppo, config.env.total_instances
-    per_session = env.instances // config.rollout.sessions_per_env
-    batch = config.trainer.chunks_per_update * config.rollout.chunk_length * max(per_session, 1)
-    n_steps = max(batch // instances, 1)
+    n_steps = max(config.trainer.samples_per_update // instances, 1)
     venv = make_vec_env(
         env.id, n_envs=instances, seed=config.run.seed, env_kwargs=env.kwargs, vec_env_cls=DummyVecEnv
     )

@@ -98,7 +98,7 @@ class EnvSession(threading.Thread):
         still_registered: Callable[[str], bool],
         stop: threading.Event,
         backoff_s: float,
-        pause_at_queued: int | None,
+        pause_at_samples: int | None,
         transport: Transport,
     ) -> None:
         super().__init__(name=f"session-{address}-{slot}", daemon=True)
@@ -106,7 +106,7 @@ class EnvSession(threading.Thread):
         self.chunk_length, self.policy, self.writer = chunk_length, policy, writer
         self.rollout_incarnation, self.counters = rollout_incarnation, counters
         self.still_registered, self.stop, self.first_backoff_s = still_registered, stop, backoff_s
-        self.pause_at_queued, self.transport = pause_at_queued, transport
+        self.pause_at_samples, self.transport = pause_at_samples, transport
         self.opened_once = False
 
     def run(self) -> None:
@@ -139,11 +139,12 @@ class EnvSession(threading.Thread):
                 return
             backoff = min(backoff * 2, MAX_BACKOFF_S)
 
-    def wait_for_trainer(self, queued: int) -> None:
-        """Flow control 'pause': while a full batch is already queued, more steps would only go stale."""
-        if self.pause_at_queued is None:
+    def wait_for_trainer(self, queued: int, chunk_size: int) -> None:
+        """Flow control 'pause': while a full batch is already queued, more steps would only go stale. The
+        queued chunks are counted as ``chunk_size`` env steps each, this session's."""
+        if self.pause_at_samples is None:
             return
-        while queued >= self.pause_at_queued and not self.stop.wait(PAUSE_POLL_S):
+        while queued * chunk_size >= self.pause_at_samples and not self.stop.wait(PAUSE_POLL_S):
             queued = self.writer.queued()
 
     def _wait_for_policy(self) -> VersionedPolicy | None:
@@ -223,7 +224,7 @@ class EnvSession(threading.Thread):
                     self.counters.chunks_written += 1
                     self.counters.env_steps += n * self.chunk_length
                     self.counters.episodes += len(episodes)
-                    self.wait_for_trainer(queued)
+                    self.wait_for_trainer(queued, n * self.chunk_length)
                     policy = self.policy.refresh() or policy
         finally:
             if builder.steps:

@@ -45,7 +45,7 @@ class RolloutServicer(services_pb2_grpc.RolloutServicer):
         self.sessions: dict[tuple[str, int], EnvSession] = {}
         self._env_addresses: set[str] = set()
         pausing = config.rollout.flow_control == "pause"
-        self.pause_at_queued = config.trainer.chunks_per_update if pausing else None
+        self.pause_at_samples = config.trainer.samples_per_update if pausing else None
         self._sessions_started = 0  # numbers the sessions, so seeds are reproducible
 
     def status(self) -> services_pb2.RolloutStatus:
@@ -94,7 +94,7 @@ class RolloutServicer(services_pb2_grpc.RolloutServicer):
                     lambda a: a in self._env_addresses,
                     stop,
                     self.config.rollout.reconnect_backoff_s,
-                    self.pause_at_queued,
+                    self.pause_at_samples,
                     self.config.rollout.transport,
                 )
                 self.sessions[(address, slot)] = session

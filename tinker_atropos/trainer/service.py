@@ -8,6 +8,7 @@ the one already in Redis.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from pathlib import Path
@@ -201,26 +202,30 @@ class TrainerServicer(services_pb2_grpc.TrainerServicer):
         assert self.learner is not None
         reader = ExperienceReader(self.client, self.run)
         pending: list[ChunkArrays] = []
-        wanted = self.config.trainer.chunks_per_update
+        wanted, have = self.config.trainer.samples_per_update, 0
+        chunk_size = wanted  # env steps of the last chunk seen: the first take is of one chunk
         while not stop.is_set():
             try:
                 self.sync_redis()
-                raw = reader.take(count=wanted - len(pending), block_ms=500)
+                raw = reader.take(count=math.ceil((wanted - have) / chunk_size), block_ms=500)
             except redis.RedisError as error:
                 log.warning("Redis unreachable (%s); retrying", error)
                 stop.wait(1.0)
                 continue
-            pending.extend(c for c in map(self.accept, raw) if c is not None)
+            accepted = [c for c in map(self.accept, raw) if c is not None]
+            pending.extend(accepted)
+            have += sum(c.num_steps for c in accepted)
+            chunk_size = accepted[-1].num_steps if accepted else chunk_size
             self.chunks_consumed += len(raw)
-            if len(pending) < wanted:
+            if have < wanted:
                 continue
             start = time.monotonic()
             self.losses = self.learner.update(pending)
             self.version += 1
             self.updates += 1
-            self.env_steps_trained += sum(c.num_steps for c in pending)
+            self.env_steps_trained += have
             self.busy.record(start, time.monotonic())
-            pending = []
+            pending, have = [], 0
             try:
                 self.publish()
             except redis.RedisError as error:

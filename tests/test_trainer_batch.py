@@ -1,0 +1,92 @@
+"""The trainer's batch is counted in env steps, not chunks: the same config learns alike whatever the size of
+each env service, and a rollout pauses on the same count."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import redis
+
+from tests.test_trainer_resume import pendulum_info
+from tinker_atropos.config import ConfigError, parse_config
+from tinker_atropos.protocol import tensors
+from tinker_atropos.protocol.v1 import environment_pb2
+from tinker_atropos.rollout.chunks import ChunkBuilder
+from tinker_atropos.rollout.env_session import EnvSession
+from tinker_atropos.state.experience import ExperienceWriter, queued_chunks
+from tinker_atropos.trainer.service import TrainerServicer
+
+LENGTH = 8
+
+
+def serialized_chunk(instances: int, seed: int) -> bytes:
+    """A Pendulum chunk of LENGTH steps of ``instances`` instances, acted by policy version 0."""
+    rng = np.random.default_rng(seed)
+    builder = ChunkBuilder(LENGTH, instances, (3,), (1,), np.float32)
+    zeros = np.zeros(instances, np.float32)
+    result = environment_pb2.StepResult(
+        rewards=tensors.encode(rng.standard_normal(instances).astype(np.float32)),
+        terminated=tensors.encode(np.zeros(instances, bool)),
+        truncated=tensors.encode(np.zeros(instances, bool)),
+    )
+    for _ in range(LENGTH):
+        obs = rng.standard_normal((instances, 3)).astype(np.float32)
+        builder.add(obs, rng.standard_normal((instances, 1)).astype(np.float32), zeros, zeros, result, None)
+    return builder.finish(np.zeros((instances, 3), np.float32), zeros, 0, "rollout", "env", "session")
+
+
+def test_an_update_takes_whole_chunks_until_it_holds_samples_per_update(
+    tmp_path: Path, redis_client: redis.Redis
+) -> None:
+    """40 samples per update from chunks of 2 x 8 = 16 steps: 3 chunks (48 steps) per update."""
+    config = parse_config({"run": {"name": "batch"}, "trainer": {"samples_per_update": 40}})
+    writer = ExperienceWriter(redis_client, "batch", max_queued_chunks=64)
+    for seed in range(7):
+        writer.append(serialized_chunk(2, seed), env_steps=2 * LENGTH)
+    trainer = TrainerServicer(config, redis_client, tmp_path)
+    trainer.setup(pendulum_info())
+    stop = threading.Event()
+    thread = threading.Thread(target=trainer.train, args=(stop,))
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while trainer.updates < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # a third update would need two more chunks than are left
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+
+    assert trainer.updates == 2 and trainer.env_steps_trained == 2 * 48
+    assert trainer.chunks_consumed == 7, "6 for the updates, and the 7th read towards the next one"
+    assert queued_chunks(redis_client, "batch") == 0
+
+
+class CountingWriter:
+    def __init__(self, queued_after: list[int]) -> None:
+        self.polls = queued_after
+
+    def queued(self) -> int:
+        return self.polls.pop(0)
+
+
+@pytest.mark.parametrize(("chunk_size", "polls"), [(256, 0), (512, 1)])
+def test_a_pausing_session_waits_while_a_batch_of_samples_is_queued(chunk_size: int, polls: int) -> None:
+    """4,096 samples per update and 8 chunks queued: chunks of 4 x 64 make half a batch, so the session goes
+    on; chunks of 8 x 64 make a whole one, so it waits until the trainer has taken some (7 left)."""
+    writer = CountingWriter([7])
+    session = EnvSession("a", 0, 1, 0, 64, None, writer, "r", None, lambda _: True, threading.Event(), 0.1,
+                         4096, "auto")  # fmt: skip
+
+    session.wait_for_trainer(queued=8, chunk_size=chunk_size)
+
+    assert len(writer.polls) == 1 - polls
+
+
+def test_the_old_chunk_count_setting_is_refused_with_what_replaced_it() -> None:
+    with pytest.raises(ConfigError, match="samples_per_update"):
+        parse_config({"trainer": {"chunks_per_update": 4}})
