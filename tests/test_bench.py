@@ -232,3 +232,11 @@ def test_a_gated_learner_counts_whole_iterations_and_waits_between_slices() -> N
     assert not stepped_while_idle, "it stepped between slices"
     thread.join(timeout=5)
     assert not thread.is_alive(), "the learner outlived the closed pipe"
+
+
+def test_a_gated_learner_that_died_is_reported_not_waited_for() -> None:
+    conn, child_conn = multiprocessing.Pipe()
+    child_conn.close()  # the learner's process is gone
+
+    with pytest.raises(RuntimeError, match="process ended"):
+        GatedMeter(conn, warmup_s=0.05)

@@ -429,10 +429,13 @@ class GatedMeter:
         self.count(0.0, warmup_s)
 
     def count(self, settle_s: float, window_s: float) -> tuple[int, float]:
-        self._conn.send(window_s)
-        if not self._conn.poll(STARTUP_TIMEOUT_S + 10 * window_s):
-            raise RuntimeError(f"the gated learner reported no slice of {window_s:g}s in time")
-        return self._conn.recv()
+        try:
+            self._conn.send(window_s)
+            if not self._conn.poll(STARTUP_TIMEOUT_S + 10 * window_s):
+                raise RuntimeError(f"the gated learner reported no slice of {window_s:g}s in time")
+            return self._conn.recv()
+        except (EOFError, BrokenPipeError) as error:
+            raise RuntimeError("the gated learner's process ended; its error is above") from error
 
 
 def _sb3_worker(conn: Connection, config_yaml: str) -> None:
