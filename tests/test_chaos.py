@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import wait_for
-from tests.test_supervision import child_pids, start_up
+from tests.conftest import REPO, wait_for
+from tests.support.running import start_up
+from tests.test_supervision import child_pids
 from tinker_atropos.bench.chaos import recovery_summary, recovery_times
 
 CHAOS_INTERVAL_S = 2.0
@@ -59,7 +60,7 @@ def test_recovery_counts_from_the_first_report_after_the_kill_until_steps_and_ve
 def test_up_in_chaos_mode_records_each_kill_and_leaves_nothing_behind(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     chaos_log = run_dir / "chaos.jsonl"
-    up = start_up(run_dir, "--chaos-interval", str(CHAOS_INTERVAL_S))
+    up = start_up(REPO / "configs" / "pendulum.yaml", run_dir, "--chaos-interval", str(CHAOS_INTERVAL_S))
     seen: set[int] = set()  # every service pid, restarted ones included
 
     def kills() -> int:

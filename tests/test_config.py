@@ -76,3 +76,26 @@ def test_total_instances_counts_every_env_service_that_up_starts() -> None:
     config = parse_config({"run": {"name": "t"}, "env": {"id": "Pendulum-v1", "instances": 8, "services": 3}})
 
     assert config.env.total_instances == 24
+
+
+def test_a_yaml_error_names_the_file_and_the_line(tmp_path: Path) -> None:
+    bad = tmp_path / "broken.yaml"
+    bad.write_text("run:\n  name: x\nenv:\n  id: [Pendulum-v1\n")
+    with pytest.raises(ConfigError) as error:
+        load_config(bad)
+    assert str(error.value).startswith(f"config {bad}:5:1 is not valid YAML: ")
+    assert "<unicode string>" not in str(error.value)
+
+
+def test_a_misspelt_field_gets_a_suggestion() -> None:
+    with pytest.raises(ConfigError) as error:
+        parse_config({"trainer": {"samples_per_updat": 10, "ppo": {"learning_rat": 0.1}}, "envv": {}})
+    message = str(error.value)
+    assert "trainer.samples_per_updat: unknown field; did you mean 'samples_per_update'?" in message
+    assert "trainer.ppo.learning_rat: unknown field; did you mean 'learning_rate'?" in message
+    assert "envv: unknown field; did you mean 'env'?" in message
+
+
+def test_a_field_nothing_resembles_lists_the_fields_of_its_section() -> None:
+    with pytest.raises(ConfigError, match=r"rollout\.zzz: unknown field \(fields here: replicas, "):
+        parse_config({"rollout": {"zzz": 1}})

@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 from tinker_atropos.config import ConfigError, parse_config
+from tinker_atropos.environment.envs import check_env
 from tinker_atropos.environment.local_server import LocalSessionServer
-from tinker_atropos.environment.service import EnvironmentServicer
+from tinker_atropos.environment.service import EnvironmentServicer, add_to_server
 from tinker_atropos.protocol import local_stream, tensors
 from tinker_atropos.protocol.v1 import environment_pb2 as pb
 from tinker_atropos.protocol.v1 import environment_pb2_grpc, tensor_pb2
@@ -66,16 +67,19 @@ class Session:
 
 
 def _serve(env: dict, capacity: int, transport: str) -> Iterator[EnvUnderTest]:
-    servicer = EnvironmentServicer(parse_config({"env": env}), capacity)
-    local = LocalSessionServer(servicer.session, f"tinker-atropos-test/{uuid.uuid4().hex}")
+    section = parse_config({"env": {**env, "instances": capacity}}).env
+    servicer = EnvironmentServicer(section, check_env(section))
+    local = LocalSessionServer(servicer.serve_stream, f"tinker-atropos-test/{uuid.uuid4().hex}")
     servicer.local_address = local.address
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
-    environment_pb2_grpc.add_EnvironmentServicer_to_server(servicer, server)
+    add_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     local.start()
+    servicer.start()
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
     yield EnvUnderTest(environment_pb2_grpc.EnvironmentStub(channel), local, transport)
+    servicer.close()
     local.stop()
     server.stop(0).wait()
     channel.close()

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.support.running import REPO, cli, leftovers, report_rows
 
 pytestmark = pytest.mark.integration
 METRIC_KEYS = {
@@ -23,28 +20,11 @@ METRIC_KEYS = {
 
 
 def run_up(config: str, run_dir: Path, total_steps: int, target_return: float) -> list[dict]:
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tinker_atropos",
-            "up",
-            str(REPO / "configs" / config),
-            "--run-dir",
-            str(run_dir),
-            "--total-steps",
-            str(total_steps),
-            "--target-return",
-            str(target_return),
-        ],  # fmt: skip
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    result = cli("up", str(REPO / "configs" / config), "--run-dir", str(run_dir), "--total-steps", str(total_steps),
+                 "--target-return", str(target_return), timeout=600)  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    leftovers = subprocess.run(["pgrep", "-f", str(run_dir)], capture_output=True, text=True).stdout
-    assert leftovers == "", f"processes left behind: {leftovers}"
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert leftovers(run_dir) == "", "processes left behind"
+    return report_rows(run_dir)
 
 
 def assert_learned(rows: list[dict], random_below: float, target: float, budget: int) -> None:

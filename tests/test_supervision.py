@@ -2,23 +2,23 @@
 
 from __future__ import annotations
 
-import json
+import io
 import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from tests.conftest import REPO, wait_for
-
-pytestmark = pytest.mark.integration
-
-
-def metrics(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+from tests.support.running import report_rows as metrics
+from tests.support.running import start_up
+from tinker_atropos.launcher import supervisor
+from tinker_atropos.launcher.supervisor import Child, supervise
+from tinker_atropos.runtime import EXIT_FATAL
 
 
 def child_pids(parent: int) -> list[int]:
@@ -34,25 +34,6 @@ def child_pids(parent: int) -> list[int]:
     return children
 
 
-def start_up(run_dir: Path, *options: str) -> subprocess.Popen:
-    """``tinker-atropos up`` on the Pendulum config, its output piped for the assertions."""
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tinker_atropos",
-            "up",
-            str(REPO / "configs" / "pendulum.yaml"),
-            "--run-dir",
-            str(run_dir),
-            *options,
-        ],  # fmt: skip
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-
-
 def service_pid(run_dir: Path, kind: str) -> int | None:
     found = subprocess.run(
         ["pgrep", "-f", f"tinker_atropos {kind} --config {run_dir}"], capture_output=True, text=True
@@ -61,10 +42,11 @@ def service_pid(run_dir: Path, kind: str) -> int | None:
     return pids[0] if pids else None
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("kind", ["env", "rollout", "trainer"])
 def test_a_killed_service_is_restarted_and_the_run_goes_on(tmp_path: Path, kind: str) -> None:
     run_dir = tmp_path / "run"
-    up = start_up(run_dir)
+    up = start_up(REPO / "configs" / "pendulum.yaml", run_dir)
     try:
         wait_for(lambda: any(r["policy_version"] >= 2 for r in metrics(run_dir)), 90, "two updates")
         victim = service_pid(run_dir, kind)
@@ -82,6 +64,8 @@ def test_a_killed_service_is_restarted_and_the_run_goes_on(tmp_path: Path, kind:
         )
         children = child_pids(up.pid)
         assert len(children) == 4  # valkey, env, rollout, trainer
+        versions = [r["policy_version"] for r in metrics(run_dir)]
+        assert versions == sorted(versions), f"the policy version went back: {versions}"
     finally:
         up.send_signal(signal.SIGINT)  # Ctrl-C
         output = up.communicate(timeout=30)[0]
@@ -89,3 +73,62 @@ def test_a_killed_service_is_restarted_and_the_run_goes_on(tmp_path: Path, kind:
     assert f"{kind}" in output and "restart 1" in output
     alive = [pid for pid in children if Path(f"/proc/{pid}").exists()]
     assert alive == [], f"processes left behind: {alive}"
+
+
+# A child that runs for the seconds its N-th start reads from a file, says so, then exits with a code.
+FLAKY = """
+import sys, time
+from pathlib import Path
+plan = Path(sys.argv[1]).read_text().split()
+count = Path(sys.argv[1] + ".starts")
+n = int(count.read_text()) if count.exists() else 0
+count.write_text(str(n + 1))
+seconds, code = plan[n].split(":") if n < len(plan) else ("600", "0")
+time.sleep(float(seconds))
+print(f"start {n} ends with code {code}", flush=True)
+sys.exit(int(code))
+"""
+
+
+def flaky_child(tmp_path: Path, plan: str) -> Child:
+    (tmp_path / "plan").write_text(plan)
+    return Child(
+        "flaky", [str(tmp_path / "plan")], tmp_path / "flaky.log", program=[sys.executable, "-c", FLAKY]
+    )
+
+
+def supervise_until(children: list[Child], console: Console, seconds: float) -> supervisor.GiveUp | None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if give_up := supervise(children, console):
+            return give_up
+        time.sleep(0.02)
+    return None
+
+
+def test_the_restart_budget_decays_after_a_healthy_period(tmp_path: Path, monkeypatch) -> None:
+    """Three quick crashes in a row exhaust a budget of 3; a long healthy run in between starts it afresh, as
+    Kubernetes resets its crash-loop backoff, so rare crashes never add up to giving up."""
+    monkeypatch.setattr(supervisor, "MAX_RESTARTS", 3)
+    monkeypatch.setattr(supervisor, "HEALTHY_AFTER_S", 1.0)
+    monkeypatch.setattr(supervisor, "BACKOFF_S", 0.05)
+    console = Console(file=io.StringIO(), width=200)
+    child = flaky_child(tmp_path, "0:1 0:1 0:1 1.5:1 0:1 0:1 0:1")
+    try:
+        give_up = supervise_until([child], console, 30)
+    finally:
+        child.terminate()
+        child.wait(time.monotonic() + 5)
+    output = console.file.getvalue()
+    assert give_up == supervisor.GiveUp("flaky kept crashing", 1), output
+    assert child.restarts == 6  # 3 before the healthy run, 3 after it; without the decay it would stop at 3
+    assert "start 6 ends with code 1" in output  # the console shows the child's last words
+
+
+def test_a_child_that_exits_with_exit_fatal_is_not_restarted(tmp_path: Path) -> None:
+    console = Console(file=io.StringIO(), width=200)
+    child = flaky_child(tmp_path, f"0:{EXIT_FATAL}")
+    give_up = supervise_until([child], console, 30)
+    child.wait(time.monotonic() + 5)
+    assert give_up == supervisor.GiveUp("flaky failed", EXIT_FATAL)
+    assert child.restarts == 0 and "start 0 ends with code 2" in console.file.getvalue()

@@ -7,36 +7,17 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 import redis
 
+from tests.support.records import serialized_chunk
 from tests.test_trainer_resume import pendulum_info
 from tinker_atropos.config import ConfigError, parse_config
-from tinker_atropos.protocol import tensors
-from tinker_atropos.protocol.v1 import environment_pb2
-from tinker_atropos.rollout.chunks import ChunkBuilder
 from tinker_atropos.rollout.env_session import EnvSession
 from tinker_atropos.state.experience import ExperienceWriter, queued_chunks
 from tinker_atropos.trainer.service import TrainerServicer
 
-LENGTH = 8
-
-
-def serialized_chunk(instances: int, seed: int) -> bytes:
-    """A Pendulum chunk of LENGTH steps of ``instances`` instances, acted by policy version 0."""
-    rng = np.random.default_rng(seed)
-    builder = ChunkBuilder(LENGTH, instances, (3,), (1,), np.float32)
-    zeros = np.zeros(instances, np.float32)
-    result = environment_pb2.StepResult(
-        rewards=tensors.encode(rng.standard_normal(instances).astype(np.float32)),
-        terminated=tensors.encode(np.zeros(instances, bool)),
-        truncated=tensors.encode(np.zeros(instances, bool)),
-    )
-    for _ in range(LENGTH):
-        obs = rng.standard_normal((instances, 3)).astype(np.float32)
-        builder.add(obs, rng.standard_normal((instances, 1)).astype(np.float32), zeros, zeros, result, None)
-    return builder.finish(np.zeros((instances, 3), np.float32), zeros, 0, "rollout", "env", "session")
+LENGTH = 8  # steps of serialized_chunk's records
 
 
 def test_an_update_takes_whole_chunks_until_it_holds_samples_per_update(

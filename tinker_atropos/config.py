@@ -56,10 +56,20 @@ class RedisSection(Section):
         description="The embedded Valkey keeps an append-only file in the run folder: registry, weights "
         "and version survive a Redis restart.",
     )
+    unreachable_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="How long a starting service, or `up` at any time, waits for an unreachable Redis before "
+        "it stops with an error (running services wait for it for ever).",
+    )
 
 
 class EnvSection(Section):
-    id: str = Field("Pendulum-v1", description="Any registered Gymnasium env id, or 'module:EnvClass'.")
+    id: str = Field(
+        "Pendulum-v1",
+        description="A registered Gymnasium env id, 'module:EnvClass' (a gymnasium.Env subclass) or "
+        "'module:registered-id' (the module registers it when imported).",
+    )
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for gymnasium.make.")
     backend: Literal["gymnasium", "mujoco"] = Field(
         "gymnasium",
@@ -73,6 +83,25 @@ class EnvSection(Section):
         description="Simulation threads per session ('mujoco' backend; MuJoCo releases the GIL).",
     )
     services: int = Field(1, ge=1, le=256, description="Environment services that `up` starts.")
+    max_sessions: int | None = Field(
+        None,
+        ge=1,
+        description="Streams an env service serves at once (local and gRPC together); past it a new one is "
+        "refused with RESOURCE_EXHAUSTED. Null: one per instance.",
+    )
+    open_timeout_s: float = Field(
+        10.0, gt=0, description="A stream that has not opened its session after this long is ended."
+    )
+    session_idle_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        description="An open session without a step request for this long is ended and its instances freed "
+        "(a rollout paused by flow control for longer reconnects).",
+    )
+
+    @property
+    def session_limit(self) -> int:
+        return self.max_sessions or self.instances
 
     @property
     def total_instances(self) -> int:
@@ -82,16 +111,11 @@ class EnvSection(Section):
     @field_validator("id")
     @classmethod
     def _registered(cls, env_id: str) -> str:
-        if ":" in env_id:  # 'module:EnvClass' is imported by gymnasium.make itself
-            return env_id
-        import gymnasium
+        # A 'module:…' form is imported where the env is served (check_env), not by every reader of the config
+        if ":" not in env_id:
+            from tinker_atropos.environment.envs import check_registered
 
-        import tinker_atropos.environment.delay  # noqa: F401 - registers TinkerAtropos/Delayed-v0
-
-        if env_id not in gymnasium.registry:
-            close = difflib.get_close_matches(env_id, list(gymnasium.registry), n=3)
-            hint = f"; did you mean {', '.join(close)}?" if close else ""
-            raise ValueError(f"unknown Gymnasium env id {env_id!r}{hint}")
+            check_registered(env_id)
         return env_id
 
 
@@ -165,6 +189,12 @@ class TrainerSection(Section):
         2, ge=0, description="Chunks acted by a policy older than this many versions are rejected."
     )
     torch_threads: int = Field(1, ge=1, description="Intra-op threads of the trainer's torch.")
+    max_nonfinite_updates: int = Field(
+        5,
+        ge=1,
+        description="Updates in a row whose loss or parameters come out NaN or infinite (each one undone) "
+        "before the trainer stops with an error.",
+    )
     model: ModelSection = Field(default_factory=ModelSection)
     ppo: PPOSection = Field(default_factory=PPOSection)
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
@@ -196,14 +226,31 @@ class ConfigError(ValueError):
     """A config that does not validate; the message names each bad field and what it accepts."""
 
 
+def _known_fields(loc: tuple[Any, ...]) -> list[str]:
+    """The field names of the section at ``loc`` (a path of field names from the top of the config)."""
+    model: type[BaseModel] = Config
+    for name in loc:
+        field = model.model_fields.get(str(name))
+        if field is None or not (
+            isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
+        ):
+            return []
+        model = field.annotation
+    return list(model.model_fields)
+
+
 def _describe(error: ValidationError, source: str) -> str:
-    lines = [f"invalid config {source}:"]
+    lines = [f"invalid config {source}:" if source else "invalid config:"]
     for item in error.errors():
         field = ".".join(str(p) for p in item["loc"]) or "(top level)"
         message = item["msg"].removeprefix("Value error, ")
         got = "" if item["type"] == "missing" else f" (got {item['input']!r})"
         if item["type"] == "extra_forbidden":
-            message, got = "unknown field", ""
+            known = _known_fields(item["loc"][:-1])
+            close = difflib.get_close_matches(str(item["loc"][-1]), known, n=1)
+            message = f"unknown field; did you mean {close[0]!r}?" if close else "unknown field"
+            message += f" (fields here: {', '.join(known)})" if known and not close else ""
+            got = ""
         lines.append(f"  {field}: {message}{got}")
     return "\n".join(lines)
 
@@ -223,7 +270,10 @@ def load_config(path: str | Path) -> Config:
     except OSError as error:
         raise ConfigError(f"cannot read config {path}: {error.strerror}") from None
     except yaml.YAMLError as error:
-        raise ConfigError(f"config {path} is not valid YAML: {error}") from None
+        mark = getattr(error, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        problem = getattr(error, "problem", None) or str(error)
+        raise ConfigError(f"config {where} is not valid YAML: {problem}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config {path} must be a mapping of sections, got {type(data).__name__}")
     return parse_config(data, str(path))

@@ -8,7 +8,9 @@ import logging
 import signal
 import socket
 import threading
+import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass
@@ -53,6 +55,13 @@ SERVER_OPTIONS = [
     ("grpc.keepalive_timeout_ms", 5000),
 ]
 _PR_SET_PDEATHSIG = 1
+# A service exits with EXIT_FATAL for a failure that a restart cannot fix (a bad config or env, a training run
+# that diverged): `up` stops the run instead of restarting it. Any other non-zero code is worth a restart.
+EXIT_FATAL = 2
+
+
+class FatalError(Exception):
+    """A failure a restart cannot fix; the command prints its one-line message and exits with EXIT_FATAL."""
 
 
 def new_incarnation() -> str:
@@ -93,6 +102,38 @@ def stop_on_signals() -> threading.Event:
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
     return stop
+
+
+class CountedWarnings:
+    """Events counted by reason and logged at most once per ``log_interval_s`` for each reason, with the count
+    since the last line: a flood of bad records or blown-up envs is visible without flooding the log."""
+
+    def __init__(self, what: str, log_interval_s: float = 10.0) -> None:
+        self.what, self.log_interval_s = what, log_interval_s
+        self.totals: Counter[str] = Counter()
+        self._unreported: Counter[str] = Counter()
+        self._unlogged: Counter[str] = Counter()
+        self._logged_at: dict[str, float] = {}
+
+    def add(self, reason: str, message: str, count: int = 1) -> None:
+        self.totals[reason] += count
+        self._unreported[reason] += count
+        self._unlogged[reason] += count
+        now = time.monotonic()
+        last = self._logged_at.get(reason)
+        if last is None or now - last >= self.log_interval_s:
+            logged, self._unlogged[reason] = self._unlogged[reason], 0
+            self._logged_at[reason] = now
+            since = "" if last is None else f" in the last {now - last:.0f} s"
+            log.warning("%d %s (%s)%s; latest: %s", logged, self.what, reason, since, message)
+
+    def total(self) -> int:
+        return sum(self.totals.values())
+
+    def take_unreported(self) -> dict[str, int]:
+        """The counts added since the last call: what a service still has to add to the run's counters."""
+        counts, self._unreported = dict(self._unreported), Counter()
+        return counts
 
 
 @dataclass(frozen=True)

@@ -62,7 +62,7 @@ def ours(config: Config, budget_s: float, work_dir: Path) -> list[dict[str, Any]
     config_path = work_dir / "config.yaml"
     config_path.write_text(config.to_yaml())
     command = [sys.executable, "-m", "tinker_atropos", "up", str(config_path)]
-    command += ["--run-dir", str(work_dir / "run"), "--max-seconds", str(budget_s)]
+    command += ["--run-dir", str(work_dir / "run"), "--max-seconds", str(budget_s), "--fresh"]
     with open(work_dir / "up.log", "w") as log:
         up = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=child_preexec)
         try:

@@ -31,7 +31,8 @@ from tinker_atropos.algorithms.ppo.networks import policy_spec
 from tinker_atropos.config import Config, Transport, parse_config
 from tinker_atropos.environment.backends.base import EnvBatch, make_env_batch
 from tinker_atropos.environment.backends.gymnasium_batch import GymnasiumBatch
-from tinker_atropos.launcher.up import Child, service_children
+from tinker_atropos.launcher.supervisor import Child
+from tinker_atropos.launcher.up import service_children
 from tinker_atropos.state.connection import connect
 from tinker_atropos.state.embedded import EmbeddedValkey
 from tinker_atropos.state.experience import ExperienceReader, read_stats

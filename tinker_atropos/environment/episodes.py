@@ -13,8 +13,13 @@ class EpisodeTracker:
         self.lengths = np.zeros(num_instances, dtype=np.int64)
 
     def update(
-        self, rewards: np.ndarray, terminated: np.ndarray, truncated: np.ndarray
+        self,
+        rewards: np.ndarray,
+        terminated: np.ndarray,
+        truncated: np.ndarray,
+        cut_nonfinite: np.ndarray | None = None,
     ) -> list[environment_pb2.EpisodeEnd]:
+        """Add a step; the episodes it ended. ``cut_nonfinite`` marks those a NaN or infinity ended."""
         self.returns += rewards
         self.lengths += 1
         ended = []
@@ -25,6 +30,7 @@ class EpisodeTracker:
                     episode_return=float(self.returns[i]),
                     length=int(self.lengths[i]),
                     terminated=bool(terminated[i]),
+                    cut_nonfinite=cut_nonfinite is not None and bool(cut_nonfinite[i]),
                 )
             )
             self.returns[i] = 0.0

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
+import struct
 import threading
 from collections.abc import Callable, Iterator
 from typing import NoReturn
@@ -18,10 +19,7 @@ from tinker_atropos.protocol.v1 import environment_pb2
 
 log = logging.getLogger(__name__)
 
-SessionHandler = Callable[
-    [Iterator[environment_pb2.SessionRequest], Callable[[grpc.StatusCode, str], NoReturn]],
-    Iterator[environment_pb2.SessionResponse],
-]
+_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
 class SessionAborted(Exception):
@@ -30,8 +28,29 @@ class SessionAborted(Exception):
         self.code, self.message = code, message
 
 
-def _abort(code: grpc.StatusCode, message: str) -> NoReturn:
-    raise SessionAborted(code, message)
+class LocalStreamControl:
+    """A connection's ``StreamControl``: its peer is the connecting process, as the kernel reports it."""
+
+    def __init__(self, connection: socket.socket) -> None:
+        self._connection = connection
+        try:
+            pid, uid, _ = _PEERCRED.unpack(
+                connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+            )
+            self.peer = f"unix:pid={pid},uid={uid}"
+        except OSError:
+            self.peer = "unix:unknown"
+
+    def abort(self, code: grpc.StatusCode, message: str) -> NoReturn:
+        raise SessionAborted(code, message)
+
+    def cancel(self) -> None:
+        with contextlib.suppress(OSError):  # already closed
+            self._connection.shutdown(socket.SHUT_RDWR)
+
+
+# The servicer's ``serve_stream``: serialized SessionRequests in, responses out.
+SessionHandler = Callable[[Iterator[bytes], LocalStreamControl], Iterator[environment_pb2.SessionResponse]]
 
 
 class LocalSessionServer:
@@ -75,21 +94,20 @@ class LocalSessionServer:
             ).start()
 
     def _serve(self, connection: socket.socket) -> None:
-        def requests() -> Iterator[environment_pb2.SessionRequest]:
-            while (request := local_stream.receive(connection, environment_pb2.SessionRequest)) is not None:
-                yield request
+        def requests() -> Iterator[bytes]:  # a FrameError raised here is the servicer's to answer
+            while (payload := local_stream.receive_payload(connection)) is not None:
+                yield bytes(payload)
 
+        control = LocalStreamControl(connection)
         try:
             try:
-                with contextlib.closing(self.session(requests(), _abort)) as responses:
+                with contextlib.closing(self.session(requests(), control)) as responses:
                     for response in responses:
                         local_stream.send(connection, environment_pb2.LocalFrame(response=response))
             except OSError:
                 raise  # the socket itself failed: no status can reach the peer
             except SessionAborted as error:
                 self._send_status(connection, error.code, error.message)
-            except local_stream.FrameError as error:
-                self._send_status(connection, grpc.StatusCode.INVALID_ARGUMENT, str(error))
             except Exception as error:  # a bug or a crashed env: what grpcio answers with UNKNOWN
                 log.exception("local session failed")
                 self._send_status(connection, grpc.StatusCode.UNKNOWN, f"{type(error).__name__}: {error}")

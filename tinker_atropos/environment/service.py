@@ -1,56 +1,107 @@
 """The environment service: hosts instances of one env and steps them over one bidi stream per session.
 
-A session claims some of the service's instances for as long as its stream lives; a malformed request ends
-only its own stream (INVALID_ARGUMENT), never the service or the other sessions. The same session logic
+A session claims some of the service's instances for as long as its stream lives. Careless or hostile clients
+harm only their own stream: a malformed request ends it (INVALID_ARGUMENT, one warning naming the peer, no
+traceback), a stream that does not open in time or an open session that goes quiet is ended and its
+instances freed, and past ``env.session_limit`` streams a new one is refused (RESOURCE_EXHAUSTED). Streams never
+take the last gRPC workers, so Describe and the health checks are always answered. The same session logic
 serves the gRPC stream and the local fast path for co-located rollouts (``local_server``).
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
+import time
 import uuid
-from collections.abc import Callable, Iterator
-from typing import NoReturn
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import NoReturn, Protocol
 
 import grpc
-import gymnasium as gym
+from google.protobuf.message import DecodeError
 
-from tinker_atropos.config import Config
+from tinker_atropos.config import Config, EnvSection
 from tinker_atropos.environment.backends.base import make_env_batch
+from tinker_atropos.environment.envs import EnvError, EnvSpaces, check_env
 from tinker_atropos.environment.episodes import EpisodeTracker
+from tinker_atropos.environment.finite import FiniteGuard
 from tinker_atropos.environment.local_server import LocalSessionServer
 from tinker_atropos.environment.spaces import ActionError, check_actions, space_to_proto
-from tinker_atropos.protocol import tensors
+from tinker_atropos.protocol import local_stream, tensors
 from tinker_atropos.protocol.v1 import environment_pb2, environment_pb2_grpc
 from tinker_atropos.runtime import (
+    CountedWarnings,
     Endpoint,
     ServiceHost,
     configure_logging,
     limit_blas_threads,
     stop_on_signals,
 )
-from tinker_atropos.state.connection import connect
+from tinker_atropos.state.connection import connect_when_reachable
 
 log = logging.getLogger(__name__)
 
-Abort = Callable[[grpc.StatusCode, str], NoReturn]
+RESERVED_WORKERS = 4  # gRPC workers no stream can take: Describe and health are served past the session limit
+WATCH_INTERVAL_S = 0.5
+
+
+class StreamControl(Protocol):
+    """What a session needs from the carrier of its stream (gRPC or the local socket)."""
+
+    peer: str
+
+    def abort(self, code: grpc.StatusCode, message: str) -> NoReturn:
+        """End the stream with a status; never returns."""
+        ...
+
+    def cancel(self) -> None:
+        """End the stream from another thread (its pending read returns)."""
+        ...
+
+
+class GrpcStreamControl:
+    def __init__(self, context: grpc.ServicerContext) -> None:
+        self.peer, self._context = context.peer(), context
+
+    def abort(self, code: grpc.StatusCode, message: str) -> NoReturn:
+        self._context.abort(code, message)
+        raise AssertionError("unreachable: context.abort raises")
+
+    def cancel(self) -> None:
+        self._context.cancel()
+
+
+@dataclass
+class _Stream:
+    """A live stream, as the idle watchdog sees it."""
+
+    control: StreamControl
+    last_request: float = field(default_factory=time.monotonic)
+    opened: bool = False
+    ended_by_watchdog: bool = False
 
 
 class EnvironmentServicer(environment_pb2_grpc.EnvironmentServicer):
-    def __init__(self, config: Config, capacity: int) -> None:
-        self.env = config.env
-        self.capacity = capacity
-        probe = gym.make(self.env.id, **self.env.kwargs)  # fails fast on a bad id or kwargs
-        self.observation_space, self.action_space = probe.observation_space, probe.action_space
-        probe.close()
-        space_to_proto(self.action_space)  # unsupported spaces are refused at start, not mid-run
+    def __init__(self, env: EnvSection, spaces: EnvSpaces) -> None:
+        self.env = env
+        self.capacity = env.instances
+        self.observation_space, self.action_space = spaces.observation_space, spaces.action_space
         self.incarnation = ""
         self.local_address = ""
         self._lock = threading.Lock()
         self._sessions: dict[str, int] = {}  # session id -> instances held
+        self._streams: dict[int, _Stream] = {}
+        self._stream_ids = itertools.count()
+        self._stop_watch = threading.Event()
+        self._watchdog = threading.Thread(target=self._watch, name="session-watchdog", daemon=True)
         self.steps = 0
         self.episodes = 0
+        self.cut_nonfinite = CountedWarnings("episodes cut and reset: the env returned NaN or infinity")
+        self.bad_requests = 0
+        self.streams_refused = 0
+        self.streams_timed_out = 0
 
     @property
     def free_instances(self) -> int:
@@ -62,9 +113,25 @@ class EnvironmentServicer(environment_pb2_grpc.EnvironmentServicer):
             "instances": self.capacity,
             "free_instances": self.free_instances,
             "sessions": len(self._sessions),
+            "streams": len(self._streams),
             "steps": self.steps,
             "episodes": self.episodes,
+            "episodes_cut_nonfinite": self.cut_nonfinite.total(),
+            "bad_requests": self.bad_requests,
+            "streams_refused": self.streams_refused,
+            "streams_timed_out": self.streams_timed_out,
         }
+
+    def start(self) -> None:
+        self._watchdog.start()
+
+    def close(self) -> None:
+        """End every stream (their sessions free their instances) and stop watching."""
+        self._stop_watch.set()
+        with self._lock:
+            streams = list(self._streams.values())
+        for stream in streams:
+            stream.control.cancel()
 
     def Describe(self, request, context) -> environment_pb2.EnvironmentInfo:  # noqa: N802 - gRPC name
         return environment_pb2.EnvironmentInfo(
@@ -78,39 +145,82 @@ class EnvironmentServicer(environment_pb2_grpc.EnvironmentServicer):
             local_address=self.local_address,
         )
 
-    def _claim(self, wanted: int, abort: Abort) -> tuple[str, int]:
-        with self._lock:
-            free = self.free_instances
-            n = wanted or free
-            if n == 0 or n > free:
-                abort(
-                    grpc.StatusCode.RESOURCE_EXHAUSTED,
-                    f"{n or 'any'} instances asked, {free} of {self.capacity} free",
-                )
-            session_id = uuid.uuid4().hex
-            self._sessions[session_id] = n
-            return session_id, n
-
     def Session(  # noqa: N802 - gRPC name
-        self, request_iterator: Iterator[environment_pb2.SessionRequest], context: grpc.ServicerContext
+        self, request_iterator: Iterator[bytes], context: grpc.ServicerContext
     ) -> Iterator[environment_pb2.SessionResponse]:
-        return self.session(request_iterator, context.abort)
+        """Requests arrive as bytes (see ``add_to_server``): one that does not parse is this stream's fault,
+        answered with INVALID_ARGUMENT, where grpcio's own deserializer would log a traceback."""
+        return self.serve_stream(request_iterator, GrpcStreamControl(context))
+
+    def serve_stream(
+        self, raw: Iterator[bytes], control: StreamControl
+    ) -> Iterator[environment_pb2.SessionResponse]:
+        """A session over any carrier that hands over serialized SessionRequests."""
+        return self.session(self._parsed(raw, control), control)
+
+    def _parsed(
+        self, raw: Iterator[bytes], control: StreamControl
+    ) -> Iterator[environment_pb2.SessionRequest]:
+        try:
+            for data in raw:
+                try:
+                    yield environment_pb2.SessionRequest.FromString(data)
+                except DecodeError as error:
+                    self.refuse(control, grpc.StatusCode.INVALID_ARGUMENT, f"not a SessionRequest: {error}")
+        except grpc.RpcError:
+            return  # the stream was cancelled (by its client, the watchdog or a drain)
+        except local_stream.FrameError as error:
+            self.refuse(control, grpc.StatusCode.INVALID_ARGUMENT, str(error))
+
+    def refuse(self, control: StreamControl, code: grpc.StatusCode, message: str) -> NoReturn:
+        """End a stream for what its client did: one warning with the peer, no traceback."""
+        if code == grpc.StatusCode.INVALID_ARGUMENT:
+            self.bad_requests += 1
+        log.warning("stream from %s ended: %s: %s", control.peer, code.name, message)
+        control.abort(code, message)
 
     def session(
-        self, request_iterator: Iterator[environment_pb2.SessionRequest], abort: Abort
+        self, requests: Iterator[environment_pb2.SessionRequest], control: StreamControl
     ) -> Iterator[environment_pb2.SessionResponse]:
-        """One session, whatever carries it: ``abort`` ends it with a status and never returns."""
-        first = next(request_iterator, None)
+        """One session, whatever carries it."""
+        stream_id, stream = next(self._stream_ids), _Stream(control)
+        with self._lock:
+            admitted = len(self._streams) < self.env.session_limit
+            if admitted:
+                self._streams[stream_id] = stream
+        if not admitted:
+            self.streams_refused += 1
+            self.refuse(
+                control,
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"{self.env.session_limit} streams already open, the limit of this env service "
+                "(env.max_sessions)",
+            )
+        try:
+            yield from self._serve_session(requests, control, stream)
+        finally:
+            with self._lock:
+                del self._streams[stream_id]
+
+    def _serve_session(
+        self, requests: Iterator[environment_pb2.SessionRequest], control: StreamControl, stream: _Stream
+    ) -> Iterator[environment_pb2.SessionResponse]:
+        first = next(requests, None)
         if first is None:
             return
         if first.WhichOneof("kind") != "open":
-            abort(grpc.StatusCode.INVALID_ARGUMENT, "the first request of a session must be 'open'")
-        session_id, n = self._claim(first.open.num_instances, abort)
+            self.refuse(
+                control, grpc.StatusCode.INVALID_ARGUMENT, "the first request of a session must be 'open'"
+            )
+        session_id, n = self._claim(first.open.num_instances, control)
+        stream.opened = True
         batch = None
         try:
-            batch = make_env_batch(self.env.backend, self.env.id, self.env.kwargs, n, self.env.threads)
+            batch = FiniteGuard(
+                make_env_batch(self.env.backend, self.env.id, self.env.kwargs, n, self.env.threads)
+            )
             observations = batch.reset(first.open.seed)
-            log.info("session %s opened: %d instances", session_id[:8], n)
+            log.info("session %s opened for %s: %d instances", session_id[:8], control.peer, n)
             yield environment_pb2.SessionResponse(
                 opened=environment_pb2.SessionOpened(
                     session_id=session_id,
@@ -120,12 +230,16 @@ class EnvironmentServicer(environment_pb2_grpc.EnvironmentServicer):
                 )
             )
             tracker = EpisodeTracker(n)
-            for request in request_iterator:
-                actions = self._actions(request, session_id, n, abort)
-                step = batch.step(actions)
-                ended = tracker.update(step.rewards, step.terminated, step.truncated)
+            for request in requests:
+                stream.last_request = time.monotonic()
+                actions = self._actions(request, session_id, n, control)
+                step, cut = batch.step(actions)
+                ended = tracker.update(step.rewards, step.terminated, step.truncated, cut)
                 self.steps += n
                 self.episodes += len(ended)
+                if cut is not None:
+                    self.cut_nonfinite.add(f"session {session_id[:8]}", f"instances {cut.nonzero()[0].tolist()}",
+                                           int(cut.sum()))  # fmt: skip
                 yield environment_pb2.SessionResponse(
                     step=environment_pb2.StepResult(
                         observations=tensors.encode(step.observations),
@@ -137,6 +251,9 @@ class EnvironmentServicer(environment_pb2_grpc.EnvironmentServicer):
                         episodes=ended,
                     )
                 )
+        except EnvError as error:  # the env itself misbehaves past what the guard can repair
+            log.warning("session %s failed: %s", session_id[:8], error)
+            control.abort(grpc.StatusCode.INTERNAL, str(error))
         finally:
             if batch is not None:
                 batch.close()
@@ -144,49 +261,111 @@ class EnvironmentServicer(environment_pb2_grpc.EnvironmentServicer):
                 del self._sessions[session_id]
             log.info("session %s closed, %d instances released", session_id[:8], n)
 
-    def _actions(self, request, session_id: str, n: int, abort: Abort):
+    def _claim(self, wanted: int, control: StreamControl) -> tuple[str, int]:
+        with self._lock:
+            free = self.free_instances
+            n = wanted or free
+            if 0 < n <= free:
+                session_id = uuid.uuid4().hex
+                self._sessions[session_id] = n
+                return session_id, n
+        self.refuse(
+            control,
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"{n or 'any'} instances asked, {free} of {self.capacity} free",
+        )
+
+    def _actions(self, request, session_id: str, n: int, control: StreamControl):
         if request.WhichOneof("kind") != "step":
-            abort(grpc.StatusCode.INVALID_ARGUMENT, "a session is opened once; send 'step' requests")
+            self.refuse(
+                control, grpc.StatusCode.INVALID_ARGUMENT, "a session is opened once; send 'step' requests"
+            )
         if request.step.session_id != session_id:
-            abort(
+            self.refuse(
+                control,
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"unknown session {request.step.session_id!r}: this stream serves session {session_id!r}",
             )
         try:
             return check_actions(tensors.decode(request.step.actions), self.action_space, n)
         except (ActionError, tensors.TensorError) as error:
-            abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+            self.refuse(control, grpc.StatusCode.INVALID_ARGUMENT, str(error))
+
+    def _watch(self) -> None:
+        while not self._stop_watch.wait(WATCH_INTERVAL_S):
+            self.end_idle_streams(time.monotonic())
+
+    def end_idle_streams(self, now: float) -> None:
+        """End streams that did not open within ``env.open_timeout_s`` or idled past
+        ``env.session_idle_timeout_s``: a client that holds a stream without using it holds a worker and
+        maybe instances."""
+        with self._lock:
+            streams = list(self._streams.values())
+        for stream in streams:
+            limit = self.env.session_idle_timeout_s if stream.opened else self.env.open_timeout_s
+            if stream.ended_by_watchdog or now - stream.last_request < limit:
+                continue
+            stream.ended_by_watchdog = True
+            self.streams_timed_out += 1
+            what = "no step request" if stream.opened else "no 'open' request"
+            log.warning("stream from %s ended: %s for %.0f s", stream.control.peer, what, limit)
+            stream.control.cancel()
+
+
+def add_to_server(servicer: EnvironmentServicer, server: grpc.Server) -> None:
+    """Register the Environment service as the generated stub would, except that Session requests reach the
+    servicer as bytes and are parsed there."""
+    name = "tinker_atropos.v1.Environment"
+    handlers = {
+        "Describe": grpc.unary_unary_rpc_method_handler(
+            servicer.Describe,
+            request_deserializer=environment_pb2.DescribeRequest.FromString,
+            response_serializer=environment_pb2.EnvironmentInfo.SerializeToString,
+        ),
+        "Session": grpc.stream_stream_rpc_method_handler(
+            servicer.Session, response_serializer=environment_pb2.SessionResponse.SerializeToString
+        ),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
+    server.add_registered_method_handlers(name, handlers)
 
 
 def serve(config: Config, redis_url: str, endpoint: Endpoint) -> None:
-    """Run one environment service until SIGTERM/SIGINT."""
+    """Run one environment service until SIGTERM/SIGINT; EnvError (before anything starts) for an env that
+    cannot be served."""
     configure_logging("env")
     limit_blas_threads()
+    spaces = check_env(config.env)
     stop = stop_on_signals()
-    servicer = EnvironmentServicer(config, config.env.instances)
+    client = connect_when_reachable(redis_url, config.redis.unreachable_timeout_s, stop)
+    if client is None:
+        return
+    servicer = EnvironmentServicer(config.env, spaces)
     service = ServiceHost(
         "env",
         config,
-        connect(redis_url),
+        client,
         endpoint,
         servicer.figures,
-        max_workers=max(8, 2 * config.env.instances + 4),
+        max_workers=config.env.session_limit + RESERVED_WORKERS,
     )
     servicer.incarnation = service.incarnation
     try:  # the incarnation makes the name unique on the host (a run name could overflow the 107-byte limit)
-        local = LocalSessionServer(servicer.session, f"tinker-atropos/env/{service.incarnation}")
+        local = LocalSessionServer(servicer.serve_stream, f"tinker-atropos/env/{service.incarnation}")
     except OSError as error:  # no abstract Unix sockets (not Linux): rollouts use gRPC
         log.warning("no local fast path: %s", error)
         local = None
-    environment_pb2_grpc.add_EnvironmentServicer_to_server(servicer, service.server)
+    add_to_server(servicer, service.server)
     if local is not None:
         servicer.local_address = local.address
         local.start()
+    servicer.start()
     service.start()
     # A timed wait: the kernel may hand SIGTERM to any thread (it does right after a SIGCONT), and then only a
     # main thread that wakes up by itself runs the Python handler. An untimed wait ignored SIGTERM for good.
     while not stop.wait(0.5):
         pass
+    servicer.close()
     if local is not None:
         local.stop()
     service.stop()

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -67,17 +68,37 @@ def up(
         typer.Option(min=0.5, help="Chaos mode: SIGKILL a random service every this many seconds."),
     ] = None,
     max_seconds: Annotated[
-        float | None, typer.Option(min=1, help="Stop after this much wall time, start-up included.")
+        float | None,
+        typer.Option(min=1, help="Stop after this much wall time of this invocation, start-up included."),
     ] = None,
+    fresh: Annotated[
+        bool, typer.Option("--fresh", help="Start the run over: clear its folder and its keys in Redis.")
+    ] = False,
 ) -> None:
-    """Start Redis (embedded Valkey unless a URL is given) and every service as its own process."""
-    from tinker_atropos.launcher.up import run_local
+    """Start Redis (embedded Valkey unless a URL is given) and every service as its own process.
+
+    A run folder that holds a run is resumed: the counters and --total-steps go on from where it stopped."""
+    from tinker_atropos.launcher.up import UpOptions, run_local
 
     cfg = _config(config)
     run_dir = run_dir or Path("runs") / cfg.run.name
-    raise typer.Exit(
-        run_local(cfg, total_steps, run_dir, redis_url, target_return, chaos_interval, max_seconds)
-    )
+    options = UpOptions(total_steps, target_return, max_seconds, chaos_interval, fresh)
+    raise typer.Exit(run_local(cfg, run_dir, redis_url, options))
+
+
+def _serve(serve: Callable[..., None], *args: object) -> None:
+    """Run a service; a failure a restart cannot fix, or a Redis that stays away, ends it with one line."""
+    from tinker_atropos.runtime import EXIT_FATAL, FatalError
+    from tinker_atropos.state.connection import RedisUnreachable
+
+    try:
+        serve(*args)
+    except FatalError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(EXIT_FATAL) from None
+    except RedisUnreachable as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(1) from None
 
 
 def _endpoint(host: str, port: int, advertise_host: str | None, name: str | None) -> Endpoint:
@@ -102,7 +123,7 @@ def env(
     cfg = _config(config)
     if instances is not None:
         cfg.env.instances = instances
-    serve(cfg, _redis_url(cfg, redis_url), _endpoint(host, port, advertise_host, name))
+    _serve(serve, cfg, _redis_url(cfg, redis_url), _endpoint(host, port, advertise_host, name))
 
 
 @app.command()
@@ -118,7 +139,7 @@ def rollout(
     from tinker_atropos.rollout.service import serve
 
     cfg = _config(config)
-    serve(cfg, _redis_url(cfg, redis_url), _endpoint(host, port, advertise_host, name))
+    _serve(serve, cfg, _redis_url(cfg, redis_url), _endpoint(host, port, advertise_host, name))
 
 
 @app.command()
@@ -136,7 +157,7 @@ def trainer(
 
     cfg = _config(config)
     endpoint = _endpoint(host, port, advertise_host, name)
-    serve(cfg, _redis_url(cfg, redis_url), endpoint, run_dir or Path("runs") / cfg.run.name)
+    _serve(serve, cfg, _redis_url(cfg, redis_url), endpoint, run_dir or Path("runs") / cfg.run.name)
 
 
 @app.command()

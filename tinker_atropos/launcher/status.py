@@ -8,19 +8,31 @@ import redis
 from rich.console import Console
 from rich.table import Table
 
-from tinker_atropos.state.connection import connect
+from tinker_atropos.state.connection import connect_fast, describe
 from tinker_atropos.state.experience import queued_chunks, read_stats
 from tinker_atropos.state.registry import live_services
 from tinker_atropos.state.weights import published_version
 
 SHOWN_FIGURES = {
-    "env": ("env_id", "instances", "free_instances", "sessions", "steps", "episodes"),
+    "env": (
+        "env_id",
+        "instances",
+        "free_instances",
+        "sessions",
+        "steps",
+        "episodes",
+        "episodes_cut_nonfinite",
+        "bad_requests",
+        "streams_refused",
+        "streams_timed_out",
+    ),
     "rollout": (
         "policy_version",
         "env_steps",
         "chunks_written",
         "partial_chunks_dropped",
         "connected_sessions",
+        "weights_rejected",
     ),
     "trainer": (
         "policy_version",
@@ -29,6 +41,8 @@ SHOWN_FIGURES = {
         "policy_lag_min",
         "policy_lag_mean",
         "policy_lag_max",
+        "records_rejected",
+        "updates_discarded_nonfinite",
     ),
 }
 
@@ -42,19 +56,33 @@ def _figure(value: object) -> str:
 
 
 def print_status(redis_url: str, run: str | None) -> int:
+    """Print each run's services and counters; 1, with one line, when Redis does not answer within seconds."""
     # piped output (logs, scripts) gets full-width rows instead of wrapped, truncated cells
     console = Console() if sys.stdout.isatty() else Console(width=250)
-    client = connect(redis_url)
+    client = connect_fast(redis_url)
     try:
-        runs = [run] if run else runs_in(client)
+        return _print_runs(console, client, redis_url, run)
     except redis.RedisError as error:
-        console.print(f"[red]cannot reach Redis at {redis_url}: {error}")
+        console.print(f"[red]cannot reach Redis at {redis_url}: {describe(error)}", highlight=False)
         return 1
+    finally:
+        client.close()
+
+
+def _policy_version(client: redis.Redis, run: str) -> str:
+    try:
+        return str(published_version(client, run))
+    except ValueError as error:  # a malformed weights record
+        return f"unreadable: {error}"
+
+
+def _print_runs(console: Console, client: redis.Redis, redis_url: str, run: str | None) -> int:
+    runs = [run] if run else runs_in(client)
     if not runs:
         console.print(f"no live services in {redis_url}")
         return 0
     for name in runs:
-        table = Table(title=f"run {name!r}  (policy version {published_version(client, name)})")
+        table = Table(title=f"run {name!r}  (policy version {_policy_version(client, name)})")
         for column in (
             "kind",
             "name",

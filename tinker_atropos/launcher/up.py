@@ -1,83 +1,55 @@
 """``tinker-atropos up``: every service as its own OS process on this machine, supervised, with progress.
 
+Before anything starts, the env is resolved and built once (a bad one is one line and exit code 2). The
+embedded Valkey is supervised like the services: restarted on the same port and data folder when it dies.
 Each child gets its own session and a parent-death signal, so Ctrl-C drains them through the launcher and
-even a killed launcher leaves no orphan. A child that dies is restarted with backoff, up to a cap, as
-Compose or Kubernetes would restart its container.
+even a killed launcher leaves no orphan. A re-used run folder resumes its run; ``--fresh`` starts over. The
+run ends with a summary of where it got to and where its files are.
 """
 
 from __future__ import annotations
 
-import functools
 import json
-import logging
 import random
 import signal
-import subprocess
-import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import redis
 from rich.console import Console
 
 from tinker_atropos.config import Config
-from tinker_atropos.runtime import child_preexec
-from tinker_atropos.state.connection import connect
+from tinker_atropos.environment.envs import EnvError, check_env
+from tinker_atropos.launcher.progress import RETURN_WINDOW, ProgressReporter
+from tinker_atropos.launcher.run_folder import (
+    PreviousRun,
+    clear_run_folder,
+    latest_checkpoint,
+    mark_resume,
+    previous_run,
+)
+from tinker_atropos.launcher.supervisor import Child, supervise
+from tinker_atropos.runtime import EXIT_FATAL
+from tinker_atropos.state import keys
+from tinker_atropos.state.connection import RedisUnreachable, connect_fast, describe, wait_until_reachable
 from tinker_atropos.state.embedded import EmbeddedValkey
-from tinker_atropos.state.experience import queued_chunks, read_stats, recent_episodes
-from tinker_atropos.state.registry import live_services
 
-log = logging.getLogger(__name__)
-
-MAX_RESTARTS = 10
-CHAOS_RESTART_DELAY_S = 0.5
 STOP_TIMEOUT_S = 10.0
-RETURN_WINDOW = 10  # episode_return_mean is over the latest this many episodes
+VALKEY_RETRY_S = 1.0
 
 
-@dataclass
-class Child:
-    """One supervised service process."""
+@dataclass(frozen=True)
+class UpOptions:
+    """When ``up`` stops, besides Ctrl-C: ``total_steps`` counts the whole run (a resumed one included),
+    ``max_seconds`` this invocation's wall time, start-up included."""
 
-    name: str
-    args: list[str]
-    log_path: Path
-    process: subprocess.Popen | None = None
-    restarts: int = 0
-    failures: int = 0  # unexpected exits, capped; chaos kills are expected and not counted
-    killed_by_chaos: bool = False
-    death_signal: int = signal.SIGTERM  # what it gets when the launcher dies (see ``child_preexec``)
-    next_start: float = 0.0
-    log_file: TextIO | None = field(default=None, repr=False)
-
-    def start(self) -> None:
-        if self.log_file is None:
-            self.log_file = open(self.log_path, "a")  # noqa: SIM115 - kept open for the child's life
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "tinker_atropos", *self.args],
-            stdout=self.log_file,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            preexec_fn=functools.partial(child_preexec, self.death_signal),
-        )
-
-    def terminate(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-
-    def wait(self, deadline: float) -> None:
-        if self.process is None:
-            return
-        try:
-            self.process.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            log.warning("%s did not stop in time; killing it", self.name)
-            self.process.kill()
-            self.process.wait()
-        if self.log_file is not None:
-            self.log_file.close()
+    total_steps: int | None = None
+    target_return: float | None = None
+    max_seconds: float | None = None
+    chaos_interval_s: float | None = None
+    fresh: bool = False
 
 
 def service_children(config: Config, config_path: Path, redis_url: str, run_dir: Path) -> list[Child]:
@@ -94,135 +66,190 @@ def service_children(config: Config, config_path: Path, redis_url: str, run_dir:
     return children
 
 
-class ProgressReporter:
-    """Reads the run's figures from Redis, prints one line per report, appends metrics.jsonl."""
-
-    def __init__(self, client: redis.Redis, run: str, metrics_path: Path, console: Console) -> None:
-        self.client, self.run, self.console = client, run, console
-        self.metrics = open(metrics_path, "a")  # noqa: SIM115 - closed by close()
-        self.start = time.monotonic()
-        self.last_time, self.last_steps = self.start, 0
-
-    def report(self) -> dict[str, Any]:
-        now = time.monotonic()
-        stats = read_stats(self.client, self.run)
-        episodes = recent_episodes(self.client, self.run, RETURN_WINDOW)
-        trainers = live_services(self.client, self.run, "trainer")
-        trainer = trainers[0].figures if trainers else {}
-        steps = stats.get("env_steps", 0)
-        row = {
-            "env_steps": steps,
-            "wall_time_s": round(now - self.start, 3),
-            "env_steps_per_s": round((steps - self.last_steps) / max(now - self.last_time, 1e-9), 1),
-            "episodes": stats.get("episodes", 0),
-            "episode_return_mean": (sum(e["return"] for e in episodes) / len(episodes)) if episodes else None,
-            "policy_version": int(trainer.get("policy_version", 0)),
-            "trainer_busy": round(float(trainer.get("busy_fraction", 0.0)), 3),
-            "policy_lag_mean": float(trainer.get("policy_lag_mean", 0.0)),
-            "chunks_written": stats.get("chunks_written", 0),
-            "chunks_rejected_stale": stats.get("chunks_rejected_stale", 0),
-            "chunks_dropped_backpressure": stats.get("chunks_dropped_backpressure", 0),
-            "chunks_queued": queued_chunks(self.client, self.run),
-        }
-        self.last_time, self.last_steps = now, steps
-        self.metrics.write(json.dumps(row) + "\n")
-        self.metrics.flush()
-        ret = "-" if row["episode_return_mean"] is None else f"{row['episode_return_mean']:.1f}"
-        self.console.print(
-            f"[bold]{steps:>10,}[/] steps  {row['env_steps_per_s']:>8,.0f} steps/s  "
-            f"episodes {row['episodes']:>6}  return {ret:>8}  version {row['policy_version']:>5}  "
-            f"trainer busy {row['trainer_busy']:.0%}  lag {row['policy_lag_mean']:.1f}"
-        )
-        return row
-
-    def close(self) -> None:
-        self.metrics.close()
+def _clear_redis_run(url: str, run: str) -> int:
+    """Delete every key of ``run`` from a Redis that outlives runs (``--fresh`` with ``redis.url``)."""
+    client = connect_fast(url)
+    try:
+        names = list(client.scan_iter(match=keys.run_pattern(run), count=1000))
+        return int(client.delete(*names)) if names else 0
+    finally:
+        client.close()
 
 
-def run_local(
-    config: Config,
-    total_steps: int | None,
-    run_dir: Path,
-    redis_url: str | None,
-    target_return: float | None = None,
-    chaos_interval_s: float | None = None,
-    max_seconds: float | None = None,
-) -> int:
-    """Run until ``total_steps`` env steps, ``target_return`` reached, ``max_seconds`` of wall time (start-up
-    included) or Ctrl-C; returns the exit code.
+class _Stop(Exception):
+    """Ends the supervision loop; ``code`` is up's exit code."""
 
-    With ``chaos_interval_s``, a random service process is killed (SIGKILL) that often: the run must go on.
-    """
+    def __init__(self, reason: str, code: int = 0) -> None:
+        super().__init__(reason)
+        self.reason, self.code = reason, code
+
+
+def run_local(config: Config, run_dir: Path, redis_url: str | None, options: UpOptions) -> int:
+    """Run until a stop condition of ``options``, Ctrl-C, or a failure; returns the exit code.
+
+    With ``options.chaos_interval_s``, a random service process is killed (SIGKILL) that often: the run must go
+    on."""
     console = Console(soft_wrap=True)
+    run = config.run.name
+    console.print(f"[bold]tinker-atropos up[/] run {run!r} in {run_dir}\n{config.to_yaml()}")
+    try:
+        check_env(config.env)
+    except EnvError as error:
+        console.print(f"[red]error: {error}", highlight=False)
+        return EXIT_FATAL
+
+    url = redis_url or config.redis.url
+    if options.fresh:
+        removed = clear_run_folder(run_dir)
+        if url is not None:
+            try:
+                removed.append(f"{_clear_redis_run(url, run)} Redis keys")
+            except redis.RedisError as error:
+                console.print(f"[red]--fresh cannot clear run {run!r} in Redis at {url}: {describe(error)}")
+                return 1
+        console.print(f"--fresh: removed {', '.join(removed) or 'nothing'}")
+    previous = previous_run(run_dir)
+    if previous is not None:
+        console.print(
+            f"[bold]resuming run {run!r} at version {previous.policy_version or 0}, {previous.env_steps:,} env "
+            "steps[/] (--fresh starts over)"
+        )
+        if options.total_steps is not None and previous.env_steps >= options.total_steps:
+            console.print(f"run {run!r} already has {previous.env_steps:,} env steps (--total-steps "
+                          f"{options.total_steps:,}): nothing to do")  # fmt: skip
+            return 0
+
     run_dir.mkdir(parents=True, exist_ok=True)
     config_path = run_dir / "config.yaml"
     config_path.write_text(config.to_yaml())
-    console.print(f"[bold]tinker-atropos up[/] run {config.run.name!r} in {run_dir}\n{config.to_yaml()}")
+    if previous is not None:
+        mark_resume(run_dir / "metrics.jsonl", run, previous)
 
-    stopping = False
-
-    def request_stop(signum: int, _frame: Any) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGINT, request_stop)
-    signal.signal(signal.SIGTERM, request_stop)
+    stopping: list[str] = []
+    signal.signal(signal.SIGINT, lambda *_: stopping.append("Ctrl-C"))
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append("SIGTERM"))
 
     server = None
-    url = redis_url or config.redis.url
     if url is None:
         server = EmbeddedValkey(run_dir / "valkey", append_only=config.redis.append_only)
         url = server.url
         console.print(f"embedded Valkey at {url}")
+    else:
+        try:
+            wait_until_reachable(url, config.redis.unreachable_timeout_s)
+        except RedisUnreachable as error:
+            console.print(f"[red]{error}")
+            return 1
     children = service_children(config, config_path, url, run_dir)
-    code = 0
-    reporter = None
+    reporter = ProgressReporter(
+        url,
+        run,
+        run_dir / "metrics.jsonl",
+        console,
+        counters=previous.counters if previous else None,
+        wall_offset_s=previous.wall_time_s if previous else 0.0,
+        policy_version=(previous.policy_version or 0) if previous else 0,
+    )
+    started = time.monotonic()
+    outcome = _Stop("stopped")
     try:
-        for child in children:
-            child.start()
-        reporter = ProgressReporter(connect(url), config.run.name, run_dir / "metrics.jsonl", console)
-        next_report = time.monotonic() + config.run.report_interval_s
-        chaos = random.Random(config.run.seed)
-        next_chaos = time.monotonic() + (chaos_interval_s or 0.0)
-        while not stopping:
-            time.sleep(0.1)
-            code = supervise(children, console)
-            if code:
-                break
-            if chaos_interval_s and time.monotonic() >= next_chaos:
-                next_chaos += chaos_interval_s
-                kill_one(children, chaos, console, run_dir / "chaos.jsonl", reporter.start)
-            if time.monotonic() >= next_report:
-                next_report += config.run.report_interval_s
-                row = reporter.report()
-                if total_steps is not None and row["env_steps"] >= total_steps:
-                    console.print(f"reached {total_steps:,} env steps; stopping")
-                    break
-                if max_seconds is not None and row["wall_time_s"] >= max_seconds:
-                    console.print(f"{max_seconds:g} s of wall time spent; stopping")
-                    break
-                solved = row["episode_return_mean"] is not None and row["episodes"] >= RETURN_WINDOW
-                if target_return is not None and solved and row["episode_return_mean"] >= target_return:
-                    console.print(
-                        f"mean return {row['episode_return_mean']:.1f} >= {target_return}; stopping"
-                    )
-                    break
+        _supervise_run(config, options, children, server, reporter, run_dir, stopping, started)
+    except _Stop as stop:
+        outcome = stop
     finally:
         for child in children:
             child.terminate()
         deadline = time.monotonic() + STOP_TIMEOUT_S
         for child in children:
             child.wait(deadline)
-        if reporter is not None:
-            reporter.close()
+        reporter.report(
+            show=False
+        )  # the final figures, all services stopped: the summary and a resume read them
+        reporter.close()
         if server is not None:
             server.stop()
-    console.print("all services stopped")
-    return code
+    _summary(console, config, run_dir, outcome.reason, time.monotonic() - started, reporter, previous)
+    return outcome.code
+
+
+def _supervise_run(
+    config: Config,
+    options: UpOptions,
+    children: list[Child],
+    server: EmbeddedValkey | None,
+    reporter: ProgressReporter,
+    run_dir: Path,
+    stopping: list[str],
+    started: float,
+) -> None:
+    """The loop of ``up``: supervision, progress and stop conditions, until it raises _Stop."""
+    console = reporter.console
+    next_report = time.monotonic() + config.run.report_interval_s
+    chaos = random.Random(config.run.seed)
+    next_chaos = time.monotonic() + (options.chaos_interval_s or 0.0)
+    next_valkey_start = 0.0
+    while not stopping:
+        time.sleep(0.1)
+        now = time.monotonic()
+        if server is not None and server.process.poll() is not None and now >= next_valkey_start:
+            console.print(f"[yellow]embedded Valkey exited with code {server.process.returncode}; restarting "
+                          f"it on port {server.port} (log: {server.log_path})")  # fmt: skip
+            try:
+                server.restart()
+                console.print("[green]embedded Valkey restarted")
+            except RuntimeError as error:
+                console.print(f"[yellow]{error}; retrying")
+                next_valkey_start = now + VALKEY_RETRY_S
+        if give_up := supervise(children, console):
+            raise _Stop(give_up.reason, give_up.exit_code)
+        if options.chaos_interval_s and now >= next_chaos:
+            next_chaos += options.chaos_interval_s
+            kill_one(children, chaos, console, run_dir / "chaos.jsonl", reporter.wall_time_s())
+        if now < next_report:
+            continue
+        next_report += config.run.report_interval_s
+        row = reporter.report()
+        if reporter.outage_s() > config.redis.unreachable_timeout_s:
+            raise _Stop(f"Redis unreachable for {reporter.outage_s():.0f} s (redis.unreachable_timeout_s)", 1)
+        if options.max_seconds is not None and now - started >= options.max_seconds:
+            raise _Stop(f"{options.max_seconds:g} s of wall time spent")
+        if row is None:
+            continue
+        if options.total_steps is not None and row["env_steps"] >= options.total_steps:
+            raise _Stop(f"reached {options.total_steps:,} env steps")
+        mean, target = row["episode_return_mean"], options.target_return
+        if target is not None and mean is not None and row["episodes"] >= RETURN_WINDOW and mean >= target:
+            raise _Stop(f"mean return {mean:.1f} >= {target}")
+    raise _Stop(stopping[0])
+
+
+def _summary(
+    console: Console,
+    config: Config,
+    run_dir: Path,
+    reason: str,
+    seconds: float,
+    reporter: ProgressReporter,
+    previous: PreviousRun | None,
+) -> None:
+    """Where the run got to and where its files are: the last thing `up` prints."""
+    row = reporter.last_row or {}
+    steps = row.get("env_steps", previous.env_steps if previous else 0)
+    this_session = steps - (previous.env_steps if previous else 0)
+    mean = row.get("episode_return_mean")
+    checkpoint = latest_checkpoint(run_dir)
+    console.print(
+        f"[bold]run {config.run.name!r} stopped ({reason})[/] after {seconds:.1f} s: {steps:,} env steps "
+        f"({this_session:,} in this session), policy version {row.get('policy_version', '-')}, mean return "
+        f"{'-' if mean is None else f'{mean:.1f}'} (last {RETURN_WINDOW} episodes)\n"
+        f"  metrics      {run_dir / 'metrics.jsonl'}\n"
+        f"  logs         {run_dir / 'logs'}/\n"
+        f"  checkpoints  {run_dir / 'checkpoints'}/ (latest: {checkpoint.name if checkpoint else 'none'})"
+    )
 
 
 def kill_one(
-    children: list[Child], chaos: random.Random, console: Console, events: Path, clock_start: float
+    children: list[Child], chaos: random.Random, console: Console, events: Path, wall_time_s: float
 ) -> None:
     """Chaos mode: SIGKILL one running service, as a crashed node or an OOM kill would.
 
@@ -234,42 +261,11 @@ def kill_one(
         victim.killed_by_chaos = True
         victim.process.kill()
         console.print(f"[magenta]chaos: killed {victim.name} (pid {victim.process.pid})")
-        event = {
-            "wall_time_s": round(time.monotonic() - clock_start, 3),
+        event: dict[str, Any] = {
+            "wall_time_s": round(wall_time_s, 3),
             "service": victim.name,
             "kind": victim.args[0],
             "pid": victim.process.pid,
         }
         with events.open("a") as out:
             out.write(json.dumps(event) + "\n")
-
-
-def supervise(children: list[Child], console: Console) -> int:
-    """Restart children that died, with exponential backoff; non-zero when one exceeded the restart cap."""
-    now = time.monotonic()
-    for child in children:
-        process = child.process
-        if process is None:
-            if now >= child.next_start:
-                child.start()
-            continue
-        if process.poll() is None:
-            continue
-        child.restarts += 1
-        if child.killed_by_chaos:
-            child.killed_by_chaos = False
-            delay = CHAOS_RESTART_DELAY_S
-        else:
-            if child.failures >= MAX_RESTARTS:
-                console.print(
-                    f"[red]{child.name} exited with code {process.returncode} {MAX_RESTARTS} times; giving up"
-                )
-                return 1
-            child.failures += 1
-            delay = min(2.0 ** (child.failures - 1), 30.0)
-        console.print(
-            f"[yellow]{child.name} exited with code {process.returncode}; restart {child.restarts} "
-            f"in {delay:.0f}s (log: {child.log_path})"
-        )
-        child.process, child.next_start = None, now + delay
-    return 0

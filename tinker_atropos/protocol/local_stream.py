@@ -54,18 +54,28 @@ def _receive_exactly(sock: socket.socket, size: int) -> bytearray | None:
     return buffer
 
 
-def receive(sock: socket.socket, message_type: type[M]) -> M | None:
-    """The next frame, parsed, or None when the peer closed the stream between frames. FrameError on a
-    frame cut short, oversized, or whose bytes are not a ``message_type``."""
+def receive_payload(sock: socket.socket) -> bytearray | None:
+    """The bytes of the next frame, or None when the peer closed the stream between frames. FrameError on a
+    frame cut short or oversized."""
     header = _receive_exactly(sock, HEADER.size)
     if header is None:
         return None
     (size,) = HEADER.unpack(header)
     if size > MAX_FRAME_BYTES:
         raise FrameError(f"frame of {size} bytes is over the {MAX_FRAME_BYTES}-byte limit")
-    message, payload = message_type(), _receive_exactly(sock, size)
+    payload = _receive_exactly(sock, size)
     if payload is None:
         raise FrameError(f"the peer closed the stream after the header of a {size}-byte frame")
+    return payload
+
+
+def receive(sock: socket.socket, message_type: type[M]) -> M | None:
+    """The next frame, parsed, or None when the peer closed the stream between frames. FrameError on a
+    frame cut short, oversized, or whose bytes are not a ``message_type``."""
+    payload = receive_payload(sock)
+    if payload is None:
+        return None
+    message = message_type()
     try:
         message.ParseFromString(payload)
     except DecodeError as error:

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from tinker_atropos.protocol import tensors
+from tinker_atropos.protocol.chunks import encode_record
 from tinker_atropos.protocol.v1 import environment_pb2, experience_pb2
 
 
@@ -77,7 +78,7 @@ class ChunkBuilder:
         env_incarnation: str,
         session_id: str,
     ) -> bytes:
-        """Serialize the full chunk and start the next one."""
+        """The full chunk as an experience record (``encode_record``); starts the next one."""
         chunk = experience_pb2.TrajectoryChunk(
             rollout_incarnation=rollout_incarnation,
             env_incarnation=env_incarnation,
@@ -97,4 +98,4 @@ class ChunkBuilder:
             created_at=time.time(),
         )
         self.reset()
-        return chunk.SerializeToString()
+        return encode_record(chunk)

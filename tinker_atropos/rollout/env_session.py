@@ -212,6 +212,7 @@ class EnvSession(threading.Thread):
                 observations = tensors.decode(result.observations)
                 if builder.full:
                     episodes = [{"return": e.episode_return, "length": e.length} for e in builder.episodes]
+                    cut = sum(e.cut_nonfinite for e in builder.episodes)
                     chunk = builder.finish(
                         observations,
                         policy.value(observations),
@@ -220,7 +221,7 @@ class EnvSession(threading.Thread):
                         opened.incarnation,
                         session_id,
                     )
-                    queued = self.writer.append(chunk, env_steps=n * self.chunk_length, episodes=episodes) + 1
+                    queued = self.writer.append(chunk, n * self.chunk_length, episodes, cut) + 1
                     self.counters.chunks_written += 1
                     self.counters.env_steps += n * self.chunk_length
                     self.counters.episodes += len(episodes)

@@ -37,31 +37,53 @@ class PolicySource:
         self._client, self._run, self._device = client, run, device
         self._lock = threading.Lock()
         self._current: VersionedPolicy | None = None
+        self._refused: int | None = None  # the latest version refused, not fetched again
+        self._refused_reason = ""
+        self.rejected = 0
         self._rng = np.random.default_rng()  # one stream for every version: no two replay the same noise
 
     def refresh(self) -> VersionedPolicy | None:
         """The latest published policy (fetched only if its version is new); None before the first one.
 
-        On a Redis error the last policy stays in use: a rollout keeps acting while the trainer or Redis
-        is away."""
+        On a Redis error, or weights that do not load or hold a NaN, the last policy stays in use: a rollout
+        keeps acting while the trainer or Redis is away, and never acts with poisoned weights."""
+        version = None
         try:
             version = published_version(self._client, self._run)
-            if version is None or (self._current is not None and version == self._current.version):
+            if version is None or version in (self.version, self._refused):
                 return self._current
             with self._lock:
-                if self._current is not None and self._current.version == version:
+                if version in (self.version, self._refused):
                     return self._current
-                published = fetch_weights(self._client, self._run)
-                if published is None:
-                    return self._current
-                model = ActorCritic(published.spec)
-                model.load_state_dict(weights_from_bytes(published.blob))
-                network = InferencePolicy(model, self._device, self._rng)
-                self._current = VersionedPolicy(published.version, network)
-                log.info("loaded policy version %d", published.version)
+                self._current = self._load() or self._current
         except redis.RedisError as error:
             log.warning("cannot refresh weights (%s); acting with version %s", error, self.version)
+        except ValueError as error:  # a malformed weights record
+            self._refuse(version, error)
         return self._current
+
+    def _load(self) -> VersionedPolicy | None:
+        published = fetch_weights(self._client, self._run)
+        if published is None:
+            return None
+        try:
+            model = ActorCritic(published.spec)
+            model.load_state_dict(weights_from_bytes(published.blob))
+        except (ValueError, KeyError, TypeError, RuntimeError) as error:  # spec or blob we cannot act with
+            self._refuse(published.version, error)
+            return None
+        log.info("loaded policy version %d", published.version)
+        return VersionedPolicy(published.version, InferencePolicy(model, self._device, self._rng))
+
+    def _refuse(self, version: int | None, error: Exception) -> None:
+        """Count a refused record; log it once, not on every chunk while it stays in Redis."""
+        reason = f"{type(error).__name__}: {error}"
+        if (version, reason) != (self._refused, self._refused_reason):
+            self.rejected += 1
+            log.warning(
+                "refusing policy version %s (%s); acting with version %s", version, reason, self.version
+            )
+        self._refused, self._refused_reason = version, reason
 
     @property
     def version(self) -> int | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import redis
 import torch
@@ -20,13 +21,14 @@ from tinker_atropos.runtime import (
     status_figures,
     stop_on_signals,
 )
-from tinker_atropos.state.connection import connect
+from tinker_atropos.state.connection import connect_when_reachable
 from tinker_atropos.state.experience import ExperienceWriter
 from tinker_atropos.state.registry import live_services
 
 log = logging.getLogger(__name__)
 
 DISCOVERY_INTERVAL_S = 0.5
+DRAIN_TIMEOUT_S = 5.0
 
 
 def resolve_device(name: str) -> torch.device:
@@ -58,6 +60,7 @@ class RolloutServicer(services_pb2_grpc.RolloutServicer):
             partial_chunks_dropped=c.partial_chunks_dropped,
             connected_sessions=c.connected,
             episodes=c.episodes,
+            weights_rejected=self.policy.rejected,
         )
 
     def figures(self) -> dict:
@@ -107,7 +110,9 @@ def serve(config: Config, redis_url: str, endpoint: Endpoint) -> None:
     limit_blas_threads()
     torch.set_num_threads(1)  # acting on a few dozen observations gains nothing from threads
     stop = stop_on_signals()
-    client = connect(redis_url)
+    client = connect_when_reachable(redis_url, config.redis.unreachable_timeout_s, stop)
+    if client is None:
+        return
     servicer = RolloutServicer(config, client)
     service = ServiceHost("rollout", config, client, endpoint, servicer.figures)
     servicer.incarnation = service.incarnation
@@ -115,6 +120,7 @@ def serve(config: Config, redis_url: str, endpoint: Endpoint) -> None:
     service.start()
     while not stop.wait(DISCOVERY_INTERVAL_S):
         servicer.discover(stop)
+    deadline = time.monotonic() + DRAIN_TIMEOUT_S  # sessions finish their step; one waiting on Redis is left
     for session in servicer.sessions.values():
-        session.join(timeout=10)
+        session.join(timeout=max(0.0, deadline - time.monotonic()))
     service.stop()

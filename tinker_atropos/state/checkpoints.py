@@ -13,8 +13,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import torch
-
 log = logging.getLogger(__name__)
 
 PREFIX = "checkpoint-"
@@ -27,6 +25,8 @@ def checkpoint_path(directory: Path, version: int) -> Path:
 def save_checkpoint(directory: Path, version: int, state: dict[str, Any], keep: int) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     target = checkpoint_path(directory, version)
+    import torch  # here, not at the top: readers of checkpoint names (``up``) need not load torch
+
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".pt")
     try:
         with os.fdopen(fd, "wb") as f:
@@ -44,6 +44,8 @@ def save_checkpoint(directory: Path, version: int, state: dict[str, Any], keep: 
 
 def load_latest_checkpoint(directory: Path) -> tuple[Path, dict[str, Any]] | None:
     """The newest checkpoint that loads; a truncated or corrupt one is skipped with a warning."""
+    import torch
+
     for path in sorted(directory.glob(f"{PREFIX}*.pt"), reverse=True):
         try:
             return path, torch.load(path, map_location="cpu", weights_only=False)

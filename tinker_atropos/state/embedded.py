@@ -14,7 +14,8 @@ from tinker_atropos.runtime import child_preexec, free_port
 
 class EmbeddedValkey:
     """A private valkey-server, bound to the life of the process that started it. It listens on loopback only,
-    unless ``host`` names the address of a node that other nodes must reach it at."""
+    unless ``host`` names the address of a node that other nodes must reach it at. ``restart`` brings a dead
+    one back on the same port and data folder, as a supervisor restarts a service."""
 
     def __init__(
         self, data_dir: Path, port: int = 0, append_only: bool = False, host: str = "127.0.0.1"
@@ -23,7 +24,8 @@ class EmbeddedValkey:
         self.port = port or free_port(host)
         self.url = f"redis://{host}:{self.port}/0"
         data_dir.mkdir(parents=True, exist_ok=True)
-        args = [
+        self.log_path = data_dir / "valkey.log"
+        self._args = [
             str(get_binary_path()),
             "--port", str(self.port),
             "--bind", host,
@@ -33,10 +35,20 @@ class EmbeddedValkey:
             "--protected-mode", "no",
             "--loglevel", "warning",
         ]  # fmt: skip
-        self._log = open(data_dir / "valkey.log", "ab")  # noqa: SIM115 - lives as long as the server
-        self.process = subprocess.Popen(
-            args, stdout=self._log, stderr=subprocess.STDOUT, preexec_fn=child_preexec
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the server
+        self.process = self._spawn()
+        self._wait_ready()
+
+    def _spawn(self) -> subprocess.Popen:
+        return subprocess.Popen(
+            self._args, stdout=self._log, stderr=subprocess.STDOUT, preexec_fn=child_preexec
         )
+
+    def restart(self) -> None:
+        """Start the server again after it died (RuntimeError if it does not come up)."""
+        if self.process.poll() is None:
+            return
+        self.process = self._spawn()
         self._wait_ready()
 
     def _wait_ready(self, timeout_s: float = 10.0) -> None:
@@ -45,20 +57,20 @@ class EmbeddedValkey:
         while True:
             if self.process.poll() is not None:
                 raise RuntimeError(
-                    f"valkey-server exited with code {self.process.returncode}; see valkey.log"
+                    f"valkey-server exited with code {self.process.returncode}; see {self.log_path}"
                 )
             try:
                 client.ping()
                 return
             except redis.ConnectionError:
                 if time.monotonic() > deadline:
-                    self.stop()
+                    self._terminate()
                     raise RuntimeError(f"valkey-server did not answer on port {self.port}") from None
                 time.sleep(0.05)
             finally:
                 client.close()
 
-    def stop(self) -> None:
+    def _terminate(self) -> None:
         if self.process.poll() is None:
             self.process.terminate()
             try:
@@ -66,4 +78,7 @@ class EmbeddedValkey:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+
+    def stop(self) -> None:
+        self._terminate()
         self._log.close()

@@ -5,6 +5,11 @@ from __future__ import annotations
 LAYOUT_VERSION = 1
 
 
+def run_pattern(run: str) -> str:
+    """Every key of ``run``."""
+    return f"ta:{run}:*"
+
+
 def service(run: str, kind: str, incarnation: str) -> str:
     """Hash with a TTL: one live service instance (registry entry)."""
     return f"ta:{run}:service:{kind}:{incarnation}"
@@ -30,7 +35,7 @@ def weights_channel(run: str) -> str:
 
 
 def experience(run: str) -> str:
-    """Bounded stream of serialized TrajectoryChunk messages, rollout -> trainer."""
+    """Bounded stream of ExperienceRecord messages (field ``record``), rollout -> trainer."""
     return f"ta:{run}:experience"
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -17,6 +18,11 @@ from typing import Any
 import redis
 
 from tinker_atropos.state import keys
+
+log = logging.getLogger(__name__)
+
+DEREGISTER_WAIT_S = 1.0
+_reported_malformed: set[bytes] = set()  # registry keys whose malformed entry was already logged
 
 
 @dataclass(frozen=True)
@@ -89,12 +95,19 @@ class Registration:
                 self.beat()
 
     def close(self) -> None:
-        """Stop beating and deregister, so discovery forgets this service at once."""
+        """Stop beating and deregister, so discovery forgets this service at once. With Redis away this
+        waits at most ``DEREGISTER_WAIT_S``: the TTL removes the entry anyway, and a drain must be quick."""
         self._stop.set()
         if self._thread.is_alive():
-            self._thread.join(timeout=5)
-        with contextlib.suppress(redis.RedisError):  # the TTL removes the entry anyway
-            self._client.delete(self._key)
+            self._thread.join(timeout=DEREGISTER_WAIT_S)
+
+        def deregister() -> None:
+            with contextlib.suppress(redis.RedisError):
+                self._client.delete(self._key)
+
+        leaving = threading.Thread(target=deregister, name="deregister", daemon=True)
+        leaving.start()
+        leaving.join(timeout=DEREGISTER_WAIT_S)
 
 
 def live_services(client: redis.Redis, run: str, kind: str | None = None) -> list[ServiceRecord]:
@@ -107,20 +120,31 @@ def live_services(client: redis.Redis, run: str, kind: str | None = None) -> lis
             pipe.hgetall(name)
         entries = pipe.execute()
     records = []
-    for entry in entries:
+    for name, entry in zip(names, entries, strict=True):
         if not entry:  # expired between SCAN and HGETALL
             continue
-        e = {k.decode(): v.decode() for k, v in entry.items()}
-        records.append(
-            ServiceRecord(
-                kind=e["kind"],
-                address=e["address"],
-                incarnation=e["incarnation"],
-                started_at=float(e["started_at"]),
-                heartbeat_at=float(e["heartbeat_at"]),
-                name=e.get("name", ""),
-                starts=int(e.get("starts", 1)),
-                figures=json.loads(e.get("figures") or "{}"),
-            )
-        )
+        try:
+            records.append(_parse_entry(entry))
+        except (KeyError, ValueError, TypeError) as error:  # written by something else: not a service
+            if name not in _reported_malformed:
+                _reported_malformed.add(name)
+                log.warning("skipping malformed registry entry %s: %s: %s", name.decode(errors="replace"),
+                            type(error).__name__, error)  # fmt: skip
     return records
+
+
+def _parse_entry(entry: dict[bytes, bytes]) -> ServiceRecord:
+    e = {k.decode(): v.decode() for k, v in entry.items()}
+    figures = json.loads(e.get("figures") or "{}")
+    if not isinstance(figures, dict):
+        raise ValueError(f"figures must be a JSON object, got {type(figures).__name__}")
+    return ServiceRecord(
+        kind=e["kind"],
+        address=e["address"],
+        incarnation=e["incarnation"],
+        started_at=float(e["started_at"]),
+        heartbeat_at=float(e["heartbeat_at"]),
+        name=e.get("name", ""),
+        starts=int(e.get("starts", 1)),
+        figures=figures,
+    )

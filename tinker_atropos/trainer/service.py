@@ -1,12 +1,16 @@
 """The trainer service: consumes chunks, learns, publishes versioned weights, checkpoints.
 
-Chunks acted by a policy more than ``max_policy_lag`` versions old are rejected and counted. The policy
+Every record read from the stream is checked (``decode_record``) and a bad one is skipped and counted by
+reason; chunks acted by a policy more than ``max_policy_lag`` versions old are rejected and counted. An update
+that leaves a NaN or an infinity in the loss or the parameters is undone, so non-finite weights are never
+published; ``trainer.max_nonfinite_updates`` of them in a row stop the trainer with an error. The policy
 version only goes up: on start it resumes from the latest checkpoint and never publishes a version below
-the one already in Redis.
+the one already in Redis, nor adopts weights from Redis that do not load or are not finite.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import threading
@@ -18,14 +22,16 @@ import redis
 import torch
 
 from tinker_atropos.algorithms.ppo.learner import PPOLearner
-from tinker_atropos.algorithms.ppo.networks import policy_spec, weights_from_bytes
+from tinker_atropos.algorithms.ppo.networks import nonfinite_entries, policy_spec, weights_from_bytes
 from tinker_atropos.config import Config
 from tinker_atropos.environment.spaces import space_from_proto
-from tinker_atropos.protocol.chunks import ChunkArrays, decode_chunk
+from tinker_atropos.protocol.chunks import ChunkArrays, RecordError, TrajectorySpec, decode_record
 from tinker_atropos.protocol.v1 import environment_pb2, environment_pb2_grpc, services_pb2, services_pb2_grpc
 from tinker_atropos.rollout.service import resolve_device
 from tinker_atropos.runtime import (
+    CountedWarnings,
     Endpoint,
+    FatalError,
     ServiceHost,
     configure_logging,
     limit_blas_threads,
@@ -33,7 +39,7 @@ from tinker_atropos.runtime import (
     stop_on_signals,
 )
 from tinker_atropos.state.checkpoints import load_latest_checkpoint, save_checkpoint
-from tinker_atropos.state.connection import connect
+from tinker_atropos.state.connection import connect_when_reachable
 from tinker_atropos.state.experience import ExperienceReader, add_stats
 from tinker_atropos.state.registry import live_services
 from tinker_atropos.state.weights import fetch_weights, publish_weights, published_version
@@ -42,6 +48,10 @@ from tinker_atropos.trainer.metrics import BusyMeter, LagMeter
 log = logging.getLogger(__name__)
 
 SYNC_INTERVAL_S = 1.0
+
+
+class TrainingDiverged(FatalError):
+    """Updates kept coming out non-finite: restarting would not help, the config or the data must change."""
 
 
 def describe_env(
@@ -78,6 +88,10 @@ class TrainerServicer(services_pb2_grpc.TrainerServicer):
         self.env_steps_trained = 0
         self.chunks_consumed = 0
         self.chunks_rejected_stale = 0
+        self.updates_discarded_nonfinite = 0
+        self.nonfinite_in_a_row = 0
+        self.rejected = CountedWarnings("experience records skipped")
+        self.spec: TrajectorySpec | None = None
         self.losses: dict[str, float] = {}
         self._stale_unreported = 0
         self._last_sync = 0.0
@@ -99,6 +113,8 @@ class TrainerServicer(services_pb2_grpc.TrainerServicer):
             policy_lag_mean=lag_mean,
             policy_lag_max=lag_max,
             losses=self.losses,
+            records_rejected=self.rejected.totals,
+            updates_discarded_nonfinite=self.updates_discarded_nonfinite,
         )
 
     def figures(self) -> dict:
@@ -111,12 +127,13 @@ class TrainerServicer(services_pb2_grpc.TrainerServicer):
     def setup(self, info: environment_pb2.EnvironmentInfo) -> None:
         tc = self.config.trainer
         restored = load_latest_checkpoint(self.checkpoint_dir)
-        spec = policy_spec(
+        observation_space, action_space = (
             space_from_proto(info.observation_space),
             space_from_proto(info.action_space),
-            tc.model,
-            tc.ppo.normalize_observations,
-            tc.ppo.normalize_returns,
+        )
+        self.spec = TrajectorySpec.from_spaces(observation_space, action_space)
+        spec = policy_spec(
+            observation_space, action_space, tc.model, tc.ppo.normalize_observations, tc.ppo.normalize_returns
         )
         if restored is not None:
             path, state = restored
@@ -136,16 +153,29 @@ class TrainerServicer(services_pb2_grpc.TrainerServicer):
         the rollouts act with: continue from them rather than from older parameters, so a restart loses
         only the optimizer moments since the checkpoint and the version stays monotonic."""
         assert self.learner is not None
-        published = fetch_weights(self.client, self.run)
+        try:
+            published = fetch_weights(self.client, self.run)
+        except (
+            ValueError
+        ) as error:  # a malformed record: nothing to continue from, the next publish replaces it
+            log.warning("the weights record in Redis is malformed (%s); publishing over it", error)
+            return
         if published is None or published.version <= self.version:
             return
-        if published.spec == self.learner.spec:
-            self.learner.model.load_state_dict(weights_from_bytes(published.blob))
-            log.info("continuing from the weights of version %d found in Redis", published.version)
-            self.version = published.version
-        else:
+        if published.spec != self.learner.spec:
             log.warning("Redis holds version %d of another model; continuing above it", published.version)
             self.version = published.version + 1
+            return
+        try:
+            self.learner.model.load_state_dict(weights_from_bytes(published.blob))
+        except ValueError as error:  # a NaN in them, or bytes that are not weights: never adopted
+            log.warning(
+                "not adopting version %d from Redis (%s); continuing above it", published.version, error
+            )
+            self.version = published.version + 1
+            return
+        log.info("continuing from the weights of version %d found in Redis", published.version)
+        self.version = published.version
 
     def checkpoint_state(self) -> dict:
         assert self.learner is not None
@@ -175,28 +205,70 @@ class TrainerServicer(services_pb2_grpc.TrainerServicer):
         now = time.monotonic()
         if now - self._last_sync < SYNC_INTERVAL_S:
             return
-        if self._stale_unreported:
-            add_stats(self.client, self.run, chunks_rejected_stale=self._stale_unreported)
-            self._stale_unreported = 0
-        if (published_version(self.client, self.run) or -1) < self.version:
+        counts = {f"records_rejected_{k}": n for k, n in self.rejected.take_unreported().items()}
+        add_stats(self.client, self.run, chunks_rejected_stale=self._stale_unreported, **counts)
+        self._stale_unreported = 0
+        try:
+            published = published_version(self.client, self.run)
+        except ValueError:  # a malformed record: replace it
+            published = None
+        if published is None or published < self.version:
             log.info("Redis lacks policy version %d; publishing it again", self.version)
             self.publish()
         self._last_sync = now
 
     # -- learning ------------------------------------------------------------------------------------
-    def accept(self, data: bytes) -> ChunkArrays | None:
+    def accept(self, entry: bytes | RecordError) -> ChunkArrays | None:
+        """The chunk of a stream entry if it may be learned from; None (counted) for a bad or stale one."""
+        assert self.spec is not None
         try:
-            chunk = decode_chunk(data)
-        except ValueError as error:
-            log.warning("skipping a malformed chunk: %s", error)
+            if isinstance(entry, RecordError):
+                raise entry
+            chunk = decode_record(entry, self.spec)
+            if chunk.policy_version > self.version:
+                raise RecordError(
+                    "impossible_version",
+                    f"a chunk of policy version {chunk.policy_version}, above the trainer's {self.version}",
+                )
+        except RecordError as error:
+            self.rejected.add(error.reason, str(error))
             return None
-        lag = max(0, self.version - chunk.policy_version)
+        lag = self.version - chunk.policy_version
         if lag > self.config.trainer.max_policy_lag:
             self.chunks_rejected_stale += 1
             self._stale_unreported += 1
             return None
         self.lag.record(lag)
         return chunk
+
+    def learn(self, chunks: list[ChunkArrays]) -> bool:
+        """One update, undone (parameters, optimizer and normalisers restored) if it leaves a NaN or an
+        infinity in the loss or the parameters. TrainingDiverged after ``max_nonfinite_updates`` in a row."""
+        assert self.learner is not None
+        saved = copy.deepcopy(self.learner.state_dict())
+        losses = self.learner.update(chunks)
+        bad = [f"loss {k}" for k, v in losses.items() if not math.isfinite(v)]
+        bad += nonfinite_entries(self.learner.model.state_dict())
+        if not bad:
+            self.losses, self.nonfinite_in_a_row = losses, 0
+            return True
+        self.learner.load_state_dict(saved)
+        self.updates_discarded_nonfinite += 1
+        self.nonfinite_in_a_row += 1
+        limit = self.config.trainer.max_nonfinite_updates
+        log.warning(
+            "update undone: NaN or infinity in %s (%d in a row; the trainer stops at %d)",
+            ", ".join(bad),
+            self.nonfinite_in_a_row,
+            limit,
+        )
+        if self.nonfinite_in_a_row >= limit:
+            raise TrainingDiverged(
+                f"{limit} updates in a row came out NaN or infinite (the last in {', '.join(bad)}); the "
+                f"parameters are those of policy version {self.version}: lower trainer.ppo.learning_rate "
+                "or check the env's rewards and observations"
+            )
+        return False
 
     def train(self, stop: threading.Event) -> None:
         assert self.learner is not None
@@ -220,12 +292,14 @@ class TrainerServicer(services_pb2_grpc.TrainerServicer):
             if have < wanted:
                 continue
             start = time.monotonic()
-            self.losses = self.learner.update(pending)
+            learned = self.learn(pending)
+            self.busy.record(start, time.monotonic())
+            batch_steps, pending, have = have, [], 0
+            if not learned:
+                continue
             self.version += 1
             self.updates += 1
-            self.env_steps_trained += have
-            self.busy.record(start, time.monotonic())
-            pending, have = [], 0
+            self.env_steps_trained += batch_steps
             try:
                 self.publish()
             except redis.RedisError as error:
@@ -242,15 +316,21 @@ def serve(config: Config, redis_url: str, endpoint: Endpoint, run_dir: Path) -> 
     limit_blas_threads()  # before torch sets its own pool, which may be the same BLAS
     torch.set_num_threads(config.trainer.torch_threads)
     stop = stop_on_signals()
-    client = connect(redis_url)
+    client = connect_when_reachable(redis_url, config.redis.unreachable_timeout_s, stop)
+    if client is None:
+        return
     servicer = TrainerServicer(config, client, run_dir)
     service = ServiceHost("trainer", config, client, endpoint, servicer.figures)
     servicer.incarnation = service.incarnation
     services_pb2_grpc.add_TrainerServicer_to_server(servicer, service.server)
     service.start()
-    info = describe_env(client, config.run.name, stop)
-    if info is not None:
-        servicer.setup(info)
-        servicer.train(stop)
-        servicer.checkpoint()
-    service.stop()
+    try:
+        info = describe_env(client, config.run.name, stop)
+        if info is not None:
+            servicer.setup(info)
+            try:
+                servicer.train(stop)
+            finally:  # also when it diverged: the parameters are the last finite ones
+                servicer.checkpoint()
+    finally:
+        service.stop()

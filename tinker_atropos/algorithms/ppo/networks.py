@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import math
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import numpy as np
@@ -268,5 +269,20 @@ def weights_to_bytes(model: nn.Module) -> bytes:
     return buffer.getvalue()
 
 
+def nonfinite_entries(state: Mapping[str, torch.Tensor]) -> list[str]:
+    """The names of the floating-point tensors of a state dict that hold a NaN or an infinity."""
+    return [name for name, t in state.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+
+
 def weights_from_bytes(blob: bytes) -> dict[str, torch.Tensor]:
-    return torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
+    """Published weights, checked: ValueError for a blob that is not a state dict or holds non-finite values
+    (one NaN in them and every action of every rollout is NaN)."""
+    try:
+        state = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
+    except Exception as error:  # unpickling, zip or format errors: a blob we did not write
+        raise ValueError(f"weights that do not load: {type(error).__name__}: {error}") from None
+    if not isinstance(state, dict) or not all(isinstance(t, torch.Tensor) for t in state.values()):
+        raise ValueError("weights that are not a state dict of tensors")
+    if bad := nonfinite_entries(state):
+        raise ValueError(f"weights with NaN or infinity in {', '.join(bad)}")
+    return state

@@ -43,7 +43,13 @@ class EnvBatch(Protocol):
         ...
 
     def step(self, actions: np.ndarray) -> BatchStep:
-        """Step every instance with its row of ``actions`` (already validated and clipped)."""
+        """Step every instance with its row of ``actions`` (already validated and clipped). The arrays are
+        the caller's: the batch does not write into them afterwards."""
+        ...
+
+    def reset_instances(self, indices: np.ndarray) -> np.ndarray:
+        """Start a new episode on the given instances (unseeded: they go on drawing from their own RNGs);
+        returns their first observations, [len(indices), *obs_shape] float32."""
         ...
 
     def close(self) -> None: ...

@@ -1,6 +1,6 @@
 """Reference backend: one ``gymnasium.make`` instance per slot, stepped in a Python loop.
 
-Works for any registered env id; it is also the ground truth that faster backends are tested against.
+Works for any env ``env.id`` can name; it is also the ground truth that faster backends are tested against.
 """
 
 from __future__ import annotations
@@ -11,13 +11,15 @@ import gymnasium as gym
 import numpy as np
 
 from tinker_atropos.environment.backends.base import BatchStep
+from tinker_atropos.environment.envs import env_maker, supported_spaces
 
 
 class GymnasiumBatch:
     def __init__(self, env_id: str, kwargs: dict[str, Any], num_instances: int) -> None:
-        self.envs = [gym.make(env_id, **kwargs) for _ in range(num_instances)]
-        self.observation_space = self.envs[0].observation_space
-        self.action_space = self.envs[0].action_space
+        make = env_maker(env_id)
+        self.envs: list[gym.Env] = [make(**kwargs) for _ in range(num_instances)]
+        spaces = supported_spaces(self.envs[0].observation_space, self.envs[0].action_space)
+        self.observation_space, self.action_space = spaces.observation_space, spaces.action_space
         self.num_instances = num_instances
         obs_shape = self.observation_space.shape
         self._obs = np.zeros((num_instances, *obs_shape), dtype=np.float32)
@@ -52,6 +54,11 @@ class GymnasiumBatch:
             final_observations=np.stack(finals) if finals else np.zeros((0, *obs_shape), np.float32),
             final_indices=np.asarray(final_indices, dtype=np.int32),
         )
+
+    def reset_instances(self, indices: np.ndarray) -> np.ndarray:
+        for i in indices:
+            self._obs[i], _ = self.envs[i].reset()
+        return self._obs[indices].copy()
 
     def close(self) -> None:
         for env in self.envs:

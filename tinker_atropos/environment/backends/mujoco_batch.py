@@ -450,6 +450,15 @@ class MujocoBatch:
             final_indices=done.astype(np.int32),
         )
 
+    def reset_instances(self, indices: np.ndarray) -> np.ndarray:
+        if self._x is None:
+            raise RuntimeError("MujocoBatch.reset_instances called before reset")
+        indices = np.asarray(indices)
+        self._reset_instances(indices)
+        reset_fields = {name: values[indices] for name, values in self._physics.fields.items()}
+        self._x[indices] = self._task.x_position(reset_fields)
+        return self._observe(reset_fields)
+
     def _observe(self, fields: Fields) -> np.ndarray:
         return np.concatenate(self._task.observe(fields), axis=1, dtype=np.float32)
 

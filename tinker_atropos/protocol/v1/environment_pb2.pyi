@@ -122,16 +122,18 @@ class StepResult(_message.Message):
     def __init__(self, observations: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., rewards: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., terminated: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., truncated: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., final_observations: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., final_indices: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., episodes: _Optional[_Iterable[_Union[EpisodeEnd, _Mapping]]] = ...) -> None: ...
 
 class EpisodeEnd(_message.Message):
-    __slots__ = ("instance", "episode_return", "length", "terminated")
+    __slots__ = ("instance", "episode_return", "length", "terminated", "cut_nonfinite")
     INSTANCE_FIELD_NUMBER: _ClassVar[int]
     EPISODE_RETURN_FIELD_NUMBER: _ClassVar[int]
     LENGTH_FIELD_NUMBER: _ClassVar[int]
     TERMINATED_FIELD_NUMBER: _ClassVar[int]
+    CUT_NONFINITE_FIELD_NUMBER: _ClassVar[int]
     instance: int
     episode_return: float
     length: int
     terminated: bool
-    def __init__(self, instance: _Optional[int] = ..., episode_return: _Optional[float] = ..., length: _Optional[int] = ..., terminated: _Optional[bool] = ...) -> None: ...
+    cut_nonfinite: bool
+    def __init__(self, instance: _Optional[int] = ..., episode_return: _Optional[float] = ..., length: _Optional[int] = ..., terminated: _Optional[bool] = ..., cut_nonfinite: _Optional[bool] = ...) -> None: ...
 
 class LocalFrame(_message.Message):
     __slots__ = ("response", "status")

@@ -26,13 +26,15 @@ from tinker_atropos.protocol.v1 import environment_pb2 as tinker__atropos_dot_pr
 from tinker_atropos.protocol.v1 import tensor_pb2 as tinker__atropos_dot_protocol_dot_v1_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n+tinker_atropos/protocol/v1/experience.proto\x12\x11tinker_atropos.v1\x1a,tinker_atropos/protocol/v1/environment.proto\x1a\'tinker_atropos/protocol/v1/tensor.proto\"\x9d\x05\n\x0fTrajectoryChunk\x12\x1b\n\x13rollout_incarnation\x18\x01 \x01(\t\x12\x17\n\x0f\x65nv_incarnation\x18\x02 \x01(\t\x12\x12\n\nsession_id\x18\x03 \x01(\t\x12\x16\n\x0epolicy_version\x18\x04 \x01(\x04\x12/\n\x0cobservations\x18\x05 \x01(\x0b\x32\x19.tinker_atropos.v1.Tensor\x12*\n\x07\x61\x63tions\x18\x06 \x01(\x0b\x32\x19.tinker_atropos.v1.Tensor\x12,\n\tlog_probs\x18\x07 \x01(\x0b\x32\x19.tinker_atropos.v1.Tensor\x12)\n\x06values\x18\x08 \x01(\x0b\x32\x19.tinker_atropos.v1.Tensor\x12*\n\x07rewards\x18\t \x01(\x0b\x32\x19.tinker_atropos.v1.Tensor\x12-\n\nterminated\x18\n \x01(\x0b\x32\x19.tinker_atropos.v1.Tensor\x12,\n\ttruncated\x18\x0b \x01(\x0b\x32\x19.tinker_atropos.v1.Tensor\x12\x34\n\x11truncation_values\x18\x0c \x01(\x0b\x32\x19.tinker_atropos.v1.Tensor\x12\x39\n\x16\x62ootstrap_observations\x18\r \x01(\x0b\x32\x19.tinker_atropos.v1.Tensor\x12\x33\n\x10\x62ootstrap_values\x18\x0e \x01(\x0b\x32\x19.tinker_atropos.v1.Tensor\x12/\n\x08\x65pisodes\x18\x0f \x03(\x0b\x32\x1d.tinker_atropos.v1.EpisodeEnd\x12\x12\n\ncreated_at\x18\x10 \x01(\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n+tinker_atropos/protocol/v1/experience.proto\x12\x11tinker_atropos.v1\x1a,tinker_atropos/protocol/v1/environment.proto\x1a\'tinker_atropos/protocol/v1/tensor.proto\"r\n\x10\x45xperienceRecord\x12\x16\n\x0eschema_version\x18\x01 \x01(\r\x12>\n\x10trajectory_chunk\x18\x02 \x01(\x0b\x32\".tinker_atropos.v1.TrajectoryChunkH\x00\x42\x06\n\x04kind\"\x9d\x05\n\x0fTrajectoryChunk\x12\x1b\n\x13rollout_incarnation\x18\x01 \x01(\t\x12\x17\n\x0f\x65nv_incarnation\x18\x02 \x01(\t\x12\x12\n\nsession_id\x18\x03 \x01(\t\x12\x16\n\x0epolicy_version\x18\x04 \x01(\x04\x12/\n\x0cobservations\x18\x05 \x01(\x0b\x32\x19.tinker_atropos.v1.Tensor\x12*\n\x07\x61\x63tions\x18\x06 \x01(\x0b\x32\x19.tinker_atropos.v1.Tensor\x12,\n\tlog_probs\x18\x07 \x01(\x0b\x32\x19.tinker_atropos.v1.Tensor\x12)\n\x06values\x18\x08 \x01(\x0b\x32\x19.tinker_atropos.v1.Tensor\x12*\n\x07rewards\x18\t \x01(\x0b\x32\x19.tinker_atropos.v1.Tensor\x12-\n\nterminated\x18\n \x01(\x0b\x32\x19.tinker_atropos.v1.Tensor\x12,\n\ttruncated\x18\x0b \x01(\x0b\x32\x19.tinker_atropos.v1.Tensor\x12\x34\n\x11truncation_values\x18\x0c \x01(\x0b\x32\x19.tinker_atropos.v1.Tensor\x12\x39\n\x16\x62ootstrap_observations\x18\r \x01(\x0b\x32\x19.tinker_atropos.v1.Tensor\x12\x33\n\x10\x62ootstrap_values\x18\x0e \x01(\x0b\x32\x19.tinker_atropos.v1.Tensor\x12/\n\x08\x65pisodes\x18\x0f \x03(\x0b\x32\x1d.tinker_atropos.v1.EpisodeEnd\x12\x12\n\ncreated_at\x18\x10 \x01(\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'tinker_atropos.protocol.v1.experience_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TRAJECTORYCHUNK']._serialized_start=154
-  _globals['_TRAJECTORYCHUNK']._serialized_end=823
+  _globals['_EXPERIENCERECORD']._serialized_start=153
+  _globals['_EXPERIENCERECORD']._serialized_end=267
+  _globals['_TRAJECTORYCHUNK']._serialized_start=270
+  _globals['_TRAJECTORYCHUNK']._serialized_end=939
 # @@protoc_insertion_point(module_scope)

@@ -8,6 +8,14 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class ExperienceRecord(_message.Message):
+    __slots__ = ("schema_version", "trajectory_chunk")
+    SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TRAJECTORY_CHUNK_FIELD_NUMBER: _ClassVar[int]
+    schema_version: int
+    trajectory_chunk: TrajectoryChunk
+    def __init__(self, schema_version: _Optional[int] = ..., trajectory_chunk: _Optional[_Union[TrajectoryChunk, _Mapping]] = ...) -> None: ...
+
 class TrajectoryChunk(_message.Message):
     __slots__ = ("rollout_incarnation", "env_incarnation", "session_id", "policy_version", "observations", "actions", "log_probs", "values", "rewards", "terminated", "truncated", "truncation_values", "bootstrap_observations", "bootstrap_values", "episodes", "created_at")
     ROLLOUT_INCARNATION_FIELD_NUMBER: _ClassVar[int]

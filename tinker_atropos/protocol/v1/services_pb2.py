@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n)tinker_atropos/protocol/v1/services.proto\x12\x11tinker_atropos.v1\"\x0f\n\rStatusRequest\"\xed\x02\n\rTrainerStatus\x12\x13\n\x0bincarnation\x18\x01 \x01(\t\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x04\x12\x0f\n\x07updates\x18\x03 \x01(\x04\x12\x19\n\x11\x65nv_steps_trained\x18\x04 \x01(\x04\x12\x17\n\x0f\x63hunks_consumed\x18\x05 \x01(\x04\x12\x1d\n\x15\x63hunks_rejected_stale\x18\x06 \x01(\x04\x12\x15\n\rbusy_fraction\x18\x07 \x01(\x01\x12\x16\n\x0epolicy_lag_min\x18\x08 \x01(\x01\x12\x17\n\x0fpolicy_lag_mean\x18\t \x01(\x01\x12\x16\n\x0epolicy_lag_max\x18\n \x01(\x01\x12<\n\x06losses\x18\x0b \x03(\x0b\x32,.tinker_atropos.v1.TrainerStatus.LossesEntry\x1a-\n\x0bLossesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\xb5\x01\n\rRolloutStatus\x12\x13\n\x0bincarnation\x18\x01 \x01(\t\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x04\x12\x11\n\tenv_steps\x18\x03 \x01(\x04\x12\x16\n\x0e\x63hunks_written\x18\x04 \x01(\x04\x12\x1e\n\x16partial_chunks_dropped\x18\x05 \x01(\x04\x12\x1a\n\x12\x63onnected_sessions\x18\x06 \x01(\r\x12\x10\n\x08\x65pisodes\x18\x07 \x01(\x04\x32Z\n\x07Trainer\x12O\n\tGetStatus\x12 .tinker_atropos.v1.StatusRequest\x1a .tinker_atropos.v1.TrainerStatus2Z\n\x07Rollout\x12O\n\tGetStatus\x12 .tinker_atropos.v1.StatusRequest\x1a .tinker_atropos.v1.RolloutStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n)tinker_atropos/protocol/v1/services.proto\x12\x11tinker_atropos.v1\"\x0f\n\rStatusRequest\"\x9b\x04\n\rTrainerStatus\x12\x13\n\x0bincarnation\x18\x01 \x01(\t\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x04\x12\x0f\n\x07updates\x18\x03 \x01(\x04\x12\x19\n\x11\x65nv_steps_trained\x18\x04 \x01(\x04\x12\x17\n\x0f\x63hunks_consumed\x18\x05 \x01(\x04\x12\x1d\n\x15\x63hunks_rejected_stale\x18\x06 \x01(\x04\x12\x15\n\rbusy_fraction\x18\x07 \x01(\x01\x12\x16\n\x0epolicy_lag_min\x18\x08 \x01(\x01\x12\x17\n\x0fpolicy_lag_mean\x18\t \x01(\x01\x12\x16\n\x0epolicy_lag_max\x18\n \x01(\x01\x12<\n\x06losses\x18\x0b \x03(\x0b\x32,.tinker_atropos.v1.TrainerStatus.LossesEntry\x12O\n\x10records_rejected\x18\x0c \x03(\x0b\x32\x35.tinker_atropos.v1.TrainerStatus.RecordsRejectedEntry\x12#\n\x1bupdates_discarded_nonfinite\x18\r \x01(\x04\x1a-\n\x0bLossesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a\x36\n\x14RecordsRejectedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\xcf\x01\n\rRolloutStatus\x12\x13\n\x0bincarnation\x18\x01 \x01(\t\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x04\x12\x11\n\tenv_steps\x18\x03 \x01(\x04\x12\x16\n\x0e\x63hunks_written\x18\x04 \x01(\x04\x12\x1e\n\x16partial_chunks_dropped\x18\x05 \x01(\x04\x12\x1a\n\x12\x63onnected_sessions\x18\x06 \x01(\r\x12\x10\n\x08\x65pisodes\x18\x07 \x01(\x04\x12\x18\n\x10weights_rejected\x18\x08 \x01(\x04\x32Z\n\x07Trainer\x12O\n\tGetStatus\x12 .tinker_atropos.v1.StatusRequest\x1a .tinker_atropos.v1.TrainerStatus2Z\n\x07Rollout\x12O\n\tGetStatus\x12 .tinker_atropos.v1.StatusRequest\x1a .tinker_atropos.v1.RolloutStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,16 +33,20 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_TRAINERSTATUS_LOSSESENTRY']._loaded_options = None
   _globals['_TRAINERSTATUS_LOSSESENTRY']._serialized_options = b'8\001'
+  _globals['_TRAINERSTATUS_RECORDSREJECTEDENTRY']._loaded_options = None
+  _globals['_TRAINERSTATUS_RECORDSREJECTEDENTRY']._serialized_options = b'8\001'
   _globals['_STATUSREQUEST']._serialized_start=64
   _globals['_STATUSREQUEST']._serialized_end=79
   _globals['_TRAINERSTATUS']._serialized_start=82
-  _globals['_TRAINERSTATUS']._serialized_end=447
-  _globals['_TRAINERSTATUS_LOSSESENTRY']._serialized_start=402
-  _globals['_TRAINERSTATUS_LOSSESENTRY']._serialized_end=447
-  _globals['_ROLLOUTSTATUS']._serialized_start=450
-  _globals['_ROLLOUTSTATUS']._serialized_end=631
-  _globals['_TRAINER']._serialized_start=633
-  _globals['_TRAINER']._serialized_end=723
-  _globals['_ROLLOUT']._serialized_start=725
-  _globals['_ROLLOUT']._serialized_end=815
+  _globals['_TRAINERSTATUS']._serialized_end=621
+  _globals['_TRAINERSTATUS_LOSSESENTRY']._serialized_start=520
+  _globals['_TRAINERSTATUS_LOSSESENTRY']._serialized_end=565
+  _globals['_TRAINERSTATUS_RECORDSREJECTEDENTRY']._serialized_start=567
+  _globals['_TRAINERSTATUS_RECORDSREJECTEDENTRY']._serialized_end=621
+  _globals['_ROLLOUTSTATUS']._serialized_start=624
+  _globals['_ROLLOUTSTATUS']._serialized_end=831
+  _globals['_TRAINER']._serialized_start=833
+  _globals['_TRAINER']._serialized_end=923
+  _globals['_ROLLOUT']._serialized_start=925
+  _globals['_ROLLOUT']._serialized_end=1015
 # @@protoc_insertion_point(module_scope)

@@ -1,0 +1,1 @@
+"""Envs and helpers that exist only for the tests: imported by service processes through `env.id`."""

@@ -1,0 +1,92 @@
+"""Running `tinker-atropos` as a user does, from the tests: configs on disk, `up` as a process, its metrics."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def config_file(directory: Path, base: str = "pendulum.yaml", **sections: dict[str, Any]) -> Path:
+    """``configs/BASE`` with the given sections updated, written to ``directory/run.yaml``."""
+    config = yaml.safe_load((REPO / "configs" / base).read_text())
+    for section, values in sections.items():
+        config.setdefault(section, {}).update(values)
+    path = directory / "run.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``tinker-atropos ARGS`` from the repository (so ``tests.support`` imports), output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "tinker_atropos", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+    )
+
+
+def start_up(config: Path, run_dir: Path, *options: str) -> subprocess.Popen:
+    """``tinker-atropos up`` in the background, stdout and stderr merged into a pipe."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "tinker_atropos", "up", str(config), "--run-dir", str(run_dir), *options],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=REPO,
+    )
+
+
+def metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """Every line of the run's metrics.jsonl: report rows and resume markers."""
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def report_rows(run_dir: Path) -> list[dict[str, Any]]:
+    return [row for row in metrics(run_dir) if "event" not in row]
+
+
+def leftovers(run_dir: Path) -> str:
+    """Processes still running with ``run_dir`` on their command line."""
+    return subprocess.run(["pgrep", "-af", str(run_dir)], capture_output=True, text=True).stdout
+
+
+class Sidecar(threading.Thread):
+    """Work done beside a running `up`, every ``interval_s``, until the run ends (see ``run_up_with``)."""
+
+    def __init__(self, interval_s: float) -> None:
+        super().__init__(daemon=True)
+        self.interval_s, self.stop = interval_s, threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(self.interval_s):
+            self.work()
+
+    def work(self) -> None:
+        raise NotImplementedError
+
+
+def run_up_with(sidecar: Sidecar, config: Path, run_dir: Path, *options: str, timeout: float = 600) -> str:
+    """``up`` to its end with ``sidecar`` working beside it; its output, once it exited 0 leaving nothing."""
+    up = start_up(config, run_dir, *options)
+    sidecar.start()
+    try:
+        output = up.communicate(timeout=timeout)[0]
+    finally:
+        sidecar.stop.set()
+        sidecar.join()
+        if up.poll() is None:
+            up.kill()
+    assert up.returncode == 0, output[-3000:]
+    assert leftovers(run_dir) == "", "processes left behind"
+    return output

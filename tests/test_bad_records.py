@@ -1,0 +1,123 @@
+"""Every record read from the experience stream is checked: bad ones are skipped and counted by reason, and
+the run goes on learning. Unit tests of each reason, then the whole system under a stream of bad records."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import redis
+
+from tests.support.records import serialized_chunk
+from tests.support.running import Sidecar, cli, config_file, report_rows, run_up_with
+from tests.test_learning import assert_learned
+from tinker_atropos.protocol import tensors
+from tinker_atropos.protocol.chunks import RecordError, TrajectorySpec, decode_record, encode_record
+from tinker_atropos.protocol.v1 import environment_pb2, experience_pb2
+from tinker_atropos.rollout.chunks import ChunkBuilder
+from tinker_atropos.state import keys
+
+PENDULUM = TrajectorySpec(obs_shape=(3,), action_shape=(1,), discrete=None)
+
+
+def wrong_schema() -> bytes:
+    chunk = experience_pb2.ExperienceRecord.FromString(serialized_chunk(2, 0)).trajectory_chunk
+    return experience_pb2.ExperienceRecord(schema_version=7, trajectory_chunk=chunk).SerializeToString()
+
+
+def without_actions() -> bytes:
+    chunk = experience_pb2.ExperienceRecord.FromString(serialized_chunk(2, 0)).trajectory_chunk
+    chunk.ClearField("actions")
+    return encode_record(chunk)
+
+
+# What a careless or hostile writer puts in the stream: (entry fields, the reason it is counted under).
+BAD_ENTRIES = {
+    "garbage bytes": ({"record": b"\xff\xfe not protobuf \x00\x01"}, "undecodable"),
+    "another schema": ({"record": wrong_schema()}, "schema_version"),
+    "the layout before envelopes": ({"chunk": serialized_chunk(2, 0)}, "schema_version"),
+    "an entry without its field": ({"payload": b"x"}, "missing_field"),
+    "a chunk without actions": ({"record": without_actions()}, "missing_field"),
+    "observations of another env": ({"record": serialized_chunk(2, 0, obs_dim=5)}, "spec_mismatch"),
+    "a version from the future": ({"record": serialized_chunk(2, 0, version=2**62)}, "impossible_version"),
+    "a NaN observation": ({"record": serialized_chunk(2, 0, observation_fill=float("nan"))}, "non_finite"),
+}
+
+
+@pytest.mark.parametrize(
+    ("record", "reason", "message"),
+    [
+        (b"\xff\xfe", "undecodable", "not an ExperienceRecord"),
+        (wrong_schema(), "schema_version", "schema version 7; this trainer reads 1"),
+        (without_actions(), "missing_field", "a chunk without actions"),
+        (serialized_chunk(2, 0, obs_dim=5), "spec_mismatch", "observations of shape (8, 2, 5)"),
+        (
+            serialized_chunk(2, 0, observation_fill=float("inf")),
+            "non_finite",
+            "NaN or infinity in observations",
+        ),
+    ],
+    ids=["undecodable", "schema", "missing", "shape", "infinity"],
+)
+def test_decode_record_names_the_reason(record: bytes, reason: str, message: str) -> None:
+    with pytest.raises(RecordError, match=message.replace("(", r"\(").replace(")", r"\)")) as error:
+        decode_record(record, PENDULUM)
+    assert error.value.reason == reason
+
+
+def test_a_sound_record_decodes_to_its_arrays() -> None:
+    chunk = decode_record(serialized_chunk(2, 0, version=3), PENDULUM)
+    assert chunk.policy_version == 3 and chunk.observations.shape == (8, 2, 3) and chunk.num_steps == 16
+    assert np.isfinite(chunk.rewards).all()
+
+
+def test_discrete_actions_outside_the_space_are_a_spec_mismatch() -> None:
+    builder = ChunkBuilder(2, 1, (4,), (), np.int64)
+    result = environment_pb2.StepResult(
+        rewards=tensors.encode(np.ones(1, np.float32)),
+        terminated=tensors.encode(np.zeros(1, bool)),
+        truncated=tensors.encode(np.zeros(1, bool)),
+    )
+    zeros = np.zeros(1, np.float32)
+    for action in (1, 2):  # CartPole acts 0 or 1
+        builder.add(np.zeros((1, 4), np.float32), np.array([action]), zeros, zeros, result, None)
+    record = builder.finish(np.zeros((1, 4), np.float32), zeros, 0, "rollout", "env", "session")
+    with pytest.raises(RecordError, match=r"Discrete actions outside \[0, 1\]: 1..2") as error:
+        decode_record(record, TrajectorySpec(obs_shape=(4,), action_shape=(), discrete=(0, 1)))
+    assert error.value.reason == "spec_mismatch"
+
+
+class Injector(Sidecar):
+    """Appends every kind of bad entry to the run's stream, once a second."""
+
+    def __init__(self, client: redis.Redis, run: str) -> None:
+        super().__init__(interval_s=1.0)
+        self.client, self.key, self.rounds = client, keys.experience(run), 0
+
+    def work(self) -> None:
+        for fields, _ in BAD_ENTRIES.values():
+            self.client.xadd(self.key, fields)
+        self.rounds += 1
+
+
+@pytest.mark.integration
+def test_bad_records_are_counted_by_reason_while_pendulum_learns(
+    tmp_path: Path, valkey, redis_client: redis.Redis
+) -> None:
+    run_dir = tmp_path / "run"
+    config = config_file(tmp_path, run={"name": "poisoned-stream"})
+    injector = Injector(redis_client, "poisoned-stream")
+    options = ("--redis-url", valkey.url, "--total-steps", "200000", "--target-return", "-400")
+    output = run_up_with(injector, config, run_dir, *options)
+    assert "restart" not in output, output[-3000:]  # no service crashed on a bad record
+    assert injector.rounds >= 10
+
+    assert_learned(report_rows(run_dir), random_below=-900.0, target=-400.0, budget=200_000)
+    counters = report_rows(run_dir)[-1]["counters"]
+    for reason in {reason for _, reason in BAD_ENTRIES.values()}:
+        assert counters.get(f"records_rejected_{reason}", 0) >= 5, (reason, counters)
+    trainer_log = (run_dir / "logs" / "trainer.log").read_text()
+    assert "skipped" in trainer_log and "(spec_mismatch)" in trainer_log and "Traceback" not in trainer_log
+    shown = cli("status", "--redis-url", valkey.url, "--run", "poisoned-stream")
+    assert "records_rejected_undecodable=" in shown.stdout, shown.stdout

@@ -1,0 +1,111 @@
+"""What ``env.id`` names, resolved once: a registered Gymnasium id, ``module:EnvClass`` or ``module:registered-id``.
+
+``check_env`` builds one instance through the configured backend before anything starts (``up``, each env
+service), so a bad id, a module that does not import, bad ``env.kwargs`` or a space the protocol does not carry
+is one line naming the problem, within seconds, instead of a crash loop or a run that never steps.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.envs.registration import EnvSpec
+
+from tinker_atropos.runtime import FatalError
+
+
+class EnvError(FatalError, ValueError):
+    """An env that cannot be served; the message is one line that names the problem."""
+
+
+def check_registered(env_id: str) -> None:
+    """Raise EnvError, with the closest registered ids, unless ``env_id`` is registered."""
+    import tinker_atropos.environment.delay  # noqa: F401 - registers TinkerAtropos/Delayed-v0
+
+    if env_id not in gym.registry:
+        close = difflib.get_close_matches(env_id, list(gym.registry), n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise EnvError(f"unknown Gymnasium env id {env_id!r}{hint}")
+
+
+def env_maker(env_id: str) -> Callable[..., gym.Env]:
+    """A function ``make(**kwargs)`` for ``env_id``, with gymnasium.make's wrappers in every form.
+
+    ``module:EnvClass`` is made from an EnvSpec of the class (gymnasium.make itself would look the class name up
+    as a registered id); ``module:registered-id`` imports the module, which registers the id.
+    """
+    if ":" not in env_id:
+        check_registered(env_id)
+        return lambda **kwargs: gym.make(env_id, **kwargs)
+    module_name, _, name = env_id.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as error:  # ImportError, or whatever the module raises while it is imported
+        raise EnvError(
+            f"env.id {env_id!r}: cannot import {module_name!r}: {type(error).__name__}: {error}"
+        ) from None
+    target = getattr(module, name, None)
+    if isinstance(target, type) and issubclass(target, gym.Env):
+        spec = EnvSpec(id=env_id, entry_point=target)
+        return lambda **kwargs: gym.make(spec, **kwargs)
+    if name in gym.registry:
+        return lambda **kwargs: gym.make(name, **kwargs)
+    raise EnvError(
+        f"env.id {env_id!r}: module {module_name!r} has no gymnasium.Env subclass {name!r} and registers no "
+        f"env id {name!r}"
+    )
+
+
+@dataclass(frozen=True)
+class EnvSpaces:
+    observation_space: gym.spaces.Box
+    action_space: gym.spaces.Box | gym.spaces.Discrete
+
+
+def supported_spaces(observation_space: gym.Space, action_space: gym.Space) -> EnvSpaces:
+    """The spaces the protocol and the policies carry today: Box observations, Box or Discrete actions."""
+    if not isinstance(observation_space, gym.spaces.Box):
+        raise EnvError(f"observation space {observation_space} is not supported; supported: Box")
+    if not isinstance(action_space, gym.spaces.Box | gym.spaces.Discrete):
+        raise EnvError(f"action space {action_space} is not supported; supported: Box, Discrete")
+    return EnvSpaces(observation_space, action_space)
+
+
+def check_env(env: Any) -> EnvSpaces:
+    """Build, reset and close one instance of the ``env`` config section through its backend; its spaces.
+
+    Raises EnvError with one line naming the problem: the id, the import, the kwargs, the backend or a space.
+    """
+    from tinker_atropos.environment.backends.base import make_env_batch
+
+    try:
+        batch = make_env_batch(env.backend, env.id, env.kwargs, 1, 1)
+    except EnvError:
+        raise
+    except Exception as error:  # the env's own constructor: bad kwargs, a missing asset, a backend limit
+        raise EnvError(
+            f"cannot make {env.id!r} with env.kwargs {env.kwargs} (backend {env.backend!r}): "
+            f"{type(error).__name__}: {error}"
+        ) from None
+    try:
+        spaces = supported_spaces(batch.observation_space, batch.action_space)
+        try:
+            observations = batch.reset(0)
+        except Exception as error:
+            raise EnvError(f"{env.id!r} fails on reset: {type(error).__name__}: {error}") from None
+        if observations.shape[1:] != spaces.observation_space.shape:
+            raise EnvError(
+                f"{env.id!r} returns observations of shape {observations.shape[1:]}, its observation space "
+                f"says {spaces.observation_space.shape}"
+            )
+        if not np.isfinite(observations).all():
+            raise EnvError(f"{env.id!r} returns a NaN or infinite observation right after reset")
+        return spaces
+    finally:
+        batch.close()

@@ -1,0 +1,133 @@
+"""``up``'s progress: one console line and one ``metrics.jsonl`` row per report, read from Redis.
+
+It survives a Redis outage: one line when Redis goes, one when it is back, no rows meanwhile. Counters that
+come back lower than at the last report (a Redis restarted without persistence, or a new one) are restored from
+that report, so ``env_steps`` and ``--total-steps`` go on counting the whole run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+from rich.console import Console
+
+from tinker_atropos.state.connection import connect_fast, describe
+from tinker_atropos.state.experience import add_stats, queued_chunks, read_stats, recent_episodes
+from tinker_atropos.state.registry import live_services
+from tinker_atropos.state.weights import published_version
+
+RETURN_WINDOW = 10  # episode_return_mean is over the latest this many episodes
+
+
+class ProgressReporter:
+    """Reports a run's figures; ``counters``, ``wall_offset_s`` and ``policy_version`` continue a resumed run."""
+
+    def __init__(
+        self,
+        url: str,
+        run: str,
+        metrics_path: Path,
+        console: Console,
+        counters: dict[str, int] | None = None,
+        wall_offset_s: float = 0.0,
+        policy_version: int = 0,
+    ) -> None:
+        self.client, self.run, self.console = connect_fast(url), run, console
+        self.metrics = open(metrics_path, "a")  # noqa: SIM115 - closed by close()
+        self.start, self.wall_offset_s = time.monotonic(), wall_offset_s
+        self.counters = dict(counters or {})  # the run's counters at the last report
+        self.last_time, self.last_steps = self.start, self.counters.get("env_steps", 0)
+        self.last_row: dict[str, Any] | None = None
+        self.unreachable_since: float | None = None
+        self._policy_version = (
+            policy_version  # until the trainer publishes: a resumed run's checkpoint version
+        )
+
+    def wall_time_s(self) -> float:
+        """Seconds since the run began, across resumes: the clock of metrics.jsonl."""
+        return self.wall_offset_s + time.monotonic() - self.start
+
+    def outage_s(self) -> float:
+        """How long Redis has been unreachable (0 while it answers)."""
+        return 0.0 if self.unreachable_since is None else time.monotonic() - self.unreachable_since
+
+    def restore_counters(self) -> None:
+        """Put the counters of the last report back if Redis has fewer (it lost them)."""
+        if read_stats(self.client, self.run).get("env_steps", 0) < self.counters.get("env_steps", 0):
+            add_stats(self.client, self.run, **self.counters)
+            self.console.print(
+                "[yellow]Redis had lost the run's counters; restored them from the last report "
+                "(the experience queued in it is lost)"
+            )
+
+    def report(self, show: bool = True) -> dict[str, Any] | None:
+        """Read, print (if ``show``) and append one row; None while Redis is unreachable."""
+        try:
+            self.restore_counters()
+            row = self._row()
+        except redis.RedisError as error:
+            if self.unreachable_since is None:
+                self.unreachable_since = time.monotonic()
+                self.console.print(f"[yellow]Redis unreachable ({describe(error)}); the services wait for it")
+            return None
+        if self.unreachable_since is not None:
+            self.console.print(f"[green]Redis answers again after {self.outage_s():.1f} s")
+            self.unreachable_since = None
+        self.metrics.write(json.dumps(row) + "\n")
+        self.metrics.flush()
+        self.last_row = row
+        if show:
+            self._print(row)
+        return row
+
+    def _row(self) -> dict[str, Any]:
+        now = time.monotonic()
+        stats = read_stats(self.client, self.run)
+        episodes = recent_episodes(self.client, self.run, RETURN_WINDOW)
+        trainers = live_services(self.client, self.run, "trainer")
+        trainer = trainers[0].figures if trainers else {}
+        # what the rollouts act with: it never goes back, also while a trainer restarts; a malformed weights
+        # record (ValueError) is the trainer's to replace
+        with contextlib.suppress(ValueError):
+            self._policy_version = published_version(self.client, self.run) or self._policy_version
+        steps = stats.get("env_steps", 0)
+        row = {
+            "env_steps": steps,
+            "wall_time_s": round(self.wall_offset_s + now - self.start, 3),
+            "env_steps_per_s": round((steps - self.last_steps) / max(now - self.last_time, 1e-9), 1),
+            "episodes": stats.get("episodes", 0),
+            "episode_return_mean": (sum(e["return"] for e in episodes) / len(episodes)) if episodes else None,
+            "policy_version": self._policy_version,
+            "trainer_busy": round(float(trainer["busy_fraction"]), 3) if "busy_fraction" in trainer else None,
+            "policy_lag_mean": float(trainer.get("policy_lag_mean", 0.0)),
+            "chunks_written": stats.get("chunks_written", 0),
+            "chunks_rejected_stale": stats.get("chunks_rejected_stale", 0),
+            "chunks_dropped_backpressure": stats.get("chunks_dropped_backpressure", 0),
+            "chunks_queued": queued_chunks(self.client, self.run),
+            "counters": stats,  # every run counter, as Redis holds it: what a resumed run starts from
+        }
+        self.last_time, self.last_steps, self.counters = now, steps, stats
+        return row
+
+    def _print(self, row: dict[str, Any]) -> None:
+        ret = "-" if row["episode_return_mean"] is None else f"{row['episode_return_mean']:.1f}"
+        busy = "-" if row["trainer_busy"] is None else f"{row['trainer_busy']:.0%}"
+        counters = row["counters"]
+        rejected = sum(n for k, n in counters.items() if k.startswith("records_rejected_"))
+        notes = f"  [yellow]bad records {rejected}[/]" if rejected else ""
+        if cut := counters.get("episodes_cut_nonfinite", 0):
+            notes += f"  [yellow]NaN episodes {cut}[/]"
+        self.console.print(
+            f"[bold]{row['env_steps']:>10,}[/] steps  {row['env_steps_per_s']:>8,.0f} steps/s  "
+            f"episodes {row['episodes']:>6}  return {ret:>8}  version {row['policy_version']:>5}  "
+            f"trainer busy {busy}  lag {row['policy_lag_mean']:.1f}{notes}"
+        )
+
+    def close(self) -> None:
+        self.metrics.close()
+        self.client.close()

@@ -1,0 +1,104 @@
+"""A run folder (``runs/NAME``): metrics.jsonl, logs, checkpoints, the embedded Valkey's data.
+
+``up`` on a folder that already holds a run resumes it explicitly: the trainer continues from its latest
+checkpoint, the counters from the last metrics row, and metrics.jsonl gets a resume marker. ``--fresh`` clears
+what a run left there (and the run's keys in Redis) and starts over.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tinker_atropos.state.checkpoints import PREFIX as CHECKPOINT_PREFIX
+
+RUN_ITEMS = ("metrics.jsonl", "chaos.jsonl", "config.yaml", "logs", "checkpoints", "valkey")
+# What the counters were called in rows written before metrics.jsonl kept them all under "counters".
+_FLAT_COUNTERS = (
+    "env_steps",
+    "episodes",
+    "chunks_written",
+    "chunks_rejected_stale",
+    "chunks_dropped_backpressure",
+)
+
+
+@dataclass(frozen=True)
+class PreviousRun:
+    """Where a run left off: its last metrics row and its latest checkpoint."""
+
+    counters: dict[str, int]
+    wall_time_s: float
+    checkpoint: Path | None
+
+    @property
+    def env_steps(self) -> int:
+        return self.counters.get("env_steps", 0)
+
+    @property
+    def policy_version(self) -> int | None:
+        """The version of the latest checkpoint, read off its name."""
+        if self.checkpoint is None:
+            return None
+        return int(self.checkpoint.stem.removeprefix(CHECKPOINT_PREFIX))
+
+
+def metric_rows(path: Path) -> list[dict[str, Any]]:
+    """The report rows of a metrics.jsonl: markers and lines a killed run cut short are left out."""
+    rows = []
+    with contextlib.suppress(FileNotFoundError), open(path) as lines:
+        for line in lines:
+            with contextlib.suppress(ValueError):
+                row = json.loads(line)
+                if isinstance(row, dict) and "event" not in row and "env_steps" in row:
+                    rows.append(row)
+    return rows
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    return max((run_dir / "checkpoints").glob(f"{CHECKPOINT_PREFIX}*.pt"), default=None)
+
+
+def previous_run(run_dir: Path) -> PreviousRun | None:
+    """What the folder holds of an earlier run, None if nothing."""
+    rows, checkpoint = metric_rows(run_dir / "metrics.jsonl"), latest_checkpoint(run_dir)
+    if not rows and checkpoint is None:
+        return None
+    last = rows[-1] if rows else {}
+    counters = last.get("counters") or {k: last[k] for k in _FLAT_COUNTERS if k in last}
+    return PreviousRun(
+        {k: int(v) for k, v in counters.items()}, float(last.get("wall_time_s", 0.0)), checkpoint
+    )
+
+
+def mark_resume(metrics_path: Path, run: str, previous: PreviousRun) -> None:
+    marker = {
+        "event": "resume",
+        "run": run,
+        "env_steps": previous.env_steps,
+        "policy_version": previous.policy_version,
+        "wall_time_s": previous.wall_time_s,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    with open(metrics_path, "a") as metrics:
+        metrics.write(json.dumps(marker) + "\n")
+
+
+def clear_run_folder(run_dir: Path) -> list[str]:
+    """Remove what a run left in ``run_dir`` (other files stay); the names removed."""
+    removed = []
+    for name in RUN_ITEMS:
+        path = run_dir / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+        else:
+            continue
+        removed.append(name)
+    return removed
