@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 RUN_CONFIG ?= configs/humanoid.yaml
 RUN_STEPS ?= 2000000
 
-.PHONY: run test lint proto bench bench-learn chaos demo-cluster clean
+.PHONY: run test lint proto deploy-configs bench bench-learn chaos demo-cluster clean
 
 $(VENV)/.installed: pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found: install Python 3.11 or pass PYTHON=..." >&2; exit 1; }
@@ -29,20 +29,23 @@ lint: $(VENV)/.installed
 proto: $(VENV)/.installed  ## regenerate the gRPC/Protobuf stubs from tinker_atropos/protocol/v1/*.proto
 	$(PY) -m tinker_atropos.protocol.codegen
 
+deploy-configs: $(VENV)/.installed  ## inline configs/*.yaml into the Kubernetes ConfigMap generator (deploy/k8s/run-configs)
+	$(PY) deploy/k8s/run_configs.py
+
 bench: $(VENV)/.installed  ## throughput vs the simulator alone, EnvPool and SB3 PPO, plus env-service scaling (~10 min)
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
-	$(VENV)/bin/tinker-atropos bench --out bench/out
+	$(PY) -m bench throughput --out bench/out
 
 bench-learn: $(VENV)/.installed  ## Humanoid mean return after 20 min of wall time, ours then SB3 PPO (~41 min; MINUTES=, SEEDS=)
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
-	$(VENV)/bin/tinker-atropos bench-learn configs/humanoid.yaml --minutes $(or $(MINUTES),20) --seeds $(or $(SEEDS),1) --out bench/out
+	$(PY) -m bench learn configs/humanoid.yaml --minutes $(or $(MINUTES),20) --seeds $(or $(SEEDS),1) --out bench/out
 
 chaos: $(VENV)/.installed  ## Pendulum undisturbed and with a random service SIGKILLed every 8 s: curves, recovery times (~5 min)
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
-	$(VENV)/bin/tinker-atropos chaos --out bench/out
+	$(PY) -m bench chaos --out bench/out
 
 demo-cluster: $(VENV)/.installed  ## trainer node + 4 env nodes as network namespaces on this machine (root), until Ctrl-C
-	$(PY) -m tinker_atropos.launcher.cluster
+	$(PY) -m tests.support.cluster
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -14,13 +14,14 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from tinker_atropos.bench.learn import LearnOptions, run_learning_benchmark
-from tinker_atropos.bench.phases import GatedMeter, IterationGate, ServicesMeter, Timing
-from tinker_atropos.bench.report import RATE_KEYS
-from tinker_atropos.bench.run import BenchOptions, run_benchmark
+from bench import delay
+from bench.learn import LearnOptions, run_learning_benchmark
+from bench.phases import GatedMeter, IterationGate, ServicesMeter, Timing
+from bench.report import RATE_KEYS
+from bench.throughput import BenchOptions, run_benchmark
 from tinker_atropos.config import parse_config
-from tinker_atropos.environment import delay
 from tinker_atropos.environment.backends.gymnasium_batch import GymnasiumBatch
+from tinker_atropos.environment.envs import check_env, env_maker
 
 
 @pytest.mark.integration
@@ -140,15 +141,15 @@ def test_an_unknown_phase_is_refused_with_the_allowed_ones(tmp_path: Path) -> No
         BenchOptions(phases=("raw", "warp"), timing=Timing(1.0, 1.0), out=tmp_path)
 
 
-def test_the_delayed_env_validates_as_a_config_env_id() -> None:
-    config = parse_config(
+def test_the_delayed_env_is_served_through_the_module_class_form_of_env_id() -> None:
+    env = parse_config(
         {"env": {"id": delay.ENV_ID, "kwargs": {"env_id": "Pendulum-v1", "delay_s": 0.001}}}
-    )
-    assert config.env.id == delay.ENV_ID
+    ).env
+    assert check_env(env).observation_space.shape == (3,)
 
 
 def test_a_delayed_step_sleeps_at_least_the_delay_and_returns_what_the_wrapped_env_returns() -> None:
-    delayed = gym.make(delay.ENV_ID, env_id="Pendulum-v1", delay_s=0.05)
+    delayed = env_maker(delay.ENV_ID)(env_id="Pendulum-v1", delay_s=0.05)
     plain = gym.make("Pendulum-v1")
     try:
         obs_d, _ = delayed.reset(seed=3)

@@ -373,7 +373,7 @@ def test_pods_mount_every_run_config_and_name_one_of_them(name):
         volume = {v["name"]: v for v in workload["spec"]["template"]["spec"]["volumes"]}[mount["name"]]
         shipped = the_object(objects, "ConfigMap", volume["configMap"]["name"])["data"]
         assert shipped == in_repository, (
-            f"{where}: configs/Kustomization must list exactly the files in configs/"
+            f"{where}: deploy/k8s/run-configs is behind configs/: run `make deploy-configs`"
         )
         config_path = Path(pod_environment(objects, container)["TA_CONFIG"])
         assert config_path.parent == Path("/config") and config_path.name in shipped, where

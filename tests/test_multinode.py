@@ -12,9 +12,9 @@ import pytest
 import redis
 
 from tests.conftest import REPO, wait_for
+from tests.support.cluster import Cluster, start_cluster
+from tests.support.netns import unavailable_reason
 from tinker_atropos.config import load_config
-from tinker_atropos.launcher.cluster import Cluster, start_cluster
-from tinker_atropos.launcher.netns import unavailable_reason
 from tinker_atropos.state.connection import connect
 from tinker_atropos.state.registry import ServiceRecord, live_services
 

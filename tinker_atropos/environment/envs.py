@@ -26,8 +26,6 @@ class EnvError(FatalError, ValueError):
 
 def check_registered(env_id: str) -> None:
     """Raise EnvError, with the closest registered ids, unless ``env_id`` is registered."""
-    import tinker_atropos.environment.delay  # noqa: F401 - registers TinkerAtropos/Delayed-v0
-
     if env_id not in gym.registry:
         close = difflib.get_close_matches(env_id, list(gym.registry), n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else ""

@@ -48,10 +48,6 @@ class ProgressReporter:
             policy_version  # until the trainer publishes: a resumed run's checkpoint version
         )
 
-    def wall_time_s(self) -> float:
-        """Seconds since the run began, across resumes: the clock of metrics.jsonl."""
-        return self.wall_offset_s + time.monotonic() - self.start
-
     def outage_s(self) -> float:
         """How long Redis has been unreachable (0 while it answers)."""
         return 0.0 if self.unreachable_since is None else time.monotonic() - self.unreachable_since
@@ -99,6 +95,7 @@ class ProgressReporter:
         row = {
             "env_steps": steps,
             "wall_time_s": round(self.wall_offset_s + now - self.start, 3),
+            "time": round(time.time(), 3),  # unix time: lines the rows up with logs and outside events
             "env_steps_per_s": round((steps - self.last_steps) / max(now - self.last_time, 1e-9), 1),
             "episodes": stats.get("episodes", 0),
             "episode_return_mean": (sum(e["return"] for e in episodes) / len(episodes)) if episodes else None,

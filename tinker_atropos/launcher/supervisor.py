@@ -26,8 +26,7 @@ from tinker_atropos.runtime import EXIT_FATAL, child_preexec
 
 MAX_RESTARTS = 10
 HEALTHY_AFTER_S = 60.0
-BACKOFF_S, MAX_BACKOFF_S = 1.0, 30.0  # the delay before restart k of a crash loop: BACKOFF_S * 2 ** (k - 1)
-CHAOS_RESTART_DELAY_S = 0.5
+BACKOFF_S, MAX_BACKOFF_S = 0.5, 30.0  # the delay before restart k of a crash loop: BACKOFF_S * 2 ** (k - 1)
 TAIL_LINES = 6
 
 
@@ -41,8 +40,7 @@ class Child:
     program: list[str] = field(default_factory=lambda: [sys.executable, "-m", "tinker_atropos"])
     process: subprocess.Popen | None = None
     restarts: int = 0
-    failures: int = 0  # unexpected exits since it last ran healthy; chaos kills are expected and not counted
-    killed_by_chaos: bool = False
+    failures: int = 0  # exits since it last ran healthy
     death_signal: int = signal.SIGTERM  # what it gets when the launcher dies (see ``child_preexec``)
     started_at: float = 0.0
     next_start: float = 0.0
@@ -117,19 +115,15 @@ def supervise(children: list[Child], console: Console) -> GiveUp | None:
             )
             _print_tail(console, child)
             return GiveUp(f"{child.name} failed", EXIT_FATAL)
-        if child.killed_by_chaos:
-            child.killed_by_chaos = False
-            delay = CHAOS_RESTART_DELAY_S
-        else:
-            if child.failures >= MAX_RESTARTS:
-                console.print(
-                    f"[red]{child.name} exited with code {code} {MAX_RESTARTS} times in a row; giving up "
-                    f"(log: {child.log_path}):"
-                )
-                _print_tail(console, child)
-                return GiveUp(f"{child.name} kept crashing", 1)
-            child.failures += 1
-            delay = min(BACKOFF_S * 2.0 ** (child.failures - 1), MAX_BACKOFF_S)
+        if child.failures >= MAX_RESTARTS:
+            console.print(
+                f"[red]{child.name} exited with code {code} {MAX_RESTARTS} times in a row; giving up "
+                f"(log: {child.log_path}):"
+            )
+            _print_tail(console, child)
+            return GiveUp(f"{child.name} kept crashing", 1)
+        child.failures += 1
+        delay = min(BACKOFF_S * 2.0 ** (child.failures - 1), MAX_BACKOFF_S)
         child.restarts += 1
         console.print(
             f"[yellow]{child.name} exited with code {code}; restart {child.restarts} in {delay:.1f}s "

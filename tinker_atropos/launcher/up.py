@@ -9,13 +9,10 @@ run ends with a summary of where it got to and where its files are.
 
 from __future__ import annotations
 
-import json
-import random
 import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import redis
 from rich.console import Console
@@ -48,7 +45,6 @@ class UpOptions:
     total_steps: int | None = None
     target_return: float | None = None
     max_seconds: float | None = None
-    chaos_interval_s: float | None = None
     fresh: bool = False
 
 
@@ -85,10 +81,7 @@ class _Stop(Exception):
 
 
 def run_local(config: Config, run_dir: Path, redis_url: str | None, options: UpOptions) -> int:
-    """Run until a stop condition of ``options``, Ctrl-C, or a failure; returns the exit code.
-
-    With ``options.chaos_interval_s``, a random service process is killed (SIGKILL) that often: the run must go
-    on."""
+    """Run until a stop condition of ``options``, Ctrl-C, or a failure; returns the exit code."""
     console = Console(soft_wrap=True)
     run = config.run.name
     console.print(f"[bold]tinker-atropos up[/] run {run!r} in {run_dir}\n{config.to_yaml()}")
@@ -153,7 +146,7 @@ def run_local(config: Config, run_dir: Path, redis_url: str | None, options: UpO
     started = time.monotonic()
     outcome = _Stop("stopped")
     try:
-        _supervise_run(config, options, children, server, reporter, run_dir, stopping, started)
+        _supervise_run(config, options, children, server, reporter, stopping, started)
     except _Stop as stop:
         outcome = stop
     finally:
@@ -178,15 +171,12 @@ def _supervise_run(
     children: list[Child],
     server: EmbeddedValkey | None,
     reporter: ProgressReporter,
-    run_dir: Path,
     stopping: list[str],
     started: float,
 ) -> None:
     """The loop of ``up``: supervision, progress and stop conditions, until it raises _Stop."""
     console = reporter.console
     next_report = time.monotonic() + config.run.report_interval_s
-    chaos = random.Random(config.run.seed)
-    next_chaos = time.monotonic() + (options.chaos_interval_s or 0.0)
     next_valkey_start = 0.0
     while not stopping:
         time.sleep(0.1)
@@ -202,9 +192,6 @@ def _supervise_run(
                 next_valkey_start = now + VALKEY_RETRY_S
         if give_up := supervise(children, console):
             raise _Stop(give_up.reason, give_up.exit_code)
-        if options.chaos_interval_s and now >= next_chaos:
-            next_chaos += options.chaos_interval_s
-            kill_one(children, chaos, console, run_dir / "chaos.jsonl", reporter.wall_time_s())
         if now < next_report:
             continue
         next_report += config.run.report_interval_s
@@ -246,26 +233,3 @@ def _summary(
         f"  logs         {run_dir / 'logs'}/\n"
         f"  checkpoints  {run_dir / 'checkpoints'}/ (latest: {checkpoint.name if checkpoint else 'none'})"
     )
-
-
-def kill_one(
-    children: list[Child], chaos: random.Random, console: Console, events: Path, wall_time_s: float
-) -> None:
-    """Chaos mode: SIGKILL one running service, as a crashed node or an OOM kill would.
-
-    Each kill is appended to ``events`` on the clock of metrics.jsonl, so recovery can be read off both.
-    """
-    running = [c for c in children if c.process is not None and c.process.poll() is None]
-    if running:
-        victim = chaos.choice(running)
-        victim.killed_by_chaos = True
-        victim.process.kill()
-        console.print(f"[magenta]chaos: killed {victim.name} (pid {victim.process.pid})")
-        event: dict[str, Any] = {
-            "wall_time_s": round(wall_time_s, 3),
-            "service": victim.name,
-            "kind": victim.args[0],
-            "pid": victim.process.pid,
-        }
-        with events.open("a") as out:
-            out.write(json.dumps(event) + "\n")

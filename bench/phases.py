@@ -488,10 +488,10 @@ def scaling_curve(
 ) -> dict[str, Any]:
     """Collection throughput with 1, 2, 4, … env services of a latency-bound env, and efficiency vs linear.
 
-    The env is ``wrapped_id`` behind ``TinkerAtropos/Delayed-v0`` (``delay_s`` per batch step of a session):
+    The env is ``wrapped_id`` behind ``bench.delay:DelayedEnv`` (``delay_s`` per batch step of a session):
     a simulator on another node, whose latency more env services can hide while the CPU here stays free.
     """
-    from tinker_atropos.environment.delay import ENV_ID
+    from bench.delay import ENV_ID
 
     base = config.model_copy(deep=True)
     base.env.id, base.env.kwargs, base.env.backend = (

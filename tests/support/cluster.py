@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tinker_atropos.launcher.netns import Network, Node, unavailable_reason
+from tests.support.netns import Network, Node, unavailable_reason
 from tinker_atropos.runtime import stop_on_signals
 from tinker_atropos.state.embedded import EmbeddedValkey
 

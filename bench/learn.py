@@ -23,11 +23,11 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from tinker_atropos.bench import report
-from tinker_atropos.bench.phases import sb3_ppo
-from tinker_atropos.bench.run import STEP_CONVENTION
+from bench import report
+from bench.phases import sb3_ppo
+from bench.throughput import STEP_CONVENTION
 from tinker_atropos.config import Config
-from tinker_atropos.launcher.up import RETURN_WINDOW
+from tinker_atropos.launcher.progress import RETURN_WINDOW
 from tinker_atropos.runtime import child_preexec
 
 SYSTEMS = ("tinker_atropos", "sb3_ppo")

@@ -1,19 +1,23 @@
-"""``tinker-atropos chaos``: the same run undisturbed and with a random service SIGKILLed every K seconds.
+"""``python -m bench chaos``: the same run undisturbed and with a random service SIGKILLed every K seconds.
 
 It answers two questions: does learning survive crashes (the two learning curves), and what does each kind of
 crash cost (per kill, the seconds until env steps and policy version have both moved past the first report after
-the kill, i.e. until the run goes on).
+the kill, i.e. until the run goes on). The kills come from outside, as a chaos monkey's do: ``ChaosMonkey``
+finds the run's service processes itself and `up` supervises them as it would after any crash.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import random
 import shutil
 import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,9 +26,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from tinker_atropos.bench.report import machine, package_versions, read_jsonl
+from bench.report import machine, package_versions, read_jsonl
 from tinker_atropos.config import Config
-from tinker_atropos.launcher.up import RETURN_WINDOW
+from tinker_atropos.launcher.progress import RETURN_WINDOW
 from tinker_atropos.runtime import child_preexec
 
 KINDS = ("env", "rollout", "trainer")
@@ -83,6 +87,59 @@ def recovery_summary(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]
     return {kind: time_stats([r for r in records if r["kind"] == kind]) for kind in KINDS}
 
 
+def run_services(run_dir: Path) -> list[tuple[int, str, str]]:
+    """(pid, kind, name) of every service process of the `up` run in ``run_dir``, read from /proc: `up` starts
+    each with ``tinker_atropos KIND --config RUN_DIR/config.yaml … --name NAME``."""
+    config = str(run_dir / "config.yaml")
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = [arg.decode(errors="replace") for arg in cmdline.read_bytes().split(b"\0")]
+        except OSError:  # gone meanwhile
+            continue
+        if "tinker_atropos" not in argv or config not in argv:
+            continue
+        position = argv.index("tinker_atropos") + 1
+        kind = argv[position] if position < len(argv) else ""
+        if kind in KINDS and "--name" in argv:
+            found.append((int(cmdline.parent.name), kind, argv[argv.index("--name") + 1]))
+    return found
+
+
+class ChaosMonkey(threading.Thread):
+    """SIGKILLs a random service of the run in ``run_dir`` every ``interval_s``, as a crashed node or an OOM kill
+    would, and appends each kill to ``events`` (unix ``time``, ``service``, ``kind``, ``pid``)."""
+
+    def __init__(self, run_dir: Path, interval_s: float, events: Path, seed: int) -> None:
+        super().__init__(name="chaos-monkey", daemon=True)
+        self.run_dir, self.interval_s, self.events = run_dir, interval_s, events
+        self.rng, self.stop = random.Random(seed), threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(self.interval_s):
+            victims = run_services(self.run_dir)
+            if not victims:
+                continue
+            pid, kind, name = self.rng.choice(sorted(victims))
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:  # exited between the look and the kill
+                continue
+            with self.events.open("a") as out:
+                out.write(
+                    json.dumps({"time": round(time.time(), 3), "service": name, "kind": kind, "pid": pid})
+                    + "\n"
+                )
+
+
+def on_metrics_clock(events: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Kill events with ``wall_time_s`` on the clock of metrics.jsonl, from the rows' unix ``time``."""
+    if not rows:
+        return []
+    offset = rows[0]["time"] - rows[0]["wall_time_s"]
+    return [event | {"wall_time_s": round(event["time"] - offset, 3)} for event in events]
+
+
 def run_up(config: Config, work_dir: Path, options: ChaosOptions, chaos: bool) -> dict[str, Any]:
     """One ``tinker-atropos up`` as its own process into a fresh ``work_dir``; its metrics and kill events."""
     shutil.rmtree(work_dir, ignore_errors=True)  # metrics.jsonl is appended to: start from nothing
@@ -92,19 +149,22 @@ def run_up(config: Config, work_dir: Path, options: ChaosOptions, chaos: bool) -
     run_dir = work_dir / "run"
     command = [sys.executable, "-m", "tinker_atropos", "up", str(config_path), "--run-dir", str(run_dir)]
     command += ["--total-steps", str(options.total_steps)]
-    if chaos:
-        command += ["--chaos-interval", str(options.chaos_interval_s)]
+    monkey = ChaosMonkey(run_dir, options.chaos_interval_s, work_dir / "chaos.jsonl", config.run.seed)
     with open(work_dir / "up.log", "w") as log:
         up = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=child_preexec)
+        if chaos:
+            monkey.start()
         try:
             code = up.wait(timeout=options.timeout_s)
         finally:
+            monkey.stop.set()
             if up.poll() is None:  # timeout or Ctrl-C: drain the run as Ctrl-C would
                 up.send_signal(signal.SIGINT)
                 up.wait(timeout=30)
     if code != 0:
         raise RuntimeError(f"`tinker-atropos up` exited with {code}; see {work_dir / 'up.log'}")
-    return {"rows": read_jsonl(run_dir / "metrics.jsonl"), "events": read_jsonl(run_dir / "chaos.jsonl")}
+    rows = [row for row in read_jsonl(run_dir / "metrics.jsonl") if "event" not in row]
+    return {"rows": rows, "events": on_metrics_clock(read_jsonl(work_dir / "chaos.jsonl"), rows)}
 
 
 def run_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:

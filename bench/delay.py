@@ -1,4 +1,4 @@
-"""``TinkerAtropos/Delayed-v0``: any Gymnasium env plus a fixed latency per batch step, for scaling benchmarks.
+"""``bench.delay:DelayedEnv``: any Gymnasium env plus a fixed latency per batch step, for scaling benchmarks.
 
 It stands for a simulator on another node: one round trip of ``delay_s`` steps a whole batch there, so the
 latency is paid once per batch step of a session, not once per instance (a per-instance sleep would multiply
@@ -16,7 +16,7 @@ from typing import Any
 
 import gymnasium as gym
 
-ENV_ID = "TinkerAtropos/Delayed-v0"
+ENV_ID = "bench.delay:DelayedEnv"  # as a config names it (env.id); env services import this module
 
 _paid = threading.local()  # .step: the latest batch step whose latency this thread has paid
 
@@ -36,12 +36,3 @@ class DelayedEnv(gym.Wrapper):
             _paid.step = self._steps
             time.sleep(self.delay_s)
         return self.env.step(action)
-
-
-def register() -> None:
-    """Make ``ENV_ID`` known to ``gymnasium.make`` and the config validator (idempotent)."""
-    if ENV_ID not in gym.registry:
-        gym.register(ENV_ID, entry_point=DelayedEnv, disable_env_checker=True)
-
-
-register()

@@ -18,7 +18,7 @@ from typing import Any
 
 from rich.console import Console
 
-from tinker_atropos.bench import phases, report
+from bench import phases, report
 from tinker_atropos.config import Config
 from tinker_atropos.trainer.metrics import BUSY_WINDOW_S
 

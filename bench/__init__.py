@@ -1,0 +1,1 @@
+"""Benchmarks of tinker-atropos against the simulator alone and its peers: ``python -m bench --help``."""

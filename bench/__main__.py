@@ -1,0 +1,128 @@
+"""The benchmarks, beside the product: ``python -m bench throughput | learn | chaos`` from the repository root
+(``make bench``, ``make bench-learn``, ``make chaos``). Each runs the product as a user does, next to the peers
+it is compared with, on one machine in one run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from tinker_atropos.config import Config, ConfigError, load_config
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+
+
+def _config(path: Path) -> Config:
+    try:
+        return load_config(path)
+    except ConfigError as error:
+        typer.echo(str(error), err=True)
+        raise typer.Exit(2) from None
+
+
+@app.command()
+def throughput(
+    config: Annotated[Path, typer.Option("--config", "-c", help="Run config (YAML).")] = Path(
+        "configs/humanoid.yaml"
+    ),
+    phases: Annotated[
+        str,
+        typer.Option(help="Comma-separated: raw, envpool, collect, collect_grpc, train, sb3, scaling."),
+    ] = "raw,envpool,collect,collect_grpc,train,sb3,scaling",
+    env_id: Annotated[str | None, typer.Option(help="Overrides env.id.")] = None,
+    instances: Annotated[int | None, typer.Option(min=1, help="Overrides env.instances.")] = None,
+    window_s: Annotated[float, typer.Option(min=0.5, help="Measured seconds per phase.")] = 30.0,
+    warmup_s: Annotated[float, typer.Option(min=0.0, help="Unmeasured seconds before each window.")] = 10.0,
+    rounds: Annotated[
+        int,
+        typer.Option(
+            min=1, help="Slices each window is cut into, alternated: steppers, then train with sb3."
+        ),
+    ] = 6,
+    out: Annotated[Path, typer.Option(help="Folder for bench.json and the charts.")] = Path("bench/out"),
+    scaling_services: Annotated[
+        str, typer.Option(help="Env service counts of the scaling curve.")
+    ] = "1,2,4,8",
+    scaling_delay_ms: Annotated[
+        float, typer.Option(min=0.0, help="Latency per batch step of the scaling env.")
+    ] = 20.0,
+    scaling_env_id: Annotated[str, typer.Option(help="Env behind the latency of the scaling curve.")] = (
+        "Pendulum-v1"
+    ),
+) -> None:
+    """Measure env steps/s of the simulator alone, EnvPool, collection, training and Stable-Baselines3 PPO."""
+    from rich.console import Console
+
+    from bench.phases import Timing
+    from bench.throughput import BenchOptions, run_benchmark
+
+    cfg = _config(config)
+    try:
+        if env_id is not None:
+            cfg.env.id = env_id
+        if instances is not None:
+            cfg.env.instances = instances
+        options = BenchOptions(
+            phases=tuple(p.strip() for p in phases.split(",") if p.strip()),
+            timing=Timing(warmup_s=warmup_s, window_s=window_s, rounds=rounds),
+            out=out,
+            scaling_services=tuple(int(n) for n in scaling_services.split(",")),
+            scaling_delay_s=scaling_delay_ms / 1000,
+            scaling_env_id=scaling_env_id,
+        )
+    except ValueError as error:  # a bad override or phase list; pydantic's errors are ValueErrors too
+        typer.echo(str(error), err=True)
+        raise typer.Exit(2) from None
+    run_benchmark(cfg, options, Console(soft_wrap=True))
+
+
+@app.command()
+def learn(
+    config: Annotated[Path, typer.Argument(help="Run config (YAML).")] = Path("configs/humanoid.yaml"),
+    minutes: Annotated[float, typer.Option(min=0.05, help="Wall-clock budget of each run.")] = 20.0,
+    seeds: Annotated[int, typer.Option(min=1, help="Runs per system, seeds run.seed, run.seed + 1, ...")] = 1,
+    out: Annotated[Path, typer.Option(help="Folder for bench-learn.json and its chart.")] = Path("bench/out"),
+    systems: Annotated[
+        str, typer.Option(help="Comma-separated: tinker_atropos, sb3_ppo (default both).")
+    ] = "tinker_atropos,sb3_ppo",
+) -> None:
+    """Mean return after the same wall time: tinker-atropos against Stable-Baselines3 PPO, one after the other."""
+    from rich.console import Console
+
+    from bench.learn import LearnOptions, run_learning_benchmark
+
+    try:
+        chosen = tuple(s.strip() for s in systems.split(",") if s.strip())
+        options = LearnOptions(budget_s=minutes * 60, seeds=seeds, out=out, systems=chosen)
+    except ValueError as error:
+        typer.echo(str(error), err=True)
+        raise typer.Exit(2) from None
+    run_learning_benchmark(_config(config), options, Console(soft_wrap=True))
+
+
+@app.command()
+def chaos(
+    config: Annotated[Path, typer.Option("--config", "-c", help="Run config (YAML).")] = Path(
+        "configs/pendulum.yaml"
+    ),
+    total_steps: Annotated[int, typer.Option(min=1, help="Env steps of each of the two runs.")] = 150_000,
+    chaos_interval: Annotated[
+        float, typer.Option(min=0.5, help="Seconds between SIGKILLs in the chaos run.")
+    ] = 8.0,
+    out: Annotated[Path, typer.Option(help="Folder for chaos.json, chaos.png and the two runs.")] = Path(
+        "bench/out"
+    ),
+) -> None:
+    """Run `up` undisturbed and with chaos; learning curves of both and recovery times per killed service."""
+    from rich.console import Console
+
+    from bench.chaos import ChaosOptions, run_chaos
+
+    options = ChaosOptions(total_steps=total_steps, chaos_interval_s=chaos_interval, out=out)
+    run_chaos(_config(config), options, Console(soft_wrap=True))
+
+
+if __name__ == "__main__":
+    app(prog_name="python -m bench")
