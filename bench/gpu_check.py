@@ -1,30 +1,33 @@
 """GPU check of the trainer: PPO updates on CUDA against CPU (same seed, same data), and the rollout's inference.
 
 Needs a CUDA machine; run from the repository root: ``python bench/gpu_check.py`` writes gpu_check.json to $OUT
-(or here). The gymnasium-free parts of the package suffice. Reference result: bench/results/gpu_check.json.
+(or here). No simulator is needed. Reference result: bench/results/gpu_check.json.
 """
 
 import json
 import os
 import time
 
+import gymnasium as gym
 import numpy as np
 import torch
 import yaml
 
-from tinker_atropos.algorithms.ppo.learner import PPOLearner
-from tinker_atropos.algorithms.ppo.networks import ActorCritic, InferencePolicy
+from tinker_atropos.algorithms import core as algorithms
+from tinker_atropos.algorithms.core import LearnerSetup
 from tinker_atropos.config import TrainerSection
-from tinker_atropos.protocol.chunks import ChunkArrays
+from tinker_atropos.models.acting import InferencePolicy
+from tinker_atropos.models.mlp import ActorCritic
+from tinker_atropos.protocol.trajectory import Trajectory
 
 OBS, ACT, T, N = 348, 17, 64, 16  # Humanoid-v5 chunks as the rollout writes them
 
 
-def make_chunks(count: int, seed: int) -> list[ChunkArrays]:
+def make_chunks(count: int, seed: int) -> list[Trajectory]:
     rng = np.random.default_rng(seed)
     f32 = np.float32
     return [
-        ChunkArrays(
+        Trajectory(
             policy_version=0,
             env_incarnation="x",
             observations=rng.normal(size=(T, N, OBS)).astype(f32),
@@ -47,31 +50,34 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def updates(spec: dict, trainer, device: torch.device, chunks, repeats: int) -> dict:
-    learner = PPOLearner(spec, trainer, device, seed=7)
-    first = learner.update(chunks)  # also the warm-up
+def updates(trainer: TrainerSection, device: torch.device, chunks, repeats: int) -> dict:
+    spaces = gym.spaces.Box(-np.inf, np.inf, (OBS,)), gym.spaces.Box(-0.4, 0.4, (ACT,))
+    setup = LearnerSetup(*spaces, trainer, trainer.hyperparameters, device, seed=7)
+    learner = algorithms.algorithm(trainer.algorithm).build(setup)
+    first = learner.learn(chunks)  # also the warm-up
     sync(device)
     start = time.perf_counter()
     for _ in range(repeats):
-        learner.update(chunks)
+        learner.learn(chunks)
     sync(device)
     seconds = (time.perf_counter() - start) / repeats
     samples = len(chunks) * T * N
     return {
         "update_s": seconds,
-        "samples_per_s": samples * trainer.ppo.update_epochs / seconds,
+        "samples_per_s": samples * trainer.hyperparameters.update_epochs / seconds,
         "first": first,
+        "spec": learner.core.spec,
     }
 
 
 def act_latency(spec: dict, device: torch.device) -> float:
     network = InferencePolicy(ActorCritic(spec), device)
     obs = np.random.default_rng(0).normal(size=(N, OBS)).astype(np.float32)
-    for _ in range(50):
-        network.act(torch.as_tensor(obs, device=device))[0].cpu()
+    for _ in range(50):  # numpy in and out, as a rollout calls it (torch on the device in between)
+        network.act(obs)
     start = time.perf_counter()
     for _ in range(500):
-        network.act(torch.as_tensor(obs, device=device))[0].cpu().numpy()
+        network.act(obs)
     return (time.perf_counter() - start) / 500
 
 
@@ -90,18 +96,13 @@ def main() -> None:
         "wide: 64 chunks = 65536 samples, 256x256, 10 epochs x 8 minibatches": ([256, 256], 64, 1),
     }
     for name, (hidden, count, repeats) in cases.items():
-        spec = {
-            "obs_shape": [OBS],
-            "action": {"kind": "box", "shape": [ACT]},
-            "hidden_sizes": hidden,
-            "activation": trainer.model.activation,
-            "init_log_std": trainer.model.init_log_std,
-            "normalize_observations": True,
-            "normalize_returns": True,
-        }
+        case = trainer.model_copy(deep=True)
+        case.model.hidden_sizes = hidden
         chunks = make_chunks(count, seed=1)
-        cpu = updates(spec, trainer, torch.device("cpu"), chunks, repeats)
-        gpu = updates(spec, trainer, torch.device("cuda"), chunks, repeats * 3)
+        cpu = updates(case, torch.device("cpu"), chunks, repeats)
+        gpu = updates(case, torch.device("cuda"), chunks, repeats * 3)
+        spec = cpu.pop("spec")
+        gpu.pop("spec")
         gaps = {k: abs(cpu["first"][k] - gpu["first"][k]) for k in cpu["first"]}
         result["cases"][name] = {
             "cpu_update_s": round(cpu["update_s"], 4),

@@ -26,11 +26,12 @@ import redis
 import torch
 import yaml
 
-from tinker_atropos.algorithms.ppo.learner import PPOLearner
-from tinker_atropos.algorithms.ppo.networks import policy_spec
+from tinker_atropos.algorithms import core as algorithms
+from tinker_atropos.algorithms.core import LearnerSetup
 from tinker_atropos.config import Config, Transport, parse_config
 from tinker_atropos.environment.backends.base import EnvBatch, make_env_batch
 from tinker_atropos.environment.backends.gymnasium_batch import GymnasiumBatch
+from tinker_atropos.environment.envs import check_env
 from tinker_atropos.launcher.supervisor import Child
 from tinker_atropos.launcher.up import service_children
 from tinker_atropos.state.connection import connect
@@ -160,20 +161,12 @@ def interleaved_rates(meters: dict[str, Meter], timing: Timing) -> dict[str, lis
 
 def initial_policy(config: Config) -> tuple[bytes, dict[str, Any]]:
     """Version-0 weights and spec, built as the trainer builds them (spaces from a local instance)."""
-    probe = gym.make(config.env.id, **config.env.kwargs)
-    try:
-        ppo = config.trainer.ppo
-        spec = policy_spec(
-            probe.observation_space,
-            probe.action_space,
-            config.trainer.model,
-            ppo.normalize_observations,
-            ppo.normalize_returns,
-        )
-    finally:
-        probe.close()
-    learner = PPOLearner(spec, config.trainer, torch.device("cpu"), config.run.seed)
-    return learner.weights(), spec
+    spaces = check_env(config.env)
+    algorithm = algorithms.algorithm(config.trainer.algorithm)
+    setup = LearnerSetup(spaces.observation_space, spaces.action_space, config.trainer,
+                         config.trainer.hyperparameters, torch.device("cpu"), config.run.seed)  # fmt: skip
+    learner = algorithm.build(setup)
+    return learner.core.weights(), learner.core.spec
 
 
 def _wait_until(condition: Callable[[], Any], timeout_s: float, what: str, children: list[Child]) -> Any:
@@ -369,7 +362,7 @@ def sb3_ppo(config: Config) -> Any:
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
-    env, ppo, instances = config.env, config.trainer.ppo, config.env.total_instances
+    env, ppo, instances = config.env, config.trainer.hyperparameters, config.env.total_instances
     n_steps = max(config.trainer.samples_per_update // instances, 1)
     venv = make_vec_env(
         env.id, n_envs=instances, seed=config.run.seed, env_kwargs=env.kwargs, vec_env_cls=DummyVecEnv

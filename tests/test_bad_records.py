@@ -3,6 +3,7 @@ the run goes on learning. Unit tests of each reason, then the whole system under
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -12,10 +13,14 @@ import redis
 from tests.support.records import serialized_chunk
 from tests.support.running import Sidecar, cli, config_file, report_rows, run_up_with
 from tests.test_learning import assert_learned
-from tinker_atropos.protocol import tensors
-from tinker_atropos.protocol.chunks import RecordError, TrajectorySpec, decode_record, encode_record
-from tinker_atropos.protocol.v1 import environment_pb2, experience_pb2
-from tinker_atropos.rollout.chunks import ChunkBuilder
+from tinker_atropos.protocol.trajectory import (
+    RecordError,
+    Trajectory,
+    TrajectorySpec,
+    decode_trajectory,
+    encode_trajectory,
+)
+from tinker_atropos.protocol.v1 import experience_pb2
 from tinker_atropos.state import keys
 
 PENDULUM = TrajectorySpec(obs_shape=(3,), action_shape=(1,), discrete=None)
@@ -27,9 +32,9 @@ def wrong_schema() -> bytes:
 
 
 def without_actions() -> bytes:
-    chunk = experience_pb2.ExperienceRecord.FromString(serialized_chunk(2, 0)).trajectory_chunk
-    chunk.ClearField("actions")
-    return encode_record(chunk)
+    record = experience_pb2.ExperienceRecord.FromString(serialized_chunk(2, 0))
+    record.trajectory_chunk.ClearField("actions")
+    return record.SerializeToString()
 
 
 # What a careless or hostile writer puts in the stream: (entry fields, the reason it is counted under).
@@ -60,32 +65,38 @@ BAD_ENTRIES = {
     ],
     ids=["undecodable", "schema", "missing", "shape", "infinity"],
 )
-def test_decode_record_names_the_reason(record: bytes, reason: str, message: str) -> None:
+def test_decode_trajectory_names_the_reason(record: bytes, reason: str, message: str) -> None:
     with pytest.raises(RecordError, match=message.replace("(", r"\(").replace(")", r"\)")) as error:
-        decode_record(record, PENDULUM)
+        decode_trajectory(record, PENDULUM)
     assert error.value.reason == reason
 
 
 def test_a_sound_record_decodes_to_its_arrays() -> None:
-    chunk = decode_record(serialized_chunk(2, 0, version=3), PENDULUM)
+    chunk = decode_trajectory(serialized_chunk(2, 0, version=3), PENDULUM)
     assert chunk.policy_version == 3 and chunk.observations.shape == (8, 2, 3) and chunk.num_steps == 16
     assert np.isfinite(chunk.rewards).all()
 
 
 def test_discrete_actions_outside_the_space_are_a_spec_mismatch() -> None:
-    builder = ChunkBuilder(2, 1, (4,), (), np.int64)
-    result = environment_pb2.StepResult(
-        rewards=tensors.encode(np.ones(1, np.float32)),
-        terminated=tensors.encode(np.zeros(1, bool)),
-        truncated=tensors.encode(np.zeros(1, bool)),
-    )
-    zeros = np.zeros(1, np.float32)
-    for action in (1, 2):  # CartPole acts 0 or 1
-        builder.add(np.zeros((1, 4), np.float32), np.array([action]), zeros, zeros, result, None)
-    record = builder.finish(np.zeros((1, 4), np.float32), zeros, 0, "rollout", "env", "session")
+    zeros = np.zeros((2, 1), np.float32)
+    record = encode_trajectory(Trajectory(
+        policy_version=0, observations=np.zeros((2, 1, 4), np.float32), actions=np.array([[1], [2]]),
+        log_probs=zeros, rewards=zeros, terminated=zeros.astype(bool), truncated=zeros.astype(bool),
+        bootstrap_observations=np.zeros((1, 4), np.float32),
+    ))  # fmt: skip  # CartPole acts 0 or 1
     with pytest.raises(RecordError, match=r"Discrete actions outside \[0, 1\]: 1..2") as error:
-        decode_record(record, TrajectorySpec(obs_shape=(4,), action_shape=(), discrete=(0, 1)))
+        decode_trajectory(record, TrajectorySpec(obs_shape=(4,), action_shape=(), discrete=(0, 1)))
     assert error.value.reason == "spec_mismatch"
+
+
+def test_a_trajectory_without_a_critic_travels_without_values_and_half_of_them_is_refused() -> None:
+    chunk = decode_trajectory(serialized_chunk(2, 0), PENDULUM)
+    bare = encode_trajectory(replace(chunk, values=None, truncation_values=None, bootstrap_values=None))
+    assert not decode_trajectory(bare, PENDULUM).has_values
+    half = encode_trajectory(replace(chunk, truncation_values=None))
+    with pytest.raises(RecordError, match="a chunk without truncation_values") as error:
+        decode_trajectory(half, PENDULUM)
+    assert error.value.reason == "missing_field"
 
 
 class Injector(Sidecar):

@@ -49,7 +49,7 @@ def test_defaults_fill_every_field() -> None:
     config = parse_config({})
     assert config.env.id == "Pendulum-v1"
     assert config.redis.url is None
-    assert config.trainer.ppo.clip_coef == 0.2
+    assert config.trainer.algorithm == "ppo" and config.trainer.hyperparameters.clip_coef == 0.2
 
 
 def _field_paths(model, prefix: str = "") -> list[str]:
@@ -57,6 +57,8 @@ def _field_paths(model, prefix: str = "") -> list[str]:
 
     paths = []
     for name, field in model.model_fields.items():
+        if field.exclude:  # trainer.hyperparameters: written as trainer.<algorithm>
+            continue
         if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
             paths += _field_paths(field.annotation, f"{prefix}{name}.")
         else:
@@ -65,11 +67,28 @@ def _field_paths(model, prefix: str = "") -> list[str]:
 
 
 def test_readme_documents_every_config_field() -> None:
+    from tinker_atropos.algorithms import core
     from tinker_atropos.config import Config
 
     readme = (Path(__file__).parents[1] / "README.md").read_text()
-    missing = [p for p in _field_paths(Config) if f"`{p}`" not in readme]
+    paths = _field_paths(Config)
+    for name in core.names():  # every built-in algorithm's section
+        paths += _field_paths(core.algorithm(name).hyperparameters, f"trainer.{name}.")
+    missing = [p for p in paths if f"`{p}`" not in readme]
     assert not missing, f"README's config reference lacks {missing}"
+
+
+def test_an_algorithm_is_chosen_by_name_and_its_section_validated_by_its_own_model() -> None:
+    config = parse_config({"trainer": {"algorithm": "ppo", "ppo": {"clip_coef": 0.1}}})
+    assert config.trainer.hyperparameters.clip_coef == 0.1
+    assert parse_config(config.model_dump()) == config  # written back as trainer.ppo
+    assert config.model_dump()["trainer"]["ppo"]["clip_coef"] == 0.1
+    with pytest.raises(ConfigError) as error:
+        parse_config({"trainer": {"algorithm": "sacc", "ppo": {"clip_coef": -1}}}, "run.yaml")
+    message = str(error.value)
+    assert "trainer.algorithm: unknown algorithm 'sacc'; registered: ppo" in message
+    with pytest.raises(ConfigError, match=r"trainer\.ppo\.clip_coef: Input should be greater than 0"):
+        parse_config({"trainer": {"ppo": {"clip_coef": -1}}})
 
 
 def test_total_instances_counts_every_env_service_that_up_starts() -> None:

@@ -18,16 +18,16 @@ from tinker_atropos.config import ConfigError, parse_config
 from tinker_atropos.environment.envs import check_env
 from tinker_atropos.environment.local_server import LocalSessionServer
 from tinker_atropos.environment.service import EnvironmentServicer, add_to_server
-from tinker_atropos.protocol import local_stream, tensors
-from tinker_atropos.protocol.v1 import environment_pb2 as pb
-from tinker_atropos.protocol.v1 import environment_pb2_grpc, tensor_pb2
-from tinker_atropos.rollout.env_streams import (
+from tinker_atropos.environment.streams import (
     GrpcSessionStream,
     LocalSessionStream,
     LocalStreamError,
     SessionStream,
     open_stream,
 )
+from tinker_atropos.protocol import local_stream, tensors
+from tinker_atropos.protocol.v1 import environment_pb2 as pb
+from tinker_atropos.protocol.v1 import environment_pb2_grpc, tensor_pb2
 
 
 @dataclass

@@ -11,14 +11,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tinker_atropos.environment.backends.base import BatchStep, make_env_batch
+from tinker_atropos.environment.backends.base import make_env_batch
 from tinker_atropos.environment.backends.gymnasium_batch import GymnasiumBatch
 from tinker_atropos.environment.backends.mujoco_batch import MujocoBatch
+from tinker_atropos.protocol.steps import StepBatch
 
 TOLERANCE = {"rtol": 1e-5, "atol": 1e-5}
 
 
-def assert_same_step(got: BatchStep, expected: BatchStep) -> None:
+def assert_same_step(got: StepBatch, expected: StepBatch) -> None:
     assert got.observations.dtype == np.float32
     np.testing.assert_allclose(got.observations, expected.observations, **TOLERANCE)
     np.testing.assert_allclose(got.rewards, expected.rewards, **TOLERANCE)

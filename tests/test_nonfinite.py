@@ -13,22 +13,17 @@ import torch
 from tests.conftest import Processes, wait_for
 from tests.support.records import serialized_chunk
 from tests.support.running import Sidecar, config_file, report_rows, run_up_with
-from tests.test_trainer_resume import assert_same, pendulum_info
-from tinker_atropos.algorithms.ppo.networks import (
-    ActorCritic,
-    policy_spec,
-    weights_from_bytes,
-    weights_to_bytes,
-)
+from tests.test_trainer_resume import assert_same, pendulum_env
 from tinker_atropos.config import parse_config
-from tinker_atropos.environment.spaces import space_from_proto
-from tinker_atropos.protocol.chunks import decode_record
+from tinker_atropos.models.mlp import ActorCritic, mlp_spec
+from tinker_atropos.models.weights import weights_from_bytes, weights_to_bytes
+from tinker_atropos.protocol.trajectory import decode_trajectory
 from tinker_atropos.rollout.policy import PolicySource
 from tinker_atropos.state.checkpoints import load_latest_checkpoint
 from tinker_atropos.state.experience import ExperienceWriter
 from tinker_atropos.state.registry import live_services
 from tinker_atropos.state.weights import fetch_weights, publish_weights, published_version
-from tinker_atropos.trainer.service import TrainerServicer
+from tinker_atropos.trainer.experience_loop import ExperienceLoop
 
 pytestmark = pytest.mark.integration
 
@@ -110,15 +105,15 @@ def test_updates_that_overflow_are_undone_and_a_diverging_trainer_stops_with_an_
     assert version() == 2
     weights_from_bytes(fetch_weights(redis_client, run).blob)  # finite, or this raises
     _, state = load_latest_checkpoint(tmp_path / "run" / "checkpoints")
-    assert all(torch.isfinite(t).all() for t in state["learner"]["model"].values() if t.is_floating_point())
-    assert state["counters"]["version"] == 2
+    model = state["learner"]["core"]["model"]
+    assert all(torch.isfinite(t).all() for t in model.values() if t.is_floating_point())
+    assert state["learner"]["core"]["version"] == 2
 
 
 def nan_weights(seed: int) -> tuple[bytes, dict]:
     trainer = parse_config({"trainer": {"model": {"hidden_sizes": [8]}}}).trainer
-    info = pendulum_info()
-    spec = policy_spec(space_from_proto(info.observation_space), space_from_proto(info.action_space),
-                       trainer.model, True, True)  # fmt: skip
+    env = pendulum_env()
+    spec = mlp_spec(env.observation_space, env.action_space, trainer.model, True, True)
     torch.manual_seed(seed)
     model = ActorCritic(spec)
     with torch.no_grad():
@@ -130,8 +125,8 @@ def test_nan_weights_in_redis_are_never_adopted(tmp_path: Path, redis_client: re
     blob, spec = nan_weights(0)
     publish_weights(redis_client, "poisoned", 41, blob, spec)
     config = parse_config({"run": {"name": "poisoned"}, "trainer": {"model": {"hidden_sizes": [8]}}})
-    trainer = TrainerServicer(config, redis_client, tmp_path)
-    trainer.setup(pendulum_info())  # a trainer restarting next to the poisoned weights
+    trainer = ExperienceLoop(config, redis_client, tmp_path)
+    trainer.setup(pendulum_env())  # a trainer restarting next to the poisoned weights
     assert trainer.version == 42 and published_version(redis_client, "poisoned") == 42
     weights_from_bytes(fetch_weights(redis_client, "poisoned").blob)  # its own, finite
 
@@ -149,14 +144,14 @@ def test_an_undone_update_restores_the_parameters_and_optimizer_exactly(
     tmp_path: Path, redis_client: redis.Redis
 ) -> None:
     config = parse_config({"run": {"name": "undo"}, "trainer": {"samples_per_update": 16}})
-    trainer = TrainerServicer(config, redis_client, tmp_path)
-    trainer.setup(pendulum_info())
+    trainer = ExperienceLoop(config, redis_client, tmp_path)
+    trainer.setup(pendulum_env())
     assert trainer.learn(
-        [decode_record(serialized_chunk(2, seed=6), trainer.spec)]
+        [decode_trajectory(serialized_chunk(2, seed=6), trainer.spec)]
     )  # optimizer moments exist
     before = copy.deepcopy(trainer.learner.state_dict())
 
-    assert not trainer.learn([decode_record(serialized_chunk(2, seed=7, reward_fill=3e38), trainer.spec)])
+    assert not trainer.learn([decode_trajectory(serialized_chunk(2, seed=7, reward_fill=3e38), trainer.spec)])
 
     assert_same(trainer.learner.state_dict(), before)
     assert trainer.updates_discarded_nonfinite == 1 and trainer.nonfinite_in_a_row == 1

@@ -1,14 +1,18 @@
 """PPO maths on hand-checked cases: GAE with terminations and truncations, and the clipped loss."""
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 
+from tinker_atropos.algorithms.core import LearnerSetup
+from tinker_atropos.algorithms.ppo.config import PPOConfig
 from tinker_atropos.algorithms.ppo.learner import PPOLearner, contiguous_runs
 from tinker_atropos.algorithms.ppo.learning import Batch, compute_gae, ppo_loss
-from tinker_atropos.algorithms.ppo.networks import ActorCritic, InferencePolicy
-from tinker_atropos.config import PPOSection, TrainerSection
-from tinker_atropos.protocol.chunks import ChunkArrays
+from tinker_atropos.config import TrainerSection
+from tinker_atropos.models.acting import InferencePolicy
+from tinker_atropos.models.mlp import ActorCritic
+from tinker_atropos.protocol.trajectory import Trajectory
 
 GAMMA, LAM = 0.9, 0.8
 
@@ -64,7 +68,7 @@ def test_ppo_loss_on_a_fixed_batch_matches_the_clipped_objective(discrete: bool)
     shift = torch.tensor([0.0, 0.5, -0.5, 0.1, -0.1, 1.0])
     batch = Batch(obs, actions, logp_now - shift, torch.tensor([1.0, -1.0, 2.0, -2.0, 0.5, 1.5]),
                   torch.arange(6, dtype=torch.float32))  # fmt: skip
-    hp = PPOSection(clip_coef=0.2, ent_coef=0.01, vf_coef=0.5, normalize_advantages=False)
+    hp = PPOConfig(clip_coef=0.2, ent_coef=0.01, vf_coef=0.5, normalize_advantages=False)
 
     loss, stats = ppo_loss(model, batch, hp)
 
@@ -87,7 +91,7 @@ def test_ppo_loss_gradient_is_zero_for_clipped_samples() -> None:
         logp, _, _ = model.evaluate(obs, actions)
     # ratio = e^1 > 1 + clip with a positive advantage: the clipped branch is taken, no policy gradient
     batch = Batch(obs, actions, logp - 1.0, torch.tensor([1.0]), torch.zeros(1))
-    hp = PPOSection(ent_coef=0.0, vf_coef=0.0, normalize_advantages=False)
+    hp = PPOConfig(ent_coef=0.0, vf_coef=0.0, normalize_advantages=False)
     loss, _ = ppo_loss(model, batch, hp)
     loss.backward()
     assert all(p.grad is None or torch.all(p.grad == 0) for p in model.actor.parameters())
@@ -136,11 +140,11 @@ def test_inference_policy_equals_the_module(discrete: bool, library: str) -> Non
 
 def _chunk(
     rng: np.random.Generator, first_obs: np.ndarray | None = None, t: int = 5, n: int = 2
-) -> ChunkArrays:
+) -> Trajectory:
     obs = rng.normal(size=(t, n, 3)).astype(np.float32)
     if first_obs is not None:
         obs[0] = first_obs
-    return ChunkArrays(
+    return Trajectory(
         policy_version=0,
         env_incarnation="e",
         observations=obs,
@@ -165,10 +169,10 @@ def test_gae_runs_across_chunks_that_continue_one_another() -> None:
     second = _chunk(rng, first_obs=first.bootstrap_observations)
     assert contiguous_runs([first, other, second]) == [[first, second], [other]]
 
-    spec = {"obs_shape": [3], "action": {"kind": "box", "shape": [2]}, "hidden_sizes": [8], "activation": "tanh",
-            "init_log_std": 0.0, "normalize_observations": False, "normalize_returns": False}  # fmt: skip
     trainer = TrainerSection(ppo={"gamma": GAMMA, "gae_lambda": LAM, "normalize_advantages": False})
-    batch = PPOLearner(spec, trainer, torch.device("cpu"), seed=0).batch([first, other, second])
+    spaces = gym.spaces.Box(-1, 1, (3,)), gym.spaces.Box(-1, 1, (2,))
+    setup = LearnerSetup(*spaces, trainer, trainer.hyperparameters, torch.device("cpu"), seed=0)
+    batch = PPOLearner(setup).batch([first, other, second])
 
     def joined(name: str) -> np.ndarray:
         return np.concatenate([getattr(first, name), getattr(second, name)])

@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 
 from tinker_atropos.protocol import tensors
+from tinker_atropos.protocol.steps import StepBatch
 from tinker_atropos.protocol.v1 import environment_pb2
-from tinker_atropos.rollout.chunks import ChunkBuilder
-from tinker_atropos.rollout.env_session import _truncation_values
+from tinker_atropos.rollout.collector import truncation_values
+from tinker_atropos.rollout.trajectory_builder import TrajectoryBuilder
 
 N, OBS = 4, 3
 
@@ -15,19 +16,24 @@ N, OBS = 4, 3
 class SumPolicy:
     """A critic whose value is the sum of the observation: easy to check by hand."""
 
+    has_critic = True
+
     def value(self, obs: np.ndarray) -> np.ndarray:
         return obs.sum(axis=1).astype(np.float32)
 
 
-def step_result(terminated: list[bool], truncated: list[bool], final_indices: list[int]):
+def step_result(terminated: list[bool], truncated: list[bool], final_indices: list[int]) -> StepBatch:
+    """A step as the env service answers it, decoded as the rollout's client decodes it."""
     finals = np.arange(len(final_indices) * OBS, dtype=np.float32).reshape(-1, OBS) + 1.0
-    return environment_pb2.StepResult(
-        observations=tensors.encode(np.zeros((N, OBS), np.float32)),
-        rewards=tensors.encode(np.ones(N, np.float32)),
-        terminated=tensors.encode(np.array(terminated)),
-        truncated=tensors.encode(np.array(truncated)),
-        final_observations=tensors.encode(finals),
-        final_indices=tensors.encode(np.array(final_indices, np.int32)),
+    return StepBatch.decode(
+        environment_pb2.StepResult(
+            observations=tensors.encode(np.zeros((N, OBS), np.float32)),
+            rewards=tensors.encode(np.ones(N, np.float32)),
+            terminated=tensors.encode(np.array(terminated)),
+            truncated=tensors.encode(np.array(truncated)),
+            final_observations=tensors.encode(finals),
+            final_indices=tensors.encode(np.array(final_indices, np.int32)),
+        )
     )
 
 
@@ -35,21 +41,21 @@ def test_no_bootstrap_is_computed_when_no_episode_ended_or_none_was_cut_by_the_t
     running = step_result([False] * N, [False] * N, [])
     terminated_only = step_result([False, True, False, False], [False] * N, [1])
 
-    assert _truncation_values(running, SumPolicy(), N) is None
-    assert _truncation_values(terminated_only, SumPolicy(), N) is None
+    assert truncation_values(running, SumPolicy(), N) is None
+    assert truncation_values(terminated_only, SumPolicy(), N) is None
 
 
 def test_a_truncated_episode_is_bootstrapped_from_its_final_observation_and_a_terminated_one_is_not() -> None:
     # instance 1 terminated (final obs 1,2,3), instance 3 hit the time limit (final obs 4,5,6)
     result = step_result([False, True, False, False], [False, False, False, True], [1, 3])
 
-    values = _truncation_values(result, SumPolicy(), N)
+    values = truncation_values(result, SumPolicy(), N)
 
     np.testing.assert_array_equal(values, [0.0, 0.0, 0.0, 15.0])
 
 
 def test_a_row_without_bootstrap_values_records_zeros_even_after_a_chunk_that_had_some() -> None:
-    builder = ChunkBuilder(2, N, (OBS,), (1,), np.float32)
+    builder = TrajectoryBuilder(2, N, (OBS,), (1,), np.float32)
     zeros = np.zeros(N, np.float32)
     result = step_result([False] * N, [False] * N, [])
     obs, actions = np.zeros((N, OBS), np.float32), np.zeros((N, 1), np.float32)

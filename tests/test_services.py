@@ -60,7 +60,9 @@ def test_services_discover_each_other_through_redis_and_drain_on_sigterm(
 
     trainer = next(s for s in services if s.kind == "trainer")
     with grpc.insecure_channel(trainer.address) as channel:
-        status = services_pb2_grpc.TrainerStub(channel).GetStatus(services_pb2.StatusRequest(), timeout=5)
+        reply = services_pb2_grpc.StatusStub(channel).GetStatus(services_pb2.StatusRequest(), timeout=5)
+    status = reply.trainer  # every service answers Status.GetStatus, each with its own message
+    assert reply.WhichOneof("kind") == "trainer"
     assert status.policy_version >= 2 and status.chunks_consumed >= 2 * 2
 
     shown = cli("status", "--redis-url", valkey.url, "--run", "services-test")

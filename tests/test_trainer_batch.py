@@ -11,11 +11,11 @@ import pytest
 import redis
 
 from tests.support.records import serialized_chunk
-from tests.test_trainer_resume import pendulum_info
+from tests.test_trainer_resume import pendulum_env
 from tinker_atropos.config import ConfigError, parse_config
-from tinker_atropos.rollout.env_session import EnvSession
+from tinker_atropos.rollout.collector import Collector
 from tinker_atropos.state.experience import ExperienceWriter, queued_chunks
-from tinker_atropos.trainer.service import TrainerServicer
+from tinker_atropos.trainer.experience_loop import ExperienceLoop
 
 LENGTH = 8  # steps of serialized_chunk's records
 
@@ -28,8 +28,8 @@ def test_an_update_takes_whole_chunks_until_it_holds_samples_per_update(
     writer = ExperienceWriter(redis_client, "batch", max_queued_chunks=64)
     for seed in range(7):
         writer.append(serialized_chunk(2, seed), env_steps=2 * LENGTH)
-    trainer = TrainerServicer(config, redis_client, tmp_path)
-    trainer.setup(pendulum_info())
+    trainer = ExperienceLoop(config, redis_client, tmp_path)
+    trainer.setup(pendulum_env())
     stop = threading.Event()
     thread = threading.Thread(target=trainer.train, args=(stop,))
     thread.start()
@@ -60,7 +60,7 @@ def test_a_pausing_session_waits_while_a_batch_of_samples_is_queued(chunk_size: 
     """4,096 samples per update and 8 chunks queued: chunks of 4 x 64 make half a batch, so the session goes
     on; chunks of 8 x 64 make a whole one, so it waits until the trainer has taken some (7 left)."""
     writer = CountingWriter([7])
-    session = EnvSession("a", 0, 1, 0, 64, None, writer, "r", None, lambda _: True, threading.Event(), 0.1,
+    session = Collector("a", 0, 1, 0, 64, None, writer, "r", None, lambda _: True, threading.Event(), 0.1,
                          4096, "auto")  # fmt: skip
 
     session.wait_for_trainer(queued=8, chunk_size=chunk_size)

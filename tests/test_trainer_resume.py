@@ -9,24 +9,22 @@ import numpy as np
 import torch
 
 from tinker_atropos.config import parse_config
-from tinker_atropos.environment.spaces import space_to_proto
-from tinker_atropos.protocol.chunks import ChunkArrays
-from tinker_atropos.protocol.v1 import environment_pb2
+from tinker_atropos.environment.client import EnvDescription
+from tinker_atropos.protocol.trajectory import Trajectory
 from tinker_atropos.state.weights import fetch_weights, published_version
-from tinker_atropos.trainer.service import TrainerServicer
+from tinker_atropos.trainer.experience_loop import ExperienceLoop
 
 
-def pendulum_info() -> environment_pb2.EnvironmentInfo:
+def pendulum_env() -> EnvDescription:
+    """What an env service of Pendulum-v1 describes itself as."""
     env = gym.make("Pendulum-v1")
-    return environment_pb2.EnvironmentInfo(
-        observation_space=space_to_proto(env.observation_space), action_space=space_to_proto(env.action_space)
-    )
+    return EnvDescription("Pendulum-v1", env.observation_space, env.action_space, 8, 8, "e", "gymnasium", "")
 
 
-def chunk(seed: int, version: int) -> ChunkArrays:
+def chunk(seed: int, version: int) -> Trajectory:
     rng = np.random.default_rng(seed)
     t, n = 8, 2
-    return ChunkArrays(
+    return Trajectory(
         policy_version=version,
         env_incarnation="e",
         observations=rng.standard_normal((t, n, 3)).astype(np.float32),
@@ -61,50 +59,52 @@ def assert_same(a, b, path: str = "") -> None:
 
 def test_resume_restores_everything_and_keeps_the_version_monotonic(tmp_path: Path, redis_client) -> None:
     config = parse_config({"run": {"name": "resume"}, "trainer": {"checkpoint": {"keep": 2}}})
-    first = TrainerServicer(config, redis_client, tmp_path)
-    first.setup(pendulum_info())
+    first = ExperienceLoop(config, redis_client, tmp_path)
+    first.setup(pendulum_env())
     for i in range(3):
-        first.losses = first.learner.update([chunk(i, first.version)])
+        first.losses = first.learner.learn([chunk(i, first.version)])
         first.version += 1
         first.updates += 1
     first.checkpoint()
     saved = first.checkpoint_state()
-    assert saved["learner"]["model"]["obs_rms.count"] > 1  # normaliser statistics are part of the state
+    assert (
+        saved["learner"]["core"]["model"]["obs_rms.count"] > 1
+    )  # normaliser statistics are part of the state
 
-    second = TrainerServicer(config, redis_client, tmp_path)
-    second.setup(pendulum_info())
+    second = ExperienceLoop(config, redis_client, tmp_path)
+    second.setup(pendulum_env())
     assert_same(second.checkpoint_state(), saved)
     assert second.version == 3 and published_version(redis_client, "resume") == 3
 
     # both continue identically: same data, same RNG streams, same parameters afterwards
-    first.learner.update([chunk(9, 3)])
-    second.learner.update([chunk(9, 3)])
-    assert_same(second.learner.model.state_dict(), first.learner.model.state_dict())
+    first.learner.learn([chunk(9, 3)])
+    second.learner.learn([chunk(9, 3)])
+    assert_same(second.learner.core.model.state_dict(), first.learner.core.model.state_dict())
 
 
 def test_a_restart_continues_from_newer_weights_in_redis(tmp_path: Path, redis_client) -> None:
     config = parse_config({"run": {"name": "monotonic"}})
-    ahead = TrainerServicer(config, redis_client, tmp_path / "a")
-    ahead.setup(pendulum_info())
-    ahead.learner.update([chunk(1, 0)])
+    ahead = ExperienceLoop(config, redis_client, tmp_path / "a")
+    ahead.setup(pendulum_env())
+    ahead.learner.learn([chunk(1, 0)])
     ahead.version = 41
     ahead.publish()
 
-    fresh = TrainerServicer(config, redis_client, tmp_path / "b")  # no checkpoint of its own
-    fresh.setup(pendulum_info())
+    fresh = ExperienceLoop(config, redis_client, tmp_path / "b")  # no checkpoint of its own
+    fresh.setup(pendulum_env())
     assert fresh.version == 41
-    assert_same(fresh.learner.model.state_dict(), ahead.learner.model.state_dict())
+    assert_same(fresh.learner.core.model.state_dict(), ahead.learner.core.model.state_dict())
     assert fetch_weights(redis_client, "monotonic").version == 41
 
 
 def test_version_goes_above_weights_of_another_model(tmp_path: Path, redis_client) -> None:
     other = parse_config({"run": {"name": "other"}, "trainer": {"model": {"hidden_sizes": [8]}}})
-    ahead = TrainerServicer(other, redis_client, tmp_path / "a")
-    ahead.setup(pendulum_info())
+    ahead = ExperienceLoop(other, redis_client, tmp_path / "a")
+    ahead.setup(pendulum_env())
     ahead.version = 41
     ahead.publish()
 
-    fresh = TrainerServicer(parse_config({"run": {"name": "other"}}), redis_client, tmp_path / "b")
-    fresh.setup(pendulum_info())
+    fresh = ExperienceLoop(parse_config({"run": {"name": "other"}}), redis_client, tmp_path / "b")
+    fresh.setup(pendulum_env())
     assert fresh.version == 42
     assert fetch_weights(redis_client, "other").spec["hidden_sizes"] == [64, 64]

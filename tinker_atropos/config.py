@@ -17,10 +17,15 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    ModelWrapValidatorHandler,
+    SerializeAsAny,
+    SerializerFunctionWrapHandler,
     ValidationError,
     field_validator,
+    model_serializer,
     model_validator,
 )
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 
 def _device(value: str) -> str:
@@ -150,24 +155,6 @@ class ModelSection(Section):
     init_log_std: float = Field(0.0, description="Initial log standard deviation of Gaussian actions.")
 
 
-class PPOSection(Section):
-    learning_rate: float = Field(3e-4, gt=0, description="Adam step size.")
-    gamma: float = Field(0.99, gt=0, le=1, description="Discount factor.")
-    gae_lambda: float = Field(0.95, ge=0, le=1, description="GAE lambda.")
-    clip_coef: float = Field(0.2, gt=0, description="PPO ratio clipping.")
-    ent_coef: float = Field(0.0, ge=0, description="Entropy bonus weight.")
-    vf_coef: float = Field(0.5, ge=0, description="Value loss weight.")
-    max_grad_norm: float = Field(0.5, gt=0, description="Global gradient-norm clip.")
-    update_epochs: int = Field(10, ge=1, description="Passes over each batch.")
-    num_minibatches: int = Field(32, ge=1, description="Minibatches per epoch.")
-    target_kl: float | None = Field(None, gt=0, description="Stop the epochs early past this approximate KL.")
-    normalize_advantages: bool = Field(True, description="Standardise advantages per minibatch.")
-    normalize_observations: bool = Field(True, description="Running mean/std observation normaliser.")
-    normalize_returns: bool = Field(
-        True, description="Value head predicts returns standardised by running stats."
-    )
-
-
 class CheckpointSection(Section):
     every_updates: int = Field(50, ge=1, description="Write a checkpoint every this many updates.")
     every_seconds: float = Field(
@@ -177,7 +164,11 @@ class CheckpointSection(Section):
 
 
 class TrainerSection(Section):
-    algorithm: Literal["ppo"] = Field("ppo", description="Learning algorithm.")
+    algorithm: str = Field(
+        "ppo",
+        description="Learning algorithm: a registered name (ppo), or 'module:name' for one the module registers "
+        "when imported. Its hyper-parameters are the section of that name (trainer.ppo).",
+    )
     device: Device = Field("cpu", description="Where learning runs: cpu, cuda, cuda:N or auto.")
     samples_per_update: int = Field(
         4096,
@@ -196,19 +187,79 @@ class TrainerSection(Section):
         "before the trainer stops with an error.",
     )
     model: ModelSection = Field(default_factory=ModelSection)
-    ppo: PPOSection = Field(default_factory=PPOSection)
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
+    # The algorithm's own section, validated by the model it registered; written as ``trainer.<algorithm>``.
+    hyperparameters: SerializeAsAny[BaseModel] | None = Field(default=None, exclude=True)
 
-    @model_validator(mode="before")
+    @model_validator(mode="wrap")
     @classmethod
-    def _renamed_fields(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "chunks_per_update" in data:
-            raise ValueError(
-                "chunks_per_update was replaced by samples_per_update, the env steps of one batch "
-                "(chunks x rollout.chunk_length x instances per session), so that it no longer changes with "
-                "the instances of each env service"
-            )
+    def _algorithm_section(
+        cls, data: Any, handler: ModelWrapValidatorHandler[TrainerSection]
+    ) -> TrainerSection:
+        """Validate ``trainer.<algorithm>`` by the algorithm's model, refusing another algorithm's section by
+        name; errors of both parts are reported together, at their full paths."""
+        if not isinstance(data, dict) or "hyperparameters" in data:  # an instance, or a model_copy's fields
+            return handler(data)
+        from tinker_atropos.algorithms import core
+
+        data, errors = dict(data), []
+        if "chunks_per_update" in data:
+            data.pop("chunks_per_update")
+            errors.append(_error("renamed", "chunks_per_update", _RENAMED_CHUNKS, None))
+        reference = data.get("algorithm", "ppo")
+        try:
+            algorithm = core.algorithm(reference) if isinstance(reference, str) else None
+        except ValueError as error:
+            errors.append(_error("unknown_algorithm", "algorithm", str(error), reference))
+            algorithm = None
+        hyperparameters = None
+        for name in core.names():
+            if name in data and (algorithm is None or name != algorithm.name):
+                section = data.pop(name)
+                if algorithm is not None:
+                    errors.append(_error("other_algorithm", name, f"the section of algorithm {name!r}, but "
+                                         f"trainer.algorithm is {reference!r}", section))  # fmt: skip
+        if algorithm is not None:
+            try:
+                hyperparameters = algorithm.hyperparameters.model_validate(data.pop(algorithm.name, {}))
+            except ValidationError as error:
+                errors += [_nested(item, algorithm.name) for item in error.errors()]
+        try:
+            trainer = handler({**data, "hyperparameters": hyperparameters})
+        except ValidationError as error:
+            errors += [_nested(item) for item in error.errors()]
+        if errors:
+            raise ValidationError.from_exception_data(cls.__name__, errors)
+        return trainer
+
+    @model_serializer(mode="wrap")
+    def _with_algorithm_section(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data = handler(self)
+        from tinker_atropos.algorithms import core
+
+        data[core.algorithm(self.algorithm).name] = self.hyperparameters.model_dump(mode="json")
         return data
+
+
+_RENAMED_CHUNKS = (
+    "chunks_per_update was replaced by samples_per_update, the env steps of one batch (chunks x "
+    "rollout.chunk_length x instances per session), so that it no longer changes with the instances of each env "
+    "service"
+)
+
+
+_SELF_EXPLAINED = {"renamed", "unknown_algorithm", "other_algorithm"}  # their messages name what was given
+
+
+def _error(kind: str, field: str, message: str, value: Any) -> InitErrorDetails:
+    message = message.replace("{", "{{").replace("}", "}}")  # a template to pydantic
+    return InitErrorDetails(type=PydanticCustomError(kind, message), loc=(field,), input=value)
+
+
+def _nested(item: Any, *prefix: str) -> InitErrorDetails:
+    """A line error of a nested validation, as one of the trainer section's (at ``prefix`` + its path)."""
+    message = item["msg"].removeprefix("Value error, ")
+    return _error(item["type"], "", message, item["input"]) | {"loc": (*prefix, *item["loc"])}
 
 
 class Config(Section):
@@ -228,15 +279,20 @@ class ConfigError(ValueError):
 
 def _known_fields(loc: tuple[Any, ...]) -> list[str]:
     """The field names of the section at ``loc`` (a path of field names from the top of the config)."""
+    from tinker_atropos.algorithms import core
+
     model: type[BaseModel] = Config
     for name in loc:
+        if model is TrainerSection and str(name) in core.names():
+            model = core.algorithm(str(name)).hyperparameters
+            continue
         field = model.model_fields.get(str(name))
         if field is None or not (
             isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
         ):
             return []
         model = field.annotation
-    return list(model.model_fields)
+    return [name for name, field in model.model_fields.items() if not field.exclude]
 
 
 def _describe(error: ValidationError, source: str) -> str:
@@ -244,7 +300,7 @@ def _describe(error: ValidationError, source: str) -> str:
     for item in error.errors():
         field = ".".join(str(p) for p in item["loc"]) or "(top level)"
         message = item["msg"].removeprefix("Value error, ")
-        got = "" if item["type"] == "missing" else f" (got {item['input']!r})"
+        got = "" if item["type"] in ("missing", *_SELF_EXPLAINED) else f" (got {item['input']!r})"
         if item["type"] == "extra_forbidden":
             known = _known_fields(item["loc"][:-1])
             close = difflib.get_close_matches(str(item["loc"][-1]), known, n=1)

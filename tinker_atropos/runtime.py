@@ -1,5 +1,5 @@
-"""What every service process shares: its gRPC server with the standard health service, its registry entry,
-its incarnation id, and a SIGTERM that drains instead of killing."""
+"""What every service process shares (``serve``): its gRPC server with the standard health service and the
+status RPC, its registry entry, its incarnation id, and a SIGTERM that drains instead of killing."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 import redis
@@ -23,7 +23,12 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from threadpoolctl import threadpool_limits
 
 from tinker_atropos.config import Config
+from tinker_atropos.protocol.v1 import services_pb2, services_pb2_grpc
+from tinker_atropos.state.connection import connect_when_reachable
 from tinker_atropos.state.registry import Registration
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -153,8 +158,37 @@ class Endpoint:
         return f"{host}:{port}"
 
 
+class Service(Protocol):
+    """What one service process runs, whatever its kind: its RPCs on the shared gRPC server, its status (served
+    by ``Status.GetStatus`` and written to the registry with each heartbeat), and its loop."""
+
+    def status(self) -> Message:
+        """Its status message: EnvironmentStatus, RolloutStatus or TrainerStatus."""
+        ...
+
+    def add_to(self, server: grpc.Server) -> None:
+        """Register its own RPCs (if any) on ``server``."""
+        ...
+
+    def run(self, stop: threading.Event) -> None:
+        """Work until ``stop`` is set, then finish the step in flight."""
+        ...
+
+
+class _StatusServicer(services_pb2_grpc.StatusServicer):
+    def __init__(self, kind: str, status: Callable[[], Message]) -> None:
+        self._field, self._status = _STATUS_FIELDS[kind], status
+
+    def GetStatus(self, request, context) -> services_pb2.ServiceStatus:  # noqa: N802 - gRPC name
+        return services_pb2.ServiceStatus(**{self._field: self._status()})
+
+
+_STATUS_FIELDS = {"env": "environment", "rollout": "rollout", "trainer": "trainer"}
+
+
 class ServiceHost:
-    """A service's gRPC server, health status and registry entry, started and stopped together."""
+    """A service's gRPC server (health and status included), and its registry entry, started and stopped
+    together."""
 
     def __init__(
         self,
@@ -162,13 +196,15 @@ class ServiceHost:
         config: Config,
         client: redis.Redis,
         endpoint: Endpoint,
-        figures: Callable[[], dict[str, Any]],
+        status: Callable[[], Message],
+        incarnation: str,
         max_workers: int = 16,
     ) -> None:
-        self.kind, self.incarnation = kind, new_incarnation()
+        self.kind, self.incarnation = kind, incarnation
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=SERVER_OPTIONS)
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        services_pb2_grpc.add_StatusServicer_to_server(_StatusServicer(kind, status), self.server)
         self.port = self.server.add_insecure_port(f"{endpoint.host}:{endpoint.port}")
         if self.port == 0:
             raise RuntimeError(f"cannot bind the {kind} service to {endpoint.host}:{endpoint.port}")
@@ -179,7 +215,7 @@ class ServiceHost:
             kind,
             self.address,
             self.incarnation,
-            figures,
+            lambda: status_figures(status()),
             config.redis.heartbeat_interval_s,
             config.redis.heartbeat_ttl_s,
             endpoint.name,
@@ -196,6 +232,42 @@ class ServiceHost:
         self.registration.close()
         self.server.stop(grace_s).wait()
         log.info("%s service %s stopped", self.kind, self.incarnation)
+
+
+def serve(
+    kind: str,
+    config: Config,
+    redis_url: str,
+    endpoint: Endpoint,
+    build: Callable[[redis.Redis, str], Service],
+    max_workers: int = 16,
+) -> None:
+    """Run one service process until SIGTERM/SIGINT: Redis once it answers, ``build(client, incarnation)``,
+    the gRPC server and the registry entry, the service's loop, then a drain."""
+    configure_logging(kind)
+    limit_blas_threads()
+    stop = stop_on_signals()
+    client = connect_when_reachable(redis_url, config.redis.unreachable_timeout_s, stop)
+    if client is None:
+        return
+    incarnation = new_incarnation()
+    service = build(client, incarnation)
+    host = ServiceHost(kind, config, client, endpoint, service.status, incarnation, max_workers)
+    service.add_to(host.server)
+    host.start()
+    try:
+        service.run(stop)
+    finally:
+        host.stop()
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto``: CUDA when there is one."""
+    import torch
+
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
 
 
 def status_figures(status: Message) -> dict[str, Any]:

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tinker_atropos.protocol import tensors
-from tinker_atropos.protocol.v1 import environment_pb2
-from tinker_atropos.rollout.chunks import ChunkBuilder
+from tinker_atropos.protocol.steps import StepBatch
+from tinker_atropos.rollout.trajectory_builder import TrajectoryBuilder
 
 
 def serialized_chunk(
@@ -21,19 +20,16 @@ def serialized_chunk(
     """A Pendulum-shaped record of ``length`` steps of ``instances`` instances, acted by ``version``; random
     rewards and observations unless a fill value is given."""
     rng = np.random.default_rng(seed)
-    builder = ChunkBuilder(length, instances, (obs_dim,), (1,), np.float32)
+    builder = TrajectoryBuilder(length, instances, (obs_dim,), (1,), np.float32)
     zeros = np.zeros(instances, np.float32)
     rewards = rng.standard_normal(instances) if reward_fill is None else np.full(instances, reward_fill)
-    result = environment_pb2.StepResult(
-        rewards=tensors.encode(rewards.astype(np.float32)),
-        terminated=tensors.encode(np.zeros(instances, bool)),
-        truncated=tensors.encode(np.zeros(instances, bool)),
-    )
+    never = np.zeros(instances, bool)
+    step = StepBatch(zeros, rewards.astype(np.float32), never, never, zeros[:0], np.zeros(0, np.int32))
     for _ in range(length):
         obs = rng.standard_normal((instances, obs_dim)).astype(np.float32)
         if observation_fill is not None:
             obs.fill(observation_fill)
-        builder.add(obs, rng.standard_normal((instances, 1)).astype(np.float32), zeros, zeros, result, None)
+        builder.add(obs, rng.standard_normal((instances, 1)).astype(np.float32), zeros, zeros, step)
     return builder.finish(
         np.zeros((instances, obs_dim), np.float32), zeros, version, "rollout", "env", "session"
     )

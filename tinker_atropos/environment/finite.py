@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from tinker_atropos.environment.backends.base import BatchStep, EnvBatch
+from tinker_atropos.environment.backends.base import EnvBatch
 from tinker_atropos.environment.envs import EnvError
+from tinker_atropos.protocol.steps import StepBatch
 
 
 def _finite_rows(array: np.ndarray) -> np.ndarray:
@@ -38,7 +39,7 @@ class FiniteGuard:
     def close(self) -> None:
         self.batch.close()
 
-    def step(self, actions: np.ndarray) -> tuple[BatchStep, np.ndarray | None]:
+    def step(self, actions: np.ndarray) -> tuple[StepBatch, np.ndarray | None]:
         """The batch's step, and which instances were cut (None when all was finite, as nearly always)."""
         step = self.batch.step(actions)
         finite_obs = _finite_rows(step.observations)
@@ -50,8 +51,8 @@ class FiniteGuard:
         return self._repair(step, finite_obs, finite_rewards, finite_finals)
 
     def _repair(
-        self, step: BatchStep, finite_obs: np.ndarray, finite_rewards: np.ndarray, finite_finals: np.ndarray
-    ) -> tuple[BatchStep, np.ndarray]:
+        self, step: StepBatch, finite_obs: np.ndarray, finite_rewards: np.ndarray, finite_finals: np.ndarray
+    ) -> tuple[StepBatch, np.ndarray]:
         assert self._last is not None, "step before reset"
         ended = np.zeros(len(step.rewards), dtype=bool)
         ended[step.final_indices] = True
@@ -74,7 +75,7 @@ class FiniteGuard:
         obs_shape = step.observations.shape[1:]
         self.cut += int(cut.sum())
         self._last = observations
-        repaired = BatchStep(
+        repaired = StepBatch(
             observations=observations,
             rewards=np.where(finite_rewards, step.rewards, 0.0).astype(np.float32),
             terminated=step.terminated,

@@ -22,6 +22,7 @@ from typing import NoReturn, Protocol
 import grpc
 from google.protobuf.message import DecodeError
 
+from tinker_atropos import runtime
 from tinker_atropos.config import Config, EnvSection
 from tinker_atropos.environment.backends.base import make_env_batch
 from tinker_atropos.environment.envs import EnvError, EnvSpaces, check_env
@@ -30,16 +31,8 @@ from tinker_atropos.environment.finite import FiniteGuard
 from tinker_atropos.environment.local_server import LocalSessionServer
 from tinker_atropos.environment.spaces import ActionError, check_actions, space_to_proto
 from tinker_atropos.protocol import local_stream, tensors
-from tinker_atropos.protocol.v1 import environment_pb2, environment_pb2_grpc
-from tinker_atropos.runtime import (
-    CountedWarnings,
-    Endpoint,
-    ServiceHost,
-    configure_logging,
-    limit_blas_threads,
-    stop_on_signals,
-)
-from tinker_atropos.state.connection import connect_when_reachable
+from tinker_atropos.protocol.v1 import environment_pb2, environment_pb2_grpc, services_pb2
+from tinker_atropos.runtime import CountedWarnings, Endpoint
 
 log = logging.getLogger(__name__)
 
@@ -107,20 +100,21 @@ class EnvironmentServicer(environment_pb2_grpc.EnvironmentServicer):
     def free_instances(self) -> int:
         return self.capacity - sum(self._sessions.values())
 
-    def figures(self) -> dict[str, int | str]:
-        return {
-            "env_id": self.env.id,
-            "instances": self.capacity,
-            "free_instances": self.free_instances,
-            "sessions": len(self._sessions),
-            "streams": len(self._streams),
-            "steps": self.steps,
-            "episodes": self.episodes,
-            "episodes_cut_nonfinite": self.cut_nonfinite.total(),
-            "bad_requests": self.bad_requests,
-            "streams_refused": self.streams_refused,
-            "streams_timed_out": self.streams_timed_out,
-        }
+    def status(self) -> services_pb2.EnvironmentStatus:
+        return services_pb2.EnvironmentStatus(
+            incarnation=self.incarnation,
+            env_id=self.env.id,
+            instances=self.capacity,
+            free_instances=self.free_instances,
+            sessions=len(self._sessions),
+            streams=len(self._streams),
+            steps=self.steps,
+            episodes=self.episodes,
+            episodes_cut_nonfinite=self.cut_nonfinite.total(),
+            bad_requests=self.bad_requests,
+            streams_refused=self.streams_refused,
+            streams_timed_out=self.streams_timed_out,
+        )
 
     def start(self) -> None:
         self._watchdog.start()
@@ -240,17 +234,7 @@ class EnvironmentServicer(environment_pb2_grpc.EnvironmentServicer):
                 if cut is not None:
                     self.cut_nonfinite.add(f"session {session_id[:8]}", f"instances {cut.nonzero()[0].tolist()}",
                                            int(cut.sum()))  # fmt: skip
-                yield environment_pb2.SessionResponse(
-                    step=environment_pb2.StepResult(
-                        observations=tensors.encode(step.observations),
-                        rewards=tensors.encode(step.rewards),
-                        terminated=tensors.encode(step.terminated),
-                        truncated=tensors.encode(step.truncated),
-                        final_observations=tensors.encode(step.final_observations),
-                        final_indices=tensors.encode(step.final_indices),
-                        episodes=ended,
-                    )
-                )
+                yield environment_pb2.SessionResponse(step=step.encode(ended))
         except EnvError as error:  # the env itself misbehaves past what the guard can repair
             log.warning("session %s failed: %s", session_id[:8], error)
             control.abort(grpc.StatusCode.INTERNAL, str(error))
@@ -330,42 +314,47 @@ def add_to_server(servicer: EnvironmentServicer, server: grpc.Server) -> None:
     server.add_registered_method_handlers(name, handlers)
 
 
+class EnvService:
+    """The env service process: the servicer on gRPC and on the local socket, until stopped."""
+
+    def __init__(self, config: Config, spaces: EnvSpaces, incarnation: str) -> None:
+        self.servicer = EnvironmentServicer(config.env, spaces)
+        self.servicer.incarnation = incarnation
+        try:  # the incarnation makes the name unique on the host (a run name could overflow the 107-byte limit)
+            self.local = LocalSessionServer(self.servicer.serve_stream, f"tinker-atropos/env/{incarnation}")
+            self.servicer.local_address = self.local.address
+        except OSError as error:  # no abstract Unix sockets (not Linux): rollouts use gRPC
+            log.warning("no local fast path: %s", error)
+            self.local = None
+
+    def status(self) -> services_pb2.EnvironmentStatus:
+        return self.servicer.status()
+
+    def add_to(self, server: grpc.Server) -> None:
+        add_to_server(self.servicer, server)
+
+    def run(self, stop: threading.Event) -> None:
+        if self.local is not None:
+            self.local.start()
+        self.servicer.start()
+        # A timed wait: the kernel may hand SIGTERM to any thread (it does right after a SIGCONT), and then only a
+        # main thread that wakes up by itself runs the Python handler. An untimed wait ignored SIGTERM for good.
+        while not stop.wait(0.5):
+            pass
+        self.servicer.close()
+        if self.local is not None:
+            self.local.stop()
+
+
 def serve(config: Config, redis_url: str, endpoint: Endpoint) -> None:
-    """Run one environment service until SIGTERM/SIGINT; EnvError (before anything starts) for an env that
+    """Run one environment service until SIGTERM/SIGINT; EnvError, before anything starts, for an env that
     cannot be served."""
-    configure_logging("env")
-    limit_blas_threads()
     spaces = check_env(config.env)
-    stop = stop_on_signals()
-    client = connect_when_reachable(redis_url, config.redis.unreachable_timeout_s, stop)
-    if client is None:
-        return
-    servicer = EnvironmentServicer(config.env, spaces)
-    service = ServiceHost(
+    runtime.serve(
         "env",
         config,
-        client,
+        redis_url,
         endpoint,
-        servicer.figures,
+        lambda _client, incarnation: EnvService(config, spaces, incarnation),
         max_workers=config.env.session_limit + RESERVED_WORKERS,
     )
-    servicer.incarnation = service.incarnation
-    try:  # the incarnation makes the name unique on the host (a run name could overflow the 107-byte limit)
-        local = LocalSessionServer(servicer.serve_stream, f"tinker-atropos/env/{service.incarnation}")
-    except OSError as error:  # no abstract Unix sockets (not Linux): rollouts use gRPC
-        log.warning("no local fast path: %s", error)
-        local = None
-    add_to_server(servicer, service.server)
-    if local is not None:
-        servicer.local_address = local.address
-        local.start()
-    servicer.start()
-    service.start()
-    # A timed wait: the kernel may hand SIGTERM to any thread (it does right after a SIGCONT), and then only a
-    # main thread that wakes up by itself runs the Python handler. An untimed wait ignored SIGTERM for good.
-    while not stop.wait(0.5):
-        pass
-    servicer.close()
-    if local is not None:
-        local.stop()
-    service.stop()

@@ -10,7 +10,7 @@ import numpy as np
 import redis
 import torch
 
-from tinker_atropos.algorithms.ppo.networks import ActorCritic, InferencePolicy, weights_from_bytes
+from tinker_atropos.models.acting import InferencePolicy, load_policy
 from tinker_atropos.state.weights import fetch_weights, published_version
 
 log = logging.getLogger(__name__)
@@ -23,7 +23,11 @@ class VersionedPolicy:
     version: int
     network: InferencePolicy
 
-    def act(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    @property
+    def has_critic(self) -> bool:
+        return self.network.has_critic
+
+    def act(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         return self.network.act(obs)
 
     def value(self, obs: np.ndarray) -> np.ndarray:
@@ -67,13 +71,12 @@ class PolicySource:
         if published is None:
             return None
         try:
-            model = ActorCritic(published.spec)
-            model.load_state_dict(weights_from_bytes(published.blob))
-        except (ValueError, KeyError, TypeError, RuntimeError) as error:  # spec or blob we cannot act with
+            network = load_policy(published.spec, published.blob, self._device, self._rng)
+        except ValueError as error:  # a spec or blob we cannot act with
             self._refuse(published.version, error)
             return None
         log.info("loaded policy version %d", published.version)
-        return VersionedPolicy(published.version, InferencePolicy(model, self._device, self._rng))
+        return VersionedPolicy(published.version, network)
 
     def _refuse(self, version: int | None, error: Exception) -> None:
         """Count a refused record; log it once, not on every chunk while it stays in Redis."""

@@ -1,4 +1,5 @@
-"""The rollout service: discovers env services in the registry and keeps sessions open on each of them."""
+"""The rollout service: discovers env services in the registry and keeps collectors (one session each) open on
+every one of them; acts with the latest published policy, whatever algorithm learned it."""
 
 from __future__ import annotations
 
@@ -6,22 +7,16 @@ import logging
 import threading
 import time
 
+import grpc
 import redis
 import torch
 
+from tinker_atropos import runtime
 from tinker_atropos.config import Config
-from tinker_atropos.protocol.v1 import services_pb2, services_pb2_grpc
-from tinker_atropos.rollout.env_session import EnvSession, SessionCounters
+from tinker_atropos.protocol.v1 import services_pb2
+from tinker_atropos.rollout.collector import Collector, SessionCounters
 from tinker_atropos.rollout.policy import PolicySource
-from tinker_atropos.runtime import (
-    Endpoint,
-    ServiceHost,
-    configure_logging,
-    limit_blas_threads,
-    status_figures,
-    stop_on_signals,
-)
-from tinker_atropos.state.connection import connect_when_reachable
+from tinker_atropos.runtime import Endpoint, resolve_device
 from tinker_atropos.state.experience import ExperienceWriter
 from tinker_atropos.state.registry import live_services
 
@@ -31,20 +26,13 @@ DISCOVERY_INTERVAL_S = 0.5
 DRAIN_TIMEOUT_S = 5.0
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-class RolloutServicer(services_pb2_grpc.RolloutServicer):
-    def __init__(self, config: Config, client: redis.Redis) -> None:
-        self.config, self.client = config, client
-        self.incarnation = ""
+class RolloutService:
+    def __init__(self, config: Config, client: redis.Redis, incarnation: str) -> None:
+        self.config, self.client, self.incarnation = config, client, incarnation
         self.counters = SessionCounters()
         self.policy = PolicySource(client, config.run.name, resolve_device(config.rollout.device))
         self.writer = ExperienceWriter(client, config.run.name, config.rollout.max_queued_chunks)
-        self.sessions: dict[tuple[str, int], EnvSession] = {}
+        self.sessions: dict[tuple[str, int], Collector] = {}
         self._env_addresses: set[str] = set()
         pausing = config.rollout.flow_control == "pause"
         self.pause_at_samples = config.trainer.samples_per_update if pausing else None
@@ -63,11 +51,17 @@ class RolloutServicer(services_pb2_grpc.RolloutServicer):
             weights_rejected=self.policy.rejected,
         )
 
-    def figures(self) -> dict:
-        return status_figures(self.status())
+    def add_to(self, server: grpc.Server) -> None:
+        """No RPCs of its own besides health and status."""
 
-    def GetStatus(self, request, context) -> services_pb2.RolloutStatus:  # noqa: N802 - gRPC name
-        return self.status()
+    def run(self, stop: threading.Event) -> None:
+        while not stop.wait(DISCOVERY_INTERVAL_S):
+            self.discover(stop)
+        deadline = (
+            time.monotonic() + DRAIN_TIMEOUT_S
+        )  # collectors finish their step; one waiting on Redis is left
+        for session in self.sessions.values():
+            session.join(timeout=max(0.0, deadline - time.monotonic()))
 
     def discover(self, stop: threading.Event) -> None:
         """Open the missing sessions: one per (env service, slot), restarted when its thread ended."""
@@ -84,7 +78,7 @@ class RolloutServicer(services_pb2_grpc.RolloutServicer):
                     continue
                 self._sessions_started += 1
                 seed = self.config.run.seed * 1_000_000 + self._sessions_started * 10_000
-                session = EnvSession(
+                session = Collector(
                     address,
                     slot,
                     slots,
@@ -106,21 +100,9 @@ class RolloutServicer(services_pb2_grpc.RolloutServicer):
 
 def serve(config: Config, redis_url: str, endpoint: Endpoint) -> None:
     """Run one rollout service until SIGTERM/SIGINT."""
-    configure_logging("rollout")
-    limit_blas_threads()
-    torch.set_num_threads(1)  # acting on a few dozen observations gains nothing from threads
-    stop = stop_on_signals()
-    client = connect_when_reachable(redis_url, config.redis.unreachable_timeout_s, stop)
-    if client is None:
-        return
-    servicer = RolloutServicer(config, client)
-    service = ServiceHost("rollout", config, client, endpoint, servicer.figures)
-    servicer.incarnation = service.incarnation
-    services_pb2_grpc.add_RolloutServicer_to_server(servicer, service.server)
-    service.start()
-    while not stop.wait(DISCOVERY_INTERVAL_S):
-        servicer.discover(stop)
-    deadline = time.monotonic() + DRAIN_TIMEOUT_S  # sessions finish their step; one waiting on Redis is left
-    for session in servicer.sessions.values():
-        session.join(timeout=max(0.0, deadline - time.monotonic()))
-    service.stop()
+
+    def build(client: redis.Redis, incarnation: str) -> RolloutService:
+        torch.set_num_threads(1)  # acting on a few dozen observations gains nothing from threads
+        return RolloutService(config, client, incarnation)
+
+    runtime.serve("rollout", config, redis_url, endpoint, build)

@@ -3,7 +3,7 @@
 The stream is bounded (XADD MAXLEN): a trainer that is slow or down never makes Redis grow; the chunks the
 bound pushes out are counted, in the same atomic script that appends, together with env steps and episodes.
 The trainer deletes what it has read, so the stream holds exactly the chunks not yet consumed. Each entry
-has one field, ``record``: an ``ExperienceRecord`` (``protocol/chunks.py``).
+has one field, ``record``: an ``ExperienceRecord`` (``protocol/trajectory.py``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 import redis
 
-from tinker_atropos.protocol.chunks import RecordError
+from tinker_atropos.protocol.trajectory import RecordError
 from tinker_atropos.state import keys
 
 MAX_EPISODES_KEPT = 1000

@@ -1,4 +1,5 @@
-"""The PPO learner: turns accepted chunks into one update and owns everything a checkpoint must restore."""
+"""The PPO learner: trajectories in, one update of the training core out; it owns everything a checkpoint must
+restore (the core's state, its minibatch RNG, the process RNGs)."""
 
 from __future__ import annotations
 
@@ -8,20 +9,21 @@ from typing import Any
 import numpy as np
 import torch
 
+from tinker_atropos.algorithms.core import Experience, LearnerSetup
 from tinker_atropos.algorithms.ppo.learning import Batch, compute_gae, ppo_update
-from tinker_atropos.algorithms.ppo.networks import ActorCritic, weights_to_bytes
-from tinker_atropos.config import TrainerSection
-from tinker_atropos.protocol.chunks import ChunkArrays
+from tinker_atropos.models.mlp import ActorCritic, mlp_spec
+from tinker_atropos.protocol.trajectory import Trajectory
+from tinker_atropos.trainer.core import TrainingCore
 
 
-def contiguous_runs(chunks: list[ChunkArrays]) -> list[list[ChunkArrays]]:
+def contiguous_runs(chunks: list[Trajectory]) -> list[list[Trajectory]]:
     """Group chunks that continue one another: a chunk whose first observations are exactly another's bootstrap
     observations comes from the same session, right after it.
 
     GAE then runs over a whole run as over one long rollout. Cut at every chunk, a quarter of the advantage
     weight of 64-step chunks would rest on bootstrapped values instead of rewards (with gamma 0.99, lambda 0.95).
     """
-    runs: list[list[ChunkArrays]] = []
+    runs: list[list[Trajectory]] = []
     run_ending_at: dict[bytes, int] = {}  # bootstrap observations -> the run they end
     for chunk in chunks:
         index = run_ending_at.pop(chunk.observations[0].tobytes(), None)
@@ -34,25 +36,25 @@ def contiguous_runs(chunks: list[ChunkArrays]) -> list[list[ChunkArrays]]:
 
 
 class PPOLearner:
-    def __init__(self, spec: dict[str, Any], config: TrainerSection, device: torch.device, seed: int) -> None:
-        self.spec, self.hp, self.device = spec, config.ppo, device
-        torch.manual_seed(seed)
-        self.model = ActorCritic(spec).to(device)
-        # fused: one kernel per step for all parameters (not the default on CPU); PPO updates of Humanoid took
-        # 0.93x the CPU time of foreach, which was itself faster than one kernel per parameter tensor
-        self.optimizer = torch.optim.Adam(
-            self.model.parameters(), lr=self.hp.learning_rate, eps=1e-5, fused=True
-        )
-        self.generator = torch.Generator().manual_seed(seed)
+    experience: Experience = "trajectories"
+    needs_values = True
 
-    def batch(self, chunks: list[ChunkArrays]) -> Batch:
-        """Advantages over each run of contiguous chunks, then everything flattened to [B, …]."""
+    def __init__(self, setup: LearnerSetup) -> None:
+        self.hp = hp = setup.hyperparameters
+        spec = mlp_spec(setup.observation_space, setup.action_space, setup.trainer.model,
+                        hp.normalize_observations, hp.normalize_returns)  # fmt: skip
+        torch.manual_seed(setup.seed)
+        self.core = TrainingCore(ActorCritic(spec), spec, setup.device)
+        self.generator = torch.Generator().manual_seed(setup.seed)
+
+    def batch(self, trajectories: list[Trajectory]) -> Batch:
+        """Advantages over each run of contiguous trajectories, then everything flattened to [B, …]."""
         parts: dict[str, list[np.ndarray]] = {
             k: [] for k in ("obs", "actions", "log_probs", "adv", "returns")
         }
-        for run in contiguous_runs(chunks):
+        for run in contiguous_runs(trajectories):
 
-            def along_time(name: str, run: list[ChunkArrays] = run) -> np.ndarray:
+            def along_time(name: str, run: list[Trajectory] = run) -> np.ndarray:
                 return np.concatenate([getattr(c, name) for c in run])
 
             rewards = along_time("rewards")
@@ -75,21 +77,16 @@ class PPOLearner:
             parts["returns"].append(returns.reshape(flat))
 
         def tensor(name: str) -> torch.Tensor:
-            return torch.as_tensor(np.concatenate(parts[name]), device=self.device)
+            return torch.as_tensor(np.concatenate(parts[name]), device=self.core.device)
 
         return Batch(tensor("obs"), tensor("actions"), tensor("log_probs"), tensor("adv"), tensor("returns"))
 
-    def update(self, chunks: list[ChunkArrays]) -> dict[str, float]:
-        return ppo_update(self.model, self.optimizer, self.batch(chunks), self.hp, self.generator)
-
-    def weights(self) -> bytes:
-        return weights_to_bytes(self.model)
+    def learn(self, trajectories: list[Trajectory]) -> dict[str, float]:
+        return ppo_update(self.core, self.batch(trajectories), self.hp, self.generator)
 
     def state_dict(self) -> dict[str, Any]:
         return {
-            "spec": self.spec,
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "core": self.core.state_dict(),
             "rng": {
                 "generator": self.generator.get_state(),
                 "torch": torch.get_rng_state(),
@@ -99,8 +96,7 @@ class PPOLearner:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.core.load_state_dict(state["core"])
         rng = state["rng"]
         self.generator.set_state(rng["generator"])
         torch.set_rng_state(rng["torch"])

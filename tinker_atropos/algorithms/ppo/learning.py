@@ -1,4 +1,5 @@
-"""PPO learning, top to bottom: advantages with GAE, then clipped-objective epochs over minibatches."""
+"""PPO learning, top to bottom: advantages with GAE, then clipped-objective epochs over minibatches, each a
+``forward_backward`` and an ``optim_step`` of the training core."""
 
 from __future__ import annotations
 
@@ -6,10 +7,10 @@ from dataclasses import dataclass, fields, replace
 
 import numpy as np
 import torch
-from torch import nn
 
-from tinker_atropos.algorithms.ppo.networks import ActorCritic
-from tinker_atropos.config import PPOSection
+from tinker_atropos.algorithms.ppo.config import PPOConfig
+from tinker_atropos.models.mlp import ActorCritic
+from tinker_atropos.trainer.core import AdamParams, TrainingCore
 
 
 def compute_gae(
@@ -58,7 +59,7 @@ class Batch:
         return Batch(*(getattr(self, f.name).index_select(0, index) for f in fields(self)))
 
 
-def ppo_loss(model: ActorCritic, minibatch: Batch, hp: PPOSection) -> tuple[torch.Tensor, dict[str, float]]:
+def ppo_loss(model: ActorCritic, minibatch: Batch, hp: PPOConfig) -> tuple[torch.Tensor, dict[str, float]]:
     """The clipped surrogate, value and entropy terms on a minibatch whose observations and returns are
     already normalised."""
     new_log_probs, entropy, new_values = model.evaluate(minibatch.observations, minibatch.actions)
@@ -89,14 +90,16 @@ def ppo_loss(model: ActorCritic, minibatch: Batch, hp: PPOSection) -> tuple[torc
     return loss, stats
 
 
+def adam_params(hp: PPOConfig) -> AdamParams:
+    """Adam as CleanRL's PPO sets it: eps 1e-5, the global gradient norm clipped first."""
+    return AdamParams(learning_rate=hp.learning_rate, eps=1e-5, grad_clip_norm=hp.max_grad_norm)
+
+
 def ppo_update(
-    model: ActorCritic,
-    optimizer: torch.optim.Optimizer,
-    batch: Batch,
-    hp: PPOSection,
-    generator: torch.Generator,
+    core: TrainingCore, batch: Batch, hp: PPOConfig, generator: torch.Generator
 ) -> dict[str, float]:
     """Update the normalisers on the new batch, then ``update_epochs`` passes of minibatch gradient steps."""
+    model: ActorCritic = core.model
     if model.spec["normalize_observations"]:
         model.obs_rms.update(batch.observations.flatten(1))
     if model.spec["normalize_returns"]:
@@ -110,17 +113,16 @@ def ppo_update(
     )
     size = batch.observations.shape[0]
     minibatch = max(1, size // hp.num_minibatches)
+    adam = adam_params(hp)
     totals: dict[str, float] = {}
     count = 0
     for _epoch in range(hp.update_epochs):
         # One gather per epoch; its minibatches are then contiguous views.
         shuffled = batch.rows(torch.randperm(size, generator=generator).to(batch.observations.device))
         for start in range(0, size - minibatch + 1, minibatch):
-            loss, stats = ppo_loss(model, shuffled.rows(slice(start, start + minibatch)), hp)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            nn.utils.clip_grad_norm_(model.parameters(), hp.max_grad_norm, foreach=True)
-            optimizer.step()
+            rows = shuffled.rows(slice(start, start + minibatch))
+            stats = core.forward_backward(lambda m, rows=rows: ppo_loss(m, rows, hp))
+            core.optim_step(adam)
             for k, v in stats.items():
                 totals[k] = totals.get(k, 0.0) + v
             count += 1

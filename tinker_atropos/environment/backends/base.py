@@ -7,28 +7,12 @@ The service only validates requests, encodes tensors and keeps episode statistic
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import gymnasium as gym
 import numpy as np
 
-
-@dataclass(frozen=True)
-class BatchStep:
-    """What one step of all instances produced.
-
-    ``observations`` holds, for an instance whose episode just ended, the first observation of its next
-    episode; the terminal observation is kept apart in ``final_observations`` (rows in the order of
-    ``final_indices``), so a learner can bootstrap a truncated episode from it.
-    """
-
-    observations: np.ndarray  # [N, *obs_shape] float32
-    rewards: np.ndarray  # [N] float32
-    terminated: np.ndarray  # [N] bool
-    truncated: np.ndarray  # [N] bool
-    final_observations: np.ndarray  # [K, *obs_shape] float32
-    final_indices: np.ndarray  # [K] int32, the instances whose episode ended, ascending
+from tinker_atropos.protocol.steps import StepBatch
 
 
 class EnvBatch(Protocol):
@@ -42,7 +26,7 @@ class EnvBatch(Protocol):
         """Reset every instance; instance i is seeded with ``seed + i``. Returns [N, *obs_shape] float32."""
         ...
 
-    def step(self, actions: np.ndarray) -> BatchStep:
+    def step(self, actions: np.ndarray) -> StepBatch:
         """Step every instance with its row of ``actions`` (already validated and clipped). The arrays are
         the caller's: the batch does not write into them afterwards."""
         ...

@@ -10,8 +10,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from tinker_atropos.environment.backends.base import BatchStep
 from tinker_atropos.environment.envs import env_maker, supported_spaces
+from tinker_atropos.protocol.steps import StepBatch
 
 
 class GymnasiumBatch:
@@ -30,7 +30,7 @@ class GymnasiumBatch:
             self._obs[i] = obs
         return self._obs.copy()
 
-    def step(self, actions: np.ndarray) -> BatchStep:
+    def step(self, actions: np.ndarray) -> StepBatch:
         n = self.num_instances
         rewards = np.zeros(n, dtype=np.float32)
         terminated = np.zeros(n, dtype=bool)
@@ -46,7 +46,7 @@ class GymnasiumBatch:
                 obs, _ = env.reset()
             self._obs[i] = obs
         obs_shape = self.observation_space.shape
-        return BatchStep(
+        return StepBatch(
             observations=self._obs.copy(),
             rewards=rewards,
             terminated=terminated,

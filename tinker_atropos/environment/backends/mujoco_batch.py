@@ -23,7 +23,7 @@ from gymnasium.envs.mujoco.mujoco_env import expand_model_path
 from gymnasium.utils import seeding
 from mujoco.batch import Batch
 
-from tinker_atropos.environment.backends.base import BatchStep
+from tinker_atropos.protocol.steps import StepBatch
 
 Fields = dict[str, np.ndarray]  # MjData field name -> its values for a batch of instances, [K, *field_shape]
 
@@ -414,7 +414,7 @@ class MujocoBatch:
         self._x = np.array(self._task.x_position(self._physics.fields))
         return self._observe(self._physics.fields)
 
-    def step(self, actions: np.ndarray) -> BatchStep:
+    def step(self, actions: np.ndarray) -> StepBatch:
         if self._x is None:
             raise RuntimeError("MujocoBatch.step called before reset")
         task, fields = self._task, self._physics.fields
@@ -441,7 +441,7 @@ class MujocoBatch:
             observations[done] = self._observe(reset_fields)
             x_after[done] = task.x_position(reset_fields)
         self._x = x_after
-        return BatchStep(
+        return StepBatch(
             observations=observations,
             rewards=rewards.astype(np.float32),
             terminated=terminated,

@@ -2,13 +2,51 @@ from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Mapping as _Mapping
-from typing import ClassVar as _ClassVar, Optional as _Optional
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class StatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class ServiceStatus(_message.Message):
+    __slots__ = ("environment", "rollout", "trainer")
+    ENVIRONMENT_FIELD_NUMBER: _ClassVar[int]
+    ROLLOUT_FIELD_NUMBER: _ClassVar[int]
+    TRAINER_FIELD_NUMBER: _ClassVar[int]
+    environment: EnvironmentStatus
+    rollout: RolloutStatus
+    trainer: TrainerStatus
+    def __init__(self, environment: _Optional[_Union[EnvironmentStatus, _Mapping]] = ..., rollout: _Optional[_Union[RolloutStatus, _Mapping]] = ..., trainer: _Optional[_Union[TrainerStatus, _Mapping]] = ...) -> None: ...
+
+class EnvironmentStatus(_message.Message):
+    __slots__ = ("incarnation", "env_id", "instances", "free_instances", "sessions", "streams", "steps", "episodes", "episodes_cut_nonfinite", "bad_requests", "streams_refused", "streams_timed_out")
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    ENV_ID_FIELD_NUMBER: _ClassVar[int]
+    INSTANCES_FIELD_NUMBER: _ClassVar[int]
+    FREE_INSTANCES_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    STREAMS_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    EPISODES_FIELD_NUMBER: _ClassVar[int]
+    EPISODES_CUT_NONFINITE_FIELD_NUMBER: _ClassVar[int]
+    BAD_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    STREAMS_REFUSED_FIELD_NUMBER: _ClassVar[int]
+    STREAMS_TIMED_OUT_FIELD_NUMBER: _ClassVar[int]
+    incarnation: str
+    env_id: str
+    instances: int
+    free_instances: int
+    sessions: int
+    streams: int
+    steps: int
+    episodes: int
+    episodes_cut_nonfinite: int
+    bad_requests: int
+    streams_refused: int
+    streams_timed_out: int
+    def __init__(self, incarnation: _Optional[str] = ..., env_id: _Optional[str] = ..., instances: _Optional[int] = ..., free_instances: _Optional[int] = ..., sessions: _Optional[int] = ..., streams: _Optional[int] = ..., steps: _Optional[int] = ..., episodes: _Optional[int] = ..., episodes_cut_nonfinite: _Optional[int] = ..., bad_requests: _Optional[int] = ..., streams_refused: _Optional[int] = ..., streams_timed_out: _Optional[int] = ...) -> None: ...
 
 class TrainerStatus(_message.Message):
     __slots__ = ("incarnation", "policy_version", "updates", "env_steps_trained", "chunks_consumed", "chunks_rejected_stale", "busy_fraction", "policy_lag_min", "policy_lag_mean", "policy_lag_max", "losses", "records_rejected", "updates_discarded_nonfinite")

@@ -25,7 +25,7 @@ if _version_not_supported:
     )
 
 
-class TrainerStub:
+class StatusStub:
     """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
@@ -35,13 +35,13 @@ class TrainerStub:
             channel: A grpc.Channel.
         """
         self.GetStatus = channel.unary_unary(
-                '/tinker_atropos.v1.Trainer/GetStatus',
+                '/tinker_atropos.v1.Status/GetStatus',
                 request_serializer=tinker__atropos_dot_protocol_dot_v1_dot_services__pb2.StatusRequest.SerializeToString,
-                response_deserializer=tinker__atropos_dot_protocol_dot_v1_dot_services__pb2.TrainerStatus.FromString,
+                response_deserializer=tinker__atropos_dot_protocol_dot_v1_dot_services__pb2.ServiceStatus.FromString,
                 _registered_method=True)
 
 
-class TrainerServicer:
+class StatusServicer:
     """Missing associated documentation comment in .proto file."""
 
     def GetStatus(self, request, context):
@@ -51,22 +51,22 @@ class TrainerServicer:
         raise NotImplementedError('Method not implemented!')
 
 
-def add_TrainerServicer_to_server(servicer, server):
+def add_StatusServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'GetStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.GetStatus,
                     request_deserializer=tinker__atropos_dot_protocol_dot_v1_dot_services__pb2.StatusRequest.FromString,
-                    response_serializer=tinker__atropos_dot_protocol_dot_v1_dot_services__pb2.TrainerStatus.SerializeToString,
+                    response_serializer=tinker__atropos_dot_protocol_dot_v1_dot_services__pb2.ServiceStatus.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
-            'tinker_atropos.v1.Trainer', rpc_method_handlers)
+            'tinker_atropos.v1.Status', rpc_method_handlers)
     server.add_generic_rpc_handlers((generic_handler,))
-    server.add_registered_method_handlers('tinker_atropos.v1.Trainer', rpc_method_handlers)
+    server.add_registered_method_handlers('tinker_atropos.v1.Status', rpc_method_handlers)
 
 
  # This class is part of an EXPERIMENTAL API.
-class Trainer:
+class Status:
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod
@@ -83,81 +83,9 @@ class Trainer:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/tinker_atropos.v1.Trainer/GetStatus',
+            '/tinker_atropos.v1.Status/GetStatus',
             tinker__atropos_dot_protocol_dot_v1_dot_services__pb2.StatusRequest.SerializeToString,
-            tinker__atropos_dot_protocol_dot_v1_dot_services__pb2.TrainerStatus.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-
-class RolloutStub:
-    """Missing associated documentation comment in .proto file."""
-
-    def __init__(self, channel):
-        """Constructor.
-
-        Args:
-            channel: A grpc.Channel.
-        """
-        self.GetStatus = channel.unary_unary(
-                '/tinker_atropos.v1.Rollout/GetStatus',
-                request_serializer=tinker__atropos_dot_protocol_dot_v1_dot_services__pb2.StatusRequest.SerializeToString,
-                response_deserializer=tinker__atropos_dot_protocol_dot_v1_dot_services__pb2.RolloutStatus.FromString,
-                _registered_method=True)
-
-
-class RolloutServicer:
-    """Missing associated documentation comment in .proto file."""
-
-    def GetStatus(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-
-def add_RolloutServicer_to_server(servicer, server):
-    rpc_method_handlers = {
-            'GetStatus': grpc.unary_unary_rpc_method_handler(
-                    servicer.GetStatus,
-                    request_deserializer=tinker__atropos_dot_protocol_dot_v1_dot_services__pb2.StatusRequest.FromString,
-                    response_serializer=tinker__atropos_dot_protocol_dot_v1_dot_services__pb2.RolloutStatus.SerializeToString,
-            ),
-    }
-    generic_handler = grpc.method_handlers_generic_handler(
-            'tinker_atropos.v1.Rollout', rpc_method_handlers)
-    server.add_generic_rpc_handlers((generic_handler,))
-    server.add_registered_method_handlers('tinker_atropos.v1.Rollout', rpc_method_handlers)
-
-
- # This class is part of an EXPERIMENTAL API.
-class Rollout:
-    """Missing associated documentation comment in .proto file."""
-
-    @staticmethod
-    def GetStatus(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/tinker_atropos.v1.Rollout/GetStatus',
-            tinker__atropos_dot_protocol_dot_v1_dot_services__pb2.StatusRequest.SerializeToString,
-            tinker__atropos_dot_protocol_dot_v1_dot_services__pb2.RolloutStatus.FromString,
+            tinker__atropos_dot_protocol_dot_v1_dot_services__pb2.ServiceStatus.FromString,
             options,
             channel_credentials,
             insecure,

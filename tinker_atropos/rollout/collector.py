@@ -1,12 +1,10 @@
-"""One environment session, SEED RL style: one bidi stream, one loop, one reconnect with backoff.
-
-The stream is the env service's local fast path when it runs on this host, else its gRPC ``Session``
-(``env_streams``); the loop below is the same for both.
+"""Where experience is collected: one env session, SEED RL style — one stream, one loop, one reconnect with
+backoff.
 
 The loop acts on the latest observations with the current policy, sends the actions of every instance in one
-message, and appends the result to the chunk being built. The policy only changes between chunks, so each
-chunk is acted by a single version. When the stream breaks, the partial chunk is dropped (never stitched
-onto the next incarnation) and the loop reconnects.
+message (``environment/client.py``, over the local fast path or gRPC), and appends the answer to the trajectory
+being built. The policy only changes between chunks, so each chunk is acted by a single version. When the stream
+breaks, the partial chunk is dropped (never stitched onto the next incarnation) and the loop reconnects.
 """
 
 from __future__ import annotations
@@ -20,31 +18,20 @@ import numpy as np
 import redis
 
 from tinker_atropos.config import Transport
-from tinker_atropos.environment.spaces import space_from_proto
-from tinker_atropos.protocol import tensors
-from tinker_atropos.protocol.v1 import environment_pb2, environment_pb2_grpc
-from tinker_atropos.rollout.chunks import ChunkBuilder
-from tinker_atropos.rollout.env_streams import LocalStreamError, SessionStream, open_stream
+from tinker_atropos.environment.client import EnvClient, EnvDescription, EnvSession
+from tinker_atropos.protocol.steps import StepBatch
 from tinker_atropos.rollout.policy import PolicySource, VersionedPolicy
-from tinker_atropos.runtime import GRPC_OPTIONS
+from tinker_atropos.rollout.trajectory_builder import TrajectoryBuilder
 from tinker_atropos.state.experience import ExperienceWriter
 
 log = logging.getLogger(__name__)
 
 MAX_BACKOFF_S = 5.0
 PAUSE_POLL_S = 0.005
-CHANNEL_OPTIONS = [
-    *GRPC_OPTIONS,
-    ("grpc.keepalive_time_ms", 2000),  # notice a peer that stopped answering (SIGSTOP, cut link)
-    ("grpc.keepalive_timeout_ms", 3000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.initial_reconnect_backoff_ms", 200),
-    ("grpc.max_reconnect_backoff_ms", 2000),
-]
 
 
 def _status(error: Exception) -> grpc.StatusCode | None:
-    return error.code() if isinstance(error, grpc.Call | LocalStreamError) else None
+    return error.code() if isinstance(error, grpc.RpcError) and hasattr(error, "code") else None
 
 
 def _reason(error: Exception) -> str:
@@ -52,20 +39,16 @@ def _reason(error: Exception) -> str:
     return f"{code.name}: {error.details()}" if code is not None else str(error)
 
 
-def _truncation_values(
-    result: environment_pb2.StepResult, policy: VersionedPolicy, num_instances: int
-) -> np.ndarray | None:
+def truncation_values(step: StepBatch, policy: VersionedPolicy, num_instances: int) -> np.ndarray | None:
     """The value of each instance's last observation where the time limit cut its episode (the return there
-    is bootstrapped, not zero); None on the many steps where no episode ended."""
-    if not result.final_indices.data:
+    is bootstrapped, not zero); None on the many steps where none was cut, or for a policy without a critic."""
+    if not step.final_indices.size or not policy.has_critic:
         return None
-    final_indices = tensors.decode(result.final_indices)
-    truncated = tensors.decode(result.truncated)[final_indices]
-    if not truncated.any():
+    instances, finals = step.truncated_finals()
+    if not instances.size:
         return None
     values = np.zeros(num_instances, np.float32)
-    finals = tensors.decode(result.final_observations)[truncated]
-    values[final_indices[truncated]] = policy.value(finals)
+    values[instances] = policy.value(finals)
     return values
 
 
@@ -80,9 +63,9 @@ class SessionCounters:
         self.connected = 0
 
 
-class EnvSession(threading.Thread):
-    """Keeps one session open on the env service at ``address`` until ``stop`` is set or the address
-    leaves the registry."""
+class Collector(threading.Thread):
+    """Keeps one session open on the env service at ``address``, turning its steps into trajectories, until
+    ``stop`` is set or the address leaves the registry."""
 
     def __init__(
         self,
@@ -113,9 +96,9 @@ class EnvSession(threading.Thread):
         backoff, attempt = self.first_backoff_s, 0
         while not self.stop.is_set():
             try:
-                with grpc.insecure_channel(self.address, options=CHANNEL_OPTIONS) as channel:
+                with EnvClient(self.address, self.transport, self.stop) as client:
                     # a new seed per attempt: a reconnect does not replay the same initial states
-                    self._serve(environment_pb2_grpc.EnvironmentStub(channel), self.seed + attempt * 1000)
+                    self._serve(client, self.seed + attempt * 1000)
                 return  # stopped cleanly
             except (grpc.RpcError, redis.RedisError) as error:
                 if self.stop.is_set():  # our own drain ended the stream: not a loss to report
@@ -155,78 +138,68 @@ class EnvSession(threading.Thread):
             self.stop.wait(0.5)
         return None
 
-    def _serve(self, stub: environment_pb2_grpc.EnvironmentStub, seed: int) -> None:
-        info = stub.Describe(environment_pb2.DescribeRequest(), timeout=10)
+    def _serve(self, client: EnvClient, seed: int) -> None:
+        env = client.describe()
         policy = self._wait_for_policy()
         if policy is None:
             return
-        n = info.num_instances // self.slots + (self.slot < info.num_instances % self.slots)
-        action_space = space_from_proto(info.action_space)
-        obs_shape = tuple(info.observation_space.box.shape)
-        action_dtype = np.float32 if info.action_space.WhichOneof("kind") == "box" else np.int64
-
-        stream = open_stream(stub, info, self.transport, self.stop)
+        n = env.num_instances // self.slots + (self.slot < env.num_instances % self.slots)
+        session = client.open(n, seed)
         try:
-            stream.send(
-                environment_pb2.SessionRequest(open=environment_pb2.OpenSession(num_instances=n, seed=seed))
-            )
-            opened = stream.receive().opened
             self.counters.connected += 1
             self.opened_once = True
             log.info(
                 "session %s/%d open over %s: %d instances of env incarnation %s",
                 self.address,
                 self.slot,
-                stream.kind,
-                opened.num_instances,
-                opened.incarnation,
+                session.carrier,
+                session.num_instances,
+                session.incarnation,
             )
             try:
-                self._step_loop(opened, stream, policy, action_space.shape, action_dtype, obs_shape)
+                self._collect(session, env, policy)
             finally:
                 self.counters.connected -= 1
         finally:
-            stream.close()
+            session.close()
 
-    def _step_loop(
-        self, opened, stream: SessionStream, policy, action_shape, action_dtype, obs_shape
-    ) -> None:
-        n, session_id = opened.num_instances, opened.session_id
-        builder = ChunkBuilder(self.chunk_length, n, obs_shape, action_shape, action_dtype)
-        observations = tensors.decode(opened.observations)
+    def _builder(self, env: EnvDescription, n: int, policy: VersionedPolicy) -> TrajectoryBuilder:
+        return TrajectoryBuilder(self.chunk_length, n, env.observation_space.shape, env.action_space.shape,
+                                 env.action_dtype, with_values=policy.has_critic)  # fmt: skip
+
+    def _collect(self, session: EnvSession, env: EnvDescription, policy: VersionedPolicy) -> None:
+        n, action_dtype = session.num_instances, env.action_dtype
+        builder = self._builder(env, n, policy)
+        observations = session.observations
         try:
             while not self.stop.is_set():
                 actions, log_probs, values = policy.act(observations)
                 actions = actions.astype(action_dtype, copy=False)
-                stream.send(
-                    environment_pb2.SessionRequest(
-                        step=environment_pb2.StepRequest(
-                            session_id=session_id, actions=tensors.encode(actions)
-                        )
-                    )
-                )
-                result = stream.receive().step
+                step = session.step(actions)
                 builder.add(
-                    observations, actions, log_probs, values, result, _truncation_values(result, policy, n)
+                    observations, actions, log_probs, values, step, truncation_values(step, policy, n)
                 )
-                observations = tensors.decode(result.observations)
+                observations = step.observations
                 if builder.full:
                     episodes = [{"return": e.episode_return, "length": e.length} for e in builder.episodes]
                     cut = sum(e.cut_nonfinite for e in builder.episodes)
                     chunk = builder.finish(
                         observations,
-                        policy.value(observations),
+                        policy.value(observations) if policy.has_critic else None,
                         policy.version,
                         self.rollout_incarnation,
-                        opened.incarnation,
-                        session_id,
+                        session.incarnation,
+                        session.session_id,
                     )
                     queued = self.writer.append(chunk, n * self.chunk_length, episodes, cut) + 1
                     self.counters.chunks_written += 1
                     self.counters.env_steps += n * self.chunk_length
                     self.counters.episodes += len(episodes)
                     self.wait_for_trainer(queued, n * self.chunk_length)
-                    policy = self.policy.refresh() or policy
+                    refreshed = self.policy.refresh() or policy
+                    if refreshed.has_critic != policy.has_critic:  # another kind of policy: values or none
+                        builder = self._builder(env, n, refreshed)
+                    policy = refreshed
         finally:
             if builder.steps:
                 self.counters.partial_chunks_dropped += 1

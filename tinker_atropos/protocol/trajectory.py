@@ -1,47 +1,41 @@
-"""The experience record (an ``ExperienceRecord`` envelope around a ``TrajectoryChunk``) and its checked decoding
-into numpy arrays, the trainer's side of ``rollout/chunks.py``.
+"""The trajectory schema, written once: the typed record a rollout builds and an algorithm learns from, and its
+one encode / decode pair over the experience stream (an ``ExperienceRecord`` envelope around a
+``TrajectoryChunk``, experience.proto).
 
 Whatever is read from the stream is untrusted: a record that does not decode, carries another schema version,
 lacks a tensor, does not fit the run's spaces or holds a NaN raises ``RecordError`` with the reason it is
-counted under. None of them reaches the learner.
+counted under. None of them reaches a learner.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import gymnasium as gym
 import numpy as np
 from google.protobuf.message import DecodeError
 
 from tinker_atropos.protocol import tensors
-from tinker_atropos.protocol.v1 import experience_pb2
+from tinker_atropos.protocol.v1 import environment_pb2, experience_pb2
 
 SCHEMA_VERSION = 1
 
-TENSOR_FIELDS = (
+# Tensors every trajectory carries, and those only a policy with a critic fills in (all three or none).
+REQUIRED = (
     "observations",
     "actions",
     "log_probs",
-    "values",
     "rewards",
     "terminated",
     "truncated",
-    "truncation_values",
     "bootstrap_observations",
-    "bootstrap_values",
 )
-_TIME_MAJOR = (
-    "observations",
-    "actions",
-    "log_probs",
-    "values",
-    "terminated",
-    "truncated",
-    "truncation_values",
-)
-_FLOAT32 = ("observations", "log_probs", "values", "rewards", "truncation_values", "bootstrap_observations",
-            "bootstrap_values")  # fmt: skip
+CRITIC = ("values", "truncation_values", "bootstrap_values")
+_TIME_MAJOR = ("observations", "actions", "log_probs", "rewards", "terminated", "truncated", "values",
+               "truncation_values")  # fmt: skip
+_FLOAT32 = ("observations", "log_probs", "rewards", "bootstrap_observations", *CRITIC)
 
 
 class RecordError(ValueError):
@@ -63,8 +57,43 @@ class RecordError(ValueError):
 
 
 @dataclass(frozen=True)
+class Trajectory:
+    """T consecutive steps of the N instances of one env session, time-major ``[T, N, …]``, every action chosen
+    by the policy of ``policy_version``. Never spans two incarnations of an env service."""
+
+    policy_version: int
+    observations: np.ndarray  # [T, N, *obs_shape] float32, raw (not normalised)
+    actions: np.ndarray  # [T, N, *action_shape]
+    log_probs: np.ndarray  # [T, N] float32, behaviour log-probabilities
+    rewards: np.ndarray  # [T, N] float32
+    terminated: np.ndarray  # [T, N] bool
+    truncated: np.ndarray  # [T, N] bool
+    bootstrap_observations: np.ndarray  # [N, *obs_shape] float32, the observation after the last step
+    values: np.ndarray | None = (
+        None  # [T, N] float32, the acting policy's value estimates, if it has a critic
+    )
+    truncation_values: np.ndarray | None = (
+        None  # [T, N] value of the final observation where truncated, else 0
+    )
+    bootstrap_values: np.ndarray | None = None  # [N] value of the bootstrap observations
+    env_incarnation: str = ""
+    rollout_incarnation: str = ""
+    session_id: str = ""
+    episodes: Sequence[environment_pb2.EpisodeEnd] = field(default=(), repr=False)
+    created_at: float = 0.0  # unix time
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.rewards.size)
+
+    @property
+    def has_values(self) -> bool:
+        return self.values is not None
+
+
+@dataclass(frozen=True)
 class TrajectorySpec:
-    """What every chunk of a run must fit: the observation shape and the action space of its env."""
+    """What every trajectory of a run must fit: the observation shape and the action space of its env."""
 
     obs_shape: tuple[int, ...]
     action_shape: tuple[int, ...]
@@ -78,34 +107,28 @@ class TrajectorySpec:
         return cls(tuple(observation_space.shape), tuple(action_space.shape), None)
 
 
-@dataclass(frozen=True)
-class ChunkArrays:
-    policy_version: int
-    env_incarnation: str
-    observations: np.ndarray  # [T, N, *obs_shape]
-    actions: np.ndarray  # [T, N, *action_shape]
-    log_probs: np.ndarray  # [T, N]
-    values: np.ndarray
-    rewards: np.ndarray
-    terminated: np.ndarray
-    truncated: np.ndarray
-    truncation_values: np.ndarray
-    bootstrap_observations: np.ndarray  # [N, *obs_shape]
-    bootstrap_values: np.ndarray  # [N]
-
-    @property
-    def num_steps(self) -> int:
-        return int(self.rewards.size)
-
-
-def encode_record(chunk: experience_pb2.TrajectoryChunk) -> bytes:
-    """A chunk as one entry of the experience stream."""
+def encode_trajectory(trajectory: Trajectory) -> bytes:
+    """A trajectory as one entry of the experience stream."""
+    tensor_fields = {
+        name: tensors.encode(getattr(trajectory, name))
+        for name in (*REQUIRED, *CRITIC)
+        if getattr(trajectory, name) is not None
+    }
+    chunk = experience_pb2.TrajectoryChunk(
+        rollout_incarnation=trajectory.rollout_incarnation,
+        env_incarnation=trajectory.env_incarnation,
+        session_id=trajectory.session_id,
+        policy_version=trajectory.policy_version,
+        episodes=trajectory.episodes,
+        created_at=trajectory.created_at or time.time(),
+        **tensor_fields,
+    )
     record = experience_pb2.ExperienceRecord(schema_version=SCHEMA_VERSION, trajectory_chunk=chunk)
     return record.SerializeToString()
 
 
-def decode_record(data: bytes, spec: TrajectorySpec) -> ChunkArrays:
-    """Parse and check one stream entry; RecordError on anything the learner must not see."""
+def decode_trajectory(data: bytes, spec: TrajectorySpec) -> Trajectory:
+    """Parse and check one stream entry; RecordError on anything a learner must not see."""
     try:
         record = experience_pb2.ExperienceRecord.FromString(data)
     except DecodeError as error:
@@ -117,22 +140,29 @@ def decode_record(data: bytes, spec: TrajectorySpec) -> ChunkArrays:
     if record.WhichOneof("kind") != "trajectory_chunk":
         raise RecordError("missing_field", "a record without a trajectory_chunk")
     chunk = record.trajectory_chunk
-    missing = [name for name in TENSOR_FIELDS if not chunk.HasField(name)]
+    critic = [name for name in CRITIC if chunk.HasField(name)]
+    missing = [name for name in REQUIRED if not chunk.HasField(name)]
+    if critic and len(critic) < len(CRITIC):
+        missing += [name for name in CRITIC if name not in critic]
     if missing:
         raise RecordError("missing_field", f"a chunk without {', '.join(missing)}")
     try:
-        arrays = {name: tensors.decode(getattr(chunk, name)) for name in TENSOR_FIELDS}
+        arrays = {name: tensors.decode(getattr(chunk, name)) for name in (*REQUIRED, *critic)}
     except tensors.TensorError as error:
         raise RecordError("undecodable", f"a chunk tensor does not decode: {error}") from None
     _check_shapes(arrays, spec)
-    not_finite = [
-        name
-        for name in TENSOR_FIELDS
-        if arrays[name].dtype.kind == "f" and not np.isfinite(arrays[name]).all()
-    ]
+    not_finite = [k for k, v in arrays.items() if v.dtype.kind == "f" and not np.isfinite(v).all()]
     if not_finite:
         raise RecordError("non_finite", f"NaN or infinity in {', '.join(not_finite)}")
-    return ChunkArrays(policy_version=chunk.policy_version, env_incarnation=chunk.env_incarnation, **arrays)
+    return Trajectory(
+        policy_version=chunk.policy_version,
+        env_incarnation=chunk.env_incarnation,
+        rollout_incarnation=chunk.rollout_incarnation,
+        session_id=chunk.session_id,
+        episodes=chunk.episodes,
+        created_at=chunk.created_at,
+        **arrays,
+    )
 
 
 def _check_shapes(arrays: dict[str, np.ndarray], spec: TrajectorySpec) -> None:
@@ -142,7 +172,7 @@ def _check_shapes(arrays: dict[str, np.ndarray], spec: TrajectorySpec) -> None:
     t_n = arrays["rewards"].shape
     if len(t_n) != 2 or 0 in t_n:
         raise mismatch(f"rewards must be [T, N] with T, N > 0, got shape {t_n}")
-    if any(arrays[k].shape[:2] != t_n for k in _TIME_MAJOR):
+    if any(arrays[k].shape[:2] != t_n for k in _TIME_MAJOR if k in arrays):
         raise mismatch(f"chunk tensors disagree on [T, N]: { ({k: v.shape for k, v in arrays.items()}) }")
     n = t_n[1]
     expected = {
@@ -153,9 +183,9 @@ def _check_shapes(arrays: dict[str, np.ndarray], spec: TrajectorySpec) -> None:
         **{k: t_n for k in ("log_probs", "values", "terminated", "truncated", "truncation_values")},
     }
     for name, shape in expected.items():
-        if arrays[name].shape != shape:
+        if name in arrays and arrays[name].shape != shape:
             raise mismatch(f"{name} of shape {arrays[name].shape}, the run's spaces make {shape}")
-    wrong = [k for k in _FLOAT32 if arrays[k].dtype != np.float32]
+    wrong = [k for k in _FLOAT32 if k in arrays and arrays[k].dtype != np.float32]
     wrong += [k for k in ("terminated", "truncated") if arrays[k].dtype != np.bool_]
     if wrong:
         raise mismatch(f"wrong dtype for {', '.join(f'{k} ({arrays[k].dtype})' for k in wrong)}")

@@ -1,4 +1,4 @@
-"""The two carriers of an env session: the gRPC ``Session`` stream, and the local fast path (a Unix socket
+"""The client-side carriers of an env session: the gRPC ``Session`` stream, and the local fast path (a Unix socket
 in the abstract namespace) that an env service offers to rollouts on its own host.
 
 Both carry the same SessionRequest/SessionResponse sequence and fail the same way (an ``grpc.RpcError``

@@ -1,0 +1,125 @@
+"""The client side of the environment contract, written once: describe an env service, open a session over its
+local fast path or gRPC (``streams``), step it, and decode each answer into one typed ``StepBatch``.
+
+The rollout collects experience with it; a Gymnasium VectorEnv over env services would step it the same way.
+Failures are ``grpc.RpcError`` with a status code, whichever carrier the session uses.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import grpc
+import gymnasium as gym
+import numpy as np
+
+from tinker_atropos.config import Transport
+from tinker_atropos.environment.spaces import space_from_proto
+from tinker_atropos.environment.streams import SessionStream, open_stream
+from tinker_atropos.protocol import tensors
+from tinker_atropos.protocol.steps import StepBatch
+from tinker_atropos.protocol.v1 import environment_pb2, environment_pb2_grpc
+from tinker_atropos.runtime import GRPC_OPTIONS
+
+CHANNEL_OPTIONS = [
+    *GRPC_OPTIONS,
+    ("grpc.keepalive_time_ms", 2000),  # notice a peer that stopped answering (SIGSTOP, cut link)
+    ("grpc.keepalive_timeout_ms", 3000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+]
+
+
+@dataclass(frozen=True)
+class EnvDescription:
+    """What ``Describe`` says of an env service, with its spaces as Gymnasium spaces."""
+
+    env_id: str
+    observation_space: gym.Space
+    action_space: gym.Space
+    num_instances: int
+    free_instances: int
+    incarnation: str
+    backend: str
+    local_address: str
+
+    @classmethod
+    def from_proto(cls, info: environment_pb2.EnvironmentInfo) -> EnvDescription:
+        return cls(
+            env_id=info.env_id,
+            observation_space=space_from_proto(info.observation_space),
+            action_space=space_from_proto(info.action_space),
+            num_instances=info.num_instances,
+            free_instances=info.free_instances,
+            incarnation=info.incarnation,
+            backend=info.backend,
+            local_address=info.local_address,
+        )
+
+    @property
+    def action_dtype(self) -> type[np.generic]:
+        """What actions travel as: float32 for Box, int64 for Discrete."""
+        return np.int64 if isinstance(self.action_space, gym.spaces.Discrete) else np.float32
+
+
+class EnvSession:
+    """An open session: some instances of one env service, held until ``close``."""
+
+    def __init__(self, stream: SessionStream, opened: environment_pb2.SessionOpened) -> None:
+        self._stream = stream
+        self.carrier = stream.kind
+        self.session_id, self.incarnation = opened.session_id, opened.incarnation
+        self.num_instances = opened.num_instances
+        self.observations = tensors.decode(opened.observations)  # after reset
+
+    def step(self, actions: np.ndarray) -> StepBatch:
+        """Send the actions of every instance in one message; the env's answer, decoded."""
+        request = environment_pb2.StepRequest(session_id=self.session_id, actions=tensors.encode(actions))
+        self._stream.send(environment_pb2.SessionRequest(step=request))
+        return StepBatch.decode(self._stream.receive().step)
+
+    def close(self) -> None:
+        """End the session; the env service frees its instances."""
+        self._stream.close()
+
+
+class EnvClient:
+    """One env service at ``address``: ``transport`` 'auto' takes its local fast path when it is on this host
+    (same network namespace), else gRPC; ``stop`` makes a local session's waits end."""
+
+    def __init__(
+        self, address: str, transport: Transport = "auto", stop: threading.Event | None = None
+    ) -> None:
+        self.address, self.transport = address, transport
+        self._stop = stop or threading.Event()
+        self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._stub = environment_pb2_grpc.EnvironmentStub(self._channel)
+        self._info: environment_pb2.EnvironmentInfo | None = None
+
+    def describe(self, timeout_s: float = 10.0) -> EnvDescription:
+        self._info = self._stub.Describe(environment_pb2.DescribeRequest(), timeout=timeout_s)
+        return EnvDescription.from_proto(self._info)
+
+    def open(self, num_instances: int = 0, seed: int | None = None) -> EnvSession:
+        """Claim ``num_instances`` (0: all free ones), reset with ``seed + i`` for instance i."""
+        if self._info is None:
+            self.describe()
+        stream = open_stream(self._stub, self._info, self.transport, self._stop)
+        try:
+            request = environment_pb2.OpenSession(num_instances=num_instances, seed=seed or 0)
+            stream.send(environment_pb2.SessionRequest(open=request))
+            return EnvSession(stream, stream.receive().opened)
+        except BaseException:
+            stream.close()
+            raise
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> EnvClient:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()

@@ -1,0 +1,89 @@
+"""The training core: a model, its optimizer and its policy version, and the primitives every front-end drives.
+
+``forward_backward`` runs a loss on the model and accumulates its gradients; ``optim_step`` applies them with
+Adam (and clears them). An algorithm's update is a sequence of the two (PPO: one pair per minibatch), and so is
+a Tinker client's training loop. ``publish_weights`` hands the model's weights and spec to whatever publishes
+them (Redis for the rollouts), ``state_dict`` / ``load_state_dict`` are what a checkpoint holds. Nothing here
+knows about a transport.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from tinker_atropos.models.weights import nonfinite_entries, weights_to_bytes
+
+LossFn = Callable[[nn.Module], tuple[torch.Tensor, dict[str, float]]]
+Publisher = Callable[[int, bytes, dict[str, Any]], None]  # (version, weights, spec)
+
+
+@dataclass(frozen=True)
+class AdamParams:
+    """One optimizer step's settings: Adam's, and an optional clip of the global gradient norm first."""
+
+    learning_rate: float
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    grad_clip_norm: float | None = None
+
+
+class TrainingCore:
+    """``model`` (described by ``spec``, the JSON a rollout rebuilds it from) and everything that learns it."""
+
+    def __init__(self, model: nn.Module, spec: dict[str, Any], device: torch.device) -> None:
+        self.model, self.spec, self.device = model.to(device), spec, device
+        self.version = 0
+        # fused: one kernel per step for all parameters (not the default on CPU); PPO updates of Humanoid took
+        # 0.93x the CPU time of foreach, which was itself faster than one kernel per parameter tensor. Its
+        # settings are each step's (``optim_step``); its moments are created at the first one.
+        self.optimizer = torch.optim.Adam(self.model.parameters(), fused=True)
+
+    def forward_backward(self, loss_fn: LossFn) -> dict[str, float]:
+        """``loss_fn(model)`` -> (loss, metrics); the loss's gradients are added to the parameters' ``.grad``."""
+        loss, metrics = loss_fn(self.model)
+        loss.backward()
+        return metrics
+
+    def optim_step(self, adam: AdamParams) -> dict[str, float]:
+        """Apply the accumulated gradients, then clear them; the gradient norm when it was clipped."""
+        metrics = {}
+        if adam.grad_clip_norm is not None:
+            norm = nn.utils.clip_grad_norm_(self.model.parameters(), adam.grad_clip_norm, foreach=True)
+            metrics["grad_norm"] = float(norm)
+        for group in self.optimizer.param_groups:
+            group.update(lr=adam.learning_rate, betas=(adam.beta1, adam.beta2), eps=adam.eps,
+                         weight_decay=adam.weight_decay)  # fmt: skip
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return metrics
+
+    def nonfinite(self) -> list[str]:
+        """The parameters and buffers that hold a NaN or an infinity (none after a sound update)."""
+        return nonfinite_entries(self.model.state_dict())
+
+    def weights(self) -> bytes:
+        return weights_to_bytes(self.model)
+
+    def publish_weights(self, publish: Publisher) -> None:
+        """Hand the current version's weights and spec to ``publish``."""
+        publish(self.version, self.weights(), self.spec)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "spec": self.spec,
+            "version": self.version,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.version = state["version"]

@@ -1,0 +1,292 @@
+"""The Redis-fed front-end of the training core: the experience stream in, versioned weights and checkpoints out.
+
+It takes whole trajectories from the stream until it holds ``trainer.samples_per_update`` env steps, checks every
+record (``decode_trajectory``: a bad one is skipped and counted by reason) and its staleness (more than
+``trainer.max_policy_lag`` versions old: rejected and counted), has the algorithm's learner update the core, and
+publishes each new version for the rollouts. An update that leaves a NaN or an infinity in the loss or the
+parameters is undone, so non-finite weights are never published; ``trainer.max_nonfinite_updates`` of them in a
+row stop the trainer with an error. The policy version only goes up: on start the loop resumes from the latest
+checkpoint and never publishes a version below the one already in Redis, nor adopts weights from Redis that do
+not load or are not finite.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import logging
+import math
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from tinker_atropos.algorithms import core as algorithms
+from tinker_atropos.algorithms.core import Learner, LearnerSetup
+from tinker_atropos.config import Config
+from tinker_atropos.environment.client import EnvDescription
+from tinker_atropos.models.weights import weights_from_bytes
+from tinker_atropos.protocol.trajectory import RecordError, Trajectory, TrajectorySpec, decode_trajectory
+from tinker_atropos.protocol.v1 import services_pb2
+from tinker_atropos.runtime import CountedWarnings, FatalError, resolve_device
+from tinker_atropos.state.checkpoints import load_latest_checkpoint, save_checkpoint
+from tinker_atropos.state.experience import ExperienceReader, add_stats
+from tinker_atropos.state.weights import fetch_weights, publish_weights, published_version
+from tinker_atropos.trainer.metrics import BusyMeter, LagMeter
+
+log = logging.getLogger(__name__)
+
+SYNC_INTERVAL_S = 1.0
+CHECKPOINT_FORMAT = 2  # {"format", "algorithm", "learner": Learner.state_dict(), "counters"}
+
+
+class TrainingDiverged(FatalError):
+    """Updates kept coming out non-finite: restarting would not help, the config or the data must change."""
+
+
+class ExperienceLoop:
+    def __init__(self, config: Config, client: redis.Redis, run_dir: Path) -> None:
+        self.config, self.client, self.run = config, client, config.run.name
+        self.checkpoint_dir = run_dir / "checkpoints"
+        self.device = resolve_device(config.trainer.device)
+        self.algorithm = algorithms.algorithm(config.trainer.algorithm)
+        self.incarnation = ""
+        self.learner: Learner | None = None
+        self.spec: TrajectorySpec | None = None
+        self.updates = 0
+        self.env_steps_trained = 0
+        self.chunks_consumed = 0
+        self.chunks_rejected_stale = 0
+        self.updates_discarded_nonfinite = 0
+        self.nonfinite_in_a_row = 0
+        self.rejected = CountedWarnings("experience records skipped")
+        self.losses: dict[str, float] = {}
+        self._stale_unreported = 0
+        self._last_sync = 0.0
+        self._last_checkpoint = time.monotonic()
+        self.busy = BusyMeter()
+        self.lag = LagMeter()
+
+    @property
+    def version(self) -> int:
+        return 0 if self.learner is None else self.learner.core.version
+
+    @version.setter
+    def version(self, value: int) -> None:
+        assert self.learner is not None
+        self.learner.core.version = value
+
+    def status(self) -> services_pb2.TrainerStatus:
+        lag_min, lag_mean, lag_max = self.lag.summary()
+        return services_pb2.TrainerStatus(
+            incarnation=self.incarnation,
+            policy_version=self.version,
+            updates=self.updates,
+            env_steps_trained=self.env_steps_trained,
+            chunks_consumed=self.chunks_consumed,
+            chunks_rejected_stale=self.chunks_rejected_stale,
+            busy_fraction=self.busy.fraction(),
+            policy_lag_min=lag_min,
+            policy_lag_mean=lag_mean,
+            policy_lag_max=lag_max,
+            losses=self.losses,
+            records_rejected=self.rejected.totals,
+            updates_discarded_nonfinite=self.updates_discarded_nonfinite,
+        )
+
+    # -- state ---------------------------------------------------------------------------------------
+    def setup(self, env: EnvDescription) -> None:
+        """Build the learner for the env's spaces, resume from the latest checkpoint, publish."""
+        self.spec = TrajectorySpec.from_spaces(env.observation_space, env.action_space)
+        trainer = self.config.trainer
+        setup = LearnerSetup(env.observation_space, env.action_space, trainer, trainer.hyperparameters,
+                             self.device, self.config.run.seed)  # fmt: skip
+        self.learner = self.algorithm.build(setup)
+        self._resume()
+        self.adopt_newer_weights()
+        self.publish()
+
+    def _resume(self) -> None:
+        assert self.learner is not None
+        restored = load_latest_checkpoint(self.checkpoint_dir)
+        if restored is None:
+            return
+        path, state = restored
+        learner = state.get("learner", {}) if state.get("format") == CHECKPOINT_FORMAT else {}
+        version = learner.get("core", {}).get("version", state.get("counters", {}).get("version", 0))
+        if (
+            state.get("algorithm") != self.algorithm.name
+            or learner.get("core", {}).get("spec") != self.learner.core.spec
+        ):
+            log.warning("checkpoint %s is of another algorithm, model or layout; starting fresh above its "
+                        "version %d", path, version)  # fmt: skip
+            self.version = version + 1
+            return
+        self.learner.load_state_dict(learner)
+        counters = state["counters"]
+        self.updates, self.env_steps_trained = counters["updates"], counters["env_steps_trained"]
+        log.info("resumed from %s at policy version %d", path, self.version)
+
+    def adopt_newer_weights(self) -> None:
+        """Weights in Redis newer than the checkpoint (a trainer killed between checkpoints) are the policy
+        the rollouts act with: continue from them rather than from older parameters, so a restart loses
+        only the optimizer moments since the checkpoint and the version stays monotonic."""
+        assert self.learner is not None
+        try:
+            published = fetch_weights(self.client, self.run)
+        except (
+            ValueError
+        ) as error:  # a malformed record: nothing to continue from, the next publish replaces it
+            log.warning("the weights record in Redis is malformed (%s); publishing over it", error)
+            return
+        if published is None or published.version <= self.version:
+            return
+        if published.spec != self.learner.core.spec:
+            log.warning("Redis holds version %d of another model; continuing above it", published.version)
+            self.version = published.version + 1
+            return
+        try:
+            self.learner.core.model.load_state_dict(weights_from_bytes(published.blob))
+        except ValueError as error:  # a NaN in them, or bytes that are not weights: never adopted
+            log.warning(
+                "not adopting version %d from Redis (%s); continuing above it", published.version, error
+            )
+            self.version = published.version + 1
+            return
+        log.info("continuing from the weights of version %d found in Redis", published.version)
+        self.version = published.version
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        assert self.learner is not None
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "algorithm": self.algorithm.name,
+            "learner": self.learner.state_dict(),
+            "counters": {"updates": self.updates, "env_steps_trained": self.env_steps_trained},
+        }
+
+    def checkpoint(self) -> None:
+        path = save_checkpoint(
+            self.checkpoint_dir, self.version, self.checkpoint_state(), self.config.trainer.checkpoint.keep
+        )
+        self._last_checkpoint = time.monotonic()
+        log.info("checkpoint %s", path.name)
+
+    def publish(self) -> None:
+        assert self.learner is not None
+        self.learner.core.publish_weights(functools.partial(publish_weights, self.client, self.run))
+
+    def sync_redis(self) -> None:
+        """Report counters, and publish again if Redis lost the weights (restarted without persistence)
+        or missed the last publication: rollouts must always find the current version."""
+        now = time.monotonic()
+        if now - self._last_sync < SYNC_INTERVAL_S:
+            return
+        counts = {f"records_rejected_{k}": n for k, n in self.rejected.take_unreported().items()}
+        add_stats(self.client, self.run, chunks_rejected_stale=self._stale_unreported, **counts)
+        self._stale_unreported = 0
+        try:
+            published = published_version(self.client, self.run)
+        except ValueError:  # a malformed record: replace it
+            published = None
+        if published is None or published < self.version:
+            log.info("Redis lacks policy version %d; publishing it again", self.version)
+            self.publish()
+        self._last_sync = now
+
+    # -- learning ------------------------------------------------------------------------------------
+    def accept(self, entry: bytes | RecordError) -> Trajectory | None:
+        """The trajectory of a stream entry if it may be learned from; None (counted) for a bad or stale one."""
+        assert self.spec is not None and self.learner is not None
+        try:
+            if isinstance(entry, RecordError):
+                raise entry
+            trajectory = decode_trajectory(entry, self.spec)
+            if trajectory.policy_version > self.version:
+                raise RecordError(
+                    "impossible_version",
+                    f"a chunk of policy version {trajectory.policy_version}, above the trainer's {self.version}",
+                )
+            if self.learner.needs_values and not trajectory.has_values:
+                raise RecordError(
+                    "missing_field", f"a chunk without the values {self.algorithm.name} learns from"
+                )
+        except RecordError as error:
+            self.rejected.add(error.reason, str(error))
+            return None
+        lag = self.version - trajectory.policy_version
+        if lag > self.config.trainer.max_policy_lag:
+            self.chunks_rejected_stale += 1
+            self._stale_unreported += 1
+            return None
+        self.lag.record(lag)
+        return trajectory
+
+    def learn(self, trajectories: list[Trajectory]) -> bool:
+        """One update, undone (the learner's whole state restored) if it leaves a NaN or an infinity in the loss
+        or the parameters. TrainingDiverged after ``max_nonfinite_updates`` in a row."""
+        assert self.learner is not None
+        saved = copy.deepcopy(self.learner.state_dict())
+        losses = self.learner.learn(trajectories)
+        bad = [f"loss {k}" for k, v in losses.items() if not math.isfinite(v)] + self.learner.core.nonfinite()
+        if not bad:
+            self.losses, self.nonfinite_in_a_row = losses, 0
+            return True
+        self.learner.load_state_dict(saved)
+        self.updates_discarded_nonfinite += 1
+        self.nonfinite_in_a_row += 1
+        limit = self.config.trainer.max_nonfinite_updates
+        log.warning(
+            "update undone: NaN or infinity in %s (%d in a row; the trainer stops at %d)",
+            ", ".join(bad),
+            self.nonfinite_in_a_row,
+            limit,
+        )
+        if self.nonfinite_in_a_row >= limit:
+            raise TrainingDiverged(
+                f"{limit} updates in a row came out NaN or infinite (the last in {', '.join(bad)}); the "
+                f"parameters are those of policy version {self.version}: lower the learning rate "
+                "or check the env's rewards and observations"
+            )
+        return False
+
+    def train(self, stop: threading.Event) -> None:
+        assert self.learner is not None
+        reader = ExperienceReader(self.client, self.run)
+        pending: list[Trajectory] = []
+        wanted, have = self.config.trainer.samples_per_update, 0
+        chunk_size = wanted  # env steps of the last chunk seen: the first take is of one chunk
+        while not stop.is_set():
+            try:
+                self.sync_redis()
+                raw = reader.take(count=math.ceil((wanted - have) / chunk_size), block_ms=500)
+            except redis.RedisError as error:
+                log.warning("Redis unreachable (%s); retrying", error)
+                stop.wait(1.0)
+                continue
+            accepted = [c for c in map(self.accept, raw) if c is not None]
+            pending.extend(accepted)
+            have += sum(c.num_steps for c in accepted)
+            chunk_size = accepted[-1].num_steps if accepted else chunk_size
+            self.chunks_consumed += len(raw)
+            if have < wanted:
+                continue
+            start = time.monotonic()
+            learned = self.learn(pending)
+            self.busy.record(start, time.monotonic())
+            batch_steps, pending, have = have, [], 0
+            if not learned:
+                continue
+            self.version += 1
+            self.updates += 1
+            self.env_steps_trained += batch_steps
+            try:
+                self.publish()
+            except redis.RedisError as error:
+                log.warning("cannot publish version %d (%s); will retry", self.version, error)
+            policy = self.config.trainer.checkpoint
+            overdue = time.monotonic() - self._last_checkpoint >= policy.every_seconds
+            if overdue or self.updates % policy.every_updates == 0:
+                self.checkpoint()
