@@ -9,17 +9,9 @@ from typing import Annotated
 
 import typer
 
-from tinker_atropos.config import Config, ConfigError, load_config
+from tinker_atropos.launcher.cli import read_config
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
-
-
-def _config(path: Path) -> Config:
-    try:
-        return load_config(path)
-    except ConfigError as error:
-        typer.echo(str(error), err=True)
-        raise typer.Exit(2) from None
 
 
 @app.command()
@@ -58,7 +50,7 @@ def throughput(
     from bench.phases import Timing
     from bench.throughput import BenchOptions, run_benchmark
 
-    cfg = _config(config)
+    cfg = read_config(config)
     try:
         if env_id is not None:
             cfg.env.id = env_id
@@ -99,7 +91,7 @@ def learn(
     except ValueError as error:
         typer.echo(str(error), err=True)
         raise typer.Exit(2) from None
-    run_learning_benchmark(_config(config), options, Console(soft_wrap=True))
+    run_learning_benchmark(read_config(config), options, Console(soft_wrap=True))
 
 
 @app.command()
@@ -121,7 +113,7 @@ def chaos(
     from bench.chaos import ChaosOptions, run_chaos
 
     options = ChaosOptions(total_steps=total_steps, chaos_interval_s=chaos_interval, out=out)
-    run_chaos(_config(config), options, Console(soft_wrap=True))
+    run_chaos(read_config(config), options, Console(soft_wrap=True))
 
 
 if __name__ == "__main__":

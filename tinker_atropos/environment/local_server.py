@@ -50,7 +50,9 @@ class LocalStreamControl:
 
 
 # The servicer's ``serve_stream``: serialized SessionRequests in, responses out.
-SessionHandler = Callable[[Iterator[bytes], LocalStreamControl], Iterator[environment_pb2.SessionResponse]]
+SessionHandler = Callable[
+    [Iterator[bytes | bytearray], LocalStreamControl], Iterator[environment_pb2.SessionResponse]
+]
 
 
 class LocalSessionServer:
@@ -94,9 +96,9 @@ class LocalSessionServer:
             ).start()
 
     def _serve(self, connection: socket.socket) -> None:
-        def requests() -> Iterator[bytes]:  # a FrameError raised here is the servicer's to answer
+        def requests() -> Iterator[bytearray]:  # a FrameError raised here is the servicer's to answer
             while (payload := local_stream.receive_payload(connection)) is not None:
-                yield bytes(payload)
+                yield payload
 
         control = LocalStreamControl(connection)
         try:

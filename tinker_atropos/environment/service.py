@@ -147,13 +147,13 @@ class EnvironmentServicer(environment_pb2_grpc.EnvironmentServicer):
         return self.serve_stream(request_iterator, GrpcStreamControl(context))
 
     def serve_stream(
-        self, raw: Iterator[bytes], control: StreamControl
+        self, raw: Iterator[bytes | bytearray], control: StreamControl
     ) -> Iterator[environment_pb2.SessionResponse]:
         """A session over any carrier that hands over serialized SessionRequests."""
         return self.session(self._parsed(raw, control), control)
 
     def _parsed(
-        self, raw: Iterator[bytes], control: StreamControl
+        self, raw: Iterator[bytes | bytearray], control: StreamControl
     ) -> Iterator[environment_pb2.SessionRequest]:
         try:
             for data in raw:

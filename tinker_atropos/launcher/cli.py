@@ -34,7 +34,8 @@ RunDirOpt = Annotated[
 ]
 
 
-def _config(path: Path) -> Config:
+def read_config(path: Path) -> Config:
+    """The config at ``path``, or its errors on stderr and exit code 2 (for every command that reads one)."""
     try:
         return load_config(path)
     except ConfigError as error:
@@ -76,7 +77,7 @@ def up(
     A run folder that holds a run is resumed: the counters and --total-steps go on from where it stopped."""
     from tinker_atropos.launcher.up import UpOptions, run_local
 
-    cfg = _config(config)
+    cfg = read_config(config)
     run_dir = run_dir or Path("runs") / cfg.run.name
     options = UpOptions(total_steps, target_return, max_seconds, fresh)
     raise typer.Exit(run_local(cfg, run_dir, redis_url, options))
@@ -116,7 +117,7 @@ def env(
     """Run one environment service."""
     from tinker_atropos.environment.service import serve
 
-    cfg = _config(config)
+    cfg = read_config(config)
     if instances is not None:
         cfg.env.instances = instances
     _serve(serve, cfg, _redis_url(cfg, redis_url), _endpoint(host, port, advertise_host, name))
@@ -134,7 +135,7 @@ def rollout(
     """Run one rollout service."""
     from tinker_atropos.rollout.service import serve
 
-    cfg = _config(config)
+    cfg = read_config(config)
     _serve(serve, cfg, _redis_url(cfg, redis_url), _endpoint(host, port, advertise_host, name))
 
 
@@ -151,7 +152,7 @@ def trainer(
     """Run the trainer service (checkpoints under RUN_DIR/checkpoints)."""
     from tinker_atropos.trainer.service import serve
 
-    cfg = _config(config)
+    cfg = read_config(config)
     endpoint = _endpoint(host, port, advertise_host, name)
     _serve(serve, cfg, _redis_url(cfg, redis_url), endpoint, run_dir or Path("runs") / cfg.run.name)
 

@@ -114,17 +114,14 @@ class ExperienceLoop:
         if restored is None:
             return
         path, state = restored
-        learner = state.get("learner", {}) if state.get("format") == CHECKPOINT_FORMAT else {}
-        version = learner.get("core", {}).get("version", state.get("counters", {}).get("version", 0))
-        if (
-            state.get("algorithm") != self.algorithm.name
-            or learner.get("core", {}).get("spec") != self.learner.core.spec
-        ):
+        core = state["learner"].get("core", {}) if state.get("format") == CHECKPOINT_FORMAT else {}
+        version = core.get("version", state.get("counters", {}).get("version", 0))  # format 1: in counters
+        if state.get("algorithm") != self.algorithm.name or core.get("spec") != self.learner.core.spec:
             log.warning("checkpoint %s is of another algorithm, model or layout; starting fresh above its "
                         "version %d", path, version)  # fmt: skip
             self.version = version + 1
             return
-        self.learner.load_state_dict(learner)
+        self.learner.load_state_dict(state["learner"])
         counters = state["counters"]
         self.updates, self.env_steps_trained = counters["updates"], counters["env_steps_trained"]
         log.info("resumed from %s at policy version %d", path, self.version)
