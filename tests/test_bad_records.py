@@ -22,6 +22,7 @@ from tinker_atropos.protocol.trajectory import (
 )
 from tinker_atropos.protocol.v1 import experience_pb2
 from tinker_atropos.state import keys
+from tinker_atropos.state.experience import ExperienceWriter, add_stats, queued_chunks, read_stats
 
 PENDULUM = TrajectorySpec(obs_shape=(3,), action_shape=(1,), discrete=None)
 
@@ -97,6 +98,17 @@ def test_a_trajectory_without_a_critic_travels_without_values_and_half_of_them_i
     with pytest.raises(RecordError, match="a chunk without truncation_values") as error:
         decode_trajectory(half, PENDULUM)
     assert error.value.reason == "missing_field"
+
+
+def test_a_counter_overwritten_with_garbage_is_repaired_not_a_wedge(redis_client: redis.Redis) -> None:
+    """HINCRBY on a field that is not an integer fails; every chunk's append would fail with it."""
+    redis_client.hset(keys.stats("garbled"), mapping={"env_steps": "lots", "chunks_rejected_stale": "x"})
+    writer = ExperienceWriter(redis_client, "garbled", max_queued_chunks=8)
+    writer.append(serialized_chunk(2, 0), env_steps=16, episodes=[{"return": 1.0, "length": 3}])
+    add_stats(redis_client, "garbled", chunks_rejected_stale=2)
+    stats = read_stats(redis_client, "garbled")
+    assert (stats["env_steps"], stats["chunks_rejected_stale"], stats["episodes"]) == (16, 2, 1)
+    assert stats["counters_repaired"] == 2 and queued_chunks(redis_client, "garbled") == 1
 
 
 class Injector(Sidecar):

@@ -57,8 +57,8 @@ class ProgressReporter:
         if read_stats(self.client, self.run).get("env_steps", 0) < self.counters.get("env_steps", 0):
             add_stats(self.client, self.run, **self.counters)
             self.console.print(
-                "[yellow]Redis had lost the run's counters; restored them from the last report "
-                "(the experience queued in it is lost)"
+                "[yellow]the run's counters in Redis went back (Redis restarted empty, or a counter was "
+                "overwritten); restored them from the last report"
             )
 
     def report(self, show: bool = True) -> dict[str, Any] | None:
@@ -66,6 +66,9 @@ class ProgressReporter:
         try:
             self.restore_counters()
             row = self._row()
+        except redis.ResponseError as error:  # Redis answers, but refuses a command: not an outage
+            self.console.print(f"[yellow]Redis refused a read of the run's figures ({describe(error)})")
+            return None
         except redis.RedisError as error:
             if self.unreachable_since is None:
                 self.unreachable_since = time.monotonic()

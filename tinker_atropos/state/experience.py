@@ -22,27 +22,52 @@ MAX_EPISODES_KEPT = 1000
 
 RECORD_FIELD = b"record"  # the one field of a stream entry: a serialized ExperienceRecord
 
+# Every counter is added to through this: a field that is not an integer (written by something else) would make
+# HINCRBY fail on every chunk and wedge collection, so it restarts from the increment and the repair is counted.
+_ADD_COUNTER = """
+local function add(key, field, n)
+  local reply = redis.pcall('HINCRBY', key, field, n)
+  if type(reply) == 'table' and reply.err then
+    redis.call('HSET', key, field, n)
+    redis.pcall('HINCRBY', key, 'counters_repaired', 1)
+  end
+end
+"""
+
 # KEYS: stream, stats, episodes.  ARGV: bound, record, env steps, episodes kept, episodes cut by a non-finite
 # value, episode JSON...
-_APPEND = """
+_APPEND = (
+    _ADD_COUNTER
+    + """
 local queued = redis.call('XLEN', KEYS[1])
 local bound = tonumber(ARGV[1])
 redis.call('XADD', KEYS[1], 'MAXLEN', bound, '*', 'record', ARGV[2])
-redis.call('HINCRBY', KEYS[2], 'chunks_written', 1)
-redis.call('HINCRBY', KEYS[2], 'env_steps', ARGV[3])
+add(KEYS[2], 'chunks_written', 1)
+add(KEYS[2], 'env_steps', ARGV[3])
 if queued >= bound then
-  redis.call('HINCRBY', KEYS[2], 'chunks_dropped_backpressure', queued - bound + 1)
+  add(KEYS[2], 'chunks_dropped_backpressure', queued - bound + 1)
 end
 if tonumber(ARGV[5]) > 0 then
-  redis.call('HINCRBY', KEYS[2], 'episodes_cut_nonfinite', ARGV[5])
+  add(KEYS[2], 'episodes_cut_nonfinite', ARGV[5])
 end
 if #ARGV > 5 then
   redis.call('LPUSH', KEYS[3], unpack(ARGV, 6))
   redis.call('LTRIM', KEYS[3], 0, tonumber(ARGV[4]) - 1)
-  redis.call('HINCRBY', KEYS[2], 'episodes', #ARGV - 5)
+  add(KEYS[2], 'episodes', #ARGV - 5)
 end
 return queued
 """
+)
+
+# KEYS: stats.  ARGV: field, increment, field, increment, ...
+_ADD_STATS = (
+    _ADD_COUNTER
+    + """
+for i = 1, #ARGV, 2 do
+  add(KEYS[1], ARGV[i], ARGV[i + 1])
+end
+"""
+)
 
 
 class ExperienceWriter:
@@ -109,11 +134,10 @@ def read_stats(client: redis.Redis, run: str) -> dict[str, int]:
 
 
 def add_stats(client: redis.Redis, run: str, **counts: int) -> None:
-    with client.pipeline(transaction=False) as pipe:
-        for name, n in counts.items():
-            if n:
-                pipe.hincrby(keys.stats(run), name, n)
-        pipe.execute()
+    """Add to the run's counters in one round trip (a field that is not an integer is repaired, counted)."""
+    args = [item for name, n in counts.items() if n for item in (name, n)]
+    if args:
+        client.register_script(_ADD_STATS)(keys=[keys.stats(run)], args=args)
 
 
 def recent_episodes(client: redis.Redis, run: str, n: int) -> list[dict[str, float]]:
