@@ -108,7 +108,9 @@ def test_the_learning_benchmark_reports_curves_and_final_returns_under_the_budge
             "trainer": {"samples_per_update": 256},
         }
     )
-    options = LearnOptions(budget_s=10.0, seeds=1, out=tmp_path, report_interval_s=2.0)
+    options = LearnOptions(
+        budget_s=16.0, seeds=1, out=tmp_path, report_interval_s=2.0
+    )  # episodes end in its last tenth
 
     result = run_learning_benchmark(config, options, Console(quiet=True))
 
