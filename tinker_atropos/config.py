@@ -163,6 +163,27 @@ class CheckpointSection(Section):
     keep: int = Field(3, ge=1, description="Checkpoints kept; older ones are deleted.")
 
 
+class TinkerSection(Section):
+    enabled: bool = Field(
+        False, description="Serve the Tinker training API (HTTP) beside the trainer's gRPC port."
+    )
+    host: str = Field("127.0.0.1", description="Address the Tinker API binds.")
+    port: int = Field(8000, ge=0, le=65535, description="Port of the Tinker API; 0 picks a free one.")
+    api_keys_file: str | None = Field(
+        None,
+        description="File of allowed API keys, one 'tml-…' key per line (e.g. a mounted Secret). Null: the "
+        "trainer writes one fresh key to <run folder>/tinker_api_keys.",
+    )
+    checkpoint_dir: str | None = Field(
+        None, description="Where tinker:// checkpoints are written; null: <run folder>/tinker."
+    )
+    max_models: int = Field(8, ge=1, description="Training models held at once; creating more is refused.")
+    long_poll_s: float = Field(
+        20.0, gt=0, le=40, description="How long retrieve_future waits for a result before answering 408."
+    )
+    future_ttl_s: float = Field(3600.0, gt=0, description="How long an unretrieved result is kept.")
+
+
 class TrainerSection(Section):
     algorithm: str = Field(
         "ppo",
@@ -186,6 +207,12 @@ class TrainerSection(Section):
         description="Updates in a row whose loss or parameters come out NaN or infinite (each one undone) "
         "before the trainer stops with an error.",
     )
+    experience_loop: bool = Field(
+        True,
+        description="Learn from the experience stream with trainer.algorithm. False: the trainer only serves "
+        "the Tinker API, and learning is what its clients do (they read the stream with tinker_atropos.client).",
+    )
+    tinker: TinkerSection = Field(default_factory=TinkerSection)
     model: ModelSection = Field(default_factory=ModelSection)
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
     # The algorithm's own section, validated by the model it registered; written as ``trainer.<algorithm>``.
@@ -268,6 +295,13 @@ class Config(Section):
     env: EnvSection = Field(default_factory=EnvSection)
     rollout: RolloutSection = Field(default_factory=RolloutSection)
     trainer: TrainerSection = Field(default_factory=TrainerSection)
+
+    @model_validator(mode="after")
+    def _something_to_learn_from(self) -> Config:
+        if not self.trainer.experience_loop and not self.trainer.tinker.enabled:
+            raise ValueError("trainer.experience_loop is false and trainer.tinker.enabled is false: the trainer "
+                             "would learn from nothing; enable one of them")  # fmt: skip
+        return self
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)

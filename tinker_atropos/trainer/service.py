@@ -14,6 +14,7 @@ import torch
 from tinker_atropos import runtime
 from tinker_atropos.config import Config
 from tinker_atropos.environment.client import EnvClient, EnvDescription
+from tinker_atropos.frontends.tinker.server import TinkerAPI
 from tinker_atropos.protocol.v1 import services_pb2
 from tinker_atropos.runtime import Endpoint
 from tinker_atropos.state.registry import live_services
@@ -42,25 +43,42 @@ def describe_env(client: redis.Redis, run: str, stop: threading.Event) -> EnvDes
 
 
 class TrainerService:
+    """The experience loop and, when enabled, the Tinker API: two front-ends of training in one process."""
+
     def __init__(self, config: Config, client: redis.Redis, run_dir: Path, incarnation: str) -> None:
-        self.loop = ExperienceLoop(config, client, run_dir)
-        self.loop.incarnation = incarnation
+        self.incarnation = incarnation
+        self.loop = ExperienceLoop(config, client, run_dir) if config.trainer.experience_loop else None
+        if self.loop is not None:
+            self.loop.incarnation = incarnation
+        device = runtime.resolve_device(config.trainer.device)
+        self.tinker = TinkerAPI(config, client, run_dir, device) if config.trainer.tinker.enabled else None
 
     def status(self) -> services_pb2.TrainerStatus:
-        return self.loop.status()
+        status = self.loop.status() if self.loop else services_pb2.TrainerStatus(incarnation=self.incarnation)
+        status.tinker_api = self.tinker.url if self.tinker else ""
+        return status
 
     def add_to(self, server: grpc.Server) -> None:
         """No RPCs of its own besides health and status."""
 
     def run(self, stop: threading.Event) -> None:
-        env = describe_env(self.loop.client, self.loop.run, stop)
-        if env is None:
-            return
-        self.loop.setup(env)
+        if self.tinker is not None:
+            self.tinker.start(stop)
         try:
-            self.loop.train(stop)
-        finally:  # also when it diverged: the parameters are the last finite ones
-            self.loop.checkpoint()
+            if self.loop is None:
+                stop.wait()
+                return
+            env = describe_env(self.loop.client, self.loop.run, stop)
+            if env is None:
+                return
+            self.loop.setup(env)
+            try:
+                self.loop.train(stop)
+            finally:  # also when it diverged: the parameters are the last finite ones
+                self.loop.checkpoint()
+        finally:
+            if self.tinker is not None:
+                self.tinker.close()
 
 
 def serve(config: Config, redis_url: str, endpoint: Endpoint, run_dir: Path) -> None:

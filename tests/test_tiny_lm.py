@@ -1,0 +1,179 @@
+"""The tiny byte-level LM: tokenizer, seeded init, learning, LoRA, and the token-level API functions."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tinker_atropos.models.tiny_lm import (
+    ByteTokenizer,
+    LoRALinear,
+    TinyCausalLM,
+    TinyLMConfig,
+    add_lora,
+    batch_target_logprobs,
+    prompt_logprobs,
+    sample,
+    target_logprobs,
+)
+
+TOK = ByteTokenizer()
+TEXT = "tinker-atropos learns to speak.\n"
+IDS = torch.tensor(TOK.encode(TEXT, add_bos=True) + [TOK.eos_id])  # bos, the bytes, eos
+
+
+def nll(model: TinyCausalLM) -> torch.Tensor:
+    return -target_logprobs(model, IDS[:-1], IDS[1:]).mean()
+
+
+def train(model: TinyCausalLM, params: list[torch.nn.Parameter], steps: int) -> float:
+    opt = torch.optim.Adam(params, lr=3e-3)
+    for _ in range(steps):
+        loss = nll(model)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return nll(model).item()
+
+
+def test_tokenizer_round_trips_utf8_and_skips_specials() -> None:
+    text = "héllo, wörld — 世界 🙂"
+    ids = TOK.encode(text)
+    assert all(0 <= i < 256 for i in ids) and len(ids) == len(text.encode("utf-8"))
+    assert TOK.decode(ids) == text
+    assert TOK.encode(text, add_bos=True) == [TOK.bos_id, *ids]
+    assert TOK.decode([TOK.bos_id, *ids, TOK.eos_id]) == text
+    assert TOK.decode(ids[:-1]).endswith("\ufffd")  # cut mid-character: replaced, not an error
+    assert TOK.vocab_size == TinyLMConfig().vocab_size == 258
+
+
+def test_init_is_a_function_of_the_seed_and_leaves_global_rng_alone() -> None:
+    rng = torch.get_rng_state()
+    a, b, c = (TinyCausalLM(TinyLMConfig(seed=s)) for s in (0, 0, 1))
+    assert torch.equal(torch.get_rng_state(), rng)
+    for (name, pa), pb, pc in zip(a.named_parameters(), b.parameters(), c.parameters(), strict=True):
+        assert torch.equal(pa, pb), name
+        if name.endswith("weight") and pa.ndim == 2:
+            assert not torch.equal(pa, pc), name
+
+
+def test_forward_shape_and_limits() -> None:
+    model = TinyCausalLM(TinyLMConfig(max_seq_len=16))
+    assert model(torch.zeros(3, 16, dtype=torch.long)).shape == (3, 16, 258)
+    with pytest.raises(ValueError, match="max_seq_len 16"):
+        model(torch.zeros(1, 17, dtype=torch.long))
+    with pytest.raises(ValueError, match="token ids"):
+        model(torch.tensor([[258]]))
+
+
+def test_learns_a_string_then_greedy_sampling_speaks_it() -> None:
+    model = TinyCausalLM()
+    assert nll(model).item() > 5.0  # about log(258) at init
+    assert train(model, list(model.parameters()), steps=100) < 0.05  # reached at ~45 steps for seeds 0-3
+    prompt = IDS[:5].tolist()  # bos + "tink"
+    out = sample(model, prompt, max_tokens=64, temperature=0)[0]
+    assert TOK.decode(out.tokens) == TEXT[4:]
+    assert out.tokens[-1] == TOK.eos_id and out.stop_reason == "stop"
+
+
+def test_lora_starts_as_identity_trains_only_adapters_and_round_trips() -> None:
+    model = TinyCausalLM()
+    before = model(IDS[None])
+    base = {k: v.clone() for k, v in model.state_dict().items()}
+    params = add_lora(model, rank=4, seed=0)
+    assert torch.equal(model(IDS[None]), before)
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    assert trainable == {name for name, _ in model.named_parameters() if "lora_" in name}
+    assert {id(p) for p in params} == {id(p) for p in model.parameters() if p.requires_grad}
+    assert len(params) == 2 * (4 * 2 + 1)  # qkv, proj, fc, proj in each of 2 blocks, and lm_head
+
+    initial = nll(model).item()
+    assert train(model, params, steps=30) < 0.5 * initial  # ~1.2 from ~5.5
+    for name, value in model.state_dict().items():
+        if "lora_" not in name:
+            assert torch.equal(value, base[name.replace(".base", "")]), name
+
+    restored = TinyCausalLM()
+    add_lora(restored, rank=4, seed=123)  # a different A init: load_state_dict overwrites it
+    restored.load_state_dict(model.state_dict())
+    assert torch.equal(restored(IDS[None]), model(IDS[None]))
+
+
+def test_lora_targets_and_argument_checks() -> None:
+    model = TinyCausalLM()
+    add_lora(model, rank=2, train_attn=False, train_unembed=False)
+    wrapped = {name for name, m in model.named_modules() if isinstance(m, LoRALinear)}
+    assert wrapped == {f"blocks.{i}.mlp.{n}" for i in range(2) for n in ("fc", "proj")}
+    with pytest.raises(ValueError, match="already"):
+        add_lora(model, rank=2)
+    with pytest.raises(ValueError, match="rank"):
+        add_lora(TinyCausalLM(), rank=0)
+    with pytest.raises(ValueError, match="target"):
+        add_lora(TinyCausalLM(), rank=2, train_attn=False, train_mlp=False, train_unembed=False)
+
+
+def test_target_logprobs_match_log_softmax_and_batch() -> None:
+    model = TinyCausalLM()
+    inputs, targets = IDS[:-1], IDS[1:]
+    got = target_logprobs(model, inputs, targets)
+    manual = model(inputs[None])[0].log_softmax(-1)[torch.arange(len(targets)), targets]
+    torch.testing.assert_close(got, manual)
+    got.sum().backward()  # differentiable: the losses are built on it
+    assert model.lm_head.weight.grad is not None
+
+    seqs = [IDS[:7], IDS[3:], IDS[:2]]
+    batched = batch_target_logprobs(model, [s[:-1] for s in seqs], [s[1:] for s in seqs])
+    for seq, row in zip(seqs, batched, strict=True):
+        torch.testing.assert_close(row, target_logprobs(model, seq[:-1], seq[1:]), atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError):
+        batch_target_logprobs(model, [IDS[:3]], [IDS[:4]])
+
+
+def test_prompt_logprobs_are_shifted_target_logprobs() -> None:
+    model = TinyCausalLM()
+    got = prompt_logprobs(model, IDS.tolist())
+    assert got[0] is None and len(got) == len(IDS)
+    torch.testing.assert_close(torch.tensor(got[1:]), target_logprobs(model, IDS[:-1], IDS[1:]).detach())
+    assert prompt_logprobs(model, [TOK.bos_id]) == [None]
+
+
+def test_sample_is_seeded_and_reports_sampling_logprobs() -> None:
+    model = TinyCausalLM().train()
+    prompt = TOK.encode("hi", add_bos=True)
+    a = sample(model, prompt, max_tokens=12, seed=7, num_samples=3)
+    assert model.training
+    assert a == sample(model, prompt, max_tokens=12, seed=7, num_samples=3)
+    assert a != sample(model, prompt, max_tokens=12, seed=8, num_samples=3)
+    assert len({tuple(s.tokens) for s in a}) == 3
+
+    for temperature in (1.0, 0.5):
+        out = sample(model, prompt, max_tokens=12, temperature=temperature, seed=1)[0]
+        assert out.stop_reason == "length" and len(out.tokens) == len(out.logprobs) == 12
+        seq = torch.tensor(prompt + out.tokens)
+        logits = model(seq[None, :-1])[0, len(prompt) - 1 :] / temperature
+        expected = logits.log_softmax(-1).gather(-1, seq[len(prompt) :, None]).squeeze(-1)
+        torch.testing.assert_close(torch.tensor(out.logprobs), expected, atol=1e-5, rtol=1e-5)
+
+    greedy = sample(model, prompt, max_tokens=6, temperature=0)[0]
+    assert sample(model, prompt, max_tokens=6, top_k=1, seed=3)[0].tokens == greedy.tokens
+    nucleus = sample(model, prompt, max_tokens=6, top_p=1e-6, seed=3)[0]
+    assert nucleus.tokens == greedy.tokens and nucleus.logprobs == [0.0] * 6  # one token left: p = 1
+
+
+def test_sample_stops_and_limits() -> None:
+    model = TinyCausalLM()
+    prompt = TOK.encode("hi", add_bos=True)
+    free = sample(model, prompt, max_tokens=20, seed=5)[0]
+    assert free.stop_reason == "length" and len(free.tokens) == 20
+    # stop at the first token not seen before it: the same seed draws the same tokens up to there
+    i = next(i for i in range(1, 20) if free.tokens[i] not in free.tokens[:i])
+    stopped = sample(model, prompt, max_tokens=20, seed=5, stop_tokens=[free.tokens[i]])[0]
+    assert stopped.tokens == free.tokens[: i + 1] and stopped.stop_reason == "stop"
+    assert stopped.logprobs == free.logprobs[: i + 1]
+
+    limit = model.config.max_seq_len
+    assert len(sample(model, [0] * (limit - 4), max_tokens=4)[0].tokens) <= 4
+    with pytest.raises(ValueError, match="max_seq_len"):
+        sample(model, [0] * (limit - 4), max_tokens=5)
+    with pytest.raises(ValueError, match="empty"):
+        sample(model, [], max_tokens=5)

@@ -1,0 +1,290 @@
+"""The Tinker HTTP API: what the official SDK calls, answered from the store, with the work queued for the
+worker. Every route needs an allowed API key in ``X-API-Key``; a request the SDK would not send gets a status and
+a message, and the server goes on serving everyone else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ValidationError
+from tinker import types
+
+from tinker_atropos.frontends.tinker import registry, wire
+from tinker_atropos.frontends.tinker.store import PENDING, Store
+from tinker_atropos.frontends.tinker.worker import Worker
+
+
+class HTTPError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Waiters:
+    """Wakes the long polls of a request when the worker (another thread) finishes it."""
+
+    def __init__(self) -> None:
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.events: dict[str, asyncio.Event] = {}
+
+    def event(self, request_id: str) -> asyncio.Event:
+        self.loop = asyncio.get_running_loop()
+        return self.events.setdefault(request_id, asyncio.Event())
+
+    def done(self, request_id: str) -> None:  # from the worker's thread
+        event, loop = self.events.get(request_id), self.loop
+        if event is not None and loop is not None:
+            loop.call_soon_threadsafe(event.set)
+
+
+def _parse(model: type[BaseModel], body: bytes) -> Any:
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as error:
+        problems = "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in error.errors()[:5]
+        )
+        raise HTTPError(400, f"invalid {model.__name__}: {problems}") from None
+
+
+def build_app(store: Store, worker: Worker, api_keys: list[str], capabilities: list[registry.Capability],
+              long_poll_s: float = 20.0) -> FastAPI:  # fmt: skip
+    app = FastAPI(title="tinker-atropos Tinker API", docs_url=None, redoc_url=None, openapi_url=None)
+    waiters = Waiters()
+    worker.on_done = waiters.done
+    keys = [key.encode() for key in api_keys]
+
+    @app.middleware("http")
+    async def authenticate(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        given = request.headers.get("x-api-key", "").encode()
+        if not any(hmac.compare_digest(given, key) for key in keys):
+            reason = "an X-API-Key header is required" if not given else "the API key is not allowed here"
+            return JSONResponse({"detail": reason}, status_code=401)
+        return await call_next(request)
+
+    @app.exception_handler(HTTPError)
+    async def http_error(request: Request, error: HTTPError) -> JSONResponse:
+        return JSONResponse({"detail": str(error)}, status_code=error.status)
+
+    def queued(request_id: str, model_id: str | None = None, **extra: Any) -> dict[str, Any]:
+        worker.wake.set()
+        return {"request_id": request_id, "model_id": model_id, **extra}
+
+    def known_model(model_id: str) -> dict[str, Any]:
+        record = store.model(model_id)
+        if record is None:
+            raise HTTPError(404, f"no model {model_id!r}")
+        return record
+
+    def session(session_id: str) -> None:
+        if not store.session_exists(session_id):
+            raise HTTPError(404, f"no session {session_id!r}")
+
+    # start-up and sessions -------------------------------------------------------------------------------
+    @app.post("/api/v1/client/config")
+    async def client_config() -> dict[str, Any]:
+        return {
+            "pjwt_auth_enabled": False,
+            "sample_use_retrieve_futures": False,
+            "custom_loss_server_side": False,
+        }
+
+    @app.post("/api/v1/client/dynamic_config")
+    async def dynamic_config() -> dict[str, Any]:
+        return {}
+
+    @app.get("/api/v1/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/api/v1/get_server_capabilities")
+    async def server_capabilities() -> dict[str, Any]:
+        return {"supported_models": [{"model_name": c.name, "trainable": c.trainable, "sampleable": c.sampleable,
+                                      "max_context_length": c.max_context_length} for c in capabilities]}  # fmt: skip
+
+    @app.post("/api/v1/create_session")
+    async def create_session(request: Request) -> dict[str, Any]:
+        body = _parse(types.CreateSessionRequest, await request.body())
+        session_id = store.create_session({"sdk_version": body.sdk_version, "tags": body.tags,
+                                           "user_metadata": body.user_metadata})  # fmt: skip
+        return {"type": "create_session", "session_id": session_id}
+
+    @app.post("/api/v1/session_heartbeat")
+    async def heartbeat(request: Request) -> dict[str, Any]:
+        body = _parse(types.SessionHeartbeatRequest, await request.body())
+        if not store.heartbeat(body.session_id):
+            raise HTTPError(410, f"session {body.session_id!r} is unknown or finished")
+        return {"type": "session_heartbeat"}
+
+    @app.post("/api/v1/telemetry")
+    async def telemetry() -> dict[str, str]:
+        return {"status": "accepted"}  # the SDK's own telemetry: nothing here consumes it
+
+    @app.post("/api/v1/sessions/{session_id}/finish")
+    async def finish_session(session_id: str, request: Request) -> None:
+        session(session_id)
+        reason = (json.loads(await request.body() or b"{}").get("reason") or {}).get("type", "finished")
+        for model_id in store.finish_session(session_id, str(reason)):
+            store.submit("unload_model", b"", model_id=model_id)
+        worker.wake.set()
+
+    # training ---------------------------------------------------------------------------------------------
+    @app.post("/api/v1/create_model")
+    async def create_model(request: Request) -> dict[str, Any]:
+        body = _parse(types.CreateModelRequest, await request.body())
+        session(body.session_id)
+        model_id = f"{body.session_id}:train:{body.model_seq_id}"
+        lora = body.lora_config.model_dump() if body.lora_config else {}
+        record = {
+            "base_model": body.base_model,
+            "lora": lora,
+            "session": body.session_id,
+            "created_at": time.time(),
+        }
+        store.add_model(model_id, record)
+        return queued(store.submit("create_model", b"", model_id, seq=0), model_id)
+
+    @app.post("/api/v1/get_info")
+    async def get_info(request: Request) -> dict[str, Any]:
+        body = _parse(types.GetInfoRequest, await request.body())
+        record = known_model(body.model_id)
+        rank = int((record.get("lora") or {}).get("rank", 0))
+        is_lora = record["base_model"] == registry.TINY_LM and rank > 0
+        return {"type": "get_info", "model_id": body.model_id, "model_name": record["base_model"],
+                "model_data": {"arch": record["base_model"].split("/")[0], "model_name": record["base_model"]},
+                "is_lora": is_lora, "lora_rank": rank if is_lora else None}  # fmt: skip
+
+    @app.post("/api/v1/forward_backward")
+    async def forward_backward(request: Request) -> dict[str, Any]:
+        body = await request.body()
+        if "protobuf" not in request.headers.get("content-type", ""):
+            raise HTTPError(415, "forward_backward takes a Protobuf body (application/x-protobuf)")
+        try:
+            parsed = wire.parse_forward_backward(body)
+        except wire.WireError as error:
+            raise HTTPError(400, str(error)) from None
+        known_model(parsed.model_id)
+        if parsed.seq_id < 1:
+            raise HTTPError(400, f"seq_id must be 1 or more, got {parsed.seq_id}")
+        return queued(
+            store.submit("forward_backward", body, parsed.model_id, seq=parsed.seq_id), parsed.model_id
+        )
+
+    def sequenced(kind: str, model: type[BaseModel]) -> Callable[[Request], Awaitable[dict[str, Any]]]:
+        async def route(request: Request) -> dict[str, Any]:
+            raw = await request.body()
+            body = _parse(model, raw)
+            known_model(body.model_id)
+            if body.seq_id is None or body.seq_id < 1:
+                raise HTTPError(400, f"{kind} needs a seq_id of 1 or more")
+            return queued(store.submit(kind, raw, body.model_id, seq=body.seq_id), body.model_id)
+
+        return route
+
+    app.post("/api/v1/optim_step")(sequenced("optim_step", types.OptimStepRequest))
+    app.post("/api/v1/save_weights")(sequenced("save_weights", types.SaveWeightsRequest))
+    app.post("/api/v1/save_weights_for_sampler")(sequenced("save_weights_for_sampler",
+                                                           types.SaveWeightsForSamplerRequest))  # fmt: skip
+
+    @app.post("/api/v1/load_weights")
+    async def load_weights(request: Request) -> dict[str, Any]:
+        raw = await request.body()
+        body = _parse(types.LoadWeightsRequest, raw)
+        try:
+            worker.file_of(body.path)
+        except wire.WireError as error:
+            raise HTTPError(404, str(error)) from None
+        if body.session_id is not None:  # a new model made from the checkpoint: its request number 0
+            session(body.session_id)
+            model_id = f"{body.session_id}:train:{body.model_seq_id}"
+            store.add_model(model_id, {"base_model": "", "lora": {}, "session": body.session_id,
+                                       "created_at": time.time()})  # fmt: skip
+            return queued(store.submit("create_from_state", raw, model_id, seq=0), model_id)
+        if body.model_id is None or body.seq_id is None:
+            raise HTTPError(400, "load_weights needs session_id and model_seq_id, or model_id and seq_id")
+        known_model(body.model_id)
+        return queued(store.submit("load_weights", raw, body.model_id, seq=body.seq_id), body.model_id)
+
+    @app.post("/api/v1/unload_model")
+    async def unload_model(request: Request) -> dict[str, Any]:
+        body = _parse(types.UnloadModelRequest, await request.body())
+        known_model(body.model_id)
+        return queued(store.submit("unload_model", b"", body.model_id, dedup=f"unload:{body.model_id}"))
+
+    # futures ------------------------------------------------------------------------------------------------
+    @app.post("/api/v1/retrieve_future")
+    async def retrieve_future(request: Request) -> Response:
+        body = _parse(types.FutureRetrieveRequest, await request.body())
+        deadline = time.monotonic() + long_poll_s
+        event = waiters.event(body.request_id)
+        try:
+            while True:
+                result = store.result(body.request_id)
+                if result is None:
+                    raise HTTPError(404, f"no request {body.request_id!r} (unknown, or its result expired)")
+                if result.status != PENDING:
+                    store.retrieved(body.request_id)
+                    return Response(result.body, media_type=result.content_type)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return JSONResponse({"type": "try_again", "request_id": body.request_id,
+                                         "queue_state": "active"}, status_code=408)  # fmt: skip
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(event.wait(), timeout=min(left, 1.0))
+        finally:
+            waiters.events.pop(body.request_id, None)
+
+    # sampling -----------------------------------------------------------------------------------------------
+    @app.post("/api/v1/create_sampling_session")
+    async def create_sampling_session(request: Request) -> dict[str, Any]:
+        body = _parse(types.CreateSamplingSessionRequest, await request.body())
+        session(body.session_id)
+        if body.model_path is not None:
+            try:
+                base_model = torch_record(worker, body.model_path)["base_model"]
+            except wire.WireError as error:
+                raise HTTPError(404, str(error)) from None
+        elif body.base_model in {c.name for c in capabilities} or body.base_model == registry.TINY_LM:
+            base_model = body.base_model
+        else:
+            raise HTTPError(404, f"unknown base model {body.base_model!r}")
+        sampler = f"{body.session_id}:sample:{body.sampling_session_seq_id}"
+        store.add_sampler(sampler, base_model, body.model_path)
+        return {"type": "create_sampling_session", "sampling_session_id": sampler}
+
+    @app.get("/api/v1/samplers/{sampler_id}")
+    async def get_sampler(sampler_id: str) -> dict[str, Any]:
+        found = store.sampler(sampler_id)
+        if found is None:
+            raise HTTPError(404, f"no sampling session {sampler_id!r}")
+        return {"sampler_id": sampler_id, "base_model": found[0], "model_path": found[1]}
+
+    @app.post("/api/v1/asample")
+    async def asample(request: Request) -> dict[str, Any]:
+        raw = await request.body()
+        body = _parse(types.SampleRequest, raw)
+        if body.sampling_session_id is None or store.sampler(body.sampling_session_id) is None:
+            raise HTTPError(404, f"no sampling session {body.sampling_session_id!r}")
+        if not 1 <= body.num_samples <= 64:
+            raise HTTPError(400, f"num_samples must lie in [1, 64], got {body.num_samples}")
+        dedup = f"sample:{body.sampling_session_id}:{body.seq_id}" if body.seq_id is not None else None
+        request_id = store.submit("sample", raw, dedup=dedup)
+        return queued(request_id, sample_sequence_ids=[f"{request_id}:{i}" for i in range(body.num_samples)])
+
+    return app
+
+
+def torch_record(worker: Worker, path: str) -> dict[str, Any]:
+    """The record (base model, LoRA) of the checkpoint behind ``path``."""
+    import torch
+
+    return torch.load(worker.file_of(path), map_location="cpu", weights_only=False)["record"]

@@ -1,0 +1,219 @@
+"""The models the Tinker API serves, and the one calling convention each follows.
+
+- **Control policies** ``mlp-gaussian/<env id>`` and ``mlp-categorical/<env id>``: the actor-critic MLP the
+  rollouts act with (``models.mlp``), built from the env's spaces and the config's ``trainer.model``. A datum is
+  ``model_input = ModelInput.from_ints([0] * T)`` and ``loss_fn_inputs`` with ``observations`` [T, obs],
+  ``actions`` [T, act] (or [T] for a categorical), the sampling policy's ``logprobs`` [T], ``advantages`` [T], and
+  optionally ``returns`` [T] (adds the critic's squared error, times ``value_coef`` of ``loss_fn_config``, 0.5 by
+  default) and ``weights`` [T]. Outputs per datum: ``logprobs``, ``values`` and ``mean`` / ``log_std`` (Gaussian)
+  or ``logits`` (categorical). They train fully (a LoRA rank is ignored) and are not sampled through the API: they
+  act through the rollout services, which ``save_weights_for_sampler`` feeds.
+- **The tiny language model** ``tiny-byte-lm``: a small causal transformer over bytes (``models.tiny_lm``), built
+  locally from its seed. ``model_input`` are the tokens, ``target_tokens`` the next-token-aligned targets; LoRA of
+  the requested rank, or full fine-tuning with rank 0; sampleable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from tinker_atropos.config import ModelSection
+from tinker_atropos.environment.envs import env_maker
+from tinker_atropos.frontends.tinker.wire import Datum, WireError
+from tinker_atropos.models import tiny_lm
+from tinker_atropos.models.mlp import ActorCritic, mlp_spec
+from tinker_atropos.trainer.core import TrainingCore
+
+TINY_LM = "tiny-byte-lm"
+POLICY_KINDS = {"mlp-gaussian": gym.spaces.Box, "mlp-categorical": gym.spaces.Discrete}
+
+
+@dataclass(frozen=True)
+class Forward:
+    """A forward pass over a request's data: the targets' log-probabilities (differentiable), any loss the model
+    adds to the chosen one (the critic's), and the tensors each datum's output carries."""
+
+    logprobs: list[torch.Tensor]
+    extra_loss: torch.Tensor | None
+    outputs: list[dict[str, np.ndarray]]
+
+
+class ServedModel(Protocol):
+    base_model: str
+    core: TrainingCore
+    sampleable: bool
+
+    def forward(self, data: list[Datum], config: dict[str, float | str]) -> Forward: ...
+
+
+def _tensor(datum: Datum, index: int, name: str, length: int, dtype: torch.dtype) -> torch.Tensor:
+    if name not in datum.inputs:
+        raise WireError(f"datum {index}: loss_fn_inputs[{name!r}] is required for this model")
+    value = torch.as_tensor(datum.inputs[name], dtype=dtype)
+    if value.ndim == 0 or value.shape[0] != length:
+        raise WireError(f"datum {index}: loss_fn_inputs[{name!r}] has shape {list(value.shape)}, its first "
+                        f"dimension must be the model_input length {length}")  # fmt: skip
+    return value
+
+
+def loss_inputs(data: list[Datum], names: tuple[str, ...] = ("logprobs", "advantages", "weights", "clip_low_threshold",
+                "clip_high_threshold")) -> list[dict[str, torch.Tensor]]:  # fmt: skip
+    """The per-target inputs of the losses, as float tensors of each datum's length."""
+    return [
+        {n: _tensor(d, i, n, len(d.tokens), torch.float32) for n in names if n in d.inputs}
+        for i, d in enumerate(data)
+    ]
+
+
+class PolicyModel:
+    """An actor-critic control policy, trained on observations and actions carried in ``loss_fn_inputs``."""
+
+    sampleable = False
+
+    def __init__(self, base_model: str, spec: dict[str, Any], device: torch.device, seed: int) -> None:
+        self.base_model = base_model
+        torch.manual_seed(seed)
+        self.core = TrainingCore(ActorCritic(spec), spec, device)
+
+    def forward(self, data: list[Datum], config: dict[str, float | str]) -> Forward:
+        model: ActorCritic = self.core.model
+        lengths = [len(d.tokens) for d in data]
+        obs_shape = tuple(model.spec["obs_shape"])
+        action_dtype = torch.int64 if model.discrete else torch.float32
+        obs = torch.cat(
+            [
+                _tensor(d, i, "observations", n, torch.float32)
+                for i, (d, n) in enumerate(zip(data, lengths, strict=True))
+            ]
+        )
+        actions = torch.cat(
+            [
+                _tensor(d, i, "actions", n, action_dtype)
+                for i, (d, n) in enumerate(zip(data, lengths, strict=True))
+            ]
+        )
+        if tuple(obs.shape[1:]) != obs_shape and obs[0].numel() != int(np.prod(obs_shape)):
+            raise WireError(f"observations have shape [T, {', '.join(map(str, obs.shape[1:]))}], this policy "
+                            f"observes {list(obs_shape)}")  # fmt: skip
+        if not model.discrete and tuple(actions.shape[1:]) != tuple(model.spec["action"]["shape"]):
+            raise WireError(f"actions have shape [T, {', '.join(map(str, actions.shape[1:]))}], this policy acts "
+                            f"in {model.spec['action']['shape']}")  # fmt: skip
+        obs, actions = obs.to(self.core.device), actions.to(self.core.device)
+        norm_obs = model.normalize_obs(obs)
+        dist = model.distribution(norm_obs)
+        logprobs = model.log_prob(dist, actions)
+        values = model.denormalize_value(model.normalized_value(norm_obs))
+        extra = None
+        if all("returns" in d.inputs for d in data):
+            returns = torch.cat(
+                [
+                    _tensor(d, i, "returns", n, torch.float32)
+                    for i, (d, n) in enumerate(zip(data, lengths, strict=True))
+                ]
+            )
+            value_coef = float(config.get("value_coef", 0.5))
+            extra = value_coef * 0.5 * (values - returns.to(values.device)).square().sum()
+        entropy_coef = float(config.get("entropy_coef", 0.0))
+        if entropy_coef:
+            bonus = -entropy_coef * model.entropy(dist).sum()
+            extra = bonus if extra is None else extra + bonus
+        columns = {"logprobs": logprobs, "values": values}
+        if model.discrete:
+            columns["logits"] = dist.logits
+        else:
+            columns["mean"], columns["log_std"] = dist.loc, dist.scale.log()
+        splits = {name: torch.split(value.detach().cpu(), lengths) for name, value in columns.items()}
+        outputs = [{name: parts[i].numpy() for name, parts in splits.items()} for i in range(len(data))]
+        return Forward(list(torch.split(logprobs, lengths)), extra, outputs)
+
+
+class LanguageModel:
+    """The tiny byte-level causal LM, with LoRA adapters unless the rank is 0."""
+
+    sampleable = True
+
+    def __init__(self, lora: dict[str, Any], device: torch.device, seed: int) -> None:
+        self.base_model = TINY_LM
+        config = tiny_lm.TinyLMConfig(seed=seed)
+        model = tiny_lm.TinyCausalLM(config)
+        rank = int(lora.get("rank", 0))
+        if rank > 0:
+            tiny_lm.add_lora(model, rank, seed=lora.get("seed"), train_attn=lora.get("train_attn", True),
+                             train_mlp=lora.get("train_mlp", True), train_unembed=lora.get("train_unembed", True))  # fmt: skip
+        spec = {"model": TINY_LM, "config": config.__dict__, "lora": lora}
+        self.core = TrainingCore(model, spec, device)
+        self.max_context = config.max_seq_len
+
+    def forward(self, data: list[Datum], config: dict[str, float | str]) -> Forward:
+        inputs, targets = [], []
+        for i, d in enumerate(data):
+            if len(d.tokens) == 0:
+                raise WireError(f"datum {i}: empty model_input")
+            if len(d.tokens) > self.max_context:
+                raise WireError(f"datum {i}: {len(d.tokens)} tokens, the context is {self.max_context}")
+            target = _tensor(d, i, "target_tokens", len(d.tokens), torch.int64)
+            for name, values in (
+                (f"datum {i}: model_input", d.tokens),
+                (f"datum {i}: target_tokens", target),
+            ):
+                if int(values.min()) < 0 or int(values.max()) >= tiny_lm.TinyLMConfig.vocab_size:
+                    raise WireError(f"{name}: tokens must lie in [0, {tiny_lm.TinyLMConfig.vocab_size})")
+            inputs.append(torch.as_tensor(d.tokens, device=self.core.device))
+            targets.append(target.to(self.core.device))
+        logprobs = tiny_lm.batch_target_logprobs(self.core.model, inputs, targets)
+        outputs = [{"logprobs": lp.detach().cpu().numpy()} for lp in logprobs]
+        return Forward(logprobs, None, outputs)
+
+
+@dataclass(frozen=True)
+class Capability:
+    name: str
+    trainable: bool
+    sampleable: bool
+    max_context_length: int | None
+
+
+def policy_spec(base_model: str, model: ModelSection) -> dict[str, Any]:
+    """The spec of the control policy ``base_model`` names (``mlp-gaussian/Pendulum-v1``), from the env's
+    spaces; WireError for a name that is no such policy."""
+    kind, _, env_id = base_model.partition("/")
+    if kind not in POLICY_KINDS or not env_id:
+        raise WireError(f"unknown base model {base_model!r}")
+    try:
+        env = env_maker(env_id)()
+    except Exception as error:
+        raise WireError(f"base model {base_model!r}: cannot build env {env_id!r}: {error}") from None
+    try:
+        observation_space, action_space = env.observation_space, env.action_space
+    finally:
+        env.close()
+    if not isinstance(action_space, POLICY_KINDS[kind]):
+        other = next(k for k, space in POLICY_KINDS.items() if isinstance(action_space, space))
+        raise WireError(f"{env_id} acts in {action_space}: its policy is {other}/{env_id}")
+    return mlp_spec(
+        observation_space, action_space, model, normalize_observations=False, normalize_returns=False
+    )
+
+
+def build(
+    base_model: str, lora: dict[str, Any], model: ModelSection, device: torch.device, seed: int
+) -> ServedModel:
+    """A fresh model of ``base_model``; WireError when there is no such model."""
+    if base_model == TINY_LM:
+        return LanguageModel(lora, device, seed)
+    return PolicyModel(base_model, policy_spec(base_model, model), device, seed)
+
+
+def capabilities(env_id: str, action_space: gym.Space | None) -> list[Capability]:
+    """What ``get_server_capabilities`` lists: the run's env policy (when its spaces are known) and the LM."""
+    listed = [Capability(TINY_LM, True, True, tiny_lm.TinyLMConfig.max_seq_len)]
+    if action_space is not None:
+        kind = next((k for k, space in POLICY_KINDS.items() if isinstance(action_space, space)), None)
+        if kind is not None:
+            listed.insert(0, Capability(f"{kind}/{env_id}", True, False, None))
+    return listed

@@ -1,0 +1,100 @@
+"""The Tinker API beside the trainer's gRPC port: its HTTP server and its worker, as two threads of the trainer
+process, with the API keys it accepts."""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import threading
+from pathlib import Path
+
+import redis
+import torch
+import uvicorn
+
+from tinker_atropos.config import Config
+from tinker_atropos.environment.envs import env_maker
+from tinker_atropos.frontends.tinker import registry
+from tinker_atropos.frontends.tinker.app import build_app
+from tinker_atropos.frontends.tinker.store import Store
+from tinker_atropos.frontends.tinker.worker import Worker
+from tinker_atropos.runtime import FatalError
+
+log = logging.getLogger(__name__)
+
+
+def api_keys(config: Config, run_dir: Path) -> tuple[list[str], Path]:
+    """The allowed keys and the file they come from; without ``api_keys_file``, a fresh key written (0600) to
+    the run folder on first use. FatalError for a file that is missing or holds a key the SDK would refuse."""
+    configured = config.trainer.tinker.api_keys_file
+    path = Path(configured) if configured else run_dir / "tinker_api_keys"
+    if configured is None and not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w") as file:
+            file.write(f"tml-{secrets.token_urlsafe(32)}\n")
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as error:
+        raise FatalError(f"trainer.tinker.api_keys_file {path}: {error.strerror}") from None
+    keys = [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+    for number, key in enumerate(keys, 1):
+        if not key.startswith("tml-") or len(key) < 20:
+            raise FatalError(f"{path}: key {number} must start with 'tml-' and be at least 20 characters long "
+                             "(the tinker SDK refuses other keys)")  # fmt: skip
+    if not keys:
+        raise FatalError(f"{path} holds no API key: nobody could use the Tinker API")
+    return keys, path
+
+
+def _run_env_action_space(config: Config) -> object | None:
+    try:
+        env = env_maker(config.env.id)(**config.env.kwargs)
+    except Exception as error:  # an env this process cannot build: its policy is simply not listed
+        log.warning("cannot build %s here (%s); its control policy is not listed", config.env.id, error)
+        return None
+    try:
+        return env.action_space
+    finally:
+        env.close()
+
+
+class TinkerAPI:
+    def __init__(self, config: Config, client: redis.Redis, run_dir: Path, device: torch.device) -> None:
+        section = config.trainer.tinker
+        keys, self.keys_file = api_keys(config, run_dir)
+        checkpoints = Path(section.checkpoint_dir) if section.checkpoint_dir else run_dir / "tinker"
+        store = Store(client, config.run.name, section.future_ttl_s)
+        self.worker = Worker(store, client, config, checkpoints, device)
+        capabilities = registry.capabilities(config.env.id, _run_env_action_space(config))
+        app = build_app(store, self.worker, keys, capabilities, section.long_poll_s)
+        self.server = uvicorn.Server(uvicorn.Config(app, host=section.host, port=section.port, log_level="warning",
+                                                    lifespan="off", access_log=False))  # fmt: skip
+        self.threads: list[threading.Thread] = []
+
+    @property
+    def url(self) -> str:
+        if not self.server.started:
+            return ""
+        host, port = self.server.servers[0].sockets[0].getsockname()[:2]
+        return f"http://{host}:{port}"
+
+    def start(self, stop: threading.Event) -> None:
+        self.threads = [threading.Thread(target=self.server.run, name="tinker-http", daemon=True),
+                        threading.Thread(target=self.worker.run, args=(stop,), name="tinker-worker", daemon=True)]  # fmt: skip
+        for thread in self.threads:
+            thread.start()
+        while not self.server.started and self.threads[0].is_alive() and not stop.is_set():
+            stop.wait(0.05)
+        if not self.server.started:
+            raise FatalError(
+                f"the Tinker API could not bind {self.server.config.host}:{self.server.config.port}"
+            )
+        log.info("Tinker API at %s (keys in %s)", self.url, self.keys_file)
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        self.worker.wake.set()
+        for thread in self.threads:
+            thread.join(timeout=10)

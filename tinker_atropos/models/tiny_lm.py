@@ -1,0 +1,328 @@
+"""A tiny byte-level causal language model, built locally from a seed: nothing is ever downloaded.
+
+It gives the Tinker-compatible training API (forward_backward / optim_step / sample) a real token path that
+runs in milliseconds on a CPU: a byte tokenizer, a pre-LayerNorm GPT, LoRA adapters, and the token-level
+functions the API needs (log-probs of targets, of a prompt, and sampling).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class ByteTokenizer:
+    """UTF-8 bytes are tokens 0..255; two special tokens follow. No vocabulary file, nothing to download."""
+
+    bos_id = 256
+    eos_id = 257
+    vocab_size = 258
+
+    def encode(self, text: str, add_bos: bool = False) -> list[int]:
+        return ([self.bos_id] if add_bos else []) + list(text.encode("utf-8"))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Special tokens are skipped; bytes that are not valid UTF-8 (a sample cut mid-character) become U+FFFD."""
+        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+
+@dataclass(frozen=True)
+class TinyLMConfig:
+    vocab_size: int = ByteTokenizer.vocab_size
+    d_model: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    max_seq_len: int = 512
+    mlp_ratio: int = 4
+    seed: int = 0  # the initial weights are a function of the config alone
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: TinyLMConfig) -> None:
+        super().__init__()
+        if config.d_model % config.n_heads:
+            raise ValueError(f"d_model {config.d_model} is not a multiple of n_heads {config.n_heads}")
+        self.n_heads = config.n_heads
+        self.qkv = nn.Linear(config.d_model, 3 * config.d_model)
+        self.proj = nn.Linear(config.d_model, config.d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, C // self.n_heads).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [B, heads, T, head_dim]
+        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: TinyLMConfig) -> None:
+        super().__init__()
+        self.fc = nn.Linear(config.d_model, config.mlp_ratio * config.d_model)
+        self.proj = nn.Linear(config.mlp_ratio * config.d_model, config.d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(F.gelu(self.fc(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, config: TinyLMConfig) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(config.d_model)
+        self.attn = CausalSelfAttention(config)
+        self.ln2 = nn.LayerNorm(config.d_model)
+        self.mlp = MLP(config)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class TinyCausalLM(nn.Module):
+    """A GPT: token + learned position embeddings, pre-LayerNorm blocks, a final LayerNorm and an untied
+    ``lm_head`` (untied so that LoRA can adapt the unembedding on its own)."""
+
+    def __init__(self, config: TinyLMConfig | None = None) -> None:
+        super().__init__()
+        self.config = config = config or TinyLMConfig()
+        # every module is built and initialised under the config's seed, leaving the caller's RNG untouched
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(config.seed)
+            self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
+            self.pos_emb = nn.Embedding(config.max_seq_len, config.d_model)
+            self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
+            self.ln_f = nn.LayerNorm(config.d_model)
+            self.lm_head = nn.Linear(config.d_model, config.vocab_size)
+            self._init_weights()
+
+    @torch.no_grad()
+    def _init_weights(self) -> None:
+        """GPT-2's init: N(0, 0.02), zero biases, and the residual projections scaled by 1/sqrt(2 n_layers) so
+        the residual stream's variance does not grow with depth."""
+        for module in self.modules():
+            if isinstance(module, nn.Linear | nn.Embedding):
+                nn.init.normal_(module.weight, std=0.02)
+            if isinstance(module, nn.Linear):
+                nn.init.zeros_(module.bias)
+        for block in self.blocks:
+            for proj in (block.attn.proj, block.mlp.proj):
+                proj.weight.mul_(1 / math.sqrt(2 * self.config.n_layers))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Logits [B, T, vocab] of the next token at every position of ``tokens`` [B, T]."""
+        seq_len = tokens.shape[1]
+        if seq_len > self.config.max_seq_len:
+            raise ValueError(
+                f"sequence of {seq_len} tokens is longer than max_seq_len {self.config.max_seq_len}"
+            )
+        if tokens.numel() and (tokens.min() < 0 or tokens.max() >= self.config.vocab_size):
+            raise ValueError(f"token ids must be in [0, {self.config.vocab_size})")
+        x = self.tok_emb(tokens) + self.pos_emb(torch.arange(seq_len, device=tokens.device))
+        for block in self.blocks:
+            x = block(x)
+        return self.lm_head(self.ln_f(x))
+
+
+# ---- LoRA ---------------------------------------------------------------------------------------------------
+
+
+class LoRALinear(nn.Module):
+    """``base(x) + (alpha / rank) * x A^T B^T`` with ``base`` frozen. B starts at zero, so wrapping a layer
+    leaves its output unchanged; A starts small and random, so B's gradient is not zero."""
+
+    def __init__(self, base: nn.Linear, rank: int, alpha: float, generator: torch.Generator | None) -> None:
+        super().__init__()
+        self.base = base.requires_grad_(False)
+        self.scale = alpha / rank
+        bound = 1 / math.sqrt(base.in_features)  # nn.Linear's (and PEFT's) init range for A
+        a = torch.empty(rank, base.in_features, device=base.weight.device)
+        self.lora_a = nn.Parameter(a.uniform_(-bound, bound, generator=generator))
+        self.lora_b = nn.Parameter(torch.zeros(base.out_features, rank, device=base.weight.device))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base(x) + self.scale * (x @ self.lora_a.T @ self.lora_b.T)
+
+
+def add_lora(
+    model: TinyCausalLM,
+    rank: int,
+    *,
+    alpha: float | None = None,
+    seed: int | None = None,
+    train_attn: bool = True,
+    train_mlp: bool = True,
+    train_unembed: bool = True,
+) -> list[nn.Parameter]:
+    """Wrap the targeted Linear layers in ``LoRALinear``, freeze every base parameter, and return the adapters'
+    parameters (what the optimiser steps).
+
+    ``alpha`` defaults to 32 whatever the rank, Tinker's convention: with the alpha/rank scale the good learning
+    rate barely depends on the rank. ``seed`` fixes A's init; None draws it from the global torch RNG. The same
+    arguments on a fresh model give the same parameter names, so ``load_state_dict`` restores a LoRA model.
+    """
+    if rank < 1:
+        raise ValueError(f"LoRA rank must be >= 1, got {rank}")
+    if not (train_attn or train_mlp or train_unembed):
+        raise ValueError("LoRA needs at least one target: attention, MLP or unembedding")
+    if any(isinstance(m, LoRALinear) for m in model.modules()):
+        raise ValueError("model already has LoRA adapters")
+    alpha = 32.0 if alpha is None else alpha
+    generator = None if seed is None else torch.Generator().manual_seed(seed)
+    model.requires_grad_(False)
+    targets: list[tuple[nn.Module, str]] = []
+    for block in model.blocks:
+        if train_attn:
+            targets += [(block.attn, "qkv"), (block.attn, "proj")]
+        if train_mlp:
+            targets += [(block.mlp, "fc"), (block.mlp, "proj")]
+    if train_unembed:
+        targets.append((model, "lm_head"))
+    params: list[nn.Parameter] = []
+    for parent, name in targets:
+        lora = LoRALinear(getattr(parent, name), rank, alpha, generator)
+        setattr(parent, name, lora)
+        params += [lora.lora_a, lora.lora_b]
+    return params
+
+
+# ---- token-level functions of the training API ----------------------------------------------------------------
+
+
+def target_logprobs(model: TinyCausalLM, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """log p(targets[t] | inputs[:t+1]) for each t, Tinker's convention (``model_input`` and next-token
+    ``target_tokens`` of the same length). Differentiable: the training losses are built on it."""
+    return batch_target_logprobs(model, [inputs], [targets])[0]
+
+
+def batch_target_logprobs(
+    model: TinyCausalLM, inputs: list[torch.Tensor], targets: list[torch.Tensor]
+) -> list[torch.Tensor]:
+    """``target_logprobs`` of several sequences in one forward: right-padded, then sliced back. Causal attention
+    means the padding after a sequence cannot change its log-probs, so no mask is needed."""
+    if len(inputs) != len(targets) or not inputs:
+        raise ValueError(
+            f"need as many targets as inputs, at least one: got {len(inputs)} and {len(targets)}"
+        )
+    lengths = [len(x) for x in inputs]
+    if any(len(x) != len(y) for x, y in zip(inputs, targets, strict=True)) or min(lengths) == 0:
+        raise ValueError("each sequence needs at least one token and as many targets as inputs")
+    padded_inputs = nn.utils.rnn.pad_sequence(inputs, batch_first=True)  # pads with token 0: it is never read
+    padded_targets = nn.utils.rnn.pad_sequence(targets, batch_first=True)
+    logprobs = model(padded_inputs).log_softmax(-1)
+    picked = logprobs.gather(-1, padded_targets.unsqueeze(-1)).squeeze(-1)  # [B, T]
+    return [row[:n] for row, n in zip(picked, lengths, strict=True)]
+
+
+@torch.no_grad()
+def prompt_logprobs(model: TinyCausalLM, prompt: Sequence[int]) -> list[float | None]:
+    """log p(prompt[t] | prompt[:t]) for each t; None first, as nothing predicts the first token."""
+    if not prompt:
+        raise ValueError("prompt is empty")
+    if len(prompt) == 1:
+        return [None]
+    tokens = torch.tensor(prompt, device=_device(model))
+    return [None, *target_logprobs(model, tokens[:-1], tokens[1:]).tolist()]
+
+
+@dataclass(frozen=True)
+class SampledTokens:
+    tokens: list[int]
+    logprobs: list[float]
+    stop_reason: Literal["length", "stop"]
+
+
+@torch.no_grad()
+def sample(
+    model: TinyCausalLM,
+    prompt: Sequence[int],
+    *,
+    max_tokens: int,
+    temperature: float = 1.0,
+    top_k: int = -1,
+    top_p: float = 1.0,
+    stop_tokens: Sequence[int] = (),
+    seed: int | None = None,
+    num_samples: int = 1,
+) -> list[SampledTokens]:
+    """``num_samples`` continuations of ``prompt``, sampled together in one batch.
+
+    Each ends after ``max_tokens`` tokens ("length"), or at the first token that is in ``stop_tokens`` or is
+    ``eos_id`` ("stop"; that token is included). ``logprobs`` are those of the distribution actually sampled
+    from: the model's logits divided by ``temperature``, cut to ``top_k`` / ``top_p`` and renormalised (what an
+    importance ratio needs). ``temperature == 0`` is greedy, its logprobs those of temperature 1.
+    ``top_k <= 0`` and ``top_p == 1`` keep every token. A given ``seed`` reproduces the samples exactly.
+
+    Every step re-runs the whole sequence: at these sizes a KV cache would save little and add much.
+    """
+    limit = model.config.max_seq_len
+    if not prompt:
+        raise ValueError("prompt is empty")
+    if max_tokens < 1 or num_samples < 1:
+        raise ValueError(f"max_tokens and num_samples must be >= 1, got {max_tokens} and {num_samples}")
+    if len(prompt) + max_tokens > limit:
+        raise ValueError(
+            f"prompt of {len(prompt)} tokens + max_tokens {max_tokens} exceeds max_seq_len {limit}"
+        )
+    if temperature < 0 or not 0 < top_p <= 1:
+        raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, got {temperature} and {top_p}")
+    device = _device(model)
+    generator = torch.Generator(device=device)
+    if seed is None:
+        generator.seed()
+    else:
+        generator.manual_seed(seed)
+    stops = torch.tensor([ByteTokenizer.eos_id, *stop_tokens], device=device)
+
+    tokens = torch.tensor(prompt, device=device).repeat(num_samples, 1)
+    done = torch.zeros(num_samples, dtype=torch.bool, device=device)
+    new_tokens, new_logprobs = [], []
+    for _ in range(max_tokens):
+        logprobs = _sampling_logprobs(model(tokens)[:, -1].float(), temperature, top_k, top_p)
+        if temperature == 0:
+            token = logprobs.argmax(-1, keepdim=True)
+        else:
+            token = torch.multinomial(logprobs.exp(), 1, generator=generator)
+        tokens = torch.cat([tokens, token], dim=1)
+        new_tokens.append(token.squeeze(1))
+        new_logprobs.append(logprobs.gather(-1, token).squeeze(1))
+        done |= torch.isin(token.squeeze(1), stops)
+        if done.all():
+            break
+
+    results = []
+    stop_set = set(stops.tolist())
+    for row_tokens, row_logprobs in zip(
+        torch.stack(new_tokens, 1).tolist(), torch.stack(new_logprobs, 1).tolist(), strict=True
+    ):
+        end = next((i + 1 for i, t in enumerate(row_tokens) if t in stop_set), None)
+        if end is None:
+            results.append(SampledTokens(row_tokens, row_logprobs, "length"))
+        else:
+            results.append(SampledTokens(row_tokens[:end], row_logprobs[:end], "stop"))
+    return results
+
+
+def _sampling_logprobs(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """Log-probabilities [N, vocab] of the distribution that ``sample`` draws from."""
+    if temperature == 0:
+        return logits.log_softmax(-1)
+    logits = logits / temperature
+    if 0 < top_k < logits.shape[-1]:
+        kth_largest = logits.topk(top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth_largest, -math.inf)
+    if top_p < 1:
+        # keep the smallest set of most likely tokens whose mass reaches top_p: drop a token once the mass
+        # of those before it already does (the most likely token always stays)
+        sorted_logits, order = logits.sort(-1, descending=True)
+        probs = sorted_logits.softmax(-1)
+        drop = probs.cumsum(-1) - probs >= top_p
+        logits = logits.scatter(-1, order, sorted_logits.masked_fill(drop, -math.inf))
+    return logits.log_softmax(-1)
+
+
+def _device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
