@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 RUN_CONFIG ?= configs/humanoid.yaml
 RUN_STEPS ?= 2000000
 
-.PHONY: run test lint proto deploy-configs bench bench-learn chaos demo-cluster clean
+.PHONY: run test lint proto deploy-configs bench bench-learn bench-tinker chaos demo-cluster clean
 
 $(VENV)/.installed: pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found: install Python 3.11 or pass PYTHON=..." >&2; exit 1; }
@@ -39,6 +39,9 @@ bench: $(VENV)/.installed  ## throughput vs the simulator alone, EnvPool and SB3
 bench-learn: $(VENV)/.installed  ## Humanoid mean return after 20 min of wall time, ours then SB3 PPO (~41 min; MINUTES=, SEEDS=)
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	$(PY) -m bench learn configs/humanoid.yaml --minutes $(or $(MINUTES),20) --seeds $(or $(SEEDS),1) --out bench/out
+
+bench-tinker: $(VENV)/.installed  ## forward_backward + optim_step through the tinker SDK vs in-process, Humanoid policy and tiny LM (~1 min)
+	$(PY) -m bench tinker --out bench/out
 
 chaos: $(VENV)/.installed  ## Pendulum undisturbed and with a random service SIGKILLed every 8 s: curves, recovery times (~5 min)
 	$(PY) -m pip install --quiet -e '.[dev,bench]'

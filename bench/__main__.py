@@ -1,5 +1,5 @@
-"""The benchmarks, beside the product: ``python -m bench throughput | learn | chaos`` from the repository root
-(``make bench``, ``make bench-learn``, ``make chaos``). Each runs the product as a user does, next to the peers
+"""The benchmarks, beside the product: ``python -m bench throughput | learn | chaos | tinker`` from the repository
+root (``make bench``, ``make bench-learn``, ``make chaos``, ``make bench-tinker``). Each runs the product as a user does, next to the peers
 it is compared with, on one machine in one run."""
 
 from __future__ import annotations
@@ -114,6 +114,17 @@ def chaos(
 
     options = ChaosOptions(total_steps=total_steps, chaos_interval_s=chaos_interval, out=out)
     run_chaos(read_config(config), options, Console(soft_wrap=True))
+
+
+@app.command()
+def tinker(
+    iterations: Annotated[int, typer.Option(min=5, help="Measured round trips per case.")] = 60,
+    out: Annotated[Path, typer.Option(help="Folder for bench-tinker.json.")] = Path("bench/out"),
+) -> None:
+    """Latency of forward_backward + optim_step through the tinker SDK against the same update in-process."""
+    from bench.tinker_latency import run
+
+    run(out, iterations)
 
 
 if __name__ == "__main__":

@@ -42,8 +42,9 @@ class TrainingCore:
         self.version = 0
         # fused: one kernel per step for all parameters (not the default on CPU); PPO updates of Humanoid took
         # 0.93x the CPU time of foreach, which was itself faster than one kernel per parameter tensor. Its
-        # settings are each step's (``optim_step``); its moments are created at the first one.
-        self.optimizer = torch.optim.Adam(self.model.parameters(), fused=True)
+        # settings are each step's (``optim_step``); its moments are created at the first one. AdamW: weight decay
+        # decoupled, as Tinker's optim_step defines it; with weight decay 0 (PPO's) it is Adam to the bit.
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), fused=True)
 
     def forward_backward(self, loss_fn: LossFn) -> dict[str, float]:
         """``loss_fn(model)`` -> (loss, metrics); the loss's gradients are added to the parameters' ``.grad``."""

@@ -96,6 +96,7 @@ def build_app(store: Store, worker: Worker, api_keys: list[str], capabilities: l
             "pjwt_auth_enabled": False,
             "sample_use_retrieve_futures": False,
             "custom_loss_server_side": False,
+            "use_pyqwest_transport": False,
         }
 
     @app.post("/api/v1/client/dynamic_config")

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import redis
 import torch
 
@@ -222,19 +223,9 @@ class Worker:
         return _json(path=request["path"], model_id=model_id, type="load_weights"), "application/json"
 
     def _forward_backward(self, model: registry.ServedModel, request: wire.ForwardBackward) -> bytes:
-        compute = loss_fn(request.loss_fn)
-        if not request.data:
-            raise wire.WireError("forward_backward with no data")
-        with torch.set_grad_enabled(not request.forward_only):
-            forward = model.forward(request.data, request.loss_fn_config)
-            per_datum = registry.loss_inputs(request.data)
-            loss = sum(compute(lp, {k: v.to(lp.device) for k, v in inputs.items()}, request.loss_fn_config)
-                       for lp, inputs in zip(forward.logprobs, per_datum, strict=True))  # fmt: skip
-            if forward.extra_loss is not None:
-                loss = loss + forward.extra_loss
-            if not request.forward_only:
-                loss.backward()
-        return wire.forward_backward_output(forward.outputs, {"loss:sum": float(loss.detach())})
+        outputs, metrics = run_loss(model, request.data, request.loss_fn, request.loss_fn_config,
+                                    request.forward_only)  # fmt: skip
+        return wire.forward_backward_output(outputs, metrics)
 
     def _do_forward_backward(self, model_id: str, seq: int, body: bytes) -> tuple[bytes, str]:
         request = wire.parse_forward_backward(body)
@@ -242,14 +233,7 @@ class Worker:
 
     def _do_optim_step(self, model_id: str, seq: int, body: bytes) -> tuple[bytes, str]:
         model = self._model(model_id)
-        adam = json.loads(body).get("adam_params")
-        if not isinstance(adam, dict):
-            raise wire.WireError("optim_step: this server runs Adam(W) only; send AdamParams")
-        clip = float(adam.get("grad_clip_norm", 0.0))
-        metrics = model.core.optim_step(AdamParams(
-            learning_rate=float(adam.get("learning_rate", 1e-4)), beta1=float(adam.get("beta1", 0.9)),
-            beta2=float(adam.get("beta2", 0.95)), eps=float(adam.get("eps", 1e-12)),
-            weight_decay=float(adam.get("weight_decay", 0.0)), grad_clip_norm=clip if clip > 0 else None))  # fmt: skip
+        metrics = model.core.optim_step(adam_params(json.loads(body).get("adam_params")))
         bad = model.core.nonfinite()
         if bad:
             _, _, snapshot = self.store.progress(model_id)
@@ -362,3 +346,32 @@ def _stop_tokens(stop: Any) -> list[int]:
             "stop strings must each be one byte for the byte-level LM; pass token ids instead"
         )
     return [e[0] for e in encoded]
+
+
+def run_loss(model: registry.ServedModel, data: list[wire.Datum], loss_name: str, config: dict[str, float | str],
+             forward_only: bool) -> tuple[list[dict[str, np.ndarray]], dict[str, float]]:  # fmt: skip
+    """Tinker's ``forward`` / ``forward_backward`` on a model: the loss summed over the data (its gradients added
+    to the parameters' unless ``forward_only``), each datum's outputs and the loss metric."""
+    compute = loss_fn(loss_name)
+    if not data:
+        raise wire.WireError("forward_backward with no data")
+    with torch.set_grad_enabled(not forward_only):
+        forward = model.forward(data, config)
+        per_datum = registry.loss_inputs(data)
+        loss = sum(compute(lp, {k: v.to(lp.device) for k, v in inputs.items()}, config)
+                   for lp, inputs in zip(forward.logprobs, per_datum, strict=True))  # fmt: skip
+        if forward.extra_loss is not None:
+            loss = loss + forward.extra_loss
+        if not forward_only:
+            loss.backward()
+    return forward.outputs, {"loss:sum": float(loss.detach())}
+
+
+def adam_params(adam: Any) -> AdamParams:
+    """The SDK's AdamParams (its defaults where a field is absent) as the training core's."""
+    if not isinstance(adam, dict):
+        raise wire.WireError("optim_step: this server runs Adam(W) only; send AdamParams")
+    clip = float(adam.get("grad_clip_norm", 0.0))
+    return AdamParams(learning_rate=float(adam.get("learning_rate", 1e-4)), beta1=float(adam.get("beta1", 0.9)),
+                      beta2=float(adam.get("beta2", 0.95)), eps=float(adam.get("eps", 1e-12)),
+                      weight_decay=float(adam.get("weight_decay", 0.0)), grad_clip_norm=clip if clip > 0 else None)  # fmt: skip

@@ -1,0 +1,155 @@
+"""Latency of one ``forward_backward`` + ``optim_step`` round trip through the tinker SDK against our trainer's
+Tinker API, beside the same update called in-process on the same model code, for the Humanoid control policy
+(a 512-step PPO minibatch) and the tiny LM (4 x 64 tokens of cross-entropy). The overhead is what the API adds:
+the SDK's serialisation, HTTP, the request and result kept in Redis, the snapshot after each step, the long poll.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from tinker_atropos.config import parse_config
+from tinker_atropos.frontends.tinker import registry, wire
+from tinker_atropos.frontends.tinker.worker import adam_params, run_loss
+from tinker_atropos.runtime import child_preexec, free_port
+from tinker_atropos.state.embedded import EmbeddedValkey
+
+KEY = "tml-bench-latency-0123456789"
+ADAM = {
+    "learning_rate": 1e-4,
+    "beta1": 0.9,
+    "beta2": 0.999,
+    "eps": 1e-8,
+    "weight_decay": 0.0,
+    "grad_clip_norm": 0.5,
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    base_model: str
+    lora_rank: int
+    loss: str
+    data: list[wire.Datum]
+
+
+def cases(rng: np.random.Generator) -> list[Case]:
+    def policy_datum(t: int) -> wire.Datum:
+        return wire.Datum(np.zeros(t, np.int64), {
+            "observations": rng.normal(size=(t, 348)).astype(np.float32),
+            "actions": rng.normal(size=(t, 17)).astype(np.float32),
+            "logprobs": rng.normal(-20, 1, size=t).astype(np.float32),
+            "advantages": rng.normal(size=t).astype(np.float32),
+            "returns": rng.normal(size=t).astype(np.float32)})  # fmt: skip
+
+    def text_datum(t: int) -> wire.Datum:
+        tokens = rng.integers(0, 256, size=t + 1)
+        return wire.Datum(tokens[:-1], {"target_tokens": tokens[1:], "weights": np.ones(t, np.float32)})
+
+    return [
+        Case("Humanoid policy, PPO, 512 steps", "mlp-gaussian/Humanoid-v5", 0, "ppo", [policy_datum(64) for _ in range(8)]),
+        Case("tiny LM LoRA 16, cross-entropy, 4x64 tokens", registry.TINY_LM, 16, "cross_entropy", [text_datum(64) for _ in range(4)]),
+        Case("tiny LM full, cross-entropy, 4x64 tokens", registry.TINY_LM, 0, "cross_entropy", [text_datum(64) for _ in range(4)]),
+    ]  # fmt: skip
+
+
+def in_process(case: Case, model_section: object, iterations: int) -> list[float]:
+    model = registry.build(case.base_model, {"rank": case.lora_rank}, model_section, torch.device("cpu"), 1)
+    params = adam_params(ADAM)
+    times = []
+    for _ in range(iterations):
+        start = time.perf_counter()
+        run_loss(model, case.data, case.loss, {}, forward_only=False)
+        model.core.optim_step(params)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def through_sdk(case: Case, base_url: str, iterations: int) -> tuple[list[float], float]:
+    """Round-trip times, and the CPU seconds this (client) process spent per round trip."""
+    import tinker
+    from tinker import types
+
+    service = tinker.ServiceClient(base_url=base_url, api_key=KEY)
+    client = service.create_lora_training_client(base_model=case.base_model, rank=case.lora_rank).result()
+    data = [types.Datum(model_input=types.ModelInput.from_ints(d.tokens.tolist()), loss_fn_inputs=d.inputs)
+            for d in case.data]  # fmt: skip
+    adam = types.AdamParams(**ADAM)
+    times, cpu = [], time.process_time()
+    for _ in range(iterations):
+        start = time.perf_counter()
+        fwd, opt = client.forward_backward(data, case.loss), client.optim_step(adam)
+        fwd.result(), opt.result()
+        times.append(time.perf_counter() - start)
+    cpu = (time.process_time() - cpu) / iterations
+    service.close("success").result()
+    return times, cpu
+
+
+def run(out: Path, iterations: int = 60, warmup: int = 10) -> dict:
+    """Start Valkey and a trainer serving only the Tinker API, measure every case both ways, write the table."""
+    out.mkdir(parents=True, exist_ok=True)
+    work = out / "tinker-latency"
+    work.mkdir(exist_ok=True)
+    (work / "keys").write_text(KEY + "\n")
+    port = free_port()
+    config = {"run": {"name": "bench-tinker"}, "env": {"id": "Humanoid-v5", "backend": "mujoco"},
+              "trainer": {"experience_loop": False, "tinker": {"enabled": True, "port": port,
+                                                               "api_keys_file": str(work / "keys")}}}  # fmt: skip
+    (work / "run.yaml").write_text(yaml.safe_dump(config))
+    model_section = parse_config(config).trainer.model
+    valkey = EmbeddedValkey(work / "valkey")
+    log = open(work / "trainer.log", "w")  # noqa: SIM115 - inherited by the child
+    trainer = subprocess.Popen([sys.executable, "-m", "tinker_atropos", "trainer", "--config", str(work / "run.yaml"),
+                                "--redis-url", valkey.url, "--port", str(free_port()), "--run-dir", str(work / "run")],
+                               stdout=log, stderr=subprocess.STDOUT, preexec_fn=child_preexec,
+                               env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+    rows = []
+    try:
+        deadline = time.monotonic() + 60
+        while "Tinker API at" not in (work / "trainer.log").read_text():
+            if time.monotonic() > deadline or trainer.poll() is not None:
+                raise RuntimeError(
+                    f"the trainer did not serve the Tinker API:\n{(work / 'trainer.log').read_text()}"
+                )
+            time.sleep(0.2)
+        torch.set_num_threads(1)  # as the trainer (trainer.torch_threads)
+        for case in cases(np.random.default_rng(0)):
+            sdk, client_cpu = through_sdk(case, f"http://127.0.0.1:{port}", iterations + warmup)
+            sdk = sdk[warmup:]
+            local = in_process(case, model_section, iterations + warmup)[warmup:]
+            rows.append({"case": case.name, "sdk_ms": 1000 * statistics.median(sdk),
+                         "in_process_ms": 1000 * statistics.median(local),
+                         "sdk_p90_ms": 1000 * float(np.percentile(sdk, 90)),
+                         "sdk_client_cpu_ms": 1000 * client_cpu})  # fmt: skip
+    finally:
+        trainer.terminate()
+        trainer.wait(timeout=30)
+        log.close()
+        valkey.stop()
+    result = {"iterations": iterations, "machine": os.uname().nodename, "cpus": os.cpu_count(), "rows": rows}
+    (out / "bench-tinker.json").write_text(json.dumps(result, indent=2))
+    table = Table(title=f"forward_backward + optim_step round trip (median of {iterations})")
+    for column in ("case", "SDK ms", "p90 ms", "client CPU ms", "in-process ms", "overhead ms", "ratio"):
+        table.add_column(column)
+    for row in rows:
+        overhead = row["sdk_ms"] - row["in_process_ms"]
+        table.add_row(row["case"], f"{row['sdk_ms']:.2f}", f"{row['sdk_p90_ms']:.2f}",
+                      f"{row['sdk_client_cpu_ms']:.2f}", f"{row['in_process_ms']:.2f}",
+                      f"{overhead:.2f}", f"{row['sdk_ms'] / row['in_process_ms']:.2f}")  # fmt: skip
+    Console().print(table)
+    return result
