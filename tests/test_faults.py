@@ -192,8 +192,8 @@ def test_backpressure_keeps_the_stream_and_memory_bounded(cluster: Cluster, proc
     assert trainer.wait(timeout=10) == 0
     samples = []
     start = time.monotonic()
-    while time.monotonic() - start < 60:  # rollouts run flat out for 60 s with nobody consuming
-        time.sleep(5)
+    while time.monotonic() - start < 24:  # rollouts run flat out for 24 s with nobody consuming
+        time.sleep(3)
         rss_kb = int(re.search(r"VmRSS:\s+(\d+)", Path(f"/proc/{rollout.pid}/status").read_text()).group(1))
         samples.append(
             (queued_chunks(cluster.client, RUN), cluster.client.info("memory")["used_memory"], rss_kb)
