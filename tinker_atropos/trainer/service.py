@@ -14,7 +14,6 @@ import torch
 from tinker_atropos import runtime
 from tinker_atropos.config import Config
 from tinker_atropos.environment.client import EnvClient, EnvDescription
-from tinker_atropos.frontends.tinker.server import TinkerAPI
 from tinker_atropos.protocol.v1 import services_pb2
 from tinker_atropos.runtime import Endpoint
 from tinker_atropos.state.registry import live_services
@@ -50,8 +49,11 @@ class TrainerService:
         self.loop = ExperienceLoop(config, client, run_dir) if config.trainer.experience_loop else None
         if self.loop is not None:
             self.loop.incarnation = incarnation
-        device = runtime.resolve_device(config.trainer.device)
-        self.tinker = TinkerAPI(config, client, run_dir, device) if config.trainer.tinker.enabled else None
+        self.tinker = None
+        if config.trainer.tinker.enabled:  # imported only then: the SDK and FastAPI take half a second
+            from tinker_atropos.frontends.tinker.server import TinkerAPI
+
+            self.tinker = TinkerAPI(config, client, run_dir, runtime.resolve_device(config.trainer.device))
 
     def status(self) -> services_pb2.TrainerStatus:
         status = self.loop.status() if self.loop else services_pb2.TrainerStatus(incarnation=self.incarnation)
