@@ -14,6 +14,7 @@ trajectories acted by a policy older than ``min_policy_version`` (``source.stale
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter
 
@@ -58,11 +59,12 @@ class ExperienceSource:
         spec = spec_of_policy(weights.spec)
         batch: list[Trajectory] = []
         have, deadline = 0, time.monotonic() + timeout_s
+        chunk_steps = steps  # of the last trajectory seen: take no more records than the batch needs
         while have < steps:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{have} of {steps} env steps arrived in {timeout_s:.0f} s: are the env and "
                                    "rollout services running?")  # fmt: skip
-            for record in self._reader.take(count=16, block_ms=500):
+            for record in self._reader.take(count=math.ceil((steps - have) / chunk_steps), block_ms=500):
                 try:
                     if isinstance(record, RecordError):
                         raise record
@@ -70,6 +72,7 @@ class ExperienceSource:
                 except RecordError as error:
                     self.skipped[error.reason] += 1
                     continue
+                chunk_steps = trajectory.num_steps
                 if trajectory.policy_version < min_policy_version:
                     self.stale += 1
                     continue
