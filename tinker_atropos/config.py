@@ -182,6 +182,12 @@ class TinkerSection(Section):
         20.0, gt=0, le=40, description="How long retrieve_future waits for a result before answering 408."
     )
     future_ttl_s: float = Field(3600.0, gt=0, description="How long an unretrieved result is kept.")
+    session_timeout_s: float = Field(
+        600.0,
+        ge=30,
+        description="A session whose client sent no heartbeat for this long (the SDK sends one every 10 s) is "
+        "finished and its models unloaded; their checkpoints stay.",
+    )
 
 
 class TrainerSection(Section):

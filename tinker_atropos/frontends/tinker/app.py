@@ -79,15 +79,22 @@ def build_app(store: Store, worker: Worker, api_keys: list[str], capabilities: l
         worker.wake.set()
         return {"request_id": request_id, "model_id": model_id, **extra}
 
-    def known_model(model_id: str) -> dict[str, Any]:
+    def known_model(model_id: str, loaded: bool = True) -> dict[str, Any]:
+        """The model's record; 404 for no such model, or (``loaded``) one unloaded since (its session ended)."""
         record = store.model(model_id)
         if record is None:
             raise HTTPError(404, f"no model {model_id!r}")
+        if loaded and not store.is_loaded(model_id):
+            raise HTTPError(404, f"model {model_id!r} was unloaded (unload_model, or its session finished)")
         return record
 
     def session(session_id: str) -> None:
-        if not store.session_exists(session_id):
+        """404 for no such session, 410 for a finished one (as the SDK's heartbeat expects)."""
+        state = store.session_state(session_id)
+        if state is None:
             raise HTTPError(404, f"no session {session_id!r}")
+        if state:
+            raise HTTPError(410, f"session {session_id!r} is finished ({state})")
 
     # start-up and sessions -------------------------------------------------------------------------------
     @app.post("/api/v1/client/config")
@@ -132,9 +139,19 @@ def build_app(store: Store, worker: Worker, api_keys: list[str], capabilities: l
 
     @app.post("/api/v1/sessions/{session_id}/finish")
     async def finish_session(session_id: str, request: Request) -> None:
-        session(session_id)
-        reason = (json.loads(await request.body() or b"{}").get("reason") or {}).get("type", "finished")
-        for model_id in store.finish_session(session_id, str(reason)):
+        if store.session_state(session_id) is None:
+            raise HTTPError(404, f"no session {session_id!r}")
+        try:
+            body = json.loads(await request.body() or b"{}")
+            reason = body.get("reason") or {"type": "finished"}
+            kind = reason["type"]
+            if not isinstance(kind, str):
+                raise TypeError(kind)
+        except (ValueError, AttributeError, KeyError, TypeError):
+            raise HTTPError(
+                400, 'the body must be {"reason": {"type": "success" | "errored" | ...}}'
+            ) from None
+        for model_id in store.finish_session(session_id, kind):
             store.submit("unload_model", b"", model_id=model_id)
         worker.wake.set()
 
@@ -157,7 +174,7 @@ def build_app(store: Store, worker: Worker, api_keys: list[str], capabilities: l
     @app.post("/api/v1/get_info")
     async def get_info(request: Request) -> dict[str, Any]:
         body = _parse(types.GetInfoRequest, await request.body())
-        record = known_model(body.model_id)
+        record = known_model(body.model_id, loaded=False)
         rank = int((record.get("lora") or {}).get("rank", 0))
         is_lora = record["base_model"] == registry.TINY_LM and rank > 0
         return {"type": "get_info", "model_id": body.model_id, "model_name": record["base_model"],

@@ -51,14 +51,23 @@ class ServedModel(Protocol):
     def forward(self, data: list[Datum], config: dict[str, float | str]) -> Forward: ...
 
 
-def _tensor(datum: Datum, index: int, name: str, length: int, dtype: torch.dtype) -> torch.Tensor:
+def _tensor(datum: Datum, index: int, name: str, length: int, dtype: torch.dtype,
+            trailing: tuple[int, ...] = ()) -> torch.Tensor:  # fmt: skip
+    """``loss_fn_inputs[name]`` of one datum, which must have the shape [T, *trailing] (T: its model_input)."""
     if name not in datum.inputs:
         raise WireError(f"datum {index}: loss_fn_inputs[{name!r}] is required for this model")
     value = torch.as_tensor(datum.inputs[name], dtype=dtype)
-    if value.ndim == 0 or value.shape[0] != length:
-        raise WireError(f"datum {index}: loss_fn_inputs[{name!r}] has shape {list(value.shape)}, its first "
-                        f"dimension must be the model_input length {length}")  # fmt: skip
+    if tuple(value.shape) != (length, *trailing):
+        raise WireError(f"datum {index}: loss_fn_inputs[{name!r}] has shape {list(value.shape)}; this model takes "
+                        f"{[length, *trailing]} (T = the model_input length {length})")  # fmt: skip
     return value
+
+
+def _number(config: dict[str, float | str], name: str, default: float) -> float:
+    value = config.get(name, default)
+    if not isinstance(value, float | int):
+        raise WireError(f"loss_fn_config[{name!r}] must be a number, got {value!r}")
+    return float(value)
 
 
 def loss_inputs(data: list[Datum], names: tuple[str, ...] = ("logprobs", "advantages", "weights", "clip_low_threshold",
@@ -84,25 +93,16 @@ class PolicyModel:
         model: ActorCritic = self.core.model
         lengths = [len(d.tokens) for d in data]
         obs_shape = tuple(model.spec["obs_shape"])
+        action_shape = () if model.discrete else tuple(model.spec["action"]["shape"])
         action_dtype = torch.int64 if model.discrete else torch.float32
-        obs = torch.cat(
-            [
-                _tensor(d, i, "observations", n, torch.float32)
-                for i, (d, n) in enumerate(zip(data, lengths, strict=True))
-            ]
-        )
-        actions = torch.cat(
-            [
-                _tensor(d, i, "actions", n, action_dtype)
-                for i, (d, n) in enumerate(zip(data, lengths, strict=True))
-            ]
-        )
-        if tuple(obs.shape[1:]) != obs_shape and obs[0].numel() != int(np.prod(obs_shape)):
-            raise WireError(f"observations have shape [T, {', '.join(map(str, obs.shape[1:]))}], this policy "
-                            f"observes {list(obs_shape)}")  # fmt: skip
-        if not model.discrete and tuple(actions.shape[1:]) != tuple(model.spec["action"]["shape"]):
-            raise WireError(f"actions have shape [T, {', '.join(map(str, actions.shape[1:]))}], this policy acts "
-                            f"in {model.spec['action']['shape']}")  # fmt: skip
+        obs = torch.cat([_tensor(d, i, "observations", len(d.tokens), torch.float32, obs_shape)
+                         for i, d in enumerate(data)])  # fmt: skip
+        actions = torch.cat([_tensor(d, i, "actions", len(d.tokens), action_dtype, action_shape)
+                             for i, d in enumerate(data)])  # fmt: skip
+        if model.discrete and len(actions):
+            low, n = model.action_start, model.spec["action"]["n"]
+            if int(actions.min()) < low or int(actions.max()) >= low + n:
+                raise WireError(f"actions must lie in [{low}, {low + n}) for this categorical policy")
         obs, actions = obs.to(self.core.device), actions.to(self.core.device)
         norm_obs = model.normalize_obs(obs)
         dist = model.distribution(norm_obs)
@@ -116,9 +116,9 @@ class PolicyModel:
                     for i, (d, n) in enumerate(zip(data, lengths, strict=True))
                 ]
             )
-            value_coef = float(config.get("value_coef", 0.5))
+            value_coef = _number(config, "value_coef", 0.5)
             extra = value_coef * 0.5 * (values - returns.to(values.device)).square().sum()
-        entropy_coef = float(config.get("entropy_coef", 0.0))
+        entropy_coef = _number(config, "entropy_coef", 0.0)
         if entropy_coef:
             bonus = -entropy_coef * model.entropy(dist).sum()
             extra = bonus if extra is None else extra + bonus

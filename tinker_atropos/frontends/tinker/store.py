@@ -41,8 +41,22 @@ class Store:
                                                                   "info": json.dumps(fields)})  # fmt: skip
         return session
 
-    def session_exists(self, session: str) -> bool:
-        return bool(self.client.exists(self._key("session", session)))
+    def session_state(self, session: str) -> str | None:
+        """None for an unknown session, "" for a live one, else why it finished."""
+        key = self._key("session", session)
+        created, finished = self.client.hmget(key, ["created_at", "finished"])
+        if created is None:
+            return None
+        return finished.decode() if finished else ""
+
+    def stale_sessions(self, sessions: set[str], older_than: float) -> list[str]:
+        """Those of ``sessions`` (live ones) whose last heartbeat is older than unix time ``older_than``."""
+        stale = []
+        for session in sorted(sessions):
+            beat, finished = self.client.hmget(self._key("session", session), ["heartbeat_at", "finished"])
+            if beat is not None and not finished and float(beat) < older_than:
+                stale.append(session)
+        return stale
 
     def heartbeat(self, session: str) -> bool:
         """False for an unknown or finished session."""
@@ -86,8 +100,8 @@ class Store:
         )
         return int(applied or -1), int(snapshot or -1), path.decode() if path else None
 
-    def set_snapshot(self, model_id: str, seq: int, path: str) -> None:
-        self.client.hset(self._key("model", model_id), mapping={"snapshot_seq": seq, "snapshot_path": path})
+    def is_loaded(self, model_id: str) -> bool:
+        return bool(self.client.sismember(self._key("models"), model_id))
 
     def unload_model(self, model_id: str) -> None:
         self.client.srem(self._key("models"), model_id)
@@ -134,14 +148,18 @@ class Store:
         return kind.decode(), body or b"", (model_id or b"").decode(), int(seq)
 
     def finish(self, request_id: str, status: bytes, body: bytes, content_type: str = "application/json",
-               applied: tuple[str, int] | None = None) -> None:  # fmt: skip
-        """Store a request's outcome; ``applied``: (model, seq) now applied, in the same transaction."""
+               applied: tuple[str, int] | None = None, snapshot: tuple[int, str] | None = None) -> None:  # fmt: skip
+        """Store a request's outcome in one transaction with what it changed: ``applied``, the (model, seq) now
+        applied, and ``snapshot``, the (seq, file) of the model's state it left."""
         future = self._key("future", request_id)
         with self.client.pipeline(transaction=True) as pipe:
             pipe.hset(future, mapping={"status": status, "result": body, "content_type": content_type})
             pipe.expire(future, self.future_ttl_s)
             if applied is not None:
                 pipe.hset(self._key("model", applied[0]), "applied_seq", applied[1])
+                if snapshot is not None:
+                    pipe.hset(self._key("model", applied[0]),
+                              mapping={"snapshot_seq": snapshot[0], "snapshot_path": snapshot[1]})  # fmt: skip
             else:
                 pipe.lrem(self._key("queue"), 1, request_id)
             pipe.execute()

@@ -11,6 +11,7 @@ import logging
 import os
 import re
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -49,6 +50,10 @@ class Worker:
         self.since_snapshot: dict[str, list[str]] = {}  # requests a replay needs, per model
         self.samplers: dict[str, registry.LanguageModel] = {}  # sampler weights by file, a few kept
         self.wake = threading.Event()
+        self.last_lane = ""  # the lane (model, or "" for the queue) served last
+        self.snapshots: dict[str, str] = {}  # the snapshot file the store points at, per model
+        self.started = time.time()
+        self.next_expiry_check = 0.0
 
     # paths ---------------------------------------------------------------------------------------------
     def _dir(self, model_id: str) -> Path:
@@ -85,10 +90,19 @@ class Worker:
         seed = lora.get("seed") if lora.get("seed") is not None else self.config.run.seed
         return registry.build(record["base_model"], lora, self.config.trainer.model, self.device, seed)
 
-    def _snapshot(self, model_id: str, seq: int) -> None:
-        file = self._dir(model_id) / "state.pt"
+    def _write_snapshot(self, model_id: str, seq: int) -> tuple[int, str]:
+        """The model's state after its request ``seq``, to a file of its own: the store points at it only in the
+        transaction that records the request as applied, so a crash in between leaves the previous snapshot."""
+        file = self._dir(model_id) / f"state-{seq:09d}.pt"
         self._save(file, self._state(model_id))
-        self.store.set_snapshot(model_id, seq, str(file))
+        return seq, str(file)
+
+    def _snapshot_taken(self, model_id: str, path: str) -> None:
+        """Once the store points at ``path``: the older snapshot and the payloads a replay needed go."""
+        previous = self.snapshots.get(model_id)
+        if previous is not None and previous != path:
+            Path(previous).unlink(missing_ok=True)
+        self.snapshots[model_id] = path
         for request_id in self.since_snapshot.pop(model_id, []):
             self.store.forget_payload(request_id)
 
@@ -108,6 +122,12 @@ class Worker:
                 log.exception("cannot restore Tinker model %s from %s; it stays unloaded", model_id, snapshot)
                 continue
             self.models[model_id] = model
+            self.snapshots[model_id] = snapshot
+            for orphan in self._dir(model_id).glob(
+                "state-*.pt"
+            ):  # written by a process that died before it counted
+                if str(orphan) != snapshot:
+                    orphan.unlink()
             replayed = []
             for seq in range(snapshot_seq + 1, applied + 1):
                 request_id = self.store.op(model_id, seq)
@@ -126,6 +146,7 @@ class Worker:
         self.recover()
         while not stop.is_set():
             try:
+                self.expire_sessions()
                 busy = self.step()
             except redis.RedisError as error:
                 log.warning("Tinker requests unreadable (%s); retrying", error)
@@ -134,18 +155,36 @@ class Worker:
                 self.wake.wait(0.5)
                 self.wake.clear()
 
+    def expire_sessions(self) -> None:
+        """Finish the sessions whose client stopped heart-beating (it died without closing), unloading their
+        models. A trainer that was itself down gives every client the timeout again from its start."""
+        timeout = self.config.trainer.tinker.session_timeout_s
+        now = time.time()
+        if now < self.next_expiry_check or now - self.started < timeout:
+            return
+        self.next_expiry_check = now + min(10.0, timeout / 2)
+        sessions = {model_id.split(":")[0] for model_id in self.models}
+        for session in self.store.stale_sessions(sessions, older_than=now - timeout):
+            log.warning("Tinker session %s sent no heartbeat for %.0f s: finished, its models unloaded",
+                        session, timeout)  # fmt: skip
+            for model_id in self.store.finish_session(session, "heartbeat_expired"):
+                self.store.submit("unload_model", b"", model_id=model_id)
+
     def step(self) -> bool:
-        """Apply one request if one can run; whether one did."""
-        for model_id in self.store.models():
-            applied = self.store.progress(model_id)[0]
-            request_id = self.store.op(model_id, applied + 1)
+        """Apply one request if one can run; whether one did. Models and the sampling queue take turns, so that
+        a client that queued hundreds of requests does not hold the others back."""
+        lanes = [*self.store.models(), ""]  # "": the queue of requests outside any model's sequence
+        start = lanes.index(self.last_lane) + 1 if self.last_lane in lanes else 0
+        for lane in lanes[start:] + lanes[:start]:
+            if lane == "":
+                request_id, position = self.store.queued(), None
+            else:
+                applied = self.store.progress(lane)[0]
+                request_id, position = self.store.op(lane, applied + 1), (lane, applied + 1)
             if request_id is not None:
-                self._apply(request_id, (model_id, applied + 1))
+                self.last_lane = lane
+                self._apply(request_id, position)
                 return True
-        request_id = self.store.queued()
-        if request_id is not None:
-            self._apply(request_id, None)
-            return True
         return False
 
     def _apply(self, request_id: str, position: tuple[str, int] | None) -> None:
@@ -157,10 +196,11 @@ class Worker:
             )
             return
         kind, body, model_id, seq = request
+        snapshot = None
         try:
             result, content_type = getattr(self, f"_do_{kind}")(model_id, seq, body)
             if position is not None and kind in _STATE_CHANGING and model_id in self.models:
-                self._snapshot(model_id, seq)
+                snapshot = self._write_snapshot(model_id, seq)
             status = DONE
         except _USER_ERRORS as error:
             result, content_type, status = (
@@ -174,7 +214,11 @@ class Worker:
             result, content_type, status = _json(error=message, category="server"), "application/json", FAILED
         if kind == "forward_backward" and status == DONE:
             self.since_snapshot.setdefault(model_id, []).append(request_id)
-        self.store.finish(request_id, status, result, content_type, applied=position)
+        self.store.finish(request_id, status, result, content_type, applied=position, snapshot=snapshot)
+        if snapshot is not None:
+            self._snapshot_taken(model_id, snapshot[1])
+        if status == FAILED and kind in ("create_model", "create_from_state"):
+            self.store.unload_model(model_id)  # no model came of it: its later requests are refused at once
         self.on_done(request_id)
 
     def _model(self, model_id: str) -> registry.ServedModel:
