@@ -108,7 +108,7 @@ def test_a_toy_algorithm_from_the_test_tree_learns_cartpole_through_up(
     tmp_path: Path, valkey, redis_client: redis.Redis
 ) -> None:
     config = yaml.safe_load((REPO / "configs" / "cartpole.yaml").read_text())
-    config["run"]["name"] = "toy"
+    config["run"] |= {"name": "toy", "report_interval_s": 0.5}  # an early row, before learning took off
     trainer = config["trainer"]
     del trainer["ppo"]
     # REINFORCE has no correction for data of an older policy: learn from the current one only

@@ -16,6 +16,7 @@ from typing import Any
 import redis
 from rich.console import Console
 
+from tinker_atropos.state import keys
 from tinker_atropos.state.connection import connect_fast, describe
 from tinker_atropos.state.experience import add_stats, queued_chunks, read_stats, recent_episodes
 from tinker_atropos.state.registry import live_services
@@ -44,6 +45,9 @@ class ProgressReporter:
         self.last_time, self.last_steps = self.start, self.counters.get("env_steps", 0)
         self.last_row: dict[str, Any] | None = None
         self.unreachable_since: float | None = None
+        self.marked = (
+            False  # this reporter's marker key is in Redis: its disappearance means Redis lost its data
+        )
         self._policy_version = (
             policy_version  # until the trainer publishes: a resumed run's checkpoint version
         )
@@ -53,13 +57,21 @@ class ProgressReporter:
         return 0.0 if self.unreachable_since is None else time.monotonic() - self.unreachable_since
 
     def restore_counters(self) -> None:
-        """Put the counters of the last report back if Redis has fewer (it lost them)."""
-        if read_stats(self.client, self.run).get("env_steps", 0) < self.counters.get("env_steps", 0):
+        """Put the counters of the last report back if Redis lost them: the marker this reporter set is gone (it
+        restarted empty; the services' increments since may already exceed the last report), or they went back
+        (a counter overwritten)."""
+        marker = keys.reporter_marker(self.run)
+        present = bool(self.client.exists(marker))
+        lost = self.marked and not present
+        if lost or read_stats(self.client, self.run).get("env_steps", 0) < self.counters.get("env_steps", 0):
             add_stats(self.client, self.run, **self.counters)
             self.console.print(
                 "[yellow]the run's counters in Redis went back (Redis restarted empty, or a counter was "
                 "overwritten); restored them from the last report"
             )
+        if not present:
+            self.client.set(marker, 1)
+            self.marked = True
 
     def report(self, show: bool = True) -> dict[str, Any] | None:
         """Read, print (if ``show``) and append one row; None while Redis is unreachable."""

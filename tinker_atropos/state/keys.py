@@ -47,3 +47,8 @@ def stats(run: str) -> str:
 def episodes(run: str) -> str:
     """Capped list of the latest finished episodes, as JSON, newest first."""
     return f"ta:{run}:episodes"
+
+
+def reporter_marker(run: str) -> str:
+    """Set by `up`'s reporter: gone after a restart of Redis that lost its data, so the counters are restored."""
+    return f"ta:{run}:reporter"
