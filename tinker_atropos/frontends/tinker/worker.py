@@ -79,11 +79,7 @@ class Worker:
         os.replace(partial, file)
 
     def _state(self, model_id: str, optimizer: bool = True) -> dict[str, Any]:
-        model, record = self.models[model_id], self.store.model(model_id)
-        state = model.core.state_dict()
-        if not optimizer:
-            state.pop("optimizer")
-        return {"record": record, **state}
+        return registry.checkpoint(self.models[model_id], self.store.model(model_id), optimizer)
 
     def _build(self, record: dict[str, Any]) -> registry.ServedModel:
         lora = record.get("lora") or {}
@@ -117,7 +113,7 @@ class Worker:
             try:
                 model = self._build(record)
                 state = torch.load(snapshot, map_location=self.device, weights_only=False)
-                model.core.load_state_dict(state)
+                registry.restore(model, state)
             except Exception:
                 log.exception("cannot restore Tinker model %s from %s; it stays unloaded", model_id, snapshot)
                 continue
@@ -240,12 +236,9 @@ class Worker:
         model = self.models[model_id]
         if state["record"]["base_model"] != model.base_model:
             raise wire.WireError(f"{path} holds a {state['record']['base_model']}, not a {model.base_model}")
-        model.core.model.load_state_dict(state["model"])
-        if optimizer:
-            if "optimizer" not in state:
-                raise wire.WireError(f"{path} holds no optimizer state (it was saved for sampling)")
-            model.core.optimizer.load_state_dict(state["optimizer"])
-        model.core.version = state["version"]
+        if optimizer and "optimizer" not in state:
+            raise wire.WireError(f"{path} holds no optimizer state (it was saved for sampling)")
+        registry.restore(model, state, optimizer)
 
     def _do_create_from_state(self, model_id: str, seq: int, body: bytes) -> tuple[bytes, str]:
         request = json.loads(body)
@@ -282,7 +275,7 @@ class Worker:
         if bad:
             _, _, snapshot = self.store.progress(model_id)
             if snapshot:
-                model.core.load_state_dict(torch.load(snapshot, map_location=self.device, weights_only=False))
+                registry.restore(model, torch.load(snapshot, map_location=self.device, weights_only=False))
             raise wire.WireError(f"the step made {', '.join(bad[:3])} non-finite; it was undone")
         model.core.version += 1
         return _json(metrics={f"{k}:mean": v for k, v in metrics.items()}), "application/json"
@@ -340,20 +333,23 @@ class Worker:
         if found is None:
             raise wire.WireError(f"no sampling session {sampler_id!r}")
         base_model, path = found
-        if base_model != registry.TINY_LM:
+        if base_model not in registry.LANGUAGE_MODELS:
             raise wire.WireError(f"{base_model} is a control policy: it acts through the rollout services, and "
                                  "sample() only returns tokens")  # fmt: skip
         key = path or base_model
         if key not in self.samplers:
             if len(self.samplers) >= 4:
                 self.samplers.pop(next(iter(self.samplers)))
-            model = registry.LanguageModel({}, self.device, self.config.run.seed)
-            if path is not None:
-                state = torch.load(self.file_of(path), map_location=self.device, weights_only=False)
-                model = registry.LanguageModel(
-                    state["record"].get("lora") or {}, self.device, self.config.run.seed
+            if path is None:
+                model = registry.build(
+                    base_model, {}, self.config.trainer.model, self.device, self.config.run.seed
                 )
-                model.core.model.load_state_dict(state["model"])
+            else:
+                state = torch.load(self.file_of(path), map_location=self.device, weights_only=False)
+                model = registry.build(base_model, state["record"].get("lora") or {}, self.config.trainer.model,
+                                       self.device, self.config.run.seed)  # fmt: skip
+                model.load_model_state(state["model"])
+            assert isinstance(model, registry.LanguageModel)
             self.samplers[key] = model
         return self.samplers[key]
 
@@ -362,7 +358,7 @@ class Worker:
         model = self._sampler(request.get("sampling_session_id") or "")
         prompt = [t for chunk in request["prompt"]["chunks"] for t in chunk.get("tokens", [])]
         params = request.get("sampling_params") or {}
-        stop_tokens = _stop_tokens(params.get("stop"))
+        stop_tokens = _stop_tokens(params.get("stop"), model)
         try:
             sequences = tiny_lm.sample(
                 model.core.model, prompt, max_tokens=int(params.get("max_tokens") or 16),
@@ -377,17 +373,22 @@ class Worker:
         return wire.sample_response(sequences, prompt_logprobs), PROTOBUF
 
 
-def _stop_tokens(stop: Any) -> list[int]:
-    """SamplingParams.stop as token ids: None keeps the end-of-sequence token; byte-long strings are bytes."""
+def _stop_tokens(stop: Any, model: registry.LanguageModel) -> list[int]:
+    """SamplingParams.stop as token ids: None keeps the end-of-sequence token; for the byte-level LM a one-byte
+    string is that byte."""
     if stop is None:
-        return [tiny_lm.ByteTokenizer.eos_id]
+        return [model.core.model.eos_id]
     stops = [stop] if isinstance(stop, str) else list(stop)
     if all(isinstance(s, int) for s in stops):
         return stops
     encoded = [tiny_lm.ByteTokenizer().encode(s) for s in stops if isinstance(s, str)]
-    if len(encoded) != len(stops) or any(len(e) != 1 for e in encoded):
+    if (
+        model.base_model != registry.TINY_LM
+        or len(encoded) != len(stops)
+        or any(len(e) != 1 for e in encoded)
+    ):
         raise wire.WireError(
-            "stop strings must each be one byte for the byte-level LM; pass token ids instead"
+            "stop strings are served for the byte-level LM, one byte each; pass token ids instead"
         )
     return [e[0] for e in encoded]
 
