@@ -79,8 +79,16 @@ def in_process(case: Case, model_section: object, iterations: int) -> list[float
     return times
 
 
-def through_sdk(case: Case, base_url: str, iterations: int) -> tuple[list[float], float]:
-    """Round-trip times, and the CPU seconds this (client) process spent per round trip."""
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used, threads included."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def through_sdk(
+    case: Case, base_url: str, iterations: int, server_pid: int
+) -> tuple[list[float], float, float]:
+    """Round-trip times, and the CPU seconds this (client) process and the trainer spent per round trip."""
     import tinker
     from tinker import types
 
@@ -89,15 +97,15 @@ def through_sdk(case: Case, base_url: str, iterations: int) -> tuple[list[float]
     data = [types.Datum(model_input=types.ModelInput.from_ints(d.tokens.tolist()), loss_fn_inputs=d.inputs)
             for d in case.data]  # fmt: skip
     adam = types.AdamParams(**ADAM)
-    times, cpu = [], time.process_time()
+    times, cpu, server_cpu = [], time.process_time(), _cpu_s(server_pid)
     for _ in range(iterations):
         start = time.perf_counter()
         fwd, opt = client.forward_backward(data, case.loss), client.optim_step(adam)
         fwd.result(), opt.result()
         times.append(time.perf_counter() - start)
-    cpu = (time.process_time() - cpu) / iterations
+    cpu, server_cpu = (time.process_time() - cpu) / iterations, (_cpu_s(server_pid) - server_cpu) / iterations
     service.close("success").result()
-    return times, cpu
+    return times, cpu, server_cpu
 
 
 def run(out: Path, iterations: int = 60, warmup: int = 10) -> dict:
@@ -129,13 +137,14 @@ def run(out: Path, iterations: int = 60, warmup: int = 10) -> dict:
             time.sleep(0.2)
         torch.set_num_threads(1)  # as the trainer (trainer.torch_threads)
         for case in cases(np.random.default_rng(0)):
-            sdk, client_cpu = through_sdk(case, f"http://127.0.0.1:{port}", iterations + warmup)
+            sdk, client_cpu, server_cpu = through_sdk(case, f"http://127.0.0.1:{port}", iterations + warmup,
+                                                      trainer.pid)  # fmt: skip
             sdk = sdk[warmup:]
             local = in_process(case, model_section, iterations + warmup)[warmup:]
             rows.append({"case": case.name, "sdk_ms": 1000 * statistics.median(sdk),
                          "in_process_ms": 1000 * statistics.median(local),
                          "sdk_p90_ms": 1000 * float(np.percentile(sdk, 90)),
-                         "sdk_client_cpu_ms": 1000 * client_cpu})  # fmt: skip
+                         "sdk_client_cpu_ms": 1000 * client_cpu, "trainer_cpu_ms": 1000 * server_cpu})  # fmt: skip
     finally:
         trainer.terminate()
         trainer.wait(timeout=30)
@@ -144,12 +153,21 @@ def run(out: Path, iterations: int = 60, warmup: int = 10) -> dict:
     result = {"iterations": iterations, "machine": os.uname().nodename, "cpus": os.cpu_count(), "rows": rows}
     (out / "bench-tinker.json").write_text(json.dumps(result, indent=2))
     table = Table(title=f"forward_backward + optim_step round trip (median of {iterations})")
-    for column in ("case", "SDK ms", "p90 ms", "client CPU ms", "in-process ms", "overhead ms", "ratio"):
+    for column in (
+        "case",
+        "SDK ms",
+        "p90",
+        "client CPU",
+        "trainer CPU",
+        "in-process ms",
+        "overhead",
+        "ratio",
+    ):
         table.add_column(column)
     for row in rows:
         overhead = row["sdk_ms"] - row["in_process_ms"]
         table.add_row(row["case"], f"{row['sdk_ms']:.2f}", f"{row['sdk_p90_ms']:.2f}",
-                      f"{row['sdk_client_cpu_ms']:.2f}", f"{row['in_process_ms']:.2f}",
+                      f"{row['sdk_client_cpu_ms']:.2f}", f"{row['trainer_cpu_ms']:.2f}", f"{row['in_process_ms']:.2f}",
                       f"{overhead:.2f}", f"{row['sdk_ms'] / row['in_process_ms']:.2f}")  # fmt: skip
     Console().print(table)
     return result

@@ -16,6 +16,7 @@ from typing import Any
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
+from starlette.types import ASGIApp, Receive, Scope, Send
 from tinker import types
 
 from tinker_atropos.frontends.tinker import registry, wire
@@ -46,6 +47,23 @@ class Waiters:
             loop.call_soon_threadsafe(event.set)
 
 
+class APIKeys:
+    """401 for any request without an allowed ``X-API-Key``, before routing. A plain ASGI middleware:
+    Starlette's BaseHTTPMiddleware costs a task and a stream per request."""
+
+    def __init__(self, app: ASGIApp, keys: list[bytes]) -> None:
+        self.app, self.keys = app, keys
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        given = next((value for name, value in scope["headers"] if name == b"x-api-key"), b"")
+        if any(hmac.compare_digest(given, key) for key in self.keys):
+            return await self.app(scope, receive, send)
+        reason = "an X-API-Key header is required" if not given else "the API key is not allowed here"
+        await JSONResponse({"detail": reason}, status_code=401)(scope, receive, send)
+
+
 def _parse(model: type[BaseModel], body: bytes) -> Any:
     try:
         return model.model_validate_json(body)
@@ -61,15 +79,7 @@ def build_app(store: Store, worker: Worker, api_keys: list[str], capabilities: l
     app = FastAPI(title="tinker-atropos Tinker API", docs_url=None, redoc_url=None, openapi_url=None)
     waiters = Waiters()
     worker.on_done = waiters.done
-    keys = [key.encode() for key in api_keys]
-
-    @app.middleware("http")
-    async def authenticate(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        given = request.headers.get("x-api-key", "").encode()
-        if not any(hmac.compare_digest(given, key) for key in keys):
-            reason = "an X-API-Key header is required" if not given else "the API key is not allowed here"
-            return JSONResponse({"detail": reason}, status_code=401)
-        return await call_next(request)
+    app.add_middleware(APIKeys, keys=[key.encode() for key in api_keys])
 
     @app.exception_handler(HTTPError)
     async def http_error(request: Request, error: HTTPError) -> JSONResponse:
@@ -81,10 +91,10 @@ def build_app(store: Store, worker: Worker, api_keys: list[str], capabilities: l
 
     def known_model(model_id: str, loaded: bool = True) -> dict[str, Any]:
         """The model's record; 404 for no such model, or (``loaded``) one unloaded since (its session ended)."""
-        record = store.model(model_id)
+        record, is_loaded = store.model_if_loaded(model_id)
         if record is None:
             raise HTTPError(404, f"no model {model_id!r}")
-        if loaded and not store.is_loaded(model_id):
+        if loaded and not is_loaded:
             raise HTTPError(404, f"model {model_id!r} was unloaded (unload_model, or its session finished)")
         return record
 

@@ -100,6 +100,13 @@ class Store:
         )
         return int(applied or -1), int(snapshot or -1), path.decode() if path else None
 
+    def model_if_loaded(self, model_id: str) -> tuple[dict[str, Any] | None, bool]:
+        """The model's record (None: no such model) and whether it is loaded, in one round trip."""
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.hget(self._key("model", model_id), "record").sismember(self._key("models"), model_id)
+            raw, loaded = pipe.execute()
+        return (None if raw is None else json.loads(raw)), bool(loaded)
+
     def is_loaded(self, model_id: str) -> bool:
         return bool(self.client.sismember(self._key("models"), model_id))
 
@@ -129,6 +136,35 @@ class Store:
         if seq is None:
             self.client.rpush(self._key("queue"), request_id)
         return request_id
+
+    def next_requests(self, applied: dict[str, int]) -> tuple[dict[str, str | None], str | None]:
+        """The request each loaded model would run next and the queue's head, in two round trips. ``applied``:
+        the last applied number of the models the caller knows (the worker, their only writer); the others'
+        are read and added to it."""
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.smembers(self._key("models")).lindex(self._key("queue"), 0)
+            members, head = pipe.execute()
+        models = sorted(m.decode() for m in members)
+        unknown = [m for m in models if m not in applied]
+        with self.client.pipeline(transaction=False) as pipe:
+            for model_id in unknown:
+                pipe.hget(self._key("model", model_id), "applied_seq")
+            for model_id in models:
+                if model_id in applied:
+                    pipe.hget(self._key("model", model_id, "ops"), str(applied[model_id] + 1))
+            replies = pipe.execute()
+        for model_id, raw in zip(unknown, replies, strict=False):
+            applied[model_id] = int(raw or -1)
+        known = iter(replies[len(unknown) :])
+        upcoming = {m: (None if m in unknown else next(known)) for m in models}
+        for model_id in unknown:  # their next request: one more round trip, the first time only
+            upcoming[model_id] = self.client.hget(
+                self._key("model", model_id, "ops"), str(applied[model_id] + 1)
+            )
+        for model_id in [m for m in applied if m not in upcoming]:
+            del applied[model_id]  # unloaded
+        decoded = {m: (raw.decode() if raw is not None else None) for m, raw in upcoming.items()}
+        return decoded, head.decode() if head is not None else None
 
     def op(self, model_id: str, seq: int) -> str | None:
         raw = self.client.hget(self._key("model", model_id, "ops"), str(seq))

@@ -52,6 +52,9 @@ class Worker:
         self.wake = threading.Event()
         self.last_lane = ""  # the lane (model, or "" for the queue) served last
         self.snapshots: dict[str, str] = {}  # the snapshot file the store points at, per model
+        self.applied: dict[
+            str, int
+        ] = {}  # the last request number applied, per model (this worker writes it)
         self.started = time.time()
         self.next_expiry_check = 0.0
 
@@ -169,17 +172,14 @@ class Worker:
     def step(self) -> bool:
         """Apply one request if one can run; whether one did. Models and the sampling queue take turns, so that
         a client that queued hundreds of requests does not hold the others back."""
-        lanes = [*self.store.models(), ""]  # "": the queue of requests outside any model's sequence
+        upcoming, queued = self.store.next_requests(self.applied)
+        lanes = [*upcoming, ""]  # "": the queue of requests outside any model's sequence
         start = lanes.index(self.last_lane) + 1 if self.last_lane in lanes else 0
         for lane in lanes[start:] + lanes[:start]:
-            if lane == "":
-                request_id, position = self.store.queued(), None
-            else:
-                applied = self.store.progress(lane)[0]
-                request_id, position = self.store.op(lane, applied + 1), (lane, applied + 1)
+            request_id = queued if lane == "" else upcoming[lane]
             if request_id is not None:
                 self.last_lane = lane
-                self._apply(request_id, position)
+                self._apply(request_id, None if lane == "" else (lane, self.applied[lane] + 1))
                 return True
         return False
 
@@ -190,6 +190,8 @@ class Worker:
             self.store.finish(
                 request_id, FAILED, _json(error="request lost", category="server"), applied=position
             )
+            if position is not None:
+                self.applied[position[0]] = position[1]
             return
         kind, body, model_id, seq = request
         snapshot = None
@@ -211,6 +213,8 @@ class Worker:
         if kind == "forward_backward" and status == DONE:
             self.since_snapshot.setdefault(model_id, []).append(request_id)
         self.store.finish(request_id, status, result, content_type, applied=position, snapshot=snapshot)
+        if position is not None:
+            self.applied[position[0]] = position[1]
         if snapshot is not None:
             self._snapshot_taken(model_id, snapshot[1])
         if status == FAILED and kind in ("create_model", "create_from_state"):
