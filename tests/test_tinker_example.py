@@ -66,4 +66,5 @@ def test_the_example_loop_reaches_pendulums_threshold_through_our_services(tmp_p
                 up.kill()
     reader.join(timeout=5)
     assert up.returncode == 0, "".join(lines)[-3000:]
+    assert f"Tinker API at {base_url} (TINKER_BASE_URL); its API keys: {keys}" in "".join(lines)
     assert leftovers(run_dir) == ""

@@ -45,9 +45,9 @@ class ProgressReporter:
         self.last_time, self.last_steps = self.start, self.counters.get("env_steps", 0)
         self.last_row: dict[str, Any] | None = None
         self.unreachable_since: float | None = None
-        self.marked = (
-            False  # this reporter's marker key is in Redis: its disappearance means Redis lost its data
-        )
+        # this reporter's marker key is in Redis: its disappearance means Redis lost its data
+        self.marked = False
+        self.tinker_api = ""  # the trainer's Tinker API URL, once it serves one
         self._policy_version = (
             policy_version  # until the trainer publishes: a resumed run's checkpoint version
         )
@@ -102,6 +102,7 @@ class ProgressReporter:
         episodes = recent_episodes(self.client, self.run, RETURN_WINDOW)
         trainers = live_services(self.client, self.run, "trainer")
         trainer = trainers[0].figures if trainers else {}
+        self.tinker_api = str(trainer.get("tinker_api") or self.tinker_api)
         # what the rollouts act with: it never goes back, also while a trainer restarts; a malformed weights
         # record (ValueError) is the trainer's to replace
         with contextlib.suppress(ValueError):

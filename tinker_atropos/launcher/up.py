@@ -146,7 +146,7 @@ def run_local(config: Config, run_dir: Path, redis_url: str | None, options: UpO
     started = time.monotonic()
     outcome = _Stop("stopped")
     try:
-        _supervise_run(config, options, children, server, reporter, stopping, started)
+        _supervise_run(config, options, children, server, reporter, stopping, started, run_dir)
     except _Stop as stop:
         outcome = stop
     finally:
@@ -173,11 +173,13 @@ def _supervise_run(
     reporter: ProgressReporter,
     stopping: list[str],
     started: float,
+    run_dir: Path,
 ) -> None:
     """The loop of ``up``: supervision, progress and stop conditions, until it raises _Stop."""
     console = reporter.console
     next_report = time.monotonic() + config.run.report_interval_s
     next_valkey_start = 0.0
+    tinker_announced = not config.trainer.tinker.enabled
     while not stopping:
         time.sleep(0.1)
         now = time.monotonic()
@@ -196,6 +198,11 @@ def _supervise_run(
             continue
         next_report += config.run.report_interval_s
         row = reporter.report()
+        if not tinker_announced and reporter.tinker_api:
+            tinker = config.trainer.tinker
+            keys_file = tinker.api_keys_file or run_dir / "tinker_api_keys"
+            console.print(f"Tinker API at {reporter.tinker_api} (TINKER_BASE_URL); its API keys: {keys_file}")
+            tinker_announced = True
         if reporter.outage_s() > config.redis.unreachable_timeout_s:
             raise _Stop(f"Redis unreachable for {reporter.outage_s():.0f} s (redis.unreachable_timeout_s)", 1)
         if options.max_seconds is not None and now - started >= options.max_seconds:
