@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import redis
 import tinker
+import torch
 from tinker import types
 from tinker.types import RequestErrorCategory
 
@@ -371,6 +372,30 @@ def test_the_tiny_lm_learns_a_string_then_greedy_sampling_speaks_it(
     out = sampler.sample(types.ModelInput.from_ints(IDS[:5]), 1, greedy).result(timeout=60).sequences[0]
     assert TOK.decode(out.tokens) == TEXT[4:]  # after bos + "tink"
     assert out.tokens[-1] == TOK.eos_id and out.stop_reason == "stop"
+
+
+def test_a_custom_loss_runs_client_side_over_the_servers_cross_entropy(service: tinker.ServiceClient) -> None:
+    """forward_backward_custom: the SDK computes the loss on the forward's log-probs and sends back its gradient
+    as cross-entropy weights; the gradient the server then applies is the custom loss's."""
+    client = service.create_lora_training_client(base_model=LM, rank=0).result(timeout=60)
+    reference = service.create_lora_training_client(base_model=LM, rank=0).result(timeout=60)
+    datum = lm_datum(IDS)
+
+    def doubled_nll(data: list[types.Datum], logprobs: list[torch.Tensor]) -> tuple[torch.Tensor, dict]:
+        return -2.0 * sum(lp.sum() for lp in logprobs), {"custom:sum": 1.0}
+
+    custom = client.forward_backward_custom([datum], doubled_nll).result(timeout=60)
+    client.optim_step(types.AdamParams(learning_rate=1e-3)).result(timeout=60)
+    twice = types.Datum(model_input=datum.model_input, loss_fn_inputs={
+        "target_tokens": datum.loss_fn_inputs["target_tokens"], "weights": np.full(len(IDS) - 1, 2.0, np.float32)})  # fmt: skip
+    reference.forward_backward([twice], "cross_entropy").result(timeout=60)
+    reference.optim_step(types.AdamParams(learning_rate=1e-3)).result(timeout=60)
+
+    assert custom.metrics["custom:sum"] == 1.0
+    # the server's backward ran cross-entropy weighted by -dC/dlogp = 2: its loss is the custom loss's value
+    assert np.isclose(custom.metrics["surrogate_loss:sum"], custom.metrics["loss:sum"], rtol=1e-4)
+    assert np.allclose(forward_logprobs(client, datum, "cross_entropy"),
+                       forward_logprobs(reference, datum, "cross_entropy"), atol=1e-5)  # fmt: skip
 
 
 # --- sessions ------------------------------------------------------------------------------------------------
