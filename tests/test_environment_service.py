@@ -3,6 +3,7 @@ autoreset, and bad input that harms nobody else."""
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import uuid
@@ -281,5 +282,36 @@ def test_a_failing_local_session_answers_unknown_and_the_server_keeps_serving() 
             assert error.value.code() == grpc.StatusCode.UNKNOWN
             assert error.value.details() == "RuntimeError: the simulator crashed"
             stream.close()
+    finally:
+        server.stop()
+
+
+def test_the_local_socket_refuses_another_users_process_and_counts_it() -> None:
+    """An abstract socket has no permissions: the kernel's peer credentials decide. Here the service pretends to
+    run as another user, so this test's own connection is the foreign one."""
+
+    def session(requests, abort):
+        for _ in requests:
+            yield pb.SessionResponse()
+
+    server = LocalSessionServer(session, f"tinker-atropos-test/{uuid.uuid4().hex}")
+    server.start()
+    try:
+        server.uid = os.getuid() + 1
+        stream = LocalSessionStream(server.address, threading.Event())
+        stream.send(pb.SessionRequest(open=pb.OpenSession(num_instances=1)))
+        with pytest.raises(LocalStreamError) as error:
+            stream.receive()
+        assert error.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert f"uid {os.getuid() + 1}" in error.value.details() and "over gRPC" in error.value.details()
+        stream.close()
+        assert server.peers_refused == 1
+
+        server.uid = os.getuid()  # the service's own user is served
+        stream = LocalSessionStream(server.address, threading.Event())
+        stream.send(pb.SessionRequest(open=pb.OpenSession(num_instances=1)))
+        assert stream.receive() == pb.SessionResponse()
+        stream.close()
+        assert server.peers_refused == 1
     finally:
         server.stop()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import socket
 import struct
 import threading
@@ -37,9 +38,9 @@ class LocalStreamControl:
             pid, uid, _ = _PEERCRED.unpack(
                 connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
             )
-            self.peer = f"unix:pid={pid},uid={uid}"
+            self.peer, self.uid = f"unix:pid={pid},uid={uid}", uid
         except OSError:
-            self.peer = "unix:unknown"
+            self.peer, self.uid = "unix:unknown", None
 
     def abort(self, code: grpc.StatusCode, message: str) -> NoReturn:
         raise SessionAborted(code, message)
@@ -56,7 +57,12 @@ SessionHandler = Callable[
 
 
 class LocalSessionServer:
-    """Listens on the abstract Unix socket ``name`` and serves each connection as one session."""
+    """Listens on the abstract Unix socket ``name`` and serves each connection as one session.
+
+    An abstract socket has no file permissions: any process of the host's network namespace can connect. So the
+    kernel's peer credentials (SO_PEERCRED, unforgeable) must show the service's own user, or the connection is
+    refused with UNAUTHENTICATED and counted. Another user, or another container, steps the envs over gRPC.
+    """
 
     def __init__(self, session: SessionHandler, name: str) -> None:
         self.session = session
@@ -67,6 +73,8 @@ class LocalSessionServer:
         self._lock = threading.Lock()
         self._connections: set[socket.socket] = set()
         self._acceptor = threading.Thread(target=self._accept_loop, name="local-accept", daemon=True)
+        self.uid = os.getuid()
+        self.peers_refused = 0
 
     def start(self) -> None:
         self._acceptor.start()
@@ -102,6 +110,12 @@ class LocalSessionServer:
 
         control = LocalStreamControl(connection)
         try:
+            if control.uid != self.uid:
+                self.peers_refused += 1
+                log.warning("local socket: refused %s (this service runs as uid %d)", control.peer, self.uid)
+                self._send_status(connection, grpc.StatusCode.UNAUTHENTICATED, f"the local socket serves only "
+                                  f"processes of uid {self.uid}, the service's user; connect over gRPC")  # fmt: skip
+                return
             try:
                 with contextlib.closing(self.session(requests(), control)) as responses:
                     for response in responses:

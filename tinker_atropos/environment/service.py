@@ -328,7 +328,9 @@ class EnvService:
             self.local = None
 
     def status(self) -> services_pb2.EnvironmentStatus:
-        return self.servicer.status()
+        status = self.servicer.status()
+        status.local_peers_refused = self.local.peers_refused if self.local is not None else 0
+        return status
 
     def add_to(self, server: grpc.Server) -> None:
         add_to_server(self.servicer, server)

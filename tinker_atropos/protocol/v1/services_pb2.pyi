@@ -21,7 +21,7 @@ class ServiceStatus(_message.Message):
     def __init__(self, environment: _Optional[_Union[EnvironmentStatus, _Mapping]] = ..., rollout: _Optional[_Union[RolloutStatus, _Mapping]] = ..., trainer: _Optional[_Union[TrainerStatus, _Mapping]] = ...) -> None: ...
 
 class EnvironmentStatus(_message.Message):
-    __slots__ = ("incarnation", "env_id", "instances", "free_instances", "sessions", "streams", "steps", "episodes", "episodes_cut_nonfinite", "bad_requests", "streams_refused", "streams_timed_out")
+    __slots__ = ("incarnation", "env_id", "instances", "free_instances", "sessions", "streams", "steps", "episodes", "episodes_cut_nonfinite", "bad_requests", "streams_refused", "streams_timed_out", "local_peers_refused")
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     ENV_ID_FIELD_NUMBER: _ClassVar[int]
     INSTANCES_FIELD_NUMBER: _ClassVar[int]
@@ -34,6 +34,7 @@ class EnvironmentStatus(_message.Message):
     BAD_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     STREAMS_REFUSED_FIELD_NUMBER: _ClassVar[int]
     STREAMS_TIMED_OUT_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_PEERS_REFUSED_FIELD_NUMBER: _ClassVar[int]
     incarnation: str
     env_id: str
     instances: int
@@ -46,7 +47,8 @@ class EnvironmentStatus(_message.Message):
     bad_requests: int
     streams_refused: int
     streams_timed_out: int
-    def __init__(self, incarnation: _Optional[str] = ..., env_id: _Optional[str] = ..., instances: _Optional[int] = ..., free_instances: _Optional[int] = ..., sessions: _Optional[int] = ..., streams: _Optional[int] = ..., steps: _Optional[int] = ..., episodes: _Optional[int] = ..., episodes_cut_nonfinite: _Optional[int] = ..., bad_requests: _Optional[int] = ..., streams_refused: _Optional[int] = ..., streams_timed_out: _Optional[int] = ...) -> None: ...
+    local_peers_refused: int
+    def __init__(self, incarnation: _Optional[str] = ..., env_id: _Optional[str] = ..., instances: _Optional[int] = ..., free_instances: _Optional[int] = ..., sessions: _Optional[int] = ..., streams: _Optional[int] = ..., steps: _Optional[int] = ..., episodes: _Optional[int] = ..., episodes_cut_nonfinite: _Optional[int] = ..., bad_requests: _Optional[int] = ..., streams_refused: _Optional[int] = ..., streams_timed_out: _Optional[int] = ..., local_peers_refused: _Optional[int] = ...) -> None: ...
 
 class TrainerStatus(_message.Message):
     __slots__ = ("incarnation", "policy_version", "updates", "env_steps_trained", "chunks_consumed", "chunks_rejected_stale", "busy_fraction", "policy_lag_min", "policy_lag_mean", "policy_lag_max", "losses", "records_rejected", "updates_discarded_nonfinite", "tinker_api")
