@@ -11,13 +11,17 @@ import sys
 import threading
 from pathlib import Path
 
+import grpc
 import httpx
 import pytest
+import redis
 import yaml
 
 from tests.conftest import wait_for
 from tests.support.running import REPO, leftovers, start_up
+from tinker_atropos.environment.client import EnvClient
 from tinker_atropos.runtime import free_port
+from tinker_atropos.state.registry import live_services
 
 pytestmark = pytest.mark.integration
 
@@ -57,6 +61,12 @@ def test_the_example_loop_reaches_pendulums_threshold_through_our_services(tmp_p
         )  # fmt: skip
         assert example.returncode == 0, example.stdout[-3000:] + example.stderr[-3000:]
         assert "reached -400.0" in example.stdout, example.stdout[-3000:]
+        # the services cooperated over gRPC with the run's token, which a process without it lacks
+        assert (run_dir / "token").stat().st_mode & 0o777 == 0o600
+        env = live_services(redis.Redis.from_url(redis_url), config["run"]["name"], "env")[0]
+        with EnvClient(env.address, "grpc") as client, pytest.raises(grpc.RpcError) as refused:
+            client.describe(timeout_s=5)
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
     finally:
         up.send_signal(signal.SIGTERM)
         try:

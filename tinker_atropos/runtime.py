@@ -200,8 +200,14 @@ class ServiceHost:
         incarnation: str,
         max_workers: int = 16,
     ) -> None:
+        from tinker_atropos.security import TokenCheck, service_token
+
         self.kind, self.incarnation = kind, incarnation
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=SERVER_OPTIONS)
+        token = service_token()
+        self.token_check = TokenCheck(token) if token else None
+        interceptors = [self.token_check] if self.token_check else []
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=SERVER_OPTIONS,
+                                  interceptors=interceptors)  # fmt: skip
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         services_pb2_grpc.add_StatusServicer_to_server(_StatusServicer(kind, status), self.server)
@@ -215,11 +221,15 @@ class ServiceHost:
             kind,
             self.address,
             self.incarnation,
-            lambda: status_figures(status()),
+            lambda: {**status_figures(status()), "calls_refused": self.calls_refused()},
             config.redis.heartbeat_interval_s,
             config.redis.heartbeat_ttl_s,
             endpoint.name,
         )
+
+    def calls_refused(self) -> int:
+        """Calls refused for want of the run's token."""
+        return self.token_check.refused if self.token_check else 0
 
     def start(self) -> None:
         self.server.start()

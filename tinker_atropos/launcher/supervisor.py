@@ -10,6 +10,7 @@ up on, the console shows the last lines of its log.
 from __future__ import annotations
 
 import functools
+import os
 import signal
 import subprocess
 import sys
@@ -45,6 +46,7 @@ class Child:
     started_at: float = 0.0
     next_start: float = 0.0
     log_file: TextIO | None = field(default=None, repr=False)
+    environment: dict[str, str] = field(default_factory=dict)  # added to the launcher's own
 
     def start(self) -> None:
         if self.log_file is None:
@@ -55,6 +57,7 @@ class Child:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             preexec_fn=functools.partial(child_preexec, self.death_signal),
+            env={**os.environ, **self.environment} if self.environment else None,
         )
         self.started_at = time.monotonic()
 

@@ -9,6 +9,8 @@ run ends with a summary of where it got to and where its files are.
 
 from __future__ import annotations
 
+import os
+import secrets
 import signal
 import time
 from dataclasses import dataclass
@@ -60,6 +62,17 @@ def service_children(config: Config, config_path: Path, redis_url: str, run_dir:
         extra = ["--run-dir", str(run_dir)] if kind == "trainer" else []
         children.append(Child(name, [kind, *common, "--name", name, *extra], logs / f"{name}.log"))
     return children
+
+
+def run_token(run_dir: Path) -> Path:
+    """The run's shared gRPC token, ``<run folder>/token`` (mode 0600), made on first use: every call between
+    the services of the run carries it (``security``)."""
+    path = run_dir / "token"
+    if not path.exists():
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w") as file:
+            file.write(secrets.token_urlsafe(32) + "\n")
+    return path
 
 
 def _clear_redis_run(url: str, run: str) -> int:
@@ -134,6 +147,9 @@ def run_local(config: Config, run_dir: Path, redis_url: str | None, options: UpO
             console.print(f"[red]{error}")
             return 1
     children = service_children(config, config_path, url, run_dir)
+    if not (os.environ.get("TA_TOKEN_FILE") or os.environ.get("TA_TOKEN")):
+        for child in children:  # the run's own token, unless the user gave one (then the children inherit it)
+            child.environment["TA_TOKEN_FILE"] = str(run_token(run_dir))
     reporter = ProgressReporter(
         url,
         run,
