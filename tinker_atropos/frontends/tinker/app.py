@@ -278,7 +278,7 @@ def build_app(store: Store, worker: Worker, api_keys: list[str], capabilities: l
         session(body.session_id)
         if body.model_path is not None:
             try:
-                base_model = torch_record(worker, body.model_path)["base_model"]
+                base_model = worker.checkpoint_record(body.model_path)["base_model"]
             except wire.WireError as error:
                 raise HTTPError(404, str(error)) from None
         elif body.base_model in {c.name for c in capabilities}:
@@ -309,10 +309,3 @@ def build_app(store: Store, worker: Worker, api_keys: list[str], capabilities: l
         return queued(request_id, sample_sequence_ids=[f"{request_id}:{i}" for i in range(body.num_samples)])
 
     return app
-
-
-def torch_record(worker: Worker, path: str) -> dict[str, Any]:
-    """The record (base model, LoRA) of the checkpoint behind ``path``."""
-    import torch
-
-    return torch.load(worker.file_of(path), map_location="cpu", weights_only=False)["record"]

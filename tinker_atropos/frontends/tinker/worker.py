@@ -76,10 +76,17 @@ class Worker:
         return file
 
     def _save(self, file: Path, payload: dict[str, Any]) -> None:
+        """The checkpoint, and beside it its record (base model, LoRA) as JSON, written first: what a sampling
+        session or a new model needs to know of a checkpoint is read without loading it."""
         file.parent.mkdir(parents=True, exist_ok=True)
-        partial = file.with_suffix(".partial")
+        record, partial = file.with_suffix(".json"), file.with_suffix(".partial")
+        record.write_text(json.dumps(payload["record"]))
         torch.save(payload, partial)
         os.replace(partial, file)
+
+    def checkpoint_record(self, path: str) -> dict[str, Any]:
+        """The record of the checkpoint behind a ``tinker://`` path; WireError if there is none."""
+        return json.loads(self.file_of(path).with_suffix(".json").read_text())
 
     def _state(self, model_id: str, optimizer: bool = True) -> dict[str, Any]:
         return registry.checkpoint(self.models[model_id], self.store.model(model_id), optimizer)
@@ -101,6 +108,7 @@ class Worker:
         previous = self.snapshots.get(model_id)
         if previous is not None and previous != path:
             Path(previous).unlink(missing_ok=True)
+            Path(previous).with_suffix(".json").unlink(missing_ok=True)
         self.snapshots[model_id] = path
         for request_id in self.since_snapshot.pop(model_id, []):
             self.store.forget_payload(request_id)
@@ -125,7 +133,7 @@ class Worker:
             for orphan in self._dir(model_id).glob(
                 "state-*.pt"
             ):  # written by a process that died before it counted
-                if str(orphan) != snapshot:
+                if orphan.stem != Path(snapshot).stem:
                     orphan.unlink()
             replayed = []
             for seq in range(snapshot_seq + 1, applied + 1):
@@ -246,8 +254,7 @@ class Worker:
 
     def _do_create_from_state(self, model_id: str, seq: int, body: bytes) -> tuple[bytes, str]:
         request = json.loads(body)
-        state = torch.load(self.file_of(request["path"]), map_location="cpu", weights_only=False)
-        record = {**state["record"], "session": model_id.split(":")[0]}
+        record = {**self.checkpoint_record(request["path"]), "session": model_id.split(":")[0]}
         self.store.update_model(model_id, record)
         self._do_create_model(model_id, seq, b"")
         try:
