@@ -2,8 +2,12 @@
 services collect with the policy this loop last saved, the trainer's Tinker API learns.
 
     tinker-atropos up examples/tinker_pendulum.yaml &         # env, rollout, trainer serving the Tinker API
+    export TA_REDIS_PASSWORD_FILE=runs/tinker-pendulum/redis-password TA_TOKEN_FILE=runs/tinker-pendulum/token
     TINKER_API_KEY=$(head -1 runs/tinker-pendulum/tinker_api_keys) \\
-        python examples/tinker_ppo_loop.py --base-url http://127.0.0.1:8000 --redis-url redis://127.0.0.1:6379/0
+        python examples/tinker_ppo_loop.py --base-url http://127.0.0.1:8000 --redis-url redis://127.0.0.1:PORT/0
+
+(``up`` prints the embedded Valkey's URL; its password and the run's token, which signs the experience, are
+files of the run folder.)
 
 The maths is CleanRL's ``ppo_continuous_action.py``: GAE over each trajectory, advantages normalised per batch,
 the clipped surrogate (Tinker's ``ppo`` loss) plus the critic's squared error on the returns, several epochs of

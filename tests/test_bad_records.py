@@ -1,8 +1,12 @@
 """Every record read from the experience stream is checked: bad ones are skipped and counted by reason, and
-the run goes on learning. Unit tests of each reason, then the whole system under a stream of bad records."""
+the run goes on learning. Unit tests of each reason, then the whole system under a stream of bad records and
+forged weights: written by a careless holder of the run's token (counted by what is wrong with them) and by a
+process that reaches Redis without the token (refused for their signature)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -21,8 +25,10 @@ from tinker_atropos.protocol.trajectory import (
     encode_trajectory,
 )
 from tinker_atropos.protocol.v1 import experience_pb2
+from tinker_atropos.security import derive_key, signature
 from tinker_atropos.state import keys
 from tinker_atropos.state.experience import ExperienceWriter, add_stats, queued_chunks, read_stats
+from tinker_atropos.state.registry import live_services
 
 PENDULUM = TrajectorySpec(obs_shape=(3,), action_shape=(1,), discrete=None)
 
@@ -112,16 +118,41 @@ def test_a_counter_overwritten_with_garbage_is_repaired_not_a_wedge(redis_client
 
 
 class Injector(Sidecar):
-    """Appends every kind of bad entry to the run's stream, once a second."""
+    """Once a second: every kind of bad entry signed with the run's key, a sound chunk unsigned and one signed
+    with another token (as a process without the token would write), and forged weights of a version far
+    ahead (unsigned, then signed but garbage); notes the most weights refusals a rollout reported."""
 
-    def __init__(self, client: redis.Redis, run: str) -> None:
+    def __init__(self, client: redis.Redis, run: str, run_dir: Path) -> None:
         super().__init__(interval_s=1.0)
-        self.client, self.key, self.rounds = client, keys.experience(run), 0
+        self.client, self.run_name, self.stream, self.rounds = client, run, keys.experience(run), 0
+        self.token_file, self.weights_rejected = run_dir / "token", 0
 
     def work(self) -> None:
+        if not self.token_file.exists():  # up writes it before it starts any service
+            return
+        key = derive_key(self.token_file.read_text().strip(), "experience")
         for fields, _ in BAD_ENTRIES.values():
-            self.client.xadd(self.key, fields)
+            record = fields.get("record", b"")
+            self.client.xadd(self.stream, {**fields, "sig": signature(key, record)} if record else fields)
+        sound = serialized_chunk(2, 0)
+        self.client.xadd(self.stream, {"record": sound})
+        self.client.xadd(
+            self.stream, {"record": sound, "sig": signature(derive_key("other", "experience"), sound)}
+        )
+        self.forge_weights(self.rounds % 2 == 1)
         self.rounds += 1
+        rollouts = live_services(self.client, self.run_name, "rollout")
+        seen = [int(r.figures.get("weights_rejected", 0)) for r in rollouts]
+        self.weights_rejected = max([self.weights_rejected, *seen])
+
+    def forge_weights(self, signed: bool) -> None:
+        blob, spec = b"not weights at all", json.dumps({"obs_shape": [3]})
+        version, digest = str(10**6 + self.rounds), hashlib.sha256(blob).hexdigest()
+        fields = {"version": version, "blob": blob, "spec": spec, "digest": digest}
+        if signed:
+            key = derive_key(self.token_file.read_text().strip(), "weights")
+            fields["sig"] = signature(key, version.encode(), spec.encode(), digest.encode())
+        self.client.hset(keys.weights(self.run_name), mapping=fields)
 
 
 @pytest.mark.integration
@@ -130,7 +161,7 @@ def test_bad_records_are_counted_by_reason_while_pendulum_learns(
 ) -> None:
     run_dir = tmp_path / "run"
     config = config_file(tmp_path, run={"name": "poisoned-stream"})
-    injector = Injector(redis_client, "poisoned-stream")
+    injector = Injector(redis_client, "poisoned-stream", run_dir)
     options = ("--redis-url", valkey.url, "--total-steps", "200000", "--target-return", "-400")
     output = run_up_with(injector, config, run_dir, *options)
     assert "restart" not in output, output[-3000:]  # no service crashed on a bad record
@@ -138,8 +169,11 @@ def test_bad_records_are_counted_by_reason_while_pendulum_learns(
 
     assert_learned(report_rows(run_dir), random_below=-900.0, target=-400.0, budget=200_000)
     counters = report_rows(run_dir)[-1]["counters"]
-    for reason in {reason for _, reason in BAD_ENTRIES.values()}:
+    for reason in {reason for _, reason in BAD_ENTRIES.values()} | {"unsigned", "bad_signature"}:
         assert counters.get(f"records_rejected_{reason}", 0) >= 5, (reason, counters)
+    assert (
+        injector.weights_rejected >= 2
+    )  # forged weights refused (unsigned, and garbage); the trainer's own won
     trainer_log = (run_dir / "logs" / "trainer.log").read_text()
     assert "skipped" in trainer_log and "(spec_mismatch)" in trainer_log and "Traceback" not in trainer_log
     shown = cli("status", "--redis-url", valkey.url, "--run", "poisoned-stream")

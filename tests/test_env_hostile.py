@@ -19,7 +19,7 @@ from tests.support.running import config_file
 from tinker_atropos.protocol import local_stream, tensors
 from tinker_atropos.protocol.v1 import environment_pb2 as pb
 from tinker_atropos.protocol.v1 import environment_pb2_grpc
-from tinker_atropos.runtime import check_health
+from tinker_atropos.runtime import MAX_REQUEST_BYTES, check_health
 from tinker_atropos.state.registry import ServiceRecord, live_services
 
 pytestmark = pytest.mark.integration
@@ -118,6 +118,10 @@ def test_a_malformed_message_ends_only_its_stream_and_sigterm_still_drains(
         wait_for(lambda: offender.ended, 10, "the malformed stream to end")
         assert offender.ended.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "not a SessionRequest" in offender.ended.details()
+        glutton = RawStream(channel)  # one message over the server's bound: refused, never buffered whole
+        glutton.send(b"\0" * (MAX_REQUEST_BYTES + 1))
+        wait_for(lambda: glutton.ended, 10, "the oversized stream to end")
+        assert glutton.ended.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
 
         local = describe(channel).local_address  # the same over the local fast path
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as raw:

@@ -81,7 +81,7 @@ def wait_for_progress(client: redis.Redis, what: str, timeout_s: float = 30) -> 
 
 
 def test_cut_env_node_costs_only_its_instances_and_comes_back(cluster: Cluster) -> None:
-    client = connect(cluster.redis_url)
+    client = connect(cluster.valkey.client_url)
     trainer_address, env_addresses = cluster.trainer_node.address, [n.address for n in cluster.env_nodes]
 
     # every service binds and advertises its node's address and is found through the registry
@@ -92,6 +92,8 @@ def test_cut_env_node_costs_only_its_instances_and_comes_back(cluster: Cluster) 
     for kind in ("trainer", "rollout"):
         assert [s.address.split(":")[0] for s in services(client, kind)] == [trainer_address]
     wait_for_progress(client, "training to proceed on 4 env nodes")
+    for name in cluster.processes:  # over the network every link is secured as a deployment secures it
+        assert "(TLS, token)" in cluster.log(name), name
 
     cut_node, others = cluster.env_nodes[0], env_addresses[1:]
     incarnation = env_at(client, cut_node.address).incarnation

@@ -78,7 +78,8 @@ def step(client: tinker.TrainingClient, datum: types.Datum, adam: types.AdamPara
 def trainer(valkey: EmbeddedValkey, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TinkerTrainer]:
     directory = tmp_path_factory.mktemp("tinker-api")
     processes = Processes(directory)
-    server = TinkerTrainer(processes, directory, valkey.url, "tk-api", long_poll_s=0.5, max_models=32)
+    server = TinkerTrainer(processes, directory, valkey.url, "tk-api", long_poll_s=0.5, max_models=32,
+                           max_request_mb=2)  # fmt: skip
     try:
         server.start()
         yield server
@@ -290,6 +291,22 @@ def test_wrong_or_missing_api_keys_are_refused(trainer: TinkerTrainer) -> None:
                 assert "key" in response.json()["detail"].lower()
             accepted = http.request(method, route, headers={"X-API-Key": KEY}, json=body)
             assert accepted.status_code != 401, (method, route)
+
+
+def test_a_body_over_the_limit_is_refused_unread_and_the_server_serves_on(trainer: TinkerTrainer) -> None:
+    too_big = b"\0" * (3 << 20)  # trainer.tinker.max_request_mb is 2 here
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: the bound is found while reading
+        for start in range(0, len(too_big), 1 << 16):
+            yield too_big[start : start + (1 << 16)]
+
+    with httpx.Client(base_url=trainer.url, timeout=30, headers={"X-API-Key": KEY}) as http:
+        for body in (too_big, chunks()):
+            response = http.post("/api/v1/forward_backward", content=body)
+            assert response.status_code == 413, response.text
+            assert "max_request_mb" in response.json()["detail"]
+        assert http.get("/api/v1/healthz").status_code == 200
+    assert trainer.process is not None and trainer.process.poll() is None
 
 
 # --- sampling ------------------------------------------------------------------------------------------------

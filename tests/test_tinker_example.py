@@ -54,16 +54,28 @@ def test_the_example_loop_reaches_pendulums_threshold_through_our_services(tmp_p
                 return False
 
         wait_for(healthy, 60, "the Tinker API")
+        # the run's Redis wants the password up made; a process joins the run with its secrets' files
+        password = (run_dir / "redis-password").read_text().strip()
+        assert (run_dir / "redis-password").stat().st_mode & 0o777 == 0o600
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis.from_url(redis_url).ping()
+        assert password not in leftovers(run_dir)  # no command line of the run shows it
+        joined = {
+            "TA_REDIS_PASSWORD_FILE": str(run_dir / "redis-password"),
+            "TA_TOKEN_FILE": str(run_dir / "token"),
+        }
         example = subprocess.run(
             [sys.executable, "examples/tinker_ppo_loop.py", "--base-url", base_url, "--redis-url", redis_url,
              "--run", config["run"]["name"], "--max-minutes", "5"],
-            capture_output=True, text=True, timeout=400, cwd=REPO, env={**os.environ, "TINKER_API_KEY": key},
+            capture_output=True, text=True, timeout=400, cwd=REPO, env={**os.environ, "TINKER_API_KEY": key, **joined},
         )  # fmt: skip
         assert example.returncode == 0, example.stdout[-3000:] + example.stderr[-3000:]
         assert "reached -400.0" in example.stdout, example.stdout[-3000:]
         # the services cooperated over gRPC with the run's token, which a process without it lacks
         assert (run_dir / "token").stat().st_mode & 0o777 == 0o600
-        env = live_services(redis.Redis.from_url(redis_url), config["run"]["name"], "env")[0]
+        env = live_services(redis.Redis.from_url(redis_url, password=password), config["run"]["name"], "env")[
+            0
+        ]
         with EnvClient(env.address, "grpc") as client, pytest.raises(grpc.RpcError) as refused:
             client.describe(timeout_s=5)
         assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED

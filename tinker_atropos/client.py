@@ -21,6 +21,8 @@ from collections import Counter
 import redis
 
 from tinker_atropos.protocol.trajectory import RecordError, Trajectory, TrajectorySpec, decode_trajectory
+from tinker_atropos.security import signing_key
+from tinker_atropos.state.connection import connect
 from tinker_atropos.state.experience import ExperienceReader, recent_episodes
 from tinker_atropos.state.weights import fetch_weights, published_version
 
@@ -38,9 +40,10 @@ def spec_of_policy(spec: dict) -> TrajectorySpec:
 
 class ExperienceSource:
     def __init__(self, redis_url: str | redis.Redis, run: str) -> None:
-        self.client = redis.Redis.from_url(redis_url) if isinstance(redis_url, str) else redis_url
+        self.client = connect(redis_url) if isinstance(redis_url, str) else redis_url
         self.run = run
-        self._reader = ExperienceReader(self.client, run)
+        self._key = signing_key("weights")
+        self._reader = ExperienceReader(self.client, run, signing_key("experience"))
         self.skipped: Counter[str] = Counter()  # records that could not be decoded, by reason
         self.stale = 0  # trajectories dropped for a policy older than asked
 
@@ -51,7 +54,7 @@ class ExperienceSource:
     def batch(self, steps: int, min_policy_version: int = 0, timeout_s: float = 120.0) -> list[Trajectory]:
         """Whole trajectories, oldest first, until they hold at least ``steps`` env steps; each removed from the
         stream. TimeoutError if the stream does not deliver that much in ``timeout_s``."""
-        weights = fetch_weights(self.client, self.run)
+        weights = fetch_weights(self.client, self.run, self._key)
         if weights is None:
             raise RuntimeError(
                 f"run {self.run!r} has no published policy yet: save_weights_for_sampler first"

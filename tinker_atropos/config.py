@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import reprlib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -67,6 +68,19 @@ class RedisSection(Section):
         description="How long a starting service, or `up` at any time, waits for an unreachable Redis before "
         "it stops with an error (running services wait for it for ever).",
     )
+
+    @field_validator("url")
+    @classmethod
+    def _parsable(cls, url: str | None) -> str | None:
+        """A URL the Redis client can connect with: refused here, by field, rather than by every service."""
+        if url is not None:
+            from tinker_atropos.state.connection import check_url
+
+            try:
+                check_url(url)
+            except ValueError as error:  # the message leaves the URL out: it may hold a password
+                raise PydanticCustomError("redis_url", str(error)) from None
+        return url
 
 
 class EnvSection(Section):
@@ -178,6 +192,9 @@ class TinkerSection(Section):
         None, description="Where tinker:// checkpoints are written; null: <run folder>/tinker."
     )
     max_models: int = Field(8, ge=1, description="Training models held at once; creating more is refused.")
+    max_request_mb: float = Field(
+        64.0, gt=0, description="Largest request body accepted (MiB); a larger one is answered 413 unread."
+    )
     long_poll_s: float = Field(
         20.0, gt=0, le=40, description="How long retrieve_future waits for a result before answering 408."
     )
@@ -231,11 +248,13 @@ class TrainerSection(Section):
     ) -> TrainerSection:
         """Validate ``trainer.<algorithm>`` by the algorithm's model, refusing another algorithm's section by
         name; errors of both parts are reported together, at their full paths."""
-        if not isinstance(data, dict) or "hyperparameters" in data:  # an instance, or a model_copy's fields
-            return handler(data)
+        if not isinstance(data, dict) or isinstance(data.get("hyperparameters"), BaseModel):
+            return handler(data)  # an instance, or a model_copy's fields
         from tinker_atropos.algorithms import core
 
         data, errors = dict(data), []
+        if "hyperparameters" in data:  # no field of a config file: the algorithm's section is trainer.<name>
+            errors.append(_error("extra_forbidden", "hyperparameters", "", data.pop("hyperparameters")))
         if "chunks_per_update" in data:
             data.pop("chunks_per_update")
             errors.append(_error("renamed", "chunks_per_update", _RENAMED_CHUNKS, None))
@@ -281,7 +300,8 @@ _RENAMED_CHUNKS = (
 )
 
 
-_SELF_EXPLAINED = {"renamed", "unknown_algorithm", "other_algorithm"}  # their messages name what was given
+# their messages name what was given, or must not show it (a Redis URL may hold a password)
+_SELF_EXPLAINED = {"renamed", "unknown_algorithm", "other_algorithm", "redis_url"}
 
 
 def _error(kind: str, field: str, message: str, value: Any) -> InitErrorDetails:
@@ -310,7 +330,14 @@ class Config(Section):
         return self
 
     def to_yaml(self) -> str:
-        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+        """The resolved config as YAML, as it is printed and written to the run folder: a password in
+        ``redis.url`` is masked (services get the real URL from ``TA_REDIS_URL``)."""
+        from tinker_atropos.state.connection import masked
+
+        data = self.model_dump(mode="json")
+        if data["redis"]["url"]:
+            data["redis"]["url"] = masked(data["redis"]["url"])
+        return yaml.safe_dump(data, sort_keys=False)
 
 
 class ConfigError(ValueError):
@@ -335,12 +362,17 @@ def _known_fields(loc: tuple[Any, ...]) -> list[str]:
     return [name for name, field in model.model_fields.items() if not field.exclude]
 
 
+_GOT = reprlib.Repr()  # a given value, shown bounded: it may be huge (a YAML alias bomb)
+_GOT.maxlevel, _GOT.maxstring, _GOT.maxother = 2, 100, 100
+_GOT.maxlist = _GOT.maxtuple = _GOT.maxdict = _GOT.maxset = 4
+
+
 def _describe(error: ValidationError, source: str) -> str:
     lines = [f"invalid config {source}:" if source else "invalid config:"]
     for item in error.errors():
         field = ".".join(str(p) for p in item["loc"]) or "(top level)"
         message = item["msg"].removeprefix("Value error, ")
-        got = "" if item["type"] in ("missing", *_SELF_EXPLAINED) else f" (got {item['input']!r})"
+        got = "" if item["type"] in ("missing", *_SELF_EXPLAINED) else f" (got {_GOT.repr(item['input'])})"
         if item["type"] == "extra_forbidden":
             known = _known_fields(item["loc"][:-1])
             close = difflib.get_close_matches(str(item["loc"][-1]), known, n=1)
@@ -365,6 +397,8 @@ def load_config(path: str | Path) -> Config:
         data = yaml.safe_load(path.read_text()) or {}
     except OSError as error:
         raise ConfigError(f"cannot read config {path}: {error.strerror}") from None
+    except RecursionError:  # PyYAML's parser recurses once per level of nesting
+        raise ConfigError(f"config {path} nests too deeply to be a run config") from None
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)

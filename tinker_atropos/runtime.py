@@ -51,8 +51,12 @@ GRPC_OPTIONS = [
 # no data; by default a server answers such pings with GOAWAY ("too many pings") and breaks the stream.
 # Servers ping too: a client cut off by the network (or whose machine died) never closes its streams, and an
 # env session held by it would keep its instances claimed for good, also after the link is back.
+# What a server accepts in one message: its requests are actions, a session's opening or a status query, a few
+# KiB; a client cannot make it hold more (over the bound: RESOURCE_EXHAUSTED for that call, the rest served).
+MAX_REQUEST_BYTES = 16 * 1024 * 1024
 SERVER_OPTIONS = [
-    *GRPC_OPTIONS,
+    ("grpc.max_send_message_length", 256 * 1024 * 1024),
+    ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.min_recv_ping_interval_without_data_ms", 1000),
     ("grpc.http2.max_ping_strikes", 0),
@@ -200,7 +204,7 @@ class ServiceHost:
         incarnation: str,
         max_workers: int = 16,
     ) -> None:
-        from tinker_atropos.security import TokenCheck, service_token
+        from tinker_atropos.security import TokenCheck, server_credentials, service_token
 
         self.kind, self.incarnation = kind, incarnation
         token = service_token()
@@ -211,7 +215,13 @@ class ServiceHost:
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         services_pb2_grpc.add_StatusServicer_to_server(_StatusServicer(kind, status), self.server)
-        self.port = self.server.add_insecure_port(f"{endpoint.host}:{endpoint.port}")
+        bind, credentials = f"{endpoint.host}:{endpoint.port}", server_credentials()
+        self.tls = credentials is not None
+        self.port = (
+            self.server.add_secure_port(bind, credentials)
+            if credentials
+            else self.server.add_insecure_port(bind)
+        )
         if self.port == 0:
             raise RuntimeError(f"cannot bind the {kind} service to {endpoint.host}:{endpoint.port}")
         self.address = endpoint.advertised(self.port)
@@ -235,7 +245,8 @@ class ServiceHost:
         self.server.start()
         self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         self.registration.start()
-        log.info("%s service %s serving on %s", self.kind, self.incarnation, self.address)
+        log.info("%s service %s serving on %s (%s, %s)", self.kind, self.incarnation, self.address,
+                 "TLS" if self.tls else "plaintext", "token" if self.token_check else "no token")  # fmt: skip
 
     def stop(self, grace_s: float = 2.0) -> None:
         self.health.enter_graceful_shutdown()
@@ -291,8 +302,11 @@ def status_figures(status: Message) -> dict[str, Any]:
 
 
 def check_health(address: str, timeout_s: float = 3.0) -> bool:
-    """True when the gRPC health service at ``address`` reports SERVING."""
-    with grpc.insecure_channel(address) as channel:
+    """True when the gRPC health service at ``address`` reports SERVING (over TLS when this process's
+    channels use it, ``security.open_channel``)."""
+    from tinker_atropos.security import open_channel
+
+    with open_channel(address) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)

@@ -1,5 +1,13 @@
-"""The run's shared token on every gRPC call: a server interceptor checks ``authorization: Bearer <token>``, a
-client interceptor sends it. The token comes from a file named by ``TA_TOKEN_FILE`` (``up`` writes one per run,
+"""What protects the gRPC links: TLS (optionally mutual) and the run's shared token on every call.
+
+TLS comes from files named by environment variables, read by every service and client of the image:
+``TA_TLS_CERT`` and ``TA_TLS_KEY`` (this process's certificate: a server serves TLS with it, a client presents it
+for mutual TLS), ``TA_TLS_CA`` (the CA a client verifies servers against; set, every channel is TLS),
+``TA_TLS_CLIENT_CA`` (set on a server, it requires client certificates signed by that CA) and
+``TA_TLS_SERVER_NAME`` (the name a client checks in server certificates, for services that advertise pod IPs).
+``tinker-atropos secrets`` makes a CA, a certificate and the token for a deployment.
+
+The token: a server interceptor checks ``authorization: Bearer <token>``, a client interceptor sends it. The token comes from a file named by ``TA_TOKEN_FILE`` (``up`` writes one per run,
 mode 0600, and passes its path to the services it starts) or from ``TA_TOKEN``; never from the YAML config,
 which is printed back. Without either, calls are not authenticated (a service bound to loopback, as tests and
 single-user machines run them).
@@ -10,7 +18,9 @@ reveals nothing. Every other call without the token is refused with UNAUTHENTICA
 
 from __future__ import annotations
 
+import hashlib
 import hmac
+import ipaddress
 import logging
 import os
 import threading
@@ -25,6 +35,105 @@ from tinker_atropos.runtime import FatalError
 log = logging.getLogger(__name__)
 
 OPEN_METHODS = ("/grpc.health.v1.Health/",)  # prefixes of the methods served without the token
+TLS_VARIABLES = ("TA_TLS_CERT", "TA_TLS_KEY", "TA_TLS_CA", "TA_TLS_CLIENT_CA")
+
+
+def _read(variable: str) -> bytes | None:
+    """The file named by ``variable``; None when unset. FatalError (one line) when it cannot be read."""
+    path = os.environ.get(variable)
+    if not path:
+        return None
+    try:
+        data = Path(path).read_bytes()
+    except OSError as error:
+        raise FatalError(f"{variable} {path}: {error.strerror}") from None
+    if not data.strip():
+        raise FatalError(f"{variable} {path} is empty")
+    return data
+
+
+def _own_certificate() -> tuple[bytes, bytes] | None:
+    cert, key = _read("TA_TLS_CERT"), _read("TA_TLS_KEY")
+    if (cert is None) != (key is None):
+        raise FatalError(
+            "TA_TLS_CERT and TA_TLS_KEY go together: set both (certificate and its key) or neither"
+        )
+    return None if cert is None or key is None else (cert, key)
+
+
+def server_credentials() -> grpc.ServerCredentials | None:
+    """TLS for a server with ``TA_TLS_CERT``/``TA_TLS_KEY``, requiring client certificates signed by
+    ``TA_TLS_CLIENT_CA`` when that is set; None (plaintext) without a certificate."""
+    own, client_ca = _own_certificate(), _read("TA_TLS_CLIENT_CA")
+    if own is None:
+        if client_ca is not None:
+            raise FatalError(
+                "TA_TLS_CLIENT_CA (mutual TLS) needs the server's own TA_TLS_CERT and TA_TLS_KEY"
+            )
+        return None
+    cert, key = own
+    return grpc.ssl_server_credentials(
+        [(key, cert)], root_certificates=client_ca, require_client_auth=client_ca is not None
+    )
+
+
+def tls_enabled() -> bool:
+    """Whether this process's gRPC channels use TLS (``TA_TLS_CA`` set)."""
+    return bool(os.environ.get("TA_TLS_CA"))
+
+
+def open_channel(address: str, options: list[tuple[str, Any]] | None = None) -> grpc.Channel:
+    """A channel to ``address`` as this process must reach the run's services: TLS when ``TA_TLS_CA`` is set
+    (presenting ``TA_TLS_CERT`` for mutual TLS, checking ``TA_TLS_SERVER_NAME`` when set), the token on every
+    call when there is one."""
+    options = list(options or [])
+    ca = _read("TA_TLS_CA")
+    if ca is None:
+        channel = grpc.insecure_channel(address, options=options)
+    else:
+        own = _own_certificate()
+        credentials = grpc.ssl_channel_credentials(
+            root_certificates=ca,
+            private_key=own[1] if own else None,
+            certificate_chain=own[0] if own else None,
+        )
+        name = os.environ.get("TA_TLS_SERVER_NAME")
+        if name:
+            options.append(("grpc.ssl_target_name_override", name))
+        channel = grpc.secure_channel(address, credentials, options=options)
+    return with_token(channel, service_token())
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding ``host`` keeps a port on this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_exposure(host: str, insecure: bool) -> str | None:
+    """Refuse (FatalError) to bind a non-loopback ``host`` without the token and TLS, unless ``insecure``;
+    returns the warning to print when ``insecure`` lets such a bind through."""
+    if is_loopback(host):
+        return None
+    missing = [name for name, present in (("a token (TA_TOKEN_FILE or TA_TOKEN)", service_token() is not None),
+                                          ("TLS (TA_TLS_CERT and TA_TLS_KEY)", _own_certificate() is not None))
+               if not present]  # fmt: skip
+    if not missing:
+        return None
+    what = " and ".join(missing)
+    if insecure:
+        return (
+            f"--insecure: serving on {host} without {what}; anyone who reaches the port can use the service"
+        )
+    raise FatalError(
+        f"refusing to serve on {host} without {what}: any host that reaches the port could use it. Make them "
+        "with `tinker-atropos secrets DIR` and point TA_TOKEN_FILE, TA_TLS_CERT, TA_TLS_KEY (and TA_TLS_CA for "
+        "the clients) at its files, bind 127.0.0.1, or pass --insecure on a network you trust"
+    )
 
 
 def service_token() -> str | None:
@@ -39,6 +148,34 @@ def service_token() -> str | None:
             raise FatalError(f"TA_TOKEN_FILE {path} is empty")
         return token
     return os.environ.get("TA_TOKEN") or None
+
+
+def signing_key(purpose: str) -> bytes | None:
+    """The key that signs ``purpose`` records in Redis (``experience``, ``weights``), derived from the run's
+    token, so that a process that reaches Redis but lacks the token can neither inject experience nor replace
+    the weights; None without a token (records then go unsigned and are not checked)."""
+    token = service_token()
+    return None if token is None else derive_key(token, purpose)
+
+
+def derive_key(token: str, purpose: str) -> bytes:
+    """The key of ``purpose`` for the run whose token is ``token`` (one key per purpose: a signature made for
+    one kind of record is never valid for another)."""
+    return hmac.new(token.encode(), f"tinker-atropos/{purpose}/v1".encode(), hashlib.sha256).digest()
+
+
+def signature(key: bytes, *parts: bytes) -> bytes:
+    """HMAC-SHA256 of ``parts``, each length-prefixed so that no two different splits sign alike."""
+    mac = hmac.new(key, digestmod=hashlib.sha256)
+    for part in parts:
+        mac.update(len(part).to_bytes(8, "big"))
+        mac.update(part)
+    return mac.digest()
+
+
+def signed_by(key: bytes, given: bytes | None, *parts: bytes) -> bool:
+    """Whether ``given`` is ``key``'s signature of ``parts`` (compared in constant time)."""
+    return given is not None and hmac.compare_digest(given, signature(key, *parts))
 
 
 class TokenCheck(grpc.ServerInterceptor):

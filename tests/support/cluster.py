@@ -2,7 +2,9 @@
 each), every node a network namespace with its own address (see ``netns``).
 
 Each service binds and advertises its node's address on the default port of its kind, as on separate machines,
-and is found through the registry. ``make demo-cluster`` runs this until Ctrl-C; ``tests/test_multinode.py``
+and is found through the registry. The links are secured as a deployment secures them, with the files of
+``tinker-atropos secrets``: the token and mutual TLS on every gRPC call (certificates checked for the name
+``tinker-atropos``, since services advertise bare node addresses), Valkey's password. ``make demo-cluster`` runs this until Ctrl-C; ``tests/test_multinode.py``
 cuts an env node's link and restores it.
 """
 
@@ -15,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.support.netns import Network, Node, unavailable_reason
+from tinker_atropos.launcher.secrets import SERVICE_NAME, write_secrets
 from tinker_atropos.runtime import stop_on_signals
 from tinker_atropos.state.embedded import EmbeddedValkey
 
@@ -28,6 +31,7 @@ class Cluster:
 
     network: Network
     log_dir: Path
+    secrets: Path
     valkey: EmbeddedValkey | None = None
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
 
@@ -43,11 +47,26 @@ class Cluster:
     def redis_url(self) -> str:
         return f"redis://{self.trainer_node.address}:{REDIS_PORT}/0"
 
+    @property
+    def environment(self) -> dict[str, str]:
+        """What every service of the cluster is given: where its secrets are."""
+        files = {
+            "TA_TOKEN_FILE": "token",
+            "TA_TLS_CERT": "tls.crt",
+            "TA_TLS_KEY": "tls.key",
+            "TA_TLS_CA": "ca.crt",
+            "TA_TLS_CLIENT_CA": "ca.crt",
+            "TA_REDIS_PASSWORD_FILE": "redis-password",
+        }
+        return {name: str(self.secrets / file) for name, file in files.items()} | {
+            "TA_TLS_SERVER_NAME": SERVICE_NAME
+        }  # fmt: skip
+
     def start_service(self, node: Node, kind: str, config_path: Path, *extra: str) -> None:
         name = f"{kind}@{node.name}"
         args = [sys.executable, "-m", "tinker_atropos", kind, "--config", str(config_path)]
         args += ["--redis-url", self.redis_url, "--host", node.address, "--advertise-host", node.address]
-        self.processes[name] = node.popen([*args, *extra], self.log_dir / f"{name}.log")
+        self.processes[name] = node.popen([*args, *extra], self.log_dir / f"{name}.log", self.environment)
 
     def log(self, name: str) -> str:
         return (self.log_dir / f"{name}.log").read_text()
@@ -72,13 +91,17 @@ def start_cluster(config_path: Path, work_dir: Path, env_nodes: int = 4, instanc
     """Create the nodes and start every service on its node; whatever was made is removed if a step fails."""
     log_dir = work_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    cluster = Cluster(Network(), log_dir)
+    cluster = Cluster(Network(), log_dir, work_dir / "secrets")
+    write_secrets(cluster.secrets, force=True)
     try:
         trainer_node = cluster.network.add_node("trainer")
         for i in range(1, env_nodes + 1):
             cluster.network.add_node(f"env{i}")
         with trainer_node.entered():
-            cluster.valkey = EmbeddedValkey(work_dir / "valkey", REDIS_PORT, host=trainer_node.address)
+            password = (cluster.secrets / "redis-password").read_text().strip()
+            cluster.valkey = EmbeddedValkey(
+                work_dir / "valkey", REDIS_PORT, host=trainer_node.address, password=password
+            )
         cluster.start_service(trainer_node, "trainer", config_path, "--run-dir", str(work_dir / "run"))
         cluster.start_service(trainer_node, "rollout", config_path)
         for node in cluster.env_nodes:
@@ -109,7 +132,8 @@ def main() -> int:
         print(f"nodes: {', '.join(f'{n.name} {n.address}' for n in cluster.network.nodes)}")
         print(f"logs:  {cluster.log_dir}/")
         print(
-            f"watch: {Path(sys.executable).parent / 'tinker-atropos'} status --redis-url {cluster.redis_url}"
+            f"watch: TA_REDIS_PASSWORD_FILE={cluster.secrets / 'redis-password'} "
+            f"{Path(sys.executable).parent / 'tinker-atropos'} status --redis-url {cluster.redis_url}"
         )
         print(f"cut a node: ip -n {hub} link set env1 down   (restore: ... up)")
         print("Ctrl-C stops the services and removes the nodes.", flush=True)

@@ -65,12 +65,15 @@ class Node:
     address: str
     hub: str
 
-    def popen(self, args: Sequence[str], log_path: Path) -> subprocess.Popen:
-        """Run a command on the node. ``ip netns exec`` execs it in place, so the child keeps the parent-death
-        signal of ``child_preexec`` and never outlives this process."""
+    def popen(
+        self, args: Sequence[str], log_path: Path, environment: dict[str, str] | None = None
+    ) -> subprocess.Popen:
+        """Run a command on the node, with ``environment`` added to ours. ``ip netns exec`` execs it in place,
+        so the child keeps the parent-death signal of ``child_preexec`` and never outlives this process."""
         with open(log_path, "ab") as log:
             return subprocess.Popen(
                 ["ip", "netns", "exec", self.namespace, *args],
+                env={**os.environ, **(environment or {})},
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

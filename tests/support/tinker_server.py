@@ -26,9 +26,15 @@ class TinkerTrainer:
     it keeps its ports, config, run folder and Redis, as a supervisor's restart would."""
 
     def __init__(
-        self, processes: Processes, directory: Path, redis_url: str, run: str, **tinker: Any
+        self,
+        processes: Processes,
+        directory: Path,
+        redis_url: str,
+        run: str,
+        scheme: str = "http",
+        **tinker: Any,
     ) -> None:
-        self.processes, self.directory, self.redis_url = processes, directory, redis_url
+        self.processes, self.directory, self.redis_url, self.scheme = processes, directory, redis_url, scheme
         self.http_port, self.grpc_port = free_port(), free_port()
         keys = directory / "keys"
         keys.write_text(f"# the test's key\n{KEY}\n")
@@ -48,7 +54,7 @@ class TinkerTrainer:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.http_port}"
+        return f"{self.scheme}://127.0.0.1:{self.http_port}"
 
     @property
     def name(self) -> str:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-import grpc
 import gymnasium as gym
 import numpy as np
 
@@ -21,7 +20,7 @@ from tinker_atropos.protocol import tensors
 from tinker_atropos.protocol.steps import StepBatch
 from tinker_atropos.protocol.v1 import environment_pb2, environment_pb2_grpc
 from tinker_atropos.runtime import GRPC_OPTIONS
-from tinker_atropos.security import service_token, with_token
+from tinker_atropos.security import open_channel
 
 CHANNEL_OPTIONS = [
     *GRPC_OPTIONS,
@@ -95,7 +94,7 @@ class EnvClient:
     ) -> None:
         self.address, self.transport = address, transport
         self._stop = stop or threading.Event()
-        self._channel = with_token(grpc.insecure_channel(address, options=CHANNEL_OPTIONS), service_token())
+        self._channel = open_channel(address, CHANNEL_OPTIONS)
         self._stub = environment_pb2_grpc.EnvironmentStub(self._channel)
         self._info: environment_pb2.EnvironmentInfo | None = None
 

@@ -15,9 +15,23 @@ from tinker_atropos.runtime import Endpoint
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 
+
+def _checked_url(url: str | None) -> str | None:
+    """A --redis-url (or TA_REDIS_URL) the Redis client cannot use is a usage error naming the option."""
+    from tinker_atropos.state.connection import check_url
+
+    if url is not None:
+        try:
+            check_url(url)
+        except ValueError as error:
+            raise typer.BadParameter(str(error)) from None
+    return url
+
+
 ConfigOpt = Annotated[Path, typer.Option("--config", "-c", envvar="TA_CONFIG", help="Run config (YAML).")]
 RedisOpt = Annotated[
-    str | None, typer.Option(envvar="TA_REDIS_URL", help="redis:// URL; overrides redis.url.")
+    str | None,
+    typer.Option(envvar="TA_REDIS_URL", callback=_checked_url, help="redis:// URL; overrides redis.url."),
 ]
 HostOpt = Annotated[str, typer.Option(envvar="TA_HOST", help="Address to bind.")]
 AdvertiseOpt = Annotated[
@@ -28,6 +42,14 @@ PortOpt = Annotated[int, typer.Option(envvar="TA_PORT", min=0, max=65535, help="
 NameOpt = Annotated[
     str | None,
     typer.Option(envvar="TA_SERVICE_NAME", help="Stable name across restarts (default KIND@ADDRESS)."),
+]
+InsecureOpt = Annotated[
+    bool,
+    typer.Option(
+        "--insecure",
+        envvar="TA_INSECURE",
+        help="Serve on a non-loopback address without the token or TLS (refused otherwise).",
+    ),
 ]
 RunDirOpt = Annotated[
     Path | None, typer.Option(envvar="TA_RUN_DIR", help="Run folder (default runs/RUN_NAME).")
@@ -83,13 +105,31 @@ def up(
     raise typer.Exit(run_local(cfg, run_dir, redis_url, options))
 
 
-def _serve(serve: Callable[..., None], *args: object) -> None:
-    """Run a service; a failure a restart cannot fix, or a Redis that stays away, ends it with one line."""
+def _serve_check(host: str, insecure: bool) -> None:
+    """Refuse (exit 2) a non-loopback bind without the token and TLS, or warn when ``insecure`` lets it be."""
+    from tinker_atropos.runtime import EXIT_FATAL, FatalError
+    from tinker_atropos.security import check_exposure
+
+    try:
+        warning = check_exposure(host, insecure)
+    except FatalError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(EXIT_FATAL) from None
+    if warning:
+        typer.echo(f"warning: {warning}", err=True)
+
+
+def _serve(
+    serve: Callable[..., None], insecure: bool, config: Config, url: str, endpoint: Endpoint, *extra: object
+) -> None:
+    """Run a service; a failure a restart cannot fix, or a Redis that stays away, ends it with one line. A
+    non-loopback bind without the token and TLS is such a failure, unless ``insecure``."""
     from tinker_atropos.runtime import EXIT_FATAL, FatalError
     from tinker_atropos.state.connection import RedisUnreachable
 
+    _serve_check(endpoint.host, insecure)
     try:
-        serve(*args)
+        serve(config, url, endpoint, *extra)
     except FatalError as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(EXIT_FATAL) from None
@@ -110,6 +150,7 @@ def env(
     port: PortOpt = 50051,
     advertise_host: AdvertiseOpt = None,
     name: NameOpt = None,
+    insecure: InsecureOpt = False,
     instances: Annotated[
         int | None, typer.Option(envvar="TA_INSTANCES", min=1, help="Overrides env.instances.")
     ] = None,
@@ -120,7 +161,7 @@ def env(
     cfg = read_config(config)
     if instances is not None:
         cfg.env.instances = instances
-    _serve(serve, cfg, _redis_url(cfg, redis_url), _endpoint(host, port, advertise_host, name))
+    _serve(serve, insecure, cfg, _redis_url(cfg, redis_url), _endpoint(host, port, advertise_host, name))
 
 
 @app.command()
@@ -131,12 +172,13 @@ def rollout(
     port: PortOpt = 50052,
     advertise_host: AdvertiseOpt = None,
     name: NameOpt = None,
+    insecure: InsecureOpt = False,
 ) -> None:
     """Run one rollout service."""
     from tinker_atropos.rollout.service import serve
 
     cfg = read_config(config)
-    _serve(serve, cfg, _redis_url(cfg, redis_url), _endpoint(host, port, advertise_host, name))
+    _serve(serve, insecure, cfg, _redis_url(cfg, redis_url), _endpoint(host, port, advertise_host, name))
 
 
 @app.command()
@@ -148,19 +190,23 @@ def trainer(
     advertise_host: AdvertiseOpt = None,
     name: NameOpt = None,
     run_dir: RunDirOpt = None,
+    insecure: InsecureOpt = False,
 ) -> None:
     """Run the trainer service (checkpoints under RUN_DIR/checkpoints)."""
     from tinker_atropos.trainer.service import serve
 
     cfg = read_config(config)
     endpoint = _endpoint(host, port, advertise_host, name)
-    _serve(serve, cfg, _redis_url(cfg, redis_url), endpoint, run_dir or Path("runs") / cfg.run.name)
+    if cfg.trainer.tinker.enabled:  # its HTTP port is exposed as much as the gRPC one
+        _serve_check(cfg.trainer.tinker.host, insecure)
+    _serve(serve, insecure, cfg, _redis_url(cfg, redis_url), endpoint, run_dir or Path("runs") / cfg.run.name)
 
 
 @app.command()
 def status(
     redis_url: Annotated[
-        str, typer.Option(envvar="TA_REDIS_URL", help="redis:// URL of the run's Redis.")
+        str,
+        typer.Option(envvar="TA_REDIS_URL", callback=_checked_url, help="redis:// URL of the run's Redis."),
     ] = ("redis://127.0.0.1:6379/0"),
     run: Annotated[str | None, typer.Option(help="Run name (default: every run found).")] = None,
 ) -> None:
@@ -168,6 +214,36 @@ def status(
     from tinker_atropos.launcher.status import print_status
 
     raise typer.Exit(print_status(redis_url, run))
+
+
+@app.command("secrets")
+def make_secrets(
+    folder: Annotated[Path, typer.Argument(help="Folder to write them to (made 0700).")],
+    name: Annotated[
+        list[str] | None,
+        typer.Option("--name", help="Another host name or IP the certificate must cover (repeatable)."),
+    ] = None,
+    days: Annotated[int, typer.Option(min=1, help="Validity of the services' certificate.")] = 365,
+    world_readable: Annotated[
+        bool,
+        typer.Option(
+            "--world-readable",
+            help="Keys, token and password 0644 instead of 0600: for Compose, whose bind-mounted secrets keep "
+            "their owner, when the containers run as another user. Keep the folder itself private.",
+        ),
+    ] = False,
+    force: Annotated[bool, typer.Option("--force", help="Replace files already there.")] = False,
+) -> None:
+    """Make the token, a Redis password, a CA and the services' TLS certificate for a deployment."""
+    from tinker_atropos.launcher.secrets import FILES, write_secrets
+
+    try:
+        paths = write_secrets(folder, tuple(name or ()), days, 0o644 if world_readable else 0o600, force)
+    except FileExistsError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(2) from None
+    for path in paths:
+        typer.echo(f"{path}  {FILES[path.name]}")
 
 
 @app.command()

@@ -8,7 +8,7 @@ import redis
 from rich.console import Console
 from rich.table import Table
 
-from tinker_atropos.state.connection import connect_fast, describe
+from tinker_atropos.state.connection import connect_fast, describe, masked
 from tinker_atropos.state.experience import queued_chunks, read_stats
 from tinker_atropos.state.registry import live_services
 from tinker_atropos.state.weights import published_version
@@ -63,7 +63,7 @@ def print_status(redis_url: str, run: str | None) -> int:
     try:
         return _print_runs(console, client, redis_url, run)
     except redis.RedisError as error:
-        console.print(f"[red]cannot reach Redis at {redis_url}: {describe(error)}", highlight=False)
+        console.print(f"[red]cannot reach Redis at {masked(redis_url)}: {describe(error)}", highlight=False)
         return 1
     finally:
         client.close()
@@ -79,7 +79,7 @@ def _policy_version(client: redis.Redis, run: str) -> str:
 def _print_runs(console: Console, client: redis.Redis, redis_url: str, run: str | None) -> int:
     runs = [run] if run else runs_in(client)
     if not runs:
-        console.print(f"no live services in {redis_url}")
+        console.print(f"no live services in {masked(redis_url)}")
         return 0
     for name in runs:
         table = Table(title=f"run {name!r}  (policy version {_policy_version(client, name)})")

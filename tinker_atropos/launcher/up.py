@@ -32,7 +32,13 @@ from tinker_atropos.launcher.run_folder import (
 from tinker_atropos.launcher.supervisor import Child, supervise
 from tinker_atropos.runtime import EXIT_FATAL
 from tinker_atropos.state import keys
-from tinker_atropos.state.connection import RedisUnreachable, connect_fast, describe, wait_until_reachable
+from tinker_atropos.state.connection import (
+    RedisUnreachable,
+    connect_fast,
+    describe,
+    masked,
+    wait_until_reachable,
+)
 from tinker_atropos.state.embedded import EmbeddedValkey
 
 STOP_TIMEOUT_S = 10.0
@@ -51,7 +57,9 @@ class UpOptions:
 
 
 def service_children(config: Config, config_path: Path, redis_url: str, run_dir: Path) -> list[Child]:
-    common = ["--config", str(config_path), "--redis-url", redis_url, "--host", "127.0.0.1", "--port", "0"]
+    """Every service of the run as a child of ``up``; the Redis URL goes by environment, since a URL with a
+    password on a command line is there for any user's ``ps`` to read."""
+    common = ["--config", str(config_path), "--host", "127.0.0.1", "--port", "0"]
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     names = [("env", f"env-{i}") for i in range(config.env.services)]
@@ -60,14 +68,17 @@ def service_children(config: Config, config_path: Path, redis_url: str, run_dir:
     children = []
     for kind, name in names:
         extra = ["--run-dir", str(run_dir)] if kind == "trainer" else []
-        children.append(Child(name, [kind, *common, "--name", name, *extra], logs / f"{name}.log"))
+        child = Child(name, [kind, *common, "--name", name, *extra], logs / f"{name}.log")
+        child.environment["TA_REDIS_URL"] = redis_url
+        children.append(child)
     return children
 
 
-def run_token(run_dir: Path) -> Path:
-    """The run's shared gRPC token, ``<run folder>/token`` (mode 0600), made on first use: every call between
-    the services of the run carries it (``security``)."""
-    path = run_dir / "token"
+def run_secret(run_dir: Path, name: str) -> Path:
+    """A secret of the run, ``<run folder>/<name>`` (mode 0600), made on first use and kept for a resume: the
+    ``token`` every gRPC call between the run's services carries and that signs its records (``security``),
+    the ``redis-password`` of its embedded Valkey."""
+    path = run_dir / name
     if not path.exists():
         descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(descriptor, "w") as file:
@@ -111,7 +122,9 @@ def run_local(config: Config, run_dir: Path, redis_url: str | None, options: UpO
             try:
                 removed.append(f"{_clear_redis_run(url, run)} Redis keys")
             except redis.RedisError as error:
-                console.print(f"[red]--fresh cannot clear run {run!r} in Redis at {url}: {describe(error)}")
+                console.print(
+                    f"[red]--fresh cannot clear run {run!r} in Redis at {masked(url)}: {describe(error)}"
+                )
                 return 1
         console.print(f"--fresh: removed {', '.join(removed) or 'nothing'}")
     previous = previous_run(run_dir)
@@ -137,9 +150,14 @@ def run_local(config: Config, run_dir: Path, redis_url: str | None, options: UpO
 
     server = None
     if url is None:
-        server = EmbeddedValkey(run_dir / "valkey", append_only=config.redis.append_only)
+        password_file = run_secret(run_dir, "redis-password")
+        server = EmbeddedValkey(
+            run_dir / "valkey",
+            append_only=config.redis.append_only,
+            password=password_file.read_text().strip(),
+        )
         url = server.url
-        console.print(f"embedded Valkey at {url}")
+        console.print(f"embedded Valkey at {url} (its password: {password_file})")
     else:
         try:
             wait_until_reachable(url, config.redis.unreachable_timeout_s)
@@ -147,11 +165,15 @@ def run_local(config: Config, run_dir: Path, redis_url: str | None, options: UpO
             console.print(f"[red]{error}")
             return 1
     children = service_children(config, config_path, url, run_dir)
-    if not (os.environ.get("TA_TOKEN_FILE") or os.environ.get("TA_TOKEN")):
-        for child in children:  # the run's own token, unless the user gave one (then the children inherit it)
-            child.environment["TA_TOKEN_FILE"] = str(run_token(run_dir))
+    for child in children:  # the run's secrets by file name, never on a command line
+        if not (
+            os.environ.get("TA_TOKEN_FILE") or os.environ.get("TA_TOKEN")
+        ):  # else the children inherit it
+            child.environment["TA_TOKEN_FILE"] = str(run_secret(run_dir, "token"))
+        if server is not None:
+            child.environment["TA_REDIS_PASSWORD_FILE"] = str(password_file)
     reporter = ProgressReporter(
-        url,
+        server.client_url if server is not None else url,
         run,
         run_dir / "metrics.jsonl",
         console,

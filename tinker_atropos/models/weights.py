@@ -30,6 +30,15 @@ def weights_from_bytes(blob: bytes) -> dict[str, torch.Tensor]:
         raise ValueError(f"weights that do not load: {type(error).__name__}: {error}") from None
     if not isinstance(state, dict) or not all(isinstance(t, torch.Tensor) for t in state.values()):
         raise ValueError("weights that are not a state dict of tensors")
-    if bad := nonfinite_entries(state):
-        raise ValueError(f"weights with NaN or infinity in {', '.join(bad)}")
+    odd = [name for name, t in state.items() if t.layout != torch.strided or t.device.type != "cpu"]
+    if odd:  # sparse or meta tensors, which torch.load also makes: nothing a model of ours holds
+        raise ValueError(
+            f"weights with tensors that are not dense CPU tensors: {', '.join(map(str, odd[:5]))}"
+        )
+    try:
+        bad = nonfinite_entries(state)
+    except RuntimeError as error:  # a dtype without a finite check (float8): not a state dict of ours
+        raise ValueError(f"weights that cannot be checked: {error}") from None
+    if bad:
+        raise ValueError(f"weights with NaN or infinity in {', '.join(map(str, bad))}")
     return state

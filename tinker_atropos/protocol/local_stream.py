@@ -15,6 +15,9 @@ from google.protobuf.message import DecodeError, Message
 
 HEADER = struct.Struct("<I")
 MAX_FRAME_BYTES = 256 * 1024 * 1024  # the same bound as the gRPC channels'
+# A frame's buffer starts at most this big and doubles as its bytes arrive: a header alone, claiming up to
+# MAX_FRAME_BYTES, must not make the receiver commit that much memory.
+FIRST_BUFFER_BYTES = 4 * 1024 * 1024
 ADDRESS_PREFIX = "unix-abstract:"
 
 M = TypeVar("M", bound=Message)
@@ -42,10 +45,12 @@ def send(sock: socket.socket, message: Message) -> None:
 
 def _receive_exactly(sock: socket.socket, size: int) -> bytearray | None:
     """``size`` bytes, or None when the peer closed the stream before sending any of them."""
-    buffer = bytearray(size)
-    view, received = memoryview(buffer), 0
+    buffer, received = bytearray(min(size, FIRST_BUFFER_BYTES)), 0
     while received < size:
-        count = sock.recv_into(view[received:])
+        if received == len(buffer):  # full: double it, up to the frame's size
+            buffer.extend(bytes(min(len(buffer), size - len(buffer))))
+        with memoryview(buffer) as view:
+            count = sock.recv_into(view[received:])
         if count == 0:
             if received == 0:
                 return None

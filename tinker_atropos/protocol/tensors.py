@@ -54,15 +54,23 @@ def encode(array: np.ndarray) -> tensor_pb2.Tensor:
     return tensor_pb2.Tensor(dtype=code, shape=array.shape, data=array.tobytes())
 
 
+def _shown(shape: tuple[int, ...]) -> str:
+    """A shape for an error message: a hostile one may have millions of dimensions."""
+    return str(shape) if len(shape) <= 8 else f"{str(shape[:8])[:-1]}, … ({len(shape)} dimensions))"
+
+
 def decode(tensor: tensor_pb2.Tensor) -> np.ndarray:
-    """Decode a Tensor message into a read-only numpy view of its bytes (no copy)."""
+    """Decode a Tensor message into a read-only numpy view of its bytes (no copy); TensorError for one that
+    does not make an array."""
     dtype = numpy_dtype(tensor.dtype)
     shape = tuple(tensor.shape)
     if any(d < 0 for d in shape):
-        raise TensorError(f"negative dimension in shape {shape}")
+        raise TensorError(f"negative dimension in shape {_shown(shape)}")
     expected = math.prod(shape) * dtype.itemsize
     if len(tensor.data) != expected:
-        raise TensorError(
-            f"tensor of shape {shape} and dtype {dtype} needs {expected} bytes, got {len(tensor.data)}"
-        )
-    return np.frombuffer(tensor.data, dtype=dtype).reshape(shape)
+        raise TensorError(f"tensor of shape {_shown(shape)} and dtype {dtype} needs {expected} bytes, got "
+                          f"{len(tensor.data)}")  # fmt: skip
+    try:
+        return np.frombuffer(tensor.data, dtype=dtype).reshape(shape)
+    except ValueError as error:  # more dimensions than numpy has, or an empty shape too big to index
+        raise TensorError(f"tensor of shape {_shown(shape)}: {error}") from None

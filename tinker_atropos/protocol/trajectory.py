@@ -48,6 +48,8 @@ class RecordError(ValueError):
         "spec_mismatch",
         "impossible_version",
         "non_finite",
+        "unsigned",
+        "bad_signature",
     )
 
     def __init__(self, reason: str, message: str) -> None:

@@ -11,6 +11,7 @@ import redis
 import torch
 
 from tinker_atropos.models.acting import InferencePolicy, load_policy
+from tinker_atropos.security import signing_key
 from tinker_atropos.state.weights import fetch_weights, published_version
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,7 @@ class PolicySource:
 
     def __init__(self, client: redis.Redis, run: str, device: torch.device) -> None:
         self._client, self._run, self._device = client, run, device
+        self._key = signing_key("weights")  # weights not signed with it are refused
         self._lock = threading.Lock()
         self._current: VersionedPolicy | None = None
         self._refused: int | None = None  # the latest version refused, not fetched again
@@ -67,7 +69,7 @@ class PolicySource:
         return self._current
 
     def _load(self) -> VersionedPolicy | None:
-        published = fetch_weights(self._client, self._run)
+        published = fetch_weights(self._client, self._run, self._key)
         if published is None:
             return None
         try:

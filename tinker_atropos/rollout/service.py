@@ -17,6 +17,7 @@ from tinker_atropos.protocol.v1 import services_pb2
 from tinker_atropos.rollout.collector import Collector, SessionCounters
 from tinker_atropos.rollout.policy import PolicySource
 from tinker_atropos.runtime import Endpoint, resolve_device
+from tinker_atropos.security import signing_key
 from tinker_atropos.state.experience import ExperienceWriter
 from tinker_atropos.state.registry import live_services
 
@@ -31,7 +32,9 @@ class RolloutService:
         self.config, self.client, self.incarnation = config, client, incarnation
         self.counters = SessionCounters()
         self.policy = PolicySource(client, config.run.name, resolve_device(config.rollout.device))
-        self.writer = ExperienceWriter(client, config.run.name, config.rollout.max_queued_chunks)
+        self.writer = ExperienceWriter(
+            client, config.run.name, config.rollout.max_queued_chunks, signing_key("experience")
+        )
         self.sessions: dict[tuple[str, int], Collector] = {}
         self._env_addresses: set[str] = set()
         pausing = config.rollout.flow_control == "pause"

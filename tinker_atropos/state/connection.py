@@ -1,13 +1,23 @@
-"""Redis clients: services ride out a Redis restart, commands that a person waits on fail fast in one line."""
+"""Redis clients: services ride out a Redis restart, commands that a person waits on fail fast in one line.
+
+Credentials stay out of command lines and logs: the password comes from the URL or from the file named by
+``TA_REDIS_PASSWORD_FILE``, the CA of a ``rediss://`` server from ``TA_REDIS_CA`` (or the URL's
+``ssl_ca_certs``), and a URL is logged with its password masked (``masked``).
+"""
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import redis
 from redis.backoff import ExponentialBackoff
+from redis.connection import parse_url
 from redis.retry import Retry
 
 log = logging.getLogger(__name__)
@@ -27,12 +37,58 @@ class SharedRetry(Retry):
         return self
 
 
+def check_url(url: str) -> None:
+    """ValueError, saying why, for a URL the Redis client cannot connect with."""
+    try:
+        parse_url(url)
+        urlsplit(url).port  # noqa: B018  (parse_url lets a port that is no number through)
+    except ValueError as error:
+        raise ValueError(
+            f"not a Redis URL ({error}); e.g. redis://[:PASSWORD@]HOST:6379/0 or rediss://…"
+        ) from None
+
+
+def masked(url: str) -> str:
+    """``url`` with its password replaced by ``***``: how a URL is printed or logged. One that does not parse
+    is shown by its scheme alone: it may still hold a password."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return f"{url.partition(':')[0]}://(unparsable URL)"
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    netloc = f"{user}:***@{parts.hostname}" + (f":{port}" if port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def credentials(url: str) -> dict[str, Any]:
+    """What a client for ``url`` needs beyond the URL: the password of ``TA_REDIS_PASSWORD_FILE`` when the URL
+    has none, the CA of ``TA_REDIS_CA`` for ``rediss://``."""
+    from tinker_atropos.runtime import FatalError
+
+    options: dict[str, Any] = {}
+    parts = urlsplit(url)
+    path = os.environ.get("TA_REDIS_PASSWORD_FILE")
+    if path and parts.password is None:
+        try:
+            options["password"] = Path(path).read_text().strip()
+        except OSError as error:
+            raise FatalError(f"TA_REDIS_PASSWORD_FILE {path}: {error.strerror}") from None
+    ca = os.environ.get("TA_REDIS_CA")
+    if ca and parts.scheme == "rediss":
+        options["ssl_ca_certs"] = ca
+    return options
+
+
 def connect(url: str) -> redis.Redis:
     """A client for ``url`` whose commands retry for about 5 s before raising: long enough to ride out a Redis
     restart unnoticed, short enough that a service whose Redis is gone still drains within seconds (its
     loops retry on their own, checking for SIGTERM in between)."""
     return redis.Redis.from_url(
         url,
+        **credentials(url),
         socket_connect_timeout=2.0,
         socket_keepalive=True,
         health_check_interval=10,
@@ -45,7 +101,11 @@ def connect_fast(url: str) -> redis.Redis:
     """A client whose commands fail within about 2 s when Redis is away: for `status`, `up`'s reporter and
     reachability probes, where a person waits on the answer."""
     return redis.Redis.from_url(
-        url, socket_connect_timeout=1.0, socket_timeout=2.0, retry=Retry(ExponentialBackoff(), 0)
+        url,
+        **credentials(url),
+        socket_connect_timeout=1.0,
+        socket_timeout=2.0,
+        retry=Retry(ExponentialBackoff(), 0),
     )
 
 
@@ -66,14 +126,14 @@ def wait_until_reachable(url: str, timeout_s: float, stop: threading.Event | Non
             try:
                 probe.ping()
                 if reported:
-                    log.info("Redis at %s answers", url)
+                    log.info("Redis at %s answers", masked(url))
                 return True
             except redis.RedisError as error:
                 cause = describe(error)
             if time.monotonic() >= deadline:
-                raise RedisUnreachable(f"Redis at {url} unreachable for {timeout_s:g} s ({cause})")
+                raise RedisUnreachable(f"Redis at {masked(url)} unreachable for {timeout_s:g} s ({cause})")
             if not reported:
-                log.warning("Redis at %s unreachable (%s); waiting up to %g s", url, cause, timeout_s)
+                log.warning("Redis at %s unreachable (%s); waiting up to %g s", masked(url), cause, timeout_s)
                 reported = True
             if stop.wait(PROBE_INTERVAL_S):
                 return False

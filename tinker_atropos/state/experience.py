@@ -3,7 +3,9 @@
 The stream is bounded (XADD MAXLEN): a trainer that is slow or down never makes Redis grow; the chunks the
 bound pushes out are counted, in the same atomic script that appends, together with env steps and episodes.
 The trainer deletes what it has read, so the stream holds exactly the chunks not yet consumed. Each entry
-has one field, ``record``: an ``ExperienceRecord`` (``protocol/trajectory.py``).
+has the field ``record``, an ``ExperienceRecord`` (``protocol/trajectory.py``), and in a run with a token the
+field ``sig``, its HMAC under a key derived from the token (``security.signing_key``): a reader with the key
+rejects an entry without it or with a wrong one, so a process with Redis access alone cannot inject experience.
 """
 
 from __future__ import annotations
@@ -16,11 +18,14 @@ from typing import Any
 import redis
 
 from tinker_atropos.protocol.trajectory import RecordError
+from tinker_atropos.security import signature, signed_by
 from tinker_atropos.state import keys
+from tinker_atropos.state.records import parse_json
 
 MAX_EPISODES_KEPT = 1000
 
-RECORD_FIELD = b"record"  # the one field of a stream entry: a serialized ExperienceRecord
+RECORD_FIELD = b"record"  # a serialized ExperienceRecord
+SIGNATURE_FIELD = b"sig"  # its HMAC, in a run with a token
 
 # Every counter is added to through this: a field that is not an integer (written by something else) would make
 # HINCRBY fail on every chunk and wedge collection, so it restarts from the increment and the repair is counted.
@@ -34,26 +39,30 @@ local function add(key, field, n)
 end
 """
 
-# KEYS: stream, stats, episodes.  ARGV: bound, record, env steps, episodes kept, episodes cut by a non-finite
-# value, episode JSON...
+# KEYS: stream, stats, episodes.  ARGV: bound, record, signature ('' unsigned), env steps, episodes kept,
+# episodes cut by a non-finite value, episode JSON...
 _APPEND = (
     _ADD_COUNTER
     + """
 local queued = redis.call('XLEN', KEYS[1])
 local bound = tonumber(ARGV[1])
-redis.call('XADD', KEYS[1], 'MAXLEN', bound, '*', 'record', ARGV[2])
+if ARGV[3] == '' then
+  redis.call('XADD', KEYS[1], 'MAXLEN', bound, '*', 'record', ARGV[2])
+else
+  redis.call('XADD', KEYS[1], 'MAXLEN', bound, '*', 'record', ARGV[2], 'sig', ARGV[3])
+end
 add(KEYS[2], 'chunks_written', 1)
-add(KEYS[2], 'env_steps', ARGV[3])
+add(KEYS[2], 'env_steps', ARGV[4])
 if queued >= bound then
   add(KEYS[2], 'chunks_dropped_backpressure', queued - bound + 1)
 end
-if tonumber(ARGV[5]) > 0 then
-  add(KEYS[2], 'episodes_cut_nonfinite', ARGV[5])
+if tonumber(ARGV[6]) > 0 then
+  add(KEYS[2], 'episodes_cut_nonfinite', ARGV[6])
 end
-if #ARGV > 5 then
-  redis.call('LPUSH', KEYS[3], unpack(ARGV, 6))
-  redis.call('LTRIM', KEYS[3], 0, tonumber(ARGV[4]) - 1)
-  add(KEYS[2], 'episodes', #ARGV - 5)
+if #ARGV > 6 then
+  redis.call('LPUSH', KEYS[3], unpack(ARGV, 7))
+  redis.call('LTRIM', KEYS[3], 0, tonumber(ARGV[5]) - 1)
+  add(KEYS[2], 'episodes', #ARGV - 6)
 end
 return queued
 """
@@ -71,11 +80,16 @@ end
 
 
 class ExperienceWriter:
-    def __init__(self, client: redis.Redis, run: str, max_queued_chunks: int) -> None:
+    """Appends records, signed with ``key`` (the run's ``security.signing_key("experience")``) when given."""
+
+    def __init__(
+        self, client: redis.Redis, run: str, max_queued_chunks: int, key: bytes | None = None
+    ) -> None:
         self._keys = [keys.experience(run), keys.stats(run), keys.episodes(run)]
         self._bound = max_queued_chunks
         self._client = client
         self._append = client.register_script(_APPEND)
+        self._key = key
 
     def queued(self) -> int:
         return int(self._client.xlen(self._keys[0]))
@@ -88,6 +102,7 @@ class ExperienceWriter:
         args = [
             self._bound,
             record,
+            signature(self._key, record) if self._key else b"",
             env_steps,
             MAX_EPISODES_KEPT,
             cut_nonfinite,
@@ -97,23 +112,31 @@ class ExperienceWriter:
 
 
 class ExperienceReader:
-    def __init__(self, client: redis.Redis, run: str) -> None:
-        self._client, self._key = client, keys.experience(run)
+    """Takes records off the stream; with ``key``, only those signed with it."""
+
+    def __init__(self, client: redis.Redis, run: str, key: bytes | None = None) -> None:
+        self._client, self._stream, self._key = client, keys.experience(run), key
 
     def take(self, count: int, block_ms: int) -> list[bytes | RecordError]:
         """Up to ``count`` of the oldest queued records, waiting up to ``block_ms`` for the first; removes
-        them. An entry without its record field comes back as the RecordError to count it under."""
-        reply = self._client.xread({self._key: "0-0"}, count=count, block=block_ms)
+        them. An entry without its record field, or not signed with the run's key, comes back as the
+        RecordError to count it under."""
+        reply = self._client.xread({self._stream: "0-0"}, count=count, block=block_ms)
         if not reply:
             return []
         entries = reply[0][1]
-        self._client.xdel(self._key, *(entry_id for entry_id, _ in entries))
-        return [_record(fields) for _, fields in entries]
+        self._client.xdel(self._stream, *(entry_id for entry_id, _ in entries))
+        return [_record(fields, self._key) for _, fields in entries]
 
 
-def _record(fields: dict[bytes, bytes]) -> bytes | RecordError:
+def _record(fields: dict[bytes, bytes], key: bytes | None) -> bytes | RecordError:
     if RECORD_FIELD in fields:
-        return fields[RECORD_FIELD]
+        record = fields[RECORD_FIELD]
+        if key is None or signed_by(key, fields.get(SIGNATURE_FIELD), record):
+            return record
+        if SIGNATURE_FIELD not in fields:
+            return RecordError("unsigned", "an entry without the run's signature (written without its token)")
+        return RecordError("bad_signature", "an entry whose signature is not the run's (another token)")
     if b"chunk" in fields:
         return RecordError("schema_version", "an entry of the layout before schema 1 (field 'chunk')")
     names = ", ".join(repr(name.decode(errors="replace")) for name in fields) or "none"
@@ -145,7 +168,7 @@ def recent_episodes(client: redis.Redis, run: str, n: int) -> list[dict[str, flo
     episodes = []
     for entry in client.lrange(keys.episodes(run), 0, n - 1):
         try:
-            episode = json.loads(entry)
+            episode = parse_json(entry)
             episodes.append({"return": float(episode["return"]), "length": int(episode["length"])})
         except (ValueError, TypeError, KeyError):
             continue

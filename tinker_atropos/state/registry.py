@@ -18,6 +18,7 @@ from typing import Any
 import redis
 
 from tinker_atropos.state import keys
+from tinker_atropos.state.records import parse_json
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +136,7 @@ def live_services(client: redis.Redis, run: str, kind: str | None = None) -> lis
 
 def _parse_entry(entry: dict[bytes, bytes]) -> ServiceRecord:
     e = {k.decode(): v.decode() for k, v in entry.items()}
-    figures = json.loads(e.get("figures") or "{}")
+    figures = parse_json(e.get("figures") or "{}")
     if not isinstance(figures, dict):
         raise ValueError(f"figures must be a JSON object, got {type(figures).__name__}")
     return ServiceRecord(

@@ -1,10 +1,15 @@
 """Versioned policy weights: the trainer publishes, rollouts pull when the version changes.
 
-Version, blob and model spec are written in one HSET so a reader never sees a blob of another version.
+Version, blob and model spec are written in one HSET so a reader never sees a blob of another version. The
+record carries the blob's SHA-256 (``digest``), checked before anything loads it, and in a run with a token an
+HMAC of version, spec and digest under a key derived from the token (``sig``): a process with Redis access alone
+cannot replace the weights the rollouts act with.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import time
 from dataclasses import dataclass
@@ -12,7 +17,9 @@ from typing import Any
 
 import redis
 
+from tinker_atropos.security import signature, signed_by
 from tinker_atropos.state import keys
+from tinker_atropos.state.records import parse_json
 
 
 @dataclass(frozen=True)
@@ -22,9 +29,17 @@ class PublishedWeights:
     spec: dict[str, Any]  # what a rollout needs to build the network: sizes, action kind, …
 
 
-def publish_weights(client: redis.Redis, run: str, version: int, blob: bytes, spec: dict[str, Any]) -> None:
-    mapping = {"version": version, "blob": blob, "spec": json.dumps(spec), "published_at": time.time()}
+def publish_weights(
+    client: redis.Redis, run: str, version: int, blob: bytes, spec: dict[str, Any], key: bytes | None = None
+) -> None:
+    """Publish ``version``, signed with ``key`` (the run's ``security.signing_key("weights")``) when given."""
+    spec_json, digest = json.dumps(spec), hashlib.sha256(blob).hexdigest()
+    mapping: dict[str, Any] = {"version": version, "blob": blob, "spec": spec_json, "digest": digest,
+                               "published_at": time.time()}  # fmt: skip
+    if key is not None:
+        mapping["sig"] = signature(key, str(version).encode(), spec_json.encode(), digest.encode())
     with client.pipeline(transaction=True) as pipe:
+        pipe.delete(keys.weights(run))  # no field of an earlier record (its signature) outlives it
         pipe.hset(keys.weights(run), mapping=mapping)
         pipe.publish(keys.weights_channel(run), version)
         pipe.execute()
@@ -51,18 +66,46 @@ def published_version(client: redis.Redis, run: str) -> int | None:
     return None if raw is None else _version(raw)
 
 
-def fetch_weights(client: redis.Redis, run: str) -> PublishedWeights | None:
-    """The published weights, None before any; WeightsRecordError for a malformed record (the blob itself is
-    checked where it is loaded, ``weights_from_bytes``)."""
-    version, blob, spec = client.hmget(keys.weights(run), ["version", "blob", "spec"])
+def _check_signature(
+    version: bytes, spec: bytes | None, digest: bytes | None, sig: bytes | None, key: bytes | None
+) -> None:
+    if spec is None or digest is None:
+        raise WeightsRecordError("a weights record without its spec or digest")
+    if key is not None and not signed_by(key, sig, version, spec, digest):
+        raise WeightsRecordError(
+            "a weights record "
+            + ("without the run's signature" if sig is None else "signed with another token")
+        )
+
+
+def verified_version(client: redis.Redis, run: str, key: bytes | None = None) -> int | None:
+    """The published version if the record is the trainer's (signed with ``key``, when given), read without
+    its blob; WeightsRecordError otherwise. How the trainer notices weights it must publish over."""
+    version, spec, digest, sig = client.hmget(keys.weights(run), ["version", "spec", "digest", "sig"])
     if version is None:
         return None
-    if blob is None or spec is None:
-        raise WeightsRecordError("a weights record without its blob or spec")
+    _check_signature(version, spec, digest, sig, key)
+    return _version(version)
+
+
+def fetch_weights(client: redis.Redis, run: str, key: bytes | None = None) -> PublishedWeights | None:
+    """The published weights, None before any; WeightsRecordError for a malformed record, a blob that does not
+    match its digest, or (with ``key``) a record not signed with it. The blob's contents are
+    checked where it is loaded, ``weights_from_bytes``."""
+    fields = ["version", "blob", "spec", "digest", "sig"]
+    version, blob, spec, digest, sig = client.hmget(keys.weights(run), fields)
+    if version is None:
+        return None
+    if blob is None:
+        raise WeightsRecordError("a weights record without its blob")
+    _check_signature(version, spec, digest, sig, key)
+    assert spec is not None and digest is not None
+    if not hmac.compare_digest(hashlib.sha256(blob).hexdigest().encode(), digest):
+        raise WeightsRecordError("a weights blob that does not match its digest")
     try:
-        parsed = json.loads(spec)
-    except ValueError:
-        raise WeightsRecordError("a weights spec that is not JSON") from None
+        parsed = parse_json(spec)
+    except ValueError as error:
+        raise WeightsRecordError(f"a weights spec that is not JSON ({error})") from None
     if not isinstance(parsed, dict):
         raise WeightsRecordError(f"a weights spec that is not a JSON object ({type(parsed).__name__})")
     return PublishedWeights(_version(version), blob, parsed)

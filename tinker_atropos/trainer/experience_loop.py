@@ -31,9 +31,10 @@ from tinker_atropos.models.weights import weights_from_bytes
 from tinker_atropos.protocol.trajectory import RecordError, Trajectory, TrajectorySpec, decode_trajectory
 from tinker_atropos.protocol.v1 import services_pb2
 from tinker_atropos.runtime import CountedWarnings, FatalError, resolve_device
+from tinker_atropos.security import signing_key
 from tinker_atropos.state.checkpoints import load_latest_checkpoint, save_checkpoint
 from tinker_atropos.state.experience import ExperienceReader, add_stats
-from tinker_atropos.state.weights import fetch_weights, publish_weights, published_version
+from tinker_atropos.state.weights import fetch_weights, publish_weights, verified_version
 from tinker_atropos.trainer.metrics import BusyMeter, LagMeter
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,7 @@ class TrainingDiverged(FatalError):
 class ExperienceLoop:
     def __init__(self, config: Config, client: redis.Redis, run_dir: Path) -> None:
         self.config, self.client, self.run = config, client, config.run.name
+        self.weights_key = signing_key("weights")  # what the rollouts check the published weights against
         self.checkpoint_dir = run_dir / "checkpoints"
         self.device = resolve_device(config.trainer.device)
         self.algorithm = algorithms.algorithm(config.trainer.algorithm)
@@ -132,7 +134,7 @@ class ExperienceLoop:
         only the optimizer moments since the checkpoint and the version stays monotonic."""
         assert self.learner is not None
         try:
-            published = fetch_weights(self.client, self.run)
+            published = fetch_weights(self.client, self.run, self.weights_key)
         except (
             ValueError
         ) as error:  # a malformed record: nothing to continue from, the next publish replaces it
@@ -173,7 +175,9 @@ class ExperienceLoop:
 
     def publish(self) -> None:
         assert self.learner is not None
-        self.learner.core.publish_weights(functools.partial(publish_weights, self.client, self.run))
+        self.learner.core.publish_weights(
+            functools.partial(publish_weights, self.client, self.run, key=self.weights_key)
+        )
 
     def sync_redis(self) -> None:
         """Report counters, and publish again if Redis lost the weights (restarted without persistence)
@@ -185,8 +189,10 @@ class ExperienceLoop:
         add_stats(self.client, self.run, chunks_rejected_stale=self._stale_unreported, **counts)
         self._stale_unreported = 0
         try:
-            published = published_version(self.client, self.run)
-        except ValueError:  # a malformed record: replace it
+            published = verified_version(self.client, self.run, self.weights_key)
+        except ValueError as error:  # a malformed record, or one this trainer did not sign: replace it
+            log.warning("the weights in Redis are not this run's (%s); publishing version %d over them",
+                        error, self.version)  # fmt: skip
             published = None
         if published is None or published < self.version:
             log.info("Redis lacks policy version %d; publishing it again", self.version)
@@ -251,7 +257,7 @@ class ExperienceLoop:
 
     def train(self, stop: threading.Event) -> None:
         assert self.learner is not None
-        reader = ExperienceReader(self.client, self.run)
+        reader = ExperienceReader(self.client, self.run, signing_key("experience"))
         pending: list[Trajectory] = []
         wanted, have = self.config.trainer.samples_per_update, 0
         chunk_size = wanted  # env steps of the last chunk seen: the first take is of one chunk

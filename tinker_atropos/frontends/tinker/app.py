@@ -16,7 +16,7 @@ from typing import Any
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from tinker import types
 
 from tinker_atropos.frontends.tinker import registry, wire
@@ -64,6 +64,43 @@ class APIKeys:
         await JSONResponse({"detail": reason}, status_code=401)(scope, receive, send)
 
 
+class _TooLarge(Exception):
+    pass
+
+
+class BodyLimit:
+    """413 for a request body over ``limit`` bytes, unread when its Content-Length says so, as soon as the
+    bound is passed for a chunked one: a client cannot make the trainer hold an unbounded body."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = next((value for name, value in scope["headers"] if name == b"content-length"), b"0")
+        if declared.isdigit() and int(declared) > self.limit:
+            return await self._refuse(scope, receive, send)
+        received = 0
+
+        async def bounded() -> Message:
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.limit:
+                raise _TooLarge
+            return message
+
+        try:
+            await self.app(scope, bounded, send)
+        except _TooLarge:  # raised while a route read its body, before it answered
+            await self._refuse(scope, receive, send)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        detail = f"request bodies are limited to {self.limit} bytes (trainer.tinker.max_request_mb)"
+        await JSONResponse({"detail": detail}, status_code=413)(scope, receive, send)
+
+
 def _parse(model: type[BaseModel], body: bytes) -> Any:
     try:
         return model.model_validate_json(body)
@@ -75,11 +112,12 @@ def _parse(model: type[BaseModel], body: bytes) -> Any:
 
 
 def build_app(store: Store, worker: Worker, api_keys: list[str], capabilities: list[registry.Capability],
-              long_poll_s: float = 20.0) -> FastAPI:  # fmt: skip
+              long_poll_s: float = 20.0, max_request_bytes: int = 64 << 20) -> FastAPI:  # fmt: skip
     app = FastAPI(title="tinker-atropos Tinker API", docs_url=None, redoc_url=None, openapi_url=None)
     waiters = Waiters()
     worker.on_done = waiters.done
-    app.add_middleware(APIKeys, keys=[key.encode() for key in api_keys])
+    app.add_middleware(BodyLimit, limit=max_request_bytes)
+    app.add_middleware(APIKeys, keys=[key.encode() for key in api_keys])  # outermost: keys checked first
 
     @app.exception_handler(HTTPError)
     async def http_error(request: Request, error: HTTPError) -> JSONResponse:

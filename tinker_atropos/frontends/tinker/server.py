@@ -68,9 +68,15 @@ class TinkerAPI:
         store = Store(client, config.run.name, section.future_ttl_s)
         self.worker = Worker(store, client, config, checkpoints, device)
         capabilities = registry.capabilities(config.env.id, _run_env_action_space(config))
-        app = build_app(store, self.worker, keys, capabilities, section.long_poll_s)
+        app = build_app(store, self.worker, keys, capabilities, section.long_poll_s,
+                        int(section.max_request_mb * 2**20))  # fmt: skip
+        cert, key = os.environ.get("TA_TLS_CERT"), os.environ.get("TA_TLS_KEY")
+        tls = (
+            {"ssl_certfile": cert, "ssl_keyfile": key} if cert and key else {}
+        )  # HTTPS, the gRPC certificate's
+        self.scheme = "https" if tls else "http"
         self.server = uvicorn.Server(uvicorn.Config(app, host=section.host, port=section.port, log_level="warning",
-                                                    lifespan="off", access_log=False))  # fmt: skip
+                                                    lifespan="off", access_log=False, **tls))  # fmt: skip
         self.threads: list[threading.Thread] = []
 
     @property
@@ -78,7 +84,7 @@ class TinkerAPI:
         if not self.server.started:
             return ""
         host, port = self.server.servers[0].sockets[0].getsockname()[:2]
-        return f"http://{host}:{port}"
+        return f"{self.scheme}://{host}:{port}"
 
     def start(self, stop: threading.Event) -> None:
         self.threads = [threading.Thread(target=self.server.run, name="tinker-http", daemon=True),

@@ -26,6 +26,7 @@ from tinker_atropos.frontends.tinker import registry, wire
 from tinker_atropos.frontends.tinker.losses import LossError, loss_fn
 from tinker_atropos.frontends.tinker.store import DONE, FAILED, Store
 from tinker_atropos.models import tiny_lm
+from tinker_atropos.security import signing_key
 from tinker_atropos.state.weights import publish_weights, published_version
 from tinker_atropos.trainer.core import AdamParams
 
@@ -324,7 +325,8 @@ class Worker:
         path = self.tinker_path(model_id, "sampler_weights", stored)
         if isinstance(model, registry.PolicyModel):  # the rollouts act with it from now on
             version = (published_version(self.client, self.config.run.name) or 0) + 1
-            publish_weights(self.client, self.config.run.name, version, model.core.weights(), model.core.spec)
+            publish_weights(self.client, self.config.run.name, version, model.core.weights(), model.core.spec,
+                            signing_key("weights"))  # fmt: skip
             log.info("Tinker model %s published as policy version %d", model_id, version)
         if name is not None:
             return _json(path=path, type="save_weights_for_sampler"), "application/json"
