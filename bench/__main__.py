@@ -21,8 +21,11 @@ def throughput(
     ),
     phases: Annotated[
         str,
-        typer.Option(help="Comma-separated: raw, envpool, collect, collect_grpc, train, sb3, scaling."),
-    ] = "raw,envpool,collect,collect_grpc,train,sb3,scaling",
+        typer.Option(
+            help="Comma-separated: raw, envpool, collect, collect_grpc, collect_secure, collect_grpc_secure, "
+            "train, train_secure, sb3, scaling (a _secure phase: token, mutual TLS, Redis password, signed records)."
+        ),
+    ] = "raw,envpool,collect,collect_grpc,collect_secure,collect_grpc_secure,train,train_secure,sb3,scaling",
     env_id: Annotated[str | None, typer.Option(help="Overrides env.id.")] = None,
     instances: Annotated[int | None, typer.Option(min=1, help="Overrides env.instances.")] = None,
     window_s: Annotated[float, typer.Option(min=0.5, help="Measured seconds per phase.")] = 30.0,

@@ -32,8 +32,10 @@ from tinker_atropos.config import Config, Transport, parse_config
 from tinker_atropos.environment.backends.base import EnvBatch, make_env_batch
 from tinker_atropos.environment.backends.gymnasium_batch import GymnasiumBatch
 from tinker_atropos.environment.envs import check_env
+from tinker_atropos.launcher.secrets import write_secrets
 from tinker_atropos.launcher.supervisor import Child
 from tinker_atropos.launcher.up import service_children
+from tinker_atropos.security import derive_key
 from tinker_atropos.state.connection import connect
 from tinker_atropos.state.embedded import EmbeddedValkey
 from tinker_atropos.state.experience import ExperienceReader, read_stats
@@ -198,9 +200,19 @@ def _services(children: list[Child]) -> Iterator[list[Child]]:
             child.wait(deadline)
 
 
-def _drain(client: redis.Redis, run: str, stop: threading.Event) -> None:
-    """Consume chunks as a trainer would, so the bounded stream never throttles collection."""
-    reader = ExperienceReader(client, run)
+def secure_environment(folder: Path) -> dict[str, str]:
+    """What every service of a protected run gets, from the files of ``tinker-atropos secrets`` made in
+    ``folder``: the token on every call (and the keys that sign records), the Redis password, mutual TLS."""
+    write_secrets(folder)
+    files = {"TA_TOKEN_FILE": "token", "TA_REDIS_PASSWORD_FILE": "redis-password", "TA_TLS_CERT": "tls.crt",
+             "TA_TLS_KEY": "tls.key", "TA_TLS_CA": "ca.crt", "TA_TLS_CLIENT_CA": "ca.crt"}  # fmt: skip
+    return {variable: str(folder / name) for variable, name in files.items()}
+
+
+def _drain(client: redis.Redis, run: str, stop: threading.Event, key: bytes | None) -> None:
+    """Consume chunks as a trainer would (checking their signatures with ``key``), so the bounded stream never
+    throttles collection."""
+    reader = ExperienceReader(client, run, key)
     while not stop.is_set():
         reader.take(count=64, block_ms=200)
 
@@ -287,12 +299,19 @@ class TrainMeter(ServicesMeter):
 
 @contextmanager
 def services_meter(
-    config: Config, timing: Timing, work_dir: Path, transport: Transport | None = None, learn: bool = False
+    config: Config,
+    timing: Timing,
+    work_dir: Path,
+    transport: Transport | None = None,
+    learn: bool = False,
+    secure: bool = False,
 ) -> Iterator[ServicesMeter]:
     """The services as ``tinker-atropos up`` starts them, over the config's transport (or ``transport``).
 
     With ``learn``, the trainer too: a ``TrainMeter``. Without, collection only: env service(s) and one rollout
-    service with the real policy, chunks written to Redis and drained here."""
+    service with the real policy, chunks written to Redis and drained here. Without ``secure`` nothing is
+    protected (no token, no TLS, no Redis password, records unsigned); with it every link is, as in a
+    deployment (``secure_environment``), and the drain checks the records' signatures as a trainer does."""
     config = config.model_copy(deep=True)
     config.rollout.transport = transport or config.rollout.transport
     if not learn:
@@ -302,17 +321,23 @@ def services_meter(
     work_dir.mkdir(parents=True, exist_ok=True)
     config_path = work_dir / "config.yaml"
     config_path.write_text(config.to_yaml())
-    server = EmbeddedValkey(work_dir / "valkey")
-    client = connect(server.url)
+    environment = secure_environment(work_dir / "secrets") if secure else {}
+    token = (work_dir / "secrets" / "token").read_text().strip() if secure else None
+    password = (work_dir / "secrets" / "redis-password").read_text().strip() if secure else None
+    server = EmbeddedValkey(work_dir / "valkey", password=password)
+    client = connect(server.client_url)
     stop = threading.Event()
-    drainer = threading.Thread(target=_drain, args=(client, run, stop), daemon=True)
+    experience_key = None if token is None else derive_key(token, "experience")
+    drainer = threading.Thread(target=_drain, args=(client, run, stop, experience_key), daemon=True)
     try:
         children = service_children(config, config_path, server.url, work_dir)
         if not learn:
-            publish_weights(client, run, 0, *initial_policy(config))
+            weights_key = None if token is None else derive_key(token, "weights")
+            publish_weights(client, run, 0, *initial_policy(config), key=weights_key)
             children = [c for c in children if c.name != "trainer"]
         for child in children:  # paused between slices, they could not act on a SIGTERM if this process died
             child.death_signal = signal.SIGKILL
+            child.environment.update(environment)
         with _services(children):
             if not learn:
                 drainer.start()

@@ -20,7 +20,10 @@ RATE_KEYS = (
     "envpool_steps_per_s",
     "collect_env_steps_per_s",
     "collect_grpc_env_steps_per_s",
+    "collect_secure_env_steps_per_s",
+    "collect_grpc_secure_env_steps_per_s",
     "train_env_steps_per_s",
+    "train_secure_env_steps_per_s",
     "sb3_ppo_steps_per_s",
 )
 RATIOS = {
@@ -28,6 +31,13 @@ RATIOS = {
     "collect/envpool": ("collect_env_steps_per_s", "envpool_steps_per_s"),
     "collect/collect_grpc": ("collect_env_steps_per_s", "collect_grpc_env_steps_per_s"),
     "train/sb3": ("train_env_steps_per_s", "sb3_ppo_steps_per_s"),
+    # what protecting every link costs: 1.0 is free
+    "collect_secure/collect": ("collect_secure_env_steps_per_s", "collect_env_steps_per_s"),
+    "collect_grpc_secure/collect_grpc": (
+        "collect_grpc_secure_env_steps_per_s",
+        "collect_grpc_env_steps_per_s",
+    ),
+    "train_secure/train": ("train_secure_env_steps_per_s", "train_env_steps_per_s"),
 }
 PACKAGES = (
     "tinker-atropos",

@@ -22,8 +22,23 @@ from bench import phases, report
 from tinker_atropos.config import Config
 from tinker_atropos.trainer.metrics import BUSY_WINDOW_S
 
-ALL_PHASES = ("raw", "envpool", "collect", "collect_grpc", "train", "sb3", "scaling")
-INTERLEAVED_GROUPS = (("raw", "envpool", "collect", "collect_grpc"), ("train", "sb3"))
+ALL_PHASES = (
+    "raw",
+    "envpool",
+    "collect",
+    "collect_grpc",
+    "collect_secure",
+    "collect_grpc_secure",
+    "train",
+    "train_secure",
+    "sb3",
+    "scaling",
+)
+# A phase and its "_secure" twin (token, mutual TLS, Redis password, signed records) alternate in one group.
+INTERLEAVED_GROUPS = (
+    ("raw", "envpool", "collect", "collect_grpc", "collect_secure", "collect_grpc_secure"),
+    ("train", "train_secure", "sb3"),
+)
 STEP_CONVENTION = "one step = one env.step of one instance = 5 physics steps for MuJoCo locomotion"
 
 
@@ -123,18 +138,11 @@ def _interleaved_slices(
             elif phase == "envpool":
                 if (pool := stack.enter_context(phases.envpool_meter(config, timing))) is not None:
                     meters["envpool_steps_per_s"] = pool
-            elif phase == "collect":
-                meters["collect_env_steps_per_s"] = stack.enter_context(
-                    phases.services_meter(config, timing, work / "collect")
-                )
-            elif phase == "collect_grpc":  # the same, with the local fast path switched off
-                meters["collect_grpc_env_steps_per_s"] = stack.enter_context(
-                    phases.services_meter(config, timing, work / "collect-grpc", transport="grpc")
-                )
-            elif phase == "train":
-                meters["train_env_steps_per_s"] = stack.enter_context(
-                    phases.services_meter(config, timing, work / "train", learn=True)
-                )
+            elif phase.startswith(("collect", "train")):  # collect_grpc: the local fast path switched off
+                meters[f"{phase}_env_steps_per_s"] = stack.enter_context(
+                    phases.services_meter(config, timing, work / phase, transport="grpc" if "grpc" in phase else None,
+                                          learn=phase.startswith("train"), secure=phase.endswith("_secure"))
+                )  # fmt: skip
             elif (sb3 := stack.enter_context(phases.sb3_meter(config, timing))) is not None:
                 meters["sb3_ppo_steps_per_s"] = sb3
         if not meters:

@@ -29,6 +29,7 @@ from tinker_atropos.security import derive_key, signature
 from tinker_atropos.state import keys
 from tinker_atropos.state.experience import ExperienceWriter, add_stats, queued_chunks, read_stats
 from tinker_atropos.state.registry import live_services
+from tinker_atropos.state.weights import published_version
 
 PENDULUM = TrajectorySpec(obs_shape=(3,), action_shape=(1,), discrete=None)
 
@@ -118,18 +119,38 @@ def test_a_counter_overwritten_with_garbage_is_repaired_not_a_wedge(redis_client
 
 
 class Injector(Sidecar):
-    """Once a second: every kind of bad entry signed with the run's key, a sound chunk unsigned and one signed
-    with another token (as a process without the token would write), and forged weights of a version far
-    ahead (unsigned, then signed but garbage); notes the most weights refusals a rollout reported."""
+    """Once a second (a round of 4 ticks): every kind of bad entry signed with the run's key, a sound chunk
+    unsigned and one signed with another token (as a process without the token would write). Each round also
+    forges weights of a version far ahead, unsigned until a rollout has refused such weights, then signed but
+    garbage; forged again on the round's later ticks if the trainer published over them before a rollout looked."""
+
+    FORGED = 10**6  # versions from here up are forged
+    TICKS = 4
 
     def __init__(self, client: redis.Redis, run: str, run_dir: Path) -> None:
-        super().__init__(interval_s=1.0)
-        self.client, self.run_name, self.stream, self.rounds = client, run, keys.experience(run), 0
-        self.token_file, self.weights_rejected = run_dir / "token", 0
+        super().__init__(interval_s=1.0 / self.TICKS)
+        self.client, self.run_name, self.stream = client, run, keys.experience(run)
+        self.token_file, self.ticks, self.rounds = run_dir / "token", 0, 0
+        self.forgeries, self.weights_rejected, self.signed, self.refused_this_round = 0, 0, False, False
 
     def work(self) -> None:
         if not self.token_file.exists():  # up writes it before it starts any service
             return
+        rejected = max([0, *(int(r.figures.get("weights_rejected", 0))
+                             for r in live_services(self.client, self.run_name, "rollout"))])  # fmt: skip
+        if rejected > self.weights_rejected:  # the latest forgery was refused: the other kind next
+            self.weights_rejected, self.signed, self.refused_this_round = rejected, not self.signed, True
+        if self.ticks % self.TICKS == 0:
+            self.inject_entries()
+            self.forge_weights(self.signed)
+            self.rounds, self.refused_this_round = self.rounds + 1, False
+        elif (
+            not self.refused_this_round and (published_version(self.client, self.run_name) or 0) < self.FORGED
+        ):
+            self.forge_weights(self.signed)
+        self.ticks += 1
+
+    def inject_entries(self) -> None:
         key = derive_key(self.token_file.read_text().strip(), "experience")
         for fields, _ in BAD_ENTRIES.values():
             record = fields.get("record", b"")
@@ -139,20 +160,16 @@ class Injector(Sidecar):
         self.client.xadd(
             self.stream, {"record": sound, "sig": signature(derive_key("other", "experience"), sound)}
         )
-        self.forge_weights(self.rounds % 2 == 1)
-        self.rounds += 1
-        rollouts = live_services(self.client, self.run_name, "rollout")
-        seen = [int(r.figures.get("weights_rejected", 0)) for r in rollouts]
-        self.weights_rejected = max([self.weights_rejected, *seen])
 
     def forge_weights(self, signed: bool) -> None:
         blob, spec = b"not weights at all", json.dumps({"obs_shape": [3]})
-        version, digest = str(10**6 + self.rounds), hashlib.sha256(blob).hexdigest()
+        version, digest = str(self.FORGED + self.forgeries), hashlib.sha256(blob).hexdigest()
         fields = {"version": version, "blob": blob, "spec": spec, "digest": digest}
         if signed:
             key = derive_key(self.token_file.read_text().strip(), "weights")
             fields["sig"] = signature(key, version.encode(), spec.encode(), digest.encode())
         self.client.hset(keys.weights(self.run_name), mapping=fields)
+        self.forgeries += 1
 
 
 @pytest.mark.integration
@@ -171,9 +188,11 @@ def test_bad_records_are_counted_by_reason_while_pendulum_learns(
     counters = report_rows(run_dir)[-1]["counters"]
     for reason in {reason for _, reason in BAD_ENTRIES.values()} | {"unsigned", "bad_signature"}:
         assert counters.get(f"records_rejected_{reason}", 0) >= 5, (reason, counters)
-    assert (
-        injector.weights_rejected >= 2
-    )  # forged weights refused (unsigned, and garbage); the trainer's own won
+    # forged weights refused, unsigned and signed but garbage alike; the trainer's own won
+    assert injector.weights_rejected >= 2
+    rollout_log = (run_dir / "logs" / "rollout-0.log").read_text()
+    assert "(WeightsRecordError: a weights record without the run's signature)" in rollout_log
+    assert "(ValueError: weights that do not " in rollout_log  # signed, then checked: load, or fit their spec
     trainer_log = (run_dir / "logs" / "trainer.log").read_text()
     assert "skipped" in trainer_log and "(spec_mismatch)" in trainer_log and "Traceback" not in trainer_log
     shown = cli("status", "--redis-url", valkey.url, "--run", "poisoned-stream")

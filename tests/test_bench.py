@@ -34,7 +34,7 @@ def test_a_tiny_benchmark_writes_every_key_and_nulls_the_phases_not_run(tmp_path
         }
     )
     options = BenchOptions(
-        phases=("raw", "collect", "collect_grpc", "train"),
+        phases=("raw", "collect", "collect_grpc", "collect_grpc_secure", "train", "train_secure"),
         timing=Timing(warmup_s=1.0, window_s=4.0, rounds=2),
         out=tmp_path,
     )
@@ -43,13 +43,17 @@ def test_a_tiny_benchmark_writes_every_key_and_nulls_the_phases_not_run(tmp_path
 
     assert json.loads((tmp_path / "bench.json").read_text()) == result
     assert set(RATE_KEYS) <= result.keys()
-    for key in (
+    measured = {
         "raw_env_steps_per_s",
         "collect_env_steps_per_s",
         "collect_grpc_env_steps_per_s",
+        "collect_grpc_secure_env_steps_per_s",  # mutual TLS, token, Redis password, signed records
         "train_env_steps_per_s",
-    ):
+        "train_secure_env_steps_per_s",  # the trainer checks the signatures and signs its weights
+    }
+    for key in measured:
         assert result[key] > 0, key
+    assert result["collect_secure_env_steps_per_s"] is None
     assert result["raw_backend_steps_per_s"] is None, "the gymnasium backend is raw_env_steps_per_s itself"
     assert result["envpool_steps_per_s"] is None and result["sb3_ppo_steps_per_s"] is None
     assert result["scaling"] is None
@@ -60,15 +64,13 @@ def test_a_tiny_benchmark_writes_every_key_and_nulls_the_phases_not_run(tmp_path
         result["collect_env_steps_per_s"] / result["collect_grpc_env_steps_per_s"]
     )
     assert result["ratios"]["collect/envpool"] is None and result["ratios"]["train/sb3"] is None
+    assert result["ratios"]["train_secure/train"] == pytest.approx(
+        result["train_secure_env_steps_per_s"] / result["train_env_steps_per_s"]
+    )
     # raw, collect and collect_grpc alternate in 2 rounds, each round giving every ratio once more; train,
     # whose group has no SB3 here, runs its 2 slices too
     rounds = result["rounds"]
-    assert rounds["steps_per_s"].keys() == {
-        "raw_env_steps_per_s",
-        "collect_env_steps_per_s",
-        "collect_grpc_env_steps_per_s",
-        "train_env_steps_per_s",
-    }
+    assert rounds["steps_per_s"].keys() == measured
     assert all(len(rates) == 2 and min(rates) > 0 for rates in rounds["steps_per_s"].values())
     raw, collect = (
         rounds["steps_per_s"]["raw_env_steps_per_s"],
