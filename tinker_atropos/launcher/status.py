@@ -62,8 +62,15 @@ def print_status(redis_url: str, run: str | None) -> int:
     client = connect_fast(redis_url)
     try:
         return _print_runs(console, client, redis_url, run)
-    except redis.RedisError as error:
+    except redis.AuthenticationError as error:  # a subclass of ConnectionError: before it
+        console.print(f"[red]Redis at {masked(redis_url)} refused the login: {error}", highlight=False)
+        return 1
+    except redis.ConnectionError as error:
         console.print(f"[red]cannot reach Redis at {masked(redis_url)}: {describe(error)}", highlight=False)
+        return 1
+    except redis.RedisError as error:  # reached, and refused a command (an ACL user without a run's keys)
+        hint = " (an ACL user confined to one run needs --run RUN)" if run is None else ""
+        console.print(f"[red]Redis at {masked(redis_url)} refused: {error}{hint}", highlight=False)
         return 1
     finally:
         client.close()
