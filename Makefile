@@ -33,7 +33,7 @@ proto: $(VENV)/.installed  ## regenerate the gRPC/Protobuf stubs from tinker_atr
 deploy-configs: $(VENV)/.installed  ## inline configs/*.yaml into the Kubernetes ConfigMap generator (deploy/k8s/run-configs)
 	$(PY) deploy/k8s/run_configs.py
 
-bench: $(VENV)/.installed  ## throughput vs the simulator alone, EnvPool and SB3 PPO, plus env-service scaling (~10 min)
+bench: $(VENV)/.installed  ## throughput vs the simulator alone, EnvPool and SB3 PPO, each link protected and not, plus env-service scaling (~12 min)
 	$(PY) -m pip install --quiet -e '.[dev,smollm2,bench]'
 	$(PY) -m bench throughput --out bench/out
 

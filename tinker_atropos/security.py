@@ -7,9 +7,10 @@ for mutual TLS), ``TA_TLS_CA`` (the CA a client verifies servers against; set, e
 ``TA_TLS_SERVER_NAME`` (the name a client checks in server certificates, for services that advertise pod IPs).
 ``tinker-atropos secrets`` makes a CA, a certificate and the token for a deployment.
 
-The token: a server interceptor checks ``authorization: Bearer <token>``, a client interceptor sends it. The token comes from a file named by ``TA_TOKEN_FILE`` (``up`` writes one per run,
-mode 0600, and passes its path to the services it starts) or from ``TA_TOKEN``; never from the YAML config,
-which is printed back. Without either, calls are not authenticated (a service bound to loopback, as tests and
+The token: a server interceptor checks ``authorization: Bearer <token>``, a client interceptor sends it. It
+comes from a file named by ``TA_TOKEN_FILE`` (``up`` writes one per run, mode 0600, and passes its path to the
+services it starts) or from ``TA_TOKEN``; never from the YAML config, which is printed back. It also keys the
+HMACs that sign experience and weights in Redis (``signing_key``). Without either, calls are not authenticated (a service bound to loopback, as tests and
 single-user machines run them).
 
 Health checks are left open on purpose: Kubernetes' gRPC probes cannot send metadata, and a health answer
@@ -35,7 +36,6 @@ from tinker_atropos.runtime import FatalError
 log = logging.getLogger(__name__)
 
 OPEN_METHODS = ("/grpc.health.v1.Health/",)  # prefixes of the methods served without the token
-TLS_VARIABLES = ("TA_TLS_CERT", "TA_TLS_KEY", "TA_TLS_CA", "TA_TLS_CLIENT_CA")
 
 
 def _read(variable: str) -> bytes | None:
@@ -75,11 +75,6 @@ def server_credentials() -> grpc.ServerCredentials | None:
     return grpc.ssl_server_credentials(
         [(key, cert)], root_certificates=client_ca, require_client_auth=client_ca is not None
     )
-
-
-def tls_enabled() -> bool:
-    """Whether this process's gRPC channels use TLS (``TA_TLS_CA`` set)."""
-    return bool(os.environ.get("TA_TLS_CA"))
 
 
 def open_channel(address: str, options: list[tuple[str, Any]] | None = None) -> grpc.Channel:
