@@ -133,7 +133,17 @@ def test_rollout_death_pauses_learning_and_frees_env_instances(
     no_tracebacks(processes)
 
 
-def test_trainer_death_resumes_from_checkpoint_with_a_higher_version(cluster: Cluster, processes) -> None:
+@pytest.mark.parametrize("algorithm", ["ppo", "appo"])
+def test_trainer_death_resumes_from_checkpoint_with_a_higher_version(
+    tmp_path: Path, valkey, redis_client, processes: Processes, algorithm: str
+) -> None:
+    cluster = Cluster(tmp_path, processes, valkey.url)
+    config = yaml.safe_load(cluster.path.read_text())
+    if algorithm != "ppo":  # the same run with another algorithm: its section holds PPO's fields it shares
+        shared = config["trainer"].pop("ppo")
+        shared.pop("gae_lambda", None)
+        config["trainer"] |= {"algorithm": algorithm, algorithm: shared}
+        cluster.path.write_text(yaml.safe_dump(config))
     cluster.start("env", "env")
     trainer = cluster.start("trainer", "trainer")
     cluster.start("rollout", "rollout")

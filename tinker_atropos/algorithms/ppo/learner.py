@@ -4,6 +4,7 @@ restore (the core's state, its minibatch RNG, the process RNGs)."""
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -48,7 +49,8 @@ class PPOLearner:
         self.generator = torch.Generator().manual_seed(setup.seed)
 
     def batch(self, trajectories: list[Trajectory]) -> Batch:
-        """Advantages over each run of contiguous trajectories, then everything flattened to [B, …]."""
+        """Advantages over each run of contiguous trajectories (``advantages``), then everything flattened to
+        [B, …]."""
         parts: dict[str, list[np.ndarray]] = {
             k: [] for k in ("obs", "actions", "log_probs", "adv", "returns")
         }
@@ -57,19 +59,9 @@ class PPOLearner:
             def along_time(name: str, run: list[Trajectory] = run) -> np.ndarray:
                 return np.concatenate([getattr(c, name) for c in run])
 
-            rewards = along_time("rewards")
-            advantages, returns = compute_gae(
-                rewards,
-                along_time("values"),
-                along_time("terminated"),
-                along_time("truncated"),
-                along_time("truncation_values"),
-                run[-1].bootstrap_values,
-                self.hp.gamma,
-                self.hp.gae_lambda,
-            )
             observations, actions = along_time("observations"), along_time("actions")
-            flat = rewards.size
+            advantages, returns = self.advantages(run, along_time)
+            flat = advantages.size
             parts["obs"].append(observations.reshape(flat, *observations.shape[2:]))
             parts["actions"].append(actions.reshape(flat, *actions.shape[2:]))
             parts["log_probs"].append(along_time("log_probs").reshape(flat))
@@ -80,6 +72,21 @@ class PPOLearner:
             return torch.as_tensor(np.concatenate(parts[name]), device=self.core.device)
 
         return Batch(tensor("obs"), tensor("actions"), tensor("log_probs"), tensor("adv"), tensor("returns"))
+
+    def advantages(
+        self, run: list[Trajectory], along_time: Callable[[str], np.ndarray]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """GAE over one run, from the acting policy's values: (advantages, returns), time-major [T, N]."""
+        return compute_gae(
+            along_time("rewards"),
+            along_time("values"),
+            along_time("terminated"),
+            along_time("truncated"),
+            along_time("truncation_values"),
+            run[-1].bootstrap_values,
+            self.hp.gamma,
+            self.hp.gae_lambda,
+        )
 
     def learn(self, trajectories: list[Trajectory]) -> dict[str, float]:
         return ppo_update(self.core, self.batch(trajectories), self.hp, self.generator)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, fields, replace
 import numpy as np
 import torch
 
-from tinker_atropos.algorithms.ppo.config import PPOConfig
+from tinker_atropos.algorithms.ppo.config import ClippedObjectiveConfig
 from tinker_atropos.models.mlp import ActorCritic
 from tinker_atropos.trainer.core import AdamParams, TrainingCore
 
@@ -59,7 +59,9 @@ class Batch:
         return Batch(*(getattr(self, f.name).index_select(0, index) for f in fields(self)))
 
 
-def ppo_loss(model: ActorCritic, minibatch: Batch, hp: PPOConfig) -> tuple[torch.Tensor, dict[str, float]]:
+def ppo_loss(
+    model: ActorCritic, minibatch: Batch, hp: ClippedObjectiveConfig
+) -> tuple[torch.Tensor, dict[str, float]]:
     """The clipped surrogate, value and entropy terms on a minibatch whose observations and returns are
     already normalised."""
     new_log_probs, entropy, new_values = model.evaluate(minibatch.observations, minibatch.actions)
@@ -90,13 +92,13 @@ def ppo_loss(model: ActorCritic, minibatch: Batch, hp: PPOConfig) -> tuple[torch
     return loss, stats
 
 
-def adam_params(hp: PPOConfig) -> AdamParams:
+def adam_params(hp: ClippedObjectiveConfig) -> AdamParams:
     """Adam as CleanRL's PPO sets it: eps 1e-5, the global gradient norm clipped first."""
     return AdamParams(learning_rate=hp.learning_rate, eps=1e-5, grad_clip_norm=hp.max_grad_norm)
 
 
 def ppo_update(
-    core: TrainingCore, batch: Batch, hp: PPOConfig, generator: torch.Generator
+    core: TrainingCore, batch: Batch, hp: ClippedObjectiveConfig, generator: torch.Generator
 ) -> dict[str, float]:
     """Update the normalisers on the new batch, then ``update_epochs`` passes of minibatch gradient steps."""
     model: ActorCritic = core.model
