@@ -40,7 +40,8 @@ Transport = Literal["auto", "grpc"]  # how a rollout reaches an env service: see
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # NaN and infinity are no setting: refused by field, also because they do not survive the YAML round trip
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class RunSection(Section):

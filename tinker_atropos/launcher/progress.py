@@ -73,6 +73,16 @@ class ProgressReporter:
             self.client.set(marker, 1)
             self.marked = True
 
+    def env_steps(self) -> int | None:
+        """The run's env steps now, in one small read; None while Redis is away (not asked then: a read that
+        waits for a timeout would slow ``up``'s supervision) or the counter is not a number."""
+        if self.unreachable_since is not None:
+            return None
+        try:
+            return int(self.client.hget(keys.stats(self.run), "env_steps") or 0)
+        except (redis.RedisError, ValueError):
+            return None
+
     def report(self, show: bool = True) -> dict[str, Any] | None:
         """Read, print (if ``show``) and append one row; None while Redis is unreachable."""
         try:
@@ -118,6 +128,10 @@ class ProgressReporter:
             "policy_version": self._policy_version,
             "trainer_busy": round(float(trainer["busy_fraction"]), 3) if "busy_fraction" in trainer else None,
             "policy_lag_mean": float(trainer.get("policy_lag_mean", 0.0)),
+            # {lag: chunks} of the trainer's latest 200 (registry figures come as JSON: keys are strings)
+            "policy_lag_counts": {
+                int(k): int(v) for k, v in (trainer.get("policy_lag_counts") or {}).items()
+            },
             "chunks_written": stats.get("chunks_written", 0),
             "chunks_rejected_stale": stats.get("chunks_rejected_stale", 0),
             "chunks_dropped_backpressure": stats.get("chunks_dropped_backpressure", 0),

@@ -232,7 +232,9 @@ def _supervise_run(
                 next_valkey_start = now + VALKEY_RETRY_S
         if give_up := supervise(children, console):
             raise _Stop(give_up.reason, give_up.exit_code)
-        if now < next_report:
+        # --total-steps is checked every tick, not every report: a fast run would overshoot by an interval's steps
+        steps = reporter.env_steps() if options.total_steps is not None else None
+        if now < next_report and (steps is None or steps < options.total_steps):
             continue
         next_report += config.run.report_interval_s
         row = reporter.report()
