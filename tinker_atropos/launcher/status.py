@@ -41,6 +41,7 @@ SHOWN_FIGURES = {
         "policy_lag_min",
         "policy_lag_mean",
         "policy_lag_max",
+        "policy_lag_counts",
         "records_rejected",
         "updates_discarded_nonfinite",
     ),

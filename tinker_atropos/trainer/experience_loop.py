@@ -93,6 +93,7 @@ class ExperienceLoop:
             policy_lag_min=lag_min,
             policy_lag_mean=lag_mean,
             policy_lag_max=lag_max,
+            policy_lag_counts=self.lag.counts(),
             losses=self.losses,
             records_rejected=self.rejected.totals,
             updates_discarded_nonfinite=self.updates_discarded_nonfinite,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import Counter, deque
 
 BUSY_WINDOW_S = 10.0
 
@@ -41,3 +41,7 @@ class LagMeter:
         if not self._lags:
             return 0.0, 0.0, 0.0
         return float(min(self._lags)), sum(self._lags) / len(self._lags), float(max(self._lags))
+
+    def counts(self) -> dict[int, int]:
+        """How many of the latest chunks had each lag: the distribution, not only its extremes."""
+        return dict(sorted(Counter(self._lags).items()))
