@@ -25,7 +25,7 @@ from tests.conftest import REPO, Processes, wait_for
 from tests.support.running import cli, config_file
 from tests.support.tinker_server import KEY
 from tinker_atropos.models.tiny_lm import ByteTokenizer
-from tinker_atropos.runtime import child_preexec, free_port
+from tinker_atropos.runtime import child_preexec, free_port, stop_process
 from tinker_atropos.state import keys
 from tinker_atropos.state.experience import read_stats
 from tinker_atropos.state.registry import live_services
@@ -90,12 +90,7 @@ class AclValkey:
 
     def stop(self) -> None:
         self.admin.close()
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        stop_process(self.process)
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ import ctypes
 import logging
 import signal
 import socket
+import subprocess
 import threading
 import time
 import uuid
@@ -92,6 +93,17 @@ def child_preexec(death_signal: int = signal.SIGTERM) -> None:
 
     os.setsid()
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, death_signal)
+
+
+def stop_process(process: subprocess.Popen, timeout_s: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL if it is still there after ``timeout_s``; reaped either way (no zombie)."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def configure_logging(kind: str) -> None:

