@@ -18,6 +18,7 @@ import logging
 import math
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +66,8 @@ class ExperienceLoop:
         self.nonfinite_in_a_row = 0
         self.rejected = CountedWarnings("experience records skipped")
         self.losses: dict[str, float] = {}
-        self._stale_unreported = 0
+        # run counters not yet added in Redis: stale chunks, and accepted chunks by policy lag (chunks_lag_N)
+        self._unreported: Counter[str] = Counter()
         self._last_sync = 0.0
         self._last_checkpoint = time.monotonic()
         self.busy = BusyMeter()
@@ -180,15 +182,22 @@ class ExperienceLoop:
             functools.partial(publish_weights, self.client, self.run, key=self.weights_key)
         )
 
+    def report_counters(self) -> None:
+        """Add this trainer's new counts to the run's counters; also called at shutdown, so the run's final
+        figures count every chunk."""
+        self._unreported.update(
+            {f"records_rejected_{k}": n for k, n in self.rejected.take_unreported().items()}
+        )
+        add_stats(self.client, self.run, **self._unreported)
+        self._unreported.clear()
+
     def sync_redis(self) -> None:
         """Report counters, and publish again if Redis lost the weights (restarted without persistence)
         or missed the last publication: rollouts must always find the current version."""
         now = time.monotonic()
         if now - self._last_sync < SYNC_INTERVAL_S:
             return
-        counts = {f"records_rejected_{k}": n for k, n in self.rejected.take_unreported().items()}
-        add_stats(self.client, self.run, chunks_rejected_stale=self._stale_unreported, **counts)
-        self._stale_unreported = 0
+        self.report_counters()
         try:
             published = verified_version(self.client, self.run, self.weights_key)
         except ValueError as error:  # a malformed record, or one this trainer did not sign: replace it
@@ -223,9 +232,10 @@ class ExperienceLoop:
         lag = self.version - trajectory.policy_version
         if lag > self.config.trainer.max_policy_lag:
             self.chunks_rejected_stale += 1
-            self._stale_unreported += 1
+            self._unreported["chunks_rejected_stale"] += 1
             return None
         self.lag.record(lag)
+        self._unreported[f"chunks_lag_{lag}"] += 1
         return trajectory
 
     def learn(self, trajectories: list[Trajectory]) -> bool:

@@ -3,6 +3,7 @@ with the env's spaces read off a live env service, so that the trainer needs no 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from pathlib import Path
@@ -78,6 +79,8 @@ class TrainerService:
                 self.loop.train(stop)
             finally:  # also when it diverged: the parameters are the last finite ones
                 self.loop.checkpoint()
+                with contextlib.suppress(redis.RedisError):  # Redis away: only these last counts are lost
+                    self.loop.report_counters()
         finally:
             if self.tinker is not None:
                 self.tinker.close()
