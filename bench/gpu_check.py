@@ -39,6 +39,7 @@ def make_chunks(count: int, seed: int) -> list[Trajectory]:
             truncated=np.zeros((T, N), bool),
             truncation_values=np.zeros((T, N), f32),
             bootstrap_observations=rng.normal(size=(N, OBS)).astype(f32),
+            truncated_observations=np.zeros((0, OBS), f32),
             bootstrap_values=rng.normal(size=N).astype(f32),
         )
         for _ in range(count)

@@ -62,7 +62,7 @@ BAD_ENTRIES = {
     ("record", "reason", "message"),
     [
         (b"\xff\xfe", "undecodable", "not an ExperienceRecord"),
-        (wrong_schema(), "schema_version", "schema version 7; this trainer reads 1"),
+        (wrong_schema(), "schema_version", "schema version 7; this trainer reads 2"),
         (without_actions(), "missing_field", "a chunk without actions"),
         (serialized_chunk(2, 0, obs_dim=5), "spec_mismatch", "observations of shape (8, 2, 5)"),
         (
@@ -90,7 +90,7 @@ def test_discrete_actions_outside_the_space_are_a_spec_mismatch() -> None:
     record = encode_trajectory(Trajectory(
         policy_version=0, observations=np.zeros((2, 1, 4), np.float32), actions=np.array([[1], [2]]),
         log_probs=zeros, rewards=zeros, terminated=zeros.astype(bool), truncated=zeros.astype(bool),
-        bootstrap_observations=np.zeros((1, 4), np.float32),
+        bootstrap_observations=np.zeros((1, 4), np.float32), truncated_observations=np.zeros((0, 4), np.float32),
     ))  # fmt: skip  # CartPole acts 0 or 1
     with pytest.raises(RecordError, match=r"Discrete actions outside \[0, 1\]: 1..2") as error:
         decode_trajectory(record, TrajectorySpec(obs_shape=(4,), action_shape=(), discrete=(0, 1)))

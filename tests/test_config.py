@@ -86,7 +86,7 @@ def test_an_algorithm_is_chosen_by_name_and_its_section_validated_by_its_own_mod
     with pytest.raises(ConfigError) as error:
         parse_config({"trainer": {"algorithm": "sacc", "ppo": {"clip_coef": -1}}}, "run.yaml")
     message = str(error.value)
-    assert "trainer.algorithm: unknown algorithm 'sacc'; registered: appo, ppo" in message
+    assert "trainer.algorithm: unknown algorithm 'sacc'; registered: appo, ppo, sac" in message
     with pytest.raises(ConfigError, match=r"trainer\.ppo\.clip_coef: Input should be greater than 0"):
         parse_config({"trainer": {"ppo": {"clip_coef": -1}}})
 

@@ -133,17 +133,21 @@ def test_rollout_death_pauses_learning_and_frees_env_instances(
     no_tracebacks(processes)
 
 
-@pytest.mark.parametrize("algorithm", ["ppo", "appo"])
+@pytest.mark.parametrize("algorithm", ["ppo", "appo", "sac"])
 def test_trainer_death_resumes_from_checkpoint_with_a_higher_version(
     tmp_path: Path, valkey, redis_client, processes: Processes, algorithm: str
 ) -> None:
     cluster = Cluster(tmp_path, processes, valkey.url)
     config = yaml.safe_load(cluster.path.read_text())
-    if algorithm != "ppo":  # the same run with another algorithm: its section holds PPO's fields it shares
+    if algorithm == "appo":  # the same run with another algorithm: its section holds PPO's fields it shares
         shared = config["trainer"].pop("ppo")
         shared.pop("gae_lambda", None)
         config["trainer"] |= {"algorithm": algorithm, algorithm: shared}
-        cluster.path.write_text(yaml.safe_dump(config))
+    if algorithm == "sac":  # the shipped SAC config's trainer and chunks, checkpointing as often
+        sac = yaml.safe_load((REPO / "configs" / "pendulum-sac.yaml").read_text())
+        config["trainer"] = sac["trainer"] | {"checkpoint": config["trainer"]["checkpoint"]}
+        config["rollout"] |= sac["rollout"]
+    cluster.path.write_text(yaml.safe_dump(config))
     cluster.start("env", "env")
     trainer = cluster.start("trainer", "trainer")
     cluster.start("rollout", "rollout")
@@ -157,6 +161,9 @@ def test_trainer_death_resumes_from_checkpoint_with_a_higher_version(
     wait_for(lambda: cluster.version() > before, 60, "the restarted trainer to publish")
     log = next(processes.log_dir.glob("trainer-4.log")).read_text()
     assert re.search(r"resumed from .*checkpoint-\d+\.pt at policy version \d+", log), log[-2000:]
+    if algorithm == "sac":  # the replay buffer comes back with the checkpoint
+        restored = re.search(r"replay buffer restored: (\d+) transitions", log)
+        assert restored and int(restored[1]) > 0, log[-2000:]
     no_tracebacks(processes)
 
 

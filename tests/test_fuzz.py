@@ -408,6 +408,7 @@ def cartpole_record(steps: int, instances: int, seed: int) -> bytes:
         terminated=rng.random(t_n) < 0.2,
         truncated=np.zeros(t_n, bool),
         bootstrap_observations=rng.standard_normal((instances, 4)).astype(np.float32),
+        truncated_observations=np.zeros((0, 4), np.float32),
         values=np.zeros(t_n, np.float32),
         truncation_values=np.zeros(t_n, np.float32),
         bootstrap_values=np.zeros(instances, np.float32),

@@ -52,6 +52,16 @@ def test_pendulum_learns_to_swing_up(tmp_path: Path) -> None:
     assert (tmp_path / "run" / "checkpoints").is_dir()
 
 
+def test_pendulum_learns_with_sac_from_its_replay_buffer(tmp_path: Path) -> None:
+    """SAC: chunks go into the trainer's replay buffer, one gradient step per env step; none is ever stale."""
+    budget = 30_000
+    rows = run_up("pendulum-sac.yaml", tmp_path / "run", budget, target_return=-300.0)
+    assert_learned(rows, random_below=-900.0, target=-300.0, budget=budget)
+    assert rows[-1]["counters"].get("chunks_rejected_stale", 0) == 0
+    trainer_log = (tmp_path / "run" / "logs" / "trainer.log").read_text()
+    assert "Traceback" not in trainer_log
+
+
 def test_cartpole_learns_to_balance(tmp_path: Path) -> None:
     budget = 200_000
     rows = run_up("cartpole.yaml", tmp_path / "run", budget, target_return=300.0)

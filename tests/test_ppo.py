@@ -144,6 +144,7 @@ def _chunk(
     obs = rng.normal(size=(t, n, 3)).astype(np.float32)
     if first_obs is not None:
         obs[0] = first_obs
+    truncated = rng.random((t, n)) < 0.1
     return Trajectory(
         policy_version=0,
         env_incarnation="e",
@@ -153,9 +154,10 @@ def _chunk(
         values=rng.normal(size=(t, n)).astype(np.float32),
         rewards=rng.normal(size=(t, n)).astype(np.float32),
         terminated=rng.random((t, n)) < 0.2,
-        truncated=rng.random((t, n)) < 0.1,
+        truncated=truncated,
         truncation_values=rng.normal(size=(t, n)).astype(np.float32),
         bootstrap_observations=rng.normal(size=(n, 3)).astype(np.float32),
+        truncated_observations=rng.normal(size=(int(truncated.sum()), 3)).astype(np.float32),
         bootstrap_values=rng.normal(size=n).astype(np.float32),
     )
 

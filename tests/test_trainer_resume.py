@@ -36,6 +36,7 @@ def chunk(seed: int, version: int) -> Trajectory:
         truncated=np.zeros((t, n), bool),
         truncation_values=np.zeros((t, n), np.float32),
         bootstrap_observations=rng.standard_normal((n, 3)).astype(np.float32),
+        truncated_observations=np.zeros((0, 3), np.float32),
         bootstrap_values=np.zeros(n, np.float32),
     )
 

@@ -211,8 +211,8 @@ class TinkerSection(Section):
 class TrainerSection(Section):
     algorithm: str = Field(
         "ppo",
-        description="Learning algorithm: a registered name (ppo, appo), or 'module:name' for one the module registers "
-        "when imported. Its hyper-parameters are the section of that name (trainer.ppo, trainer.appo).",
+        description="Learning algorithm: a registered name (ppo, appo, sac), or 'module:name' for one the module registers "
+        "when imported. Its hyper-parameters are the section of that name (trainer.ppo, trainer.appo, trainer.sac).",
     )
     device: Device = Field("cpu", description="Where learning runs: cpu, cuda, cuda:N or auto.")
     samples_per_update: int = Field(

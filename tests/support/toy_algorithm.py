@@ -40,6 +40,7 @@ def rewards_to_go(trajectory: Trajectory, gamma: float) -> np.ndarray:
 class ToyPGLearner:
     experience = "trajectories"
     needs_values = False
+    replay = None
 
     def __init__(self, setup: LearnerSetup) -> None:
         self.hp = setup.hyperparameters

@@ -1,3 +1,3 @@
 """Learning algorithms, registered by name for ``trainer.algorithm`` (see ``core``); the built-ins register here."""
 
-from tinker_atropos.algorithms import appo, ppo  # noqa: F401 - register "appo", "ppo"
+from tinker_atropos.algorithms import appo, ppo, sac  # noqa: F401 - register "appo", "ppo", "sac"

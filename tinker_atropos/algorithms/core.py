@@ -26,10 +26,11 @@ if TYPE_CHECKING:
     from tinker_atropos.config import TrainerSection
     from tinker_atropos.protocol.trajectory import Trajectory
     from tinker_atropos.trainer.core import TrainingCore
+    from tinker_atropos.trainer.replay import ReplayBuffer
 
-# What a learner consumes: on-policy batches of whole trajectories (contiguous runs of chunks, acted by recent
-# versions); "transitions" for a replay buffer is the off-policy kind to come.
-Experience = Literal["trajectories"]
+# What a learner consumes: "trajectories", on-policy batches of whole chunks acted by recent versions (older than
+# trainer.max_policy_lag: rejected as stale); "transitions", chunks of any age for a replay buffer (``replay``).
+Experience = Literal["trajectories", "transitions"]
 
 
 @dataclass(frozen=True)
@@ -51,12 +52,15 @@ class Learner(Protocol):
     core: TrainingCore
     experience: Experience
     needs_values: bool  # learns from the acting policy's critic values (its trajectories must carry them)
+    replay: ReplayBuffer | None  # an off-policy learner's transitions, checkpointed beside its state_dict
 
     def learn(self, trajectories: Sequence[Trajectory]) -> dict[str, float]:
         """One update from a batch of experience; its loss metrics."""
         ...
 
-    def state_dict(self) -> dict[str, Any]: ...
+    def state_dict(self) -> dict[str, Any]:
+        """What an undone update restores and a checkpoint holds; the replay buffer is saved apart."""
+        ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 

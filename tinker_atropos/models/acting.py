@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from tinker_atropos.models.mlp import MODEL, ActorCritic
+from tinker_atropos.models.mlp import LOG_STD_MAX, LOG_STD_MIN, MODEL, ActorCritic
 from tinker_atropos.models.weights import weights_from_bytes
 
 
@@ -71,7 +71,18 @@ class InferencePolicy:
             else (1.0, 0.0)
         )
         self.return_std, self.return_mean = ret_std, ret_mean
-        if not self.discrete:
+        self.squashed = model.squashed
+        if self.squashed:  # the actor outputs [mean, log std]; actions are scaled from [-1, 1] to the bounds
+            self.action_dim = self.n_out // 2
+            self.action_mid, self.action_half = (
+                self._array(model.action_mid),
+                self._array(model.action_half_range),
+            )
+            # log |d env action / d unit action|, and the Gaussian's constant, per draw
+            self.log_prob_offset = -(
+                model.action_half_range.log().sum().item() + self.action_dim * 0.5 * math.log(2 * math.pi)
+            )
+        elif not self.discrete:
             log_std = model.actor_logstd.reshape(-1)
             self.action_std = self._array(log_std.exp())
             # log N(mean + std * eps | mean, std) = -eps^2 / 2 - log std - log sqrt(2 pi), summed over dimensions
@@ -128,6 +139,16 @@ class InferencePolicy:
             index = xp.clip(xp.sum(below, axis=1), None, self.n_out - 1)  # rounding can leave the sum < 1
             log_prob = log_p[xp.arange(out.shape[0]), index]
             actions = index + self.action_start
+        elif self.squashed:
+            mean, log_std = out[:, : self.action_dim], out[:, self.action_dim :]
+            log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (xp.tanh(log_std) + 1)
+            eps = self._standard_normal(tuple(mean.shape))
+            unit = xp.tanh(mean + xp.exp(log_std) * eps)
+            actions = self.action_mid + self.action_half * unit
+            # log N(pre-tanh | mean, std), minus log(1 - tanh^2) and log half-range: the density of the env action
+            log_prob = self.log_prob_offset - xp.sum(
+                0.5 * eps * eps + log_std + xp.log(1 - unit * unit + 1e-6), axis=1
+            )
         else:
             eps = self._standard_normal(tuple(out.shape))
             actions = out + self.action_std * eps

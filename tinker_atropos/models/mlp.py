@@ -1,4 +1,5 @@
-"""MLP policies for Box (Gaussian) and Discrete (categorical) action spaces, with or without a critic.
+"""MLP policies for Box (Gaussian, or tanh-squashed Gaussian within the space's bounds) and Discrete (categorical)
+action spaces, with or without a critic.
 
 Any algorithm may learn them; a rollout acts with them knowing only their spec (``models.acting``). The
 observation normaliser and the return normaliser are buffers of the network, so the weights a rollout loads carry
@@ -17,6 +18,8 @@ from torch import nn
 from torch.distributions import Categorical, Distribution, Normal
 
 MODEL = "mlp"  # the spec's "model": what ``models.acting`` builds from it
+# A squashed Gaussian's log standard deviation, state-dependent, is kept in this range (as CleanRL's SAC)
+LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 
 
 def mlp_spec(
@@ -26,11 +29,18 @@ def mlp_spec(
     normalize_observations: bool,
     normalize_returns: bool,
     critic: bool = True,
+    squashed: bool = False,
 ) -> dict[str, Any]:
     """The JSON-able description that rebuilds the network (published with its weights). ``model`` is the
-    config's ``trainer.model`` section."""
+    config's ``trainer.model`` section. ``squashed``: a Box action is tanh(Gaussian) scaled to the space's
+    bounds, its standard deviation an output of the actor (SAC's policy)."""
     if isinstance(action_space, gym.spaces.Box):
-        action = {"kind": "box", "shape": list(action_space.shape)}
+        action: dict[str, Any] = {"kind": "box", "shape": list(action_space.shape)}
+        if squashed:
+            if not (np.isfinite(action_space.low).all() and np.isfinite(action_space.high).all()):
+                raise ValueError(f"a squashed policy needs a bounded Box action space, not {action_space}")
+            low, high = action_space.low.astype(np.float64), action_space.high.astype(np.float64)
+            action.update(squash=True, low=low.ravel().tolist(), high=high.ravel().tolist())
     elif isinstance(action_space, gym.spaces.Discrete):
         action = {"kind": "discrete", "n": int(action_space.n), "start": int(action_space.start)}
     else:
@@ -84,7 +94,8 @@ def _layer(n_in: int, n_out: int, std: float) -> nn.Linear:
     return layer
 
 
-def _mlp(n_in: int, hidden: list[int], n_out: int, activation: str, out_std: float) -> nn.Sequential:
+def build_mlp(n_in: int, hidden: list[int], n_out: int, activation: str, out_std: float) -> nn.Sequential:
+    """Linear layers with orthogonal initialisation (CleanRL's), ``activation`` between them."""
     act = {"tanh": nn.Tanh, "relu": nn.ReLU}[activation]
     layers: list[nn.Module] = []
     for width in hidden:
@@ -103,14 +114,20 @@ class ActorCritic(nn.Module):
         n_out = spec["action"]["n"] if self.discrete else int(np.prod(spec["action"]["shape"]))
         # Discrete(n, start): the env's actions are start..start+n-1, the categorical's indices 0..n-1
         self.action_start = int(spec["action"].get("start", 0)) if self.discrete else 0
+        # squashed: the actor outputs a mean and a log standard deviation per action dimension
+        self.squashed = bool(spec["action"].get("squash", False))
         hidden, activation = spec["hidden_sizes"], spec["activation"]
         self.obs_rms = RunningMeanStd((obs_dim,))
         self.return_rms = RunningMeanStd(())
         self.has_critic = bool(spec.get("critic", True))
         # built first, as before critics were optional: the parameters a seed gives stay the same
-        self.critic = _mlp(obs_dim, hidden, 1, activation, out_std=1.0) if self.has_critic else None
-        self.actor = _mlp(obs_dim, hidden, n_out, activation, out_std=0.01)
-        if not self.discrete:
+        self.critic = build_mlp(obs_dim, hidden, 1, activation, out_std=1.0) if self.has_critic else None
+        self.actor = build_mlp(obs_dim, hidden, n_out * (2 if self.squashed else 1), activation, out_std=0.01)
+        if self.squashed:
+            low, high = (torch.tensor(spec["action"][k], dtype=torch.float32) for k in ("low", "high"))
+            self.register_buffer("action_mid", (high + low) / 2, persistent=False)
+            self.register_buffer("action_half_range", (high - low) / 2, persistent=False)
+        elif not self.discrete:
             self.actor_logstd = nn.Parameter(torch.full((1, n_out), float(spec["init_log_std"])))
 
     def normalize_obs(self, obs: torch.Tensor) -> torch.Tensor:
@@ -158,3 +175,17 @@ class ActorCritic(nn.Module):
         dist = self.distribution(norm_obs)
         value = self.normalized_value(norm_obs) if self.has_critic else None
         return self.log_prob(dist, actions), self.entropy(dist), value
+
+    def squashed_sample(self, norm_obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A reparameterised draw of a squashed policy: (action in [-1, 1], its log-probability), the change of
+        variables through tanh included."""
+        mean, log_std = self.actor(norm_obs).chunk(2, dim=-1)
+        log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (torch.tanh(log_std) + 1)
+        pre_tanh = mean + log_std.exp() * torch.randn_like(mean)
+        action = torch.tanh(pre_tanh)
+        log_prob = Normal(mean, log_std.exp(), validate_args=False).log_prob(pre_tanh)
+        return action, (log_prob - torch.log1p(-action.square() + 1e-6)).sum(-1)
+
+    def to_unit_actions(self, env_actions: torch.Tensor) -> torch.Tensor:
+        """A squashed policy's env actions (within the space's bounds) as the [-1, 1] actions it sampled."""
+        return (env_actions - self.action_mid) / self.action_half_range

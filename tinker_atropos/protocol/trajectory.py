@@ -20,7 +20,7 @@ from google.protobuf.message import DecodeError
 from tinker_atropos.protocol import tensors
 from tinker_atropos.protocol.v1 import environment_pb2, experience_pb2
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: truncated_observations
 
 # Tensors every trajectory carries, and those only a policy with a critic fills in (all three or none).
 REQUIRED = (
@@ -31,11 +31,19 @@ REQUIRED = (
     "terminated",
     "truncated",
     "bootstrap_observations",
+    "truncated_observations",
 )
 CRITIC = ("values", "truncation_values", "bootstrap_values")
 _TIME_MAJOR = ("observations", "actions", "log_probs", "rewards", "terminated", "truncated", "values",
                "truncation_values")  # fmt: skip
-_FLOAT32 = ("observations", "log_probs", "rewards", "bootstrap_observations", *CRITIC)
+_FLOAT32 = (
+    "observations",
+    "log_probs",
+    "rewards",
+    "bootstrap_observations",
+    "truncated_observations",
+    *CRITIC,
+)
 
 
 class RecordError(ValueError):
@@ -71,6 +79,8 @@ class Trajectory:
     terminated: np.ndarray  # [T, N] bool
     truncated: np.ndarray  # [T, N] bool
     bootstrap_observations: np.ndarray  # [N, *obs_shape] float32, the observation after the last step
+    # [K, *obs_shape] float32, the final observation of each truncated step, in the order of truncated.nonzero()
+    truncated_observations: np.ndarray
     values: np.ndarray | None = (
         None  # [T, N] float32, the acting policy's value estimates, if it has a critic
     )
@@ -181,6 +191,7 @@ def _check_shapes(arrays: dict[str, np.ndarray], spec: TrajectorySpec) -> None:
         "observations": (*t_n, *spec.obs_shape),
         "actions": (*t_n, *spec.action_shape),
         "bootstrap_observations": (n, *spec.obs_shape),
+        "truncated_observations": (int(arrays["truncated"].sum()), *spec.obs_shape),
         "bootstrap_values": (n,),
         **{k: t_n for k in ("log_probs", "values", "terminated", "truncated", "truncation_values")},
     }

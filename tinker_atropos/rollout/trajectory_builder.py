@@ -36,6 +36,8 @@ class TrajectoryBuilder:
         self.truncated = np.zeros((t, n), bool)
         self.values = np.zeros((t, n), np.float32) if with_values else None
         self.truncation_values = np.zeros((t, n), np.float32) if with_values else None
+        self.obs_shape = tuple(obs_shape)
+        self.truncated_observations: list[np.ndarray] = []  # per step, the final observations it truncated
         self.episodes: list[environment_pb2.EpisodeEnd] = []
         self.steps = 0
 
@@ -46,6 +48,7 @@ class TrajectoryBuilder:
     def reset(self) -> None:
         if self.truncation_values is not None:
             self.truncation_values.fill(0.0)
+        self.truncated_observations = []
         self.episodes = []
         self.steps = 0
 
@@ -71,6 +74,8 @@ class TrajectoryBuilder:
             self.values[t] = values
             if truncation_values is not None:  # else the zeros ``reset`` left
                 self.truncation_values[t] = truncation_values
+        if step.final_indices.size:
+            self.truncated_observations.append(step.truncated_finals()[1])
         self.episodes.extend(step.episodes)
         self.steps += 1
 
@@ -93,6 +98,9 @@ class TrajectoryBuilder:
             terminated=self.terminated,
             truncated=self.truncated,
             bootstrap_observations=bootstrap_observations,
+            truncated_observations=np.concatenate(
+                [np.empty((0, *self.obs_shape), np.float32), *self.truncated_observations]
+            ),
             values=self.values,
             truncation_values=self.truncation_values,
             bootstrap_values=bootstrap_values if self.values is not None else None,

@@ -1,8 +1,9 @@
 """The Redis-fed front-end of the training core: the experience stream in, versioned weights and checkpoints out.
 
 It takes whole trajectories from the stream until it holds ``trainer.samples_per_update`` env steps, checks every
-record (``decode_trajectory``: a bad one is skipped and counted by reason) and its staleness (more than
-``trainer.max_policy_lag`` versions old: rejected and counted), has the algorithm's learner update the core, and
+record (``decode_trajectory``: a bad one is skipped and counted by reason) and, for an on-policy learner, its
+staleness (more than ``trainer.max_policy_lag`` versions old: rejected and counted; an off-policy learner's replay
+takes chunks of any age), has the algorithm's learner update the core, and
 publishes each new version for the rollouts. An update that leaves a NaN or an infinity in the loss or the
 parameters is undone, so non-finite weights are never published; ``trainer.max_nonfinite_updates`` of them in a
 row stop the trainer with an error. The policy version only goes up: on start the loop resumes from the latest
@@ -41,7 +42,7 @@ from tinker_atropos.trainer.metrics import BusyMeter, LagMeter
 log = logging.getLogger(__name__)
 
 SYNC_INTERVAL_S = 1.0
-CHECKPOINT_FORMAT = 2  # {"format", "algorithm", "learner": Learner.state_dict(), "counters"}
+CHECKPOINT_FORMAT = 2  # {"format", "algorithm", "learner": Learner.state_dict(), "replay", "counters"}
 
 
 class TrainingDiverged(FatalError):
@@ -127,6 +128,9 @@ class ExperienceLoop:
             self.version = version + 1
             return
         self.learner.load_state_dict(state["learner"])
+        if self.learner.replay is not None and state.get("replay") is not None:
+            self.learner.replay.load_state_dict(state["replay"])
+            log.info("replay buffer restored: %d transitions", len(self.learner.replay))
         counters = state["counters"]
         self.updates, self.env_steps_trained = counters["updates"], counters["env_steps_trained"]
         log.info("resumed from %s at policy version %d", path, self.version)
@@ -166,6 +170,7 @@ class ExperienceLoop:
             "format": CHECKPOINT_FORMAT,
             "algorithm": self.algorithm.name,
             "learner": self.learner.state_dict(),
+            "replay": None if self.learner.replay is None else self.learner.replay.state_dict(),
             "counters": {"updates": self.updates, "env_steps_trained": self.env_steps_trained},
         }
 
@@ -230,7 +235,7 @@ class ExperienceLoop:
             self.rejected.add(error.reason, str(error))
             return None
         lag = self.version - trajectory.policy_version
-        if lag > self.config.trainer.max_policy_lag:
+        if self.learner.experience == "trajectories" and lag > self.config.trainer.max_policy_lag:
             self.chunks_rejected_stale += 1
             self._unreported["chunks_rejected_stale"] += 1
             return None

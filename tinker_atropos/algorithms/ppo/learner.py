@@ -39,6 +39,7 @@ def contiguous_runs(chunks: list[Trajectory]) -> list[list[Trajectory]]:
 class PPOLearner:
     experience: Experience = "trajectories"
     needs_values = True
+    replay = None  # on-policy: each batch is learned from once
 
     def __init__(self, setup: LearnerSetup) -> None:
         self.hp = hp = setup.hyperparameters
