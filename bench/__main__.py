@@ -80,16 +80,20 @@ def learn(
     seeds: Annotated[int, typer.Option(min=1, help="Runs per system, seeds run.seed, run.seed + 1, ...")] = 1,
     out: Annotated[Path, typer.Option(help="Folder for bench-learn.json and its chart.")] = Path("bench/out"),
     systems: Annotated[
-        str, typer.Option(help="Comma-separated: tinker_atropos, sb3_ppo (default both).")
-    ] = "tinker_atropos,sb3_ppo",
+        str,
+        typer.Option(
+            help="Comma-separated: tinker_atropos, sb3_ppo, sb3_sac. Default: ours and SB3 running the config's "
+            "algorithm (SAC for sac, PPO otherwise)."
+        ),
+    ] = "",
 ) -> None:
-    """Mean return after the same wall time: tinker-atropos against Stable-Baselines3 PPO, one after the other."""
+    """Mean return after the same wall time: tinker-atropos against Stable-Baselines3, one after the other."""
     from rich.console import Console
 
     from bench.learn import LearnOptions, run_learning_benchmark
 
     try:
-        chosen = tuple(s.strip() for s in systems.split(",") if s.strip())
+        chosen = tuple(s.strip() for s in systems.split(",") if s.strip()) or None
         options = LearnOptions(budget_s=minutes * 60, seeds=seeds, out=out, systems=chosen)
     except ValueError as error:
         typer.echo(str(error), err=True)

@@ -1,9 +1,10 @@
-"""Learning under a wall-clock budget: our whole system against Stable-Baselines3 PPO on the same machine.
+"""Learning under a wall-clock budget: our whole system against Stable-Baselines3 on the same machine.
 
 Throughput means nothing if the policy learns less, so this measures what a user gets: the mean return of the
 latest episodes after the same wall time (start-up included) for each system and seed, run one after the other
-so that they never share the CPUs. SB3 is set up as our trainer (``phases.sb3_ppo``): same batch, epochs and
-hyper-parameters, observations and returns normalised.
+so that they never share the CPUs. SB3 runs the config's algorithm, set up as our trainer: PPO
+(``phases.sb3_ppo``: same batch, epochs and hyper-parameters, observations and returns normalised) for ppo and
+appo, SAC (``phases.sb3_sac``: same network, batch, buffer and update-to-data ratio) for sac.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,13 +24,21 @@ from rich.console import Console
 from rich.table import Table
 
 from bench import report
-from bench.phases import sb3_ppo
+from bench.phases import sb3_ppo, sb3_sac
 from bench.throughput import STEP_CONVENTION
 from tinker_atropos.config import Config
 from tinker_atropos.launcher.progress import RETURN_WINDOW
 from tinker_atropos.runtime import child_preexec
 
-SYSTEMS = ("tinker_atropos", "sb3_ppo")
+SYSTEMS = ("tinker_atropos", "sb3_ppo", "sb3_sac")
+SB3_BUILDERS = {"sb3_ppo": sb3_ppo, "sb3_sac": sb3_sac}
+
+
+def sb3_peer(config: Config) -> str:
+    """The SB3 system a config is compared with: SAC for sac, PPO otherwise (APPO's nearest in SB3)."""
+    return "sb3_sac" if config.trainer.algorithm == "sac" else "sb3_ppo"
+
+
 FINAL_FRACTION_START = 0.9  # the final return averages the curve over the last tenth of the budget
 
 
@@ -40,10 +48,10 @@ class LearnOptions:
     seeds: int
     out: Path
     report_interval_s: float = 5.0
-    systems: tuple[str, ...] = SYSTEMS
+    systems: tuple[str, ...] | None = None  # None: ours and the config's SB3 peer (``sb3_peer``)
 
     def __post_init__(self) -> None:
-        unknown = set(self.systems) - set(SYSTEMS)
+        unknown = set(self.systems or ()) - set(SYSTEMS)
         if unknown:
             raise ValueError(f"unknown systems {sorted(unknown)}; allowed: {', '.join(SYSTEMS)}")
 
@@ -76,14 +84,17 @@ def ours(config: Config, budget_s: float, work_dir: Path) -> list[dict[str, Any]
     return [_point(r["wall_time_s"], r["env_steps"], r["episode_return_mean"]) for r in rows]
 
 
-def sb3(config: Config, budget_s: float, report_interval_s: float) -> list[dict[str, Any]] | None:
-    """SB3 PPO ``learn()`` for ``budget_s`` of wall time, model set-up included; None without SB3."""
+def sb3(
+    system: str, config: Config, budget_s: float, report_interval_s: float
+) -> list[dict[str, Any]] | None:
+    """SB3's ``learn()`` (``system``: sb3_ppo or sb3_sac) for ``budget_s`` of wall time, model set-up included;
+    None without SB3."""
     try:
         from stable_baselines3.common.callbacks import BaseCallback
     except ImportError:
         return None
     start = time.monotonic()
-    model = sb3_ppo(config)
+    model = SB3_BUILDERS[system](config)
     curve: list[dict[str, Any]] = []
 
     class Budget(BaseCallback):
@@ -144,30 +155,34 @@ def _run(seed: int, curve: list[dict[str, Any]], budget_s: float) -> dict[str, A
 def run_learning_benchmark(config: Config, options: LearnOptions, console: Console) -> dict[str, Any]:
     """Each seed: our system, then SB3, each for the budget. Writes bench-learn.json and its chart."""
     options.out.mkdir(parents=True, exist_ok=True)
-    systems: dict[str, Callable[[Config, Path], list[dict[str, Any]] | None]] = {
-        "tinker_atropos": lambda cfg, work: ours(cfg, options.budget_s, work),
-        "sb3_ppo": lambda cfg, work: sb3(cfg, options.budget_s, options.report_interval_s),
-    }
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in SYSTEMS}
+    chosen = options.systems or ("tinker_atropos", sb3_peer(config))
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in SYSTEMS if name in chosen}
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench-learn-", dir=options.out) as scratch:
         for k in range(options.seeds):
             cfg = config.model_copy(deep=True)
             cfg.run.seed = config.run.seed + k
             cfg.run.report_interval_s = options.report_interval_s
-            for name in (name for name in SYSTEMS if name in options.systems):
+            for name in runs:
                 console.print(f"[bold]{name}[/] seed {cfg.run.seed}: {options.budget_s:g} s of wall time")
-                curve = systems[name](cfg, Path(scratch) / f"{name}-seed{cfg.run.seed}")
+                if name == "tinker_atropos":
+                    curve = ours(cfg, options.budget_s, Path(scratch) / f"{name}-seed{cfg.run.seed}")
+                else:
+                    curve = sb3(name, cfg, options.budget_s, options.report_interval_s)
                 if curve is not None:
                     runs[name].append(_run(cfg.run.seed, curve, options.budget_s))
-    summary = {name: _summary(runs[name]) for name in SYSTEMS}
-    ours_s, sb3_s = summary["tinker_atropos"], summary["sb3_ppo"]
+    summary = {name: _summary(system_runs) for name, system_runs in runs.items()}
+    peer = next((name for name in runs if name != "tinker_atropos"), None)
+    ours_s, peer_s = summary.get("tinker_atropos"), summary.get(peer) if peer else None
     result = {
         "budget_s": options.budget_s,
+        "algorithm": config.trainer.algorithm,
         "runs": runs,
         "summary": summary,
-        "return_difference": ours_s["final_return_mean"] - sb3_s["final_return_mean"]
-        if ours_s and sb3_s
+        "peer": peer,
+        # ours minus the peer's final return (a ratio means nothing for returns below zero, as Pendulum's)
+        "return_difference": ours_s["final_return_mean"] - peer_s["final_return_mean"]
+        if ours_s and peer_s
         else None,
         "conditions": {
             "env_id": config.env.id,
@@ -220,7 +235,7 @@ def _draw_curves(result: dict[str, Any], path: Path) -> Path | None:
     except ImportError:
         return None
     fig, ax = plt.subplots(figsize=(7, 4))
-    for color, name in zip(("tab:blue", "tab:orange"), SYSTEMS, strict=True):
+    for color, name in zip(("tab:blue", "tab:orange", "tab:green"), result["runs"], strict=False):
         for i, run in enumerate(result["runs"][name]):
             points = [p for p in run["curve"] if p["episode_return_mean"] is not None]
             ax.plot(

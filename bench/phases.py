@@ -414,6 +414,47 @@ def sb3_ppo(config: Config) -> Any:
     )
 
 
+def sb3_sac(config: Config) -> Any:
+    """Stable-Baselines3 SAC set up as our SAC is: same env and instance count (DummyVecEnv), network, batch,
+    buffer, learning start, discount, Polyak step, temperature, and update-to-data ratio (one collection step of
+    every instance, then ``utd_ratio x instances`` gradient steps). SB3 has one learning rate for actor and
+    critics: a config with two different ones is refused rather than compared unlike for like."""
+    from stable_baselines3 import SAC
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import DummyVecEnv
+    from torch import nn
+
+    env, sac, instances = config.env, config.trainer.hyperparameters, config.env.total_instances
+    if sac.policy_learning_rate != sac.q_learning_rate:
+        raise ValueError(
+            "SB3 SAC has one learning rate: set trainer.sac.policy_learning_rate and q_learning_rate equal"
+        )
+    venv = make_vec_env(
+        env.id, n_envs=instances, seed=config.run.seed, env_kwargs=env.kwargs, vec_env_cls=DummyVecEnv
+    )
+    model = config.trainer.model
+    return SAC(
+        "MlpPolicy",
+        venv,
+        learning_rate=sac.policy_learning_rate,
+        buffer_size=sac.buffer_size,
+        learning_starts=sac.learning_starts,
+        batch_size=sac.batch_size,
+        tau=sac.tau,
+        gamma=sac.gamma,
+        train_freq=1,
+        gradient_steps=max(round(sac.utd_ratio * instances), 1),
+        ent_coef="auto" if sac.alpha is None else sac.alpha,
+        target_entropy="auto" if sac.target_entropy is None else sac.target_entropy,
+        policy_kwargs={
+            "net_arch": list(model.hidden_sizes),
+            "activation_fn": {"relu": nn.ReLU, "tanh": nn.Tanh}[model.activation],
+        },
+        seed=config.run.seed,
+        device="cpu",
+    )
+
+
 class IterationGate:
     """Runs a learner in slices of whole iterations, on command over ``conn``.
 
