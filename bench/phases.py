@@ -379,21 +379,35 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
 
 
+def sb3_envs(config: Config) -> Any:
+    """SB3's vectorised env: the config's env and instance count, stepped one after the other (DummyVecEnv)."""
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    env = config.env
+    return make_vec_env(
+        env.id,
+        n_envs=env.total_instances,
+        seed=config.run.seed,
+        env_kwargs=env.kwargs,
+        vec_env_cls=DummyVecEnv,
+    )
+
+
 def sb3_ppo(config: Config) -> Any:
     """Stable-Baselines3 PPO set up as our trainer is: same env and instance count (DummyVecEnv), same batch,
     minibatches, epochs and hyper-parameters, observations and returns normalised (VecNormalize). Raises
     ImportError without SB3; the caller closes ``model.get_env()``."""
     from stable_baselines3 import PPO
-    from stable_baselines3.common.env_util import make_vec_env
-    from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
+    from stable_baselines3.common.vec_env import VecNormalize
 
-    env, ppo, instances = config.env, config.trainer.hyperparameters, config.env.total_instances
+    ppo, instances = config.trainer.hyperparameters, config.env.total_instances
     n_steps = max(config.trainer.samples_per_update // instances, 1)
-    venv = make_vec_env(
-        env.id, n_envs=instances, seed=config.run.seed, env_kwargs=env.kwargs, vec_env_cls=DummyVecEnv
-    )
     venv = VecNormalize(
-        venv, norm_obs=ppo.normalize_observations, norm_reward=ppo.normalize_returns, gamma=ppo.gamma
+        sb3_envs(config),
+        norm_obs=ppo.normalize_observations,
+        norm_reward=ppo.normalize_returns,
+        gamma=ppo.gamma,
     )
     return PPO(
         "MlpPolicy",
@@ -420,22 +434,17 @@ def sb3_sac(config: Config) -> Any:
     every instance, then ``utd_ratio x instances`` gradient steps). SB3 has one learning rate for actor and
     critics: a config with two different ones is refused rather than compared unlike for like."""
     from stable_baselines3 import SAC
-    from stable_baselines3.common.env_util import make_vec_env
-    from stable_baselines3.common.vec_env import DummyVecEnv
     from torch import nn
 
-    env, sac, instances = config.env, config.trainer.hyperparameters, config.env.total_instances
+    sac, instances = config.trainer.hyperparameters, config.env.total_instances
     if sac.policy_learning_rate != sac.q_learning_rate:
         raise ValueError(
             "SB3 SAC has one learning rate: set trainer.sac.policy_learning_rate and q_learning_rate equal"
         )
-    venv = make_vec_env(
-        env.id, n_envs=instances, seed=config.run.seed, env_kwargs=env.kwargs, vec_env_cls=DummyVecEnv
-    )
     model = config.trainer.model
     return SAC(
         "MlpPolicy",
-        venv,
+        sb3_envs(config),
         learning_rate=sac.policy_learning_rate,
         buffer_size=sac.buffer_size,
         learning_starts=sac.learning_starts,

@@ -58,6 +58,9 @@ def test_pendulum_learns_with_sac_from_its_replay_buffer(tmp_path: Path) -> None
     rows = run_up("pendulum-sac.yaml", tmp_path / "run", budget, target_return=-300.0)
     assert_learned(rows, random_below=-900.0, target=-300.0, budget=budget)
     assert rows[-1]["counters"].get("chunks_rejected_stale", 0) == 0
+    # the update-to-data ratio held: one gradient step per env step received since learning started
+    learning = [row["losses"] for row in rows if row["losses"].get("gradient_steps", 0) > 0]
+    assert learning and all(row["utd_ratio"] == pytest.approx(1.0, abs=0.01) for row in learning)
     trainer_log = (tmp_path / "run" / "logs" / "trainer.log").read_text()
     assert "Traceback" not in trainer_log
 

@@ -168,6 +168,21 @@ class ModelSection(Section):
     )
     activation: Literal["tanh", "relu"] = Field("tanh", description="Hidden-layer activation.")
     init_log_std: float = Field(0.0, description="Initial log standard deviation of Gaussian actions.")
+    network: str = Field(
+        "mlp",
+        description="'mlp', or 'module:Class' of your own network: a subclass of "
+        "tinker_atropos.models.mlp.ActorCritic built from the same spec (README: 'Plugging in a model'); the "
+        "trainer and every rollout import it.",
+    )
+
+    @field_validator("network")
+    @classmethod
+    def _network_reference(cls, reference: str) -> str:
+        if reference != "mlp" and not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", reference):
+            raise ValueError(
+                f"must be 'mlp' or 'module:Class' (e.g. my_package.nets:ConvActorCritic), not {reference!r}"
+            )
+        return reference
 
 
 class CheckpointSection(Section):

@@ -43,6 +43,7 @@ class LearnerSetup:
     hyperparameters: Any  # the algorithm's validated section, an instance of ``Algorithm.hyperparameters``
     device: torch.device
     seed: int
+    observation_layout: gym.spaces.Dict | None = None  # a Dict env's entries, observed as the flat Box above
 
 
 class Learner(Protocol):

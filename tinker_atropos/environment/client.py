@@ -44,6 +44,9 @@ class EnvDescription:
     incarnation: str
     backend: str
     local_address: str
+    observation_layout: gym.spaces.Dict | None = (
+        None  # a Dict env's entries; observation_space is its flat Box
+    )
 
     @classmethod
     def from_proto(cls, info: environment_pb2.EnvironmentInfo) -> EnvDescription:
@@ -56,6 +59,9 @@ class EnvDescription:
             incarnation=info.incarnation,
             backend=info.backend,
             local_address=info.local_address,
+            observation_layout=space_from_proto(info.observation_layout)
+            if info.HasField("observation_layout")
+            else None,
         )
 
     @property

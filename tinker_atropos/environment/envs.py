@@ -62,14 +62,33 @@ def env_maker(env_id: str) -> Callable[..., gym.Env]:
 
 @dataclass(frozen=True)
 class EnvSpaces:
-    observation_space: gym.spaces.Box
+    observation_space: gym.spaces.Box  # a Dict env's flat Box
     action_space: gym.spaces.Box | gym.spaces.Discrete
+    observation_layout: gym.spaces.Dict | None = None  # the Dict a Dict env observes
+
+
+def observation_layout(space: gym.Space) -> gym.spaces.Dict | None:
+    """The Dict of Box entries an env observes (its observations then travel flattened), None for a Box."""
+    if not isinstance(space, gym.spaces.Dict):
+        return None
+    odd = [key for key, entry in space.spaces.items() if not isinstance(entry, gym.spaces.Box)]
+    if odd or not space.spaces:
+        raise EnvError(f"observation space {space} is not supported: a Dict's entries must be Box spaces "
+                       f"(not {', '.join(map(repr, odd)) or 'none at all'})")  # fmt: skip
+    return space
+
+
+def flat_box(layout: gym.spaces.Dict) -> gym.spaces.Box:
+    """The float32 Box of a Dict's flattened observations (gymnasium.spaces.flatten, entries in key order)."""
+    flat = gym.spaces.flatten_space(layout)
+    return gym.spaces.Box(flat.low.astype(np.float32), flat.high.astype(np.float32), dtype=np.float32)
 
 
 def supported_spaces(observation_space: gym.Space, action_space: gym.Space) -> EnvSpaces:
-    """The spaces the protocol and the policies carry today: Box observations, Box or Discrete actions."""
+    """The spaces the protocol and the policies carry: Box observations (a Dict of Boxes as its flat Box), Box
+    or Discrete actions."""
     if not isinstance(observation_space, gym.spaces.Box):
-        raise EnvError(f"observation space {observation_space} is not supported; supported: Box")
+        raise EnvError(f"observation space {observation_space} is not supported; supported: Box, Dict of Box")
     if not isinstance(action_space, gym.spaces.Box | gym.spaces.Discrete):
         raise EnvError(f"action space {action_space} is not supported; supported: Box, Discrete")
     return EnvSpaces(observation_space, action_space)
@@ -93,6 +112,7 @@ def check_env(env: Any) -> EnvSpaces:
         ) from None
     try:
         spaces = supported_spaces(batch.observation_space, batch.action_space)
+        spaces = EnvSpaces(spaces.observation_space, spaces.action_space, batch.observation_layout)
         try:
             observations = batch.reset(0)
         except Exception as error:

@@ -81,6 +81,7 @@ class EnvironmentServicer(environment_pb2_grpc.EnvironmentServicer):
         self.env = env
         self.capacity = env.instances
         self.observation_space, self.action_space = spaces.observation_space, spaces.action_space
+        self.observation_layout = spaces.observation_layout
         self.incarnation = ""
         self.local_address = ""
         self._lock = threading.Lock()
@@ -137,6 +138,9 @@ class EnvironmentServicer(environment_pb2_grpc.EnvironmentServicer):
             incarnation=self.incarnation,
             backend=self.env.backend,
             local_address=self.local_address,
+            observation_layout=None
+            if self.observation_layout is None
+            else space_to_proto(self.observation_layout),
         )
 
     def Session(  # noqa: N802 - gRPC name

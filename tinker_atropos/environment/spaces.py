@@ -23,7 +23,14 @@ def space_to_proto(space: gym.Space) -> environment_pb2.Space:
         return environment_pb2.Space(
             discrete=environment_pb2.Discrete(n=int(space.n), start=int(space.start))
         )
-    raise ValueError(f"unsupported space {space}; supported: Box, Discrete")
+    if isinstance(space, gym.spaces.Dict):
+        entries = list(space.spaces.items())
+        return environment_pb2.Space(
+            dict=environment_pb2.Dict(
+                keys=[key for key, _ in entries], spaces=[space_to_proto(entry) for _, entry in entries]
+            )
+        )
+    raise ValueError(f"unsupported space {space}; supported: Box, Discrete, Dict")
 
 
 def space_from_proto(message: environment_pb2.Space) -> gym.Space:
@@ -34,6 +41,16 @@ def space_from_proto(message: environment_pb2.Space) -> gym.Space:
         return gym.spaces.Box(tensors.decode(box.low), tensors.decode(box.high), tuple(box.shape), dtype)
     if kind == "discrete":
         return gym.spaces.Discrete(message.discrete.n, start=message.discrete.start)
+    if kind == "dict":
+        entries = message.dict
+        if len(entries.keys) != len(entries.spaces) or len(set(entries.keys)) != len(entries.keys):
+            raise ValueError("a Dict space needs one space per key and distinct keys")
+        if any(entry.WhichOneof("kind") == "dict" for entry in entries.spaces):
+            raise ValueError("a Dict space's entries cannot be Dicts")  # nor nest as deep as a sender likes
+        # a list of pairs keeps the wire's order (a plain dict would be sorted by key)
+        return gym.spaces.Dict(
+            [(key, space_from_proto(entry)) for key, entry in zip(entries.keys, entries.spaces, strict=True)]
+        )
     raise ValueError(f"unsupported space kind {kind!r}")
 
 

@@ -132,6 +132,8 @@ class ProgressReporter:
             "policy_lag_counts": {
                 int(k): int(v) for k, v in (trainer.get("policy_lag_counts") or {}).items()
             },
+            # the latest update's figures (PPO's losses; SAC's also gradient_steps, utd_ratio, replay_size)
+            "losses": {k: float(v) for k, v in (trainer.get("losses") or {}).items()},
             "chunks_written": stats.get("chunks_written", 0),
             "chunks_rejected_stale": stats.get("chunks_rejected_stale", 0),
             "chunks_dropped_backpressure": stats.get("chunks_dropped_backpressure", 0),

@@ -13,11 +13,15 @@ import torch
 from torch import nn
 
 from tinker_atropos.models.mlp import LOG_STD_MAX, LOG_STD_MIN, MODEL, ActorCritic
+from tinker_atropos.models.networks import build_network
 from tinker_atropos.models.weights import weights_from_bytes
 
 
 class InferencePolicy:
     """One version of an ActorCritic frozen for acting: what a rollout calls on every step.
+
+    A user network (an ActorCritic subclass, ``models.networks``) or one with observation encoders runs as its
+    own modules, in torch; the built-in MLP runs in the frozen form below.
 
     A rollout runs the network on a few instances at a time, where the fixed cost per op outweighs the
     arithmetic, so the frozen form does fewer ops: actor and critic (if any) run as one MLP (first layers
@@ -39,23 +43,18 @@ class InferencePolicy:
     ) -> None:
         spec = model.spec
         self.discrete, self.action_start, self.device = model.discrete, model.action_start, device
+        # the fused form knows the built-in MLP only: a user network or encoders act as their modules
+        fusable = type(model) is ActorCritic and not model.encoded
+        self.module = None if fusable else model.to(device).eval()
+        if self.module is not None:
+            library = "torch"
         self.xp: Any = {"numpy": np, "torch": torch}[
             library or ("numpy" if device.type == "cpu" else "torch")
         ]
         self.rng = rng or np.random.default_rng()
         self.has_critic = model.has_critic
-        actor = [m for m in model.actor if isinstance(m, nn.Linear)]
-        self.n_out = actor[-1].out_features
-        self.layers = []
-        if self.has_critic:
-            critic = [m for m in model.critic if isinstance(m, nn.Linear)]
-            for depth, (a, c) in enumerate(zip(actor, critic, strict=True)):
-                weight = (
-                    torch.cat([a.weight, c.weight]) if depth == 0 else torch.block_diag(a.weight, c.weight)
-                )
-                self.layers.append((self._array(weight.T), self._array(torch.cat([a.bias, c.bias]))))
-        else:
-            self.layers = [(self._array(a.weight.T), self._array(a.bias)) for a in actor]
+        self.n_out = model.actor_outputs
+        self.layers = [] if self.module is not None else self._fused_layers(model)
         self.activation = {
             "tanh": self.xp.tanh,
             "relu": lambda x: self.xp.clip(x, 0.0, None),
@@ -88,6 +87,18 @@ class InferencePolicy:
             # log N(mean + std * eps | mean, std) = -eps^2 / 2 - log std - log sqrt(2 pi), summed over dimensions
             self.log_prob_offset = -(log_std.sum().item() + self.n_out * 0.5 * math.log(2 * math.pi))
 
+    def _fused_layers(self, model: ActorCritic) -> list[tuple[Any, Any]]:
+        """(weight, bias) of each layer of the MLP; with a critic, actor and critic as one wider layer."""
+        actor = [m for m in model.actor if isinstance(m, nn.Linear)]
+        if not self.has_critic:
+            return [(self._array(a.weight.T), self._array(a.bias)) for a in actor]
+        critic = [m for m in model.critic if isinstance(m, nn.Linear)]
+        layers = []
+        for depth, (a, c) in enumerate(zip(actor, critic, strict=True)):
+            weight = torch.cat([a.weight, c.weight]) if depth == 0 else torch.block_diag(a.weight, c.weight)
+            layers.append((self._array(weight.T), self._array(torch.cat([a.bias, c.bias]))))
+        return layers
+
     def _array(self, tensor: torch.Tensor) -> Any:
         """A float32 parameter in this policy's library, contiguous, on its device; detached, so acting records
         no autograd graph and needs no inference_mode around it (a cost on every step)."""
@@ -114,6 +125,13 @@ class InferencePolicy:
 
     def _forward(self, obs: Any) -> tuple[Any, Any]:
         """(actor output, value in return units or None without a critic)."""
+        if self.module is not None:
+            with torch.no_grad():
+                normalised = self.module.normalize_obs(obs)
+                value = self.module.normalized_value(normalised) if self.has_critic else None
+                return self.module.actor(
+                    normalised
+                ), None if value is None else self.module.denormalize_value(value)
         xp = self.xp
         x = obs.reshape(obs.shape[0], -1)
         if self.obs_stats is not None:
@@ -164,16 +182,27 @@ class InferencePolicy:
 
 
 def load_policy(
-    spec: dict[str, Any], blob: bytes, device: torch.device, rng: np.random.Generator | None = None
+    spec: dict[str, Any],
+    blob: bytes,
+    device: torch.device,
+    rng: np.random.Generator | None = None,
+    network: str = "mlp",
 ) -> InferencePolicy:
     """The acting form of published weights; ValueError for a model this package does not build, a spec that
-    does not build one, or weights that do not load into it (or are not finite)."""
+    does not build one, or weights that do not load into it (or are not finite). ``network``: the one network
+    this rollout's config names; a spec naming another is refused before anything is imported, so that a
+    weights record can never make a rollout import a module of its choice."""
     if spec.get("model", MODEL) != MODEL:
         raise ValueError(
             f"published weights of model {spec.get('model')!r}; this rollout acts with {MODEL!r}"
         )
+    if spec.get("network", "mlp") != network:
+        raise ValueError(
+            f"published weights of network {spec.get('network')!r}; this rollout's trainer.model.network is "
+            f"{network!r}"
+        )
+    model = build_network(spec)  # ValueError for a user network that cannot be imported or built
     try:
-        model = ActorCritic(spec)
         model.load_state_dict(weights_from_bytes(blob))
     except (KeyError, TypeError, RuntimeError) as error:  # a spec or state dict of something else
         raise ValueError(f"weights that do not fit their spec: {type(error).__name__}: {error}") from None

@@ -17,6 +17,8 @@ import torch
 from torch import nn
 from torch.distributions import Categorical, Distribution, Normal
 
+from tinker_atropos.models.encoders import ObservationEncoder
+
 MODEL = "mlp"  # the spec's "model": what ``models.acting`` builds from it
 # A squashed Gaussian's log standard deviation, state-dependent, is kept in this range (as CleanRL's SAC)
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
@@ -30,10 +32,13 @@ def mlp_spec(
     normalize_returns: bool,
     critic: bool = True,
     squashed: bool = False,
+    observation_layout: gym.spaces.Dict | None = None,
 ) -> dict[str, Any]:
     """The JSON-able description that rebuilds the network (published with its weights). ``model`` is the
     config's ``trainer.model`` section. ``squashed``: a Box action is tanh(Gaussian) scaled to the space's
-    bounds, its standard deviation an output of the actor (SAC's policy)."""
+    bounds, its standard deviation an output of the actor (SAC's policy). ``observation_layout``: the Dict a
+    Dict env observes as ``observation_space`` (its flat Box); its entries, like an image observation (H x W x C),
+    get encoders (``models.encoders``)."""
     if isinstance(action_space, gym.spaces.Box):
         action: dict[str, Any] = {"kind": "box", "shape": list(action_space.shape)}
         if squashed:
@@ -45,8 +50,15 @@ def mlp_spec(
         action = {"kind": "discrete", "n": int(action_space.n), "start": int(action_space.start)}
     else:
         raise ValueError(f"MLP policies act in Box and Discrete action spaces, not {action_space}")
+    if observation_layout is not None:
+        layout = [[key, list(entry.shape)] for key, entry in observation_layout.spaces.items()]
+    elif len(observation_space.shape) == 3:  # an image
+        layout = [["", list(observation_space.shape)]]
+    else:
+        layout = None
     return {
         "model": MODEL,
+        "network": model.network,  # "mlp", or the user's ActorCritic subclass (``models.networks``)
         "obs_shape": list(observation_space.shape),
         "action": action,
         "hidden_sizes": list(model.hidden_sizes),
@@ -55,6 +67,7 @@ def mlp_spec(
         "normalize_observations": normalize_observations,
         "normalize_returns": normalize_returns,
         "critic": critic,
+        **({"obs_layout": layout} if layout else {}),  # absent: the flat observation feeds the MLPs
     }
 
 
@@ -121,8 +134,22 @@ class ActorCritic(nn.Module):
         self.return_rms = RunningMeanStd(())
         self.has_critic = bool(spec.get("critic", True))
         # built first, as before critics were optional: the parameters a seed gives stay the same
-        self.critic = build_mlp(obs_dim, hidden, 1, activation, out_std=1.0) if self.has_critic else None
-        self.actor = build_mlp(obs_dim, hidden, n_out * (2 if self.squashed else 1), activation, out_std=0.01)
+        # structured observations (a Dict's entries, an image): each head gets its own encoder before its MLP
+        layout = spec.get("obs_layout")
+        self.encoded = layout is not None
+
+        def head(n_out: int, out_std: float) -> nn.Sequential:
+            if layout is None:
+                return build_mlp(obs_dim, hidden, n_out, activation, out_std)
+            encoder = ObservationEncoder(layout)
+            return nn.Sequential(encoder, build_mlp(encoder.out_dim, hidden, n_out, activation, out_std))
+
+        self.critic = head(1, out_std=1.0) if self.has_critic else None
+        self.obs_dim = obs_dim
+        self.actor_outputs = n_out * (
+            2 if self.squashed else 1
+        )  # what ``actor`` maps a normalised observation to
+        self.actor = head(self.actor_outputs, out_std=0.01)
         if self.squashed:
             low, high = (torch.tensor(spec["action"][k], dtype=torch.float32) for k in ("low", "high"))
             self.register_buffer("action_mid", (high + low) / 2, persistent=False)

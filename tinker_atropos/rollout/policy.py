@@ -38,8 +38,9 @@ class VersionedPolicy:
 class PolicySource:
     """Pulls new weights from Redis on demand; shared by all sessions of a rollout service."""
 
-    def __init__(self, client: redis.Redis, run: str, device: torch.device) -> None:
+    def __init__(self, client: redis.Redis, run: str, device: torch.device, network: str = "mlp") -> None:
         self._client, self._run, self._device = client, run, device
+        self._network = network  # trainer.model.network: the only one this rollout builds
         self._key = signing_key("weights")  # weights not signed with it are refused
         self._lock = threading.Lock()
         self._current: VersionedPolicy | None = None
@@ -73,7 +74,7 @@ class PolicySource:
         if published is None:
             return None
         try:
-            network = load_policy(published.spec, published.blob, self._device, self._rng)
+            network = load_policy(published.spec, published.blob, self._device, self._rng, self._network)
         except ValueError as error:  # a spec or blob we cannot act with
             self._refuse(published.version, error)
             return None

@@ -31,7 +31,8 @@ class RolloutService:
     def __init__(self, config: Config, client: redis.Redis, incarnation: str) -> None:
         self.config, self.client, self.incarnation = config, client, incarnation
         self.counters = SessionCounters()
-        self.policy = PolicySource(client, config.run.name, resolve_device(config.rollout.device))
+        self.policy = PolicySource(client, config.run.name, resolve_device(config.rollout.device),
+                                   config.trainer.model.network)  # fmt: skip
         self.writer = ExperienceWriter(
             client, config.run.name, config.rollout.max_queued_chunks, signing_key("experience")
         )

@@ -108,8 +108,12 @@ class ExperienceLoop:
         self.spec = TrajectorySpec.from_spaces(env.observation_space, env.action_space)
         trainer = self.config.trainer
         setup = LearnerSetup(env.observation_space, env.action_space, trainer, trainer.hyperparameters,
-                             self.device, self.config.run.seed)  # fmt: skip
-        self.learner = self.algorithm.build(setup)
+                             self.device, self.config.run.seed, env.observation_layout)  # fmt: skip
+        try:
+            self.learner = self.algorithm.build(setup)
+        except ValueError as error:  # spaces the algorithm cannot act in, a user network that does not fit
+            raise FatalError(f"trainer.algorithm {self.algorithm.name!r} cannot learn {self.config.env.id}: "
+                             f"{error}") from None  # fmt: skip
         self._resume()
         self.adopt_newer_weights()
         self.publish()

@@ -12,7 +12,8 @@ import torch
 
 from tinker_atropos.algorithms.core import Experience, LearnerSetup
 from tinker_atropos.algorithms.ppo.learning import Batch, compute_gae, ppo_update
-from tinker_atropos.models.mlp import ActorCritic, mlp_spec
+from tinker_atropos.models.mlp import mlp_spec
+from tinker_atropos.models.networks import build_network
 from tinker_atropos.protocol.trajectory import Trajectory
 from tinker_atropos.trainer.core import TrainingCore
 
@@ -43,10 +44,10 @@ class PPOLearner:
 
     def __init__(self, setup: LearnerSetup) -> None:
         self.hp = hp = setup.hyperparameters
-        spec = mlp_spec(setup.observation_space, setup.action_space, setup.trainer.model,
-                        hp.normalize_observations, hp.normalize_returns)  # fmt: skip
+        spec = mlp_spec(setup.observation_space, setup.action_space, setup.trainer.model, hp.normalize_observations,
+                        hp.normalize_returns, observation_layout=setup.observation_layout)  # fmt: skip
         torch.manual_seed(setup.seed)
-        self.core = TrainingCore(ActorCritic(spec), spec, setup.device)
+        self.core = TrainingCore(build_network(spec), spec, setup.device)
         self.generator = torch.Generator().manual_seed(setup.seed)
 
     def batch(self, trajectories: list[Trajectory]) -> Batch:

@@ -21,7 +21,8 @@ import torch
 
 from tinker_atropos.algorithms.core import Experience, LearnerSetup
 from tinker_atropos.algorithms.sac.learning import Critics, TwinQ, sac_step
-from tinker_atropos.models.mlp import ActorCritic, mlp_spec
+from tinker_atropos.models.mlp import mlp_spec
+from tinker_atropos.models.networks import build_network
 from tinker_atropos.protocol.trajectory import Trajectory
 from tinker_atropos.trainer.core import TrainingCore
 from tinker_atropos.trainer.replay import ReplayBuffer
@@ -39,9 +40,10 @@ class SACLearner:
         self.hp = hp = setup.hyperparameters
         model = setup.trainer.model
         spec = mlp_spec(setup.observation_space, setup.action_space, model, normalize_observations=False,
-                        normalize_returns=False, critic=False, squashed=True)  # fmt: skip
+                        normalize_returns=False, critic=False, squashed=True,
+                        observation_layout=setup.observation_layout)  # fmt: skip
         torch.manual_seed(setup.seed)
-        self.core = TrainingCore(ActorCritic(spec), spec, setup.device)
+        self.core = TrainingCore(build_network(spec), spec, setup.device)
         obs_dim = int(np.prod(setup.observation_space.shape))
         action_dim = int(np.prod(setup.action_space.shape))
         q = TwinQ(obs_dim, action_dim, list(model.hidden_sizes), model.activation).to(setup.device)

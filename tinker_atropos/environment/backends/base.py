@@ -18,8 +18,9 @@ from tinker_atropos.protocol.steps import StepBatch
 class EnvBatch(Protocol):
     """N instances of one Gymnasium env id, stepped as a batch."""
 
-    observation_space: gym.Space
+    observation_space: gym.Space  # a Box; for a Dict env, its flat Box (``observation_layout`` is the Dict)
     action_space: gym.Space
+    observation_layout: gym.spaces.Dict | None
     num_instances: int
 
     def reset(self, seed: int | None) -> np.ndarray:

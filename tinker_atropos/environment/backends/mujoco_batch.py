@@ -389,6 +389,7 @@ class MujocoBatch:
         self.action_space = gym.spaces.Box(low=low, high=high, dtype=np.float32)
         obs_size = sum(part.shape[1] for part in self._task.observe(self._physics.fields))
         self.observation_space = gym.spaces.Box(low=-np.inf, high=np.inf, shape=(obs_size,), dtype=np.float64)
+        self.observation_layout = None  # the locomotion tasks observe a Box
 
         # Unseeded until reset(seed), as a gymnasium env: then instance i draws from seeding.np_random(seed + i).
         self._rngs = [np.random.default_rng() for _ in range(num_instances)]

@@ -30,6 +30,7 @@ from tinker_atropos.environment.envs import env_maker
 from tinker_atropos.frontends.tinker.wire import Datum, WireError
 from tinker_atropos.models import smollm2, tiny_lm
 from tinker_atropos.models.mlp import ActorCritic, mlp_spec
+from tinker_atropos.models.networks import build_network
 from tinker_atropos.trainer.core import TrainingCore
 
 TINY_LM = "tiny-byte-lm"
@@ -117,7 +118,7 @@ class PolicyModel:
     def __init__(self, base_model: str, spec: dict[str, Any], device: torch.device, seed: int) -> None:
         self.base_model = base_model
         torch.manual_seed(seed)
-        self.core = TrainingCore(ActorCritic(spec), spec, device)
+        self.core = TrainingCore(build_network(spec), spec, device)
 
     def model_state(self) -> dict[str, torch.Tensor]:
         return self.core.model.state_dict()

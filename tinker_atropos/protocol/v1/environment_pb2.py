@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from tinker_atropos.protocol.v1 import tensor_pb2 as tinker__atropos_dot_protocol_dot_v1_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n,tinker_atropos/protocol/v1/environment.proto\x12\x11tinker_atropos.v1\x1a\'tinker_atropos/protocol/v1/tensor.proto\"\x11\n\x0f\x44\x65scribeRequest\"\x8e\x01\n\x03\x42ox\x12\r\n\x05shape\x18\x01 \x03(\x03\x12\'\n\x05\x64type\x18\x02 \x01(\x0e\x32\x18.tinker_atropos.v1.DType\x12&\n\x03low\x18\x03 \x01(\x0b\x32\x19.tinker_atropos.v1.Tensor\x12\'\n\x04high\x18\x04 \x01(\x0b\x32\x19.tinker_atropos.v1.Tensor\"$\n\x08\x44iscrete\x12\t\n\x01n\x18\x01 \x01(\x03\x12\r\n\x05start\x18\x02 \x01(\x03\"g\n\x05Space\x12%\n\x03\x62ox\x18\x01 \x01(\x0b\x32\x16.tinker_atropos.v1.BoxH\x00\x12/\n\x08\x64iscrete\x18\x02 \x01(\x0b\x32\x1b.tinker_atropos.v1.DiscreteH\x00\x42\x06\n\x04kind\"\xf2\x01\n\x0f\x45nvironmentInfo\x12\x0e\n\x06\x65nv_id\x18\x01 \x01(\t\x12\x33\n\x11observation_space\x18\x02 \x01(\x0b\x32\x18.tinker_atropos.v1.Space\x12.\n\x0c\x61\x63tion_space\x18\x03 \x01(\x0b\x32\x18.tinker_atropos.v1.Space\x12\x15\n\rnum_instances\x18\x04 \x01(\r\x12\x16\n\x0e\x66ree_instances\x18\x05 \x01(\r\x12\x13\n\x0bincarnation\x18\x06 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x07 \x01(\t\x12\x15\n\rlocal_address\x18\x08 \x01(\t\"x\n\x0eSessionRequest\x12.\n\x04open\x18\x01 \x01(\x0b\x32\x1e.tinker_atropos.v1.OpenSessionH\x00\x12.\n\x04step\x18\x02 \x01(\x0b\x32\x1e.tinker_atropos.v1.StepRequestH\x00\x42\x06\n\x04kind\"2\n\x0bOpenSession\x12\x15\n\rnum_instances\x18\x01 \x01(\r\x12\x0c\n\x04seed\x18\x02 \x01(\x04\"M\n\x0bStepRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12*\n\x07\x61\x63tions\x18\x02 \x01(\x0b\x32\x19.tinker_atropos.v1.Tensor\"|\n\x0fSessionResponse\x12\x32\n\x06opened\x18\x01 \x01(\x0b\x32 .tinker_atropos.v1.SessionOpenedH\x00\x12-\n\x04step\x18\x02 \x01(\x0b\x32\x1d.tinker_atropos.v1.StepResultH\x00\x42\x06\n\x04kind\"\x80\x01\n\rSessionOpened\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\t\x12\x15\n\rnum_instances\x18\x03 \x01(\r\x12/\n\x0cobservations\x18\x04 \x01(\x0b\x32\x19.tinker_atropos.v1.Tensor\"\xe0\x02\n\nStepResult\x12/\n\x0cobservations\x18\x01 \x01(\x0b\x32\x19.tinker_atropos.v1.Tensor\x12*\n\x07rewards\x18\x02 \x01(\x0b\x32\x19.tinker_atropos.v1.Tensor\x12-\n\nterminated\x18\x03 \x01(\x0b\x32\x19.tinker_atropos.v1.Tensor\x12,\n\ttruncated\x18\x04 \x01(\x0b\x32\x19.tinker_atropos.v1.Tensor\x12\x35\n\x12\x66inal_observations\x18\x05 \x01(\x0b\x32\x19.tinker_atropos.v1.Tensor\x12\x30\n\rfinal_indices\x18\x06 \x01(\x0b\x32\x19.tinker_atropos.v1.Tensor\x12/\n\x08\x65pisodes\x18\x07 \x03(\x0b\x32\x1d.tinker_atropos.v1.EpisodeEnd\"q\n\nEpisodeEnd\x12\x10\n\x08instance\x18\x01 \x01(\r\x12\x16\n\x0e\x65pisode_return\x18\x02 \x01(\x01\x12\x0e\n\x06length\x18\x03 \x01(\r\x12\x12\n\nterminated\x18\x04 \x01(\x08\x12\x15\n\rcut_nonfinite\x18\x05 \x01(\x08\"~\n\nLocalFrame\x12\x36\n\x08response\x18\x01 \x01(\x0b\x32\".tinker_atropos.v1.SessionResponseH\x00\x12\x30\n\x06status\x18\x02 \x01(\x0b\x32\x1e.tinker_atropos.v1.LocalStatusH\x00\x42\x06\n\x04kind\",\n\x0bLocalStatus\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t2\xb7\x01\n\x0b\x45nvironment\x12R\n\x08\x44\x65scribe\x12\".tinker_atropos.v1.DescribeRequest\x1a\".tinker_atropos.v1.EnvironmentInfo\x12T\n\x07Session\x12!.tinker_atropos.v1.SessionRequest\x1a\".tinker_atropos.v1.SessionResponse(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n,tinker_atropos/protocol/v1/environment.proto\x12\x11tinker_atropos.v1\x1a\'tinker_atropos/protocol/v1/tensor.proto\"\x11\n\x0f\x44\x65scribeRequest\"\x8e\x01\n\x03\x42ox\x12\r\n\x05shape\x18\x01 \x03(\x03\x12\'\n\x05\x64type\x18\x02 \x01(\x0e\x32\x18.tinker_atropos.v1.DType\x12&\n\x03low\x18\x03 \x01(\x0b\x32\x19.tinker_atropos.v1.Tensor\x12\'\n\x04high\x18\x04 \x01(\x0b\x32\x19.tinker_atropos.v1.Tensor\"$\n\x08\x44iscrete\x12\t\n\x01n\x18\x01 \x01(\x03\x12\r\n\x05start\x18\x02 \x01(\x03\"\x90\x01\n\x05Space\x12%\n\x03\x62ox\x18\x01 \x01(\x0b\x32\x16.tinker_atropos.v1.BoxH\x00\x12/\n\x08\x64iscrete\x18\x02 \x01(\x0b\x32\x1b.tinker_atropos.v1.DiscreteH\x00\x12\'\n\x04\x64ict\x18\x03 \x01(\x0b\x32\x17.tinker_atropos.v1.DictH\x00\x42\x06\n\x04kind\">\n\x04\x44ict\x12\x0c\n\x04keys\x18\x01 \x03(\t\x12(\n\x06spaces\x18\x02 \x03(\x0b\x32\x18.tinker_atropos.v1.Space\"\xa8\x02\n\x0f\x45nvironmentInfo\x12\x0e\n\x06\x65nv_id\x18\x01 \x01(\t\x12\x33\n\x11observation_space\x18\x02 \x01(\x0b\x32\x18.tinker_atropos.v1.Space\x12.\n\x0c\x61\x63tion_space\x18\x03 \x01(\x0b\x32\x18.tinker_atropos.v1.Space\x12\x15\n\rnum_instances\x18\x04 \x01(\r\x12\x16\n\x0e\x66ree_instances\x18\x05 \x01(\r\x12\x13\n\x0bincarnation\x18\x06 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x07 \x01(\t\x12\x15\n\rlocal_address\x18\x08 \x01(\t\x12\x34\n\x12observation_layout\x18\t \x01(\x0b\x32\x18.tinker_atropos.v1.Space\"x\n\x0eSessionRequest\x12.\n\x04open\x18\x01 \x01(\x0b\x32\x1e.tinker_atropos.v1.OpenSessionH\x00\x12.\n\x04step\x18\x02 \x01(\x0b\x32\x1e.tinker_atropos.v1.StepRequestH\x00\x42\x06\n\x04kind\"2\n\x0bOpenSession\x12\x15\n\rnum_instances\x18\x01 \x01(\r\x12\x0c\n\x04seed\x18\x02 \x01(\x04\"M\n\x0bStepRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12*\n\x07\x61\x63tions\x18\x02 \x01(\x0b\x32\x19.tinker_atropos.v1.Tensor\"|\n\x0fSessionResponse\x12\x32\n\x06opened\x18\x01 \x01(\x0b\x32 .tinker_atropos.v1.SessionOpenedH\x00\x12-\n\x04step\x18\x02 \x01(\x0b\x32\x1d.tinker_atropos.v1.StepResultH\x00\x42\x06\n\x04kind\"\x80\x01\n\rSessionOpened\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\t\x12\x15\n\rnum_instances\x18\x03 \x01(\r\x12/\n\x0cobservations\x18\x04 \x01(\x0b\x32\x19.tinker_atropos.v1.Tensor\"\xe0\x02\n\nStepResult\x12/\n\x0cobservations\x18\x01 \x01(\x0b\x32\x19.tinker_atropos.v1.Tensor\x12*\n\x07rewards\x18\x02 \x01(\x0b\x32\x19.tinker_atropos.v1.Tensor\x12-\n\nterminated\x18\x03 \x01(\x0b\x32\x19.tinker_atropos.v1.Tensor\x12,\n\ttruncated\x18\x04 \x01(\x0b\x32\x19.tinker_atropos.v1.Tensor\x12\x35\n\x12\x66inal_observations\x18\x05 \x01(\x0b\x32\x19.tinker_atropos.v1.Tensor\x12\x30\n\rfinal_indices\x18\x06 \x01(\x0b\x32\x19.tinker_atropos.v1.Tensor\x12/\n\x08\x65pisodes\x18\x07 \x03(\x0b\x32\x1d.tinker_atropos.v1.EpisodeEnd\"q\n\nEpisodeEnd\x12\x10\n\x08instance\x18\x01 \x01(\r\x12\x16\n\x0e\x65pisode_return\x18\x02 \x01(\x01\x12\x0e\n\x06length\x18\x03 \x01(\r\x12\x12\n\nterminated\x18\x04 \x01(\x08\x12\x15\n\rcut_nonfinite\x18\x05 \x01(\x08\"~\n\nLocalFrame\x12\x36\n\x08response\x18\x01 \x01(\x0b\x32\".tinker_atropos.v1.SessionResponseH\x00\x12\x30\n\x06status\x18\x02 \x01(\x0b\x32\x1e.tinker_atropos.v1.LocalStatusH\x00\x42\x06\n\x04kind\",\n\x0bLocalStatus\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t2\xb7\x01\n\x0b\x45nvironment\x12R\n\x08\x44\x65scribe\x12\".tinker_atropos.v1.DescribeRequest\x1a\".tinker_atropos.v1.EnvironmentInfo\x12T\n\x07Session\x12!.tinker_atropos.v1.SessionRequest\x1a\".tinker_atropos.v1.SessionResponse(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,28 +38,30 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_BOX']._serialized_end=270
   _globals['_DISCRETE']._serialized_start=272
   _globals['_DISCRETE']._serialized_end=308
-  _globals['_SPACE']._serialized_start=310
-  _globals['_SPACE']._serialized_end=413
-  _globals['_ENVIRONMENTINFO']._serialized_start=416
-  _globals['_ENVIRONMENTINFO']._serialized_end=658
-  _globals['_SESSIONREQUEST']._serialized_start=660
-  _globals['_SESSIONREQUEST']._serialized_end=780
-  _globals['_OPENSESSION']._serialized_start=782
-  _globals['_OPENSESSION']._serialized_end=832
-  _globals['_STEPREQUEST']._serialized_start=834
-  _globals['_STEPREQUEST']._serialized_end=911
-  _globals['_SESSIONRESPONSE']._serialized_start=913
-  _globals['_SESSIONRESPONSE']._serialized_end=1037
-  _globals['_SESSIONOPENED']._serialized_start=1040
-  _globals['_SESSIONOPENED']._serialized_end=1168
-  _globals['_STEPRESULT']._serialized_start=1171
-  _globals['_STEPRESULT']._serialized_end=1523
-  _globals['_EPISODEEND']._serialized_start=1525
-  _globals['_EPISODEEND']._serialized_end=1638
-  _globals['_LOCALFRAME']._serialized_start=1640
-  _globals['_LOCALFRAME']._serialized_end=1766
-  _globals['_LOCALSTATUS']._serialized_start=1768
-  _globals['_LOCALSTATUS']._serialized_end=1812
-  _globals['_ENVIRONMENT']._serialized_start=1815
-  _globals['_ENVIRONMENT']._serialized_end=1998
+  _globals['_SPACE']._serialized_start=311
+  _globals['_SPACE']._serialized_end=455
+  _globals['_DICT']._serialized_start=457
+  _globals['_DICT']._serialized_end=519
+  _globals['_ENVIRONMENTINFO']._serialized_start=522
+  _globals['_ENVIRONMENTINFO']._serialized_end=818
+  _globals['_SESSIONREQUEST']._serialized_start=820
+  _globals['_SESSIONREQUEST']._serialized_end=940
+  _globals['_OPENSESSION']._serialized_start=942
+  _globals['_OPENSESSION']._serialized_end=992
+  _globals['_STEPREQUEST']._serialized_start=994
+  _globals['_STEPREQUEST']._serialized_end=1071
+  _globals['_SESSIONRESPONSE']._serialized_start=1073
+  _globals['_SESSIONRESPONSE']._serialized_end=1197
+  _globals['_SESSIONOPENED']._serialized_start=1200
+  _globals['_SESSIONOPENED']._serialized_end=1328
+  _globals['_STEPRESULT']._serialized_start=1331
+  _globals['_STEPRESULT']._serialized_end=1683
+  _globals['_EPISODEEND']._serialized_start=1685
+  _globals['_EPISODEEND']._serialized_end=1798
+  _globals['_LOCALFRAME']._serialized_start=1800
+  _globals['_LOCALFRAME']._serialized_end=1926
+  _globals['_LOCALSTATUS']._serialized_start=1928
+  _globals['_LOCALSTATUS']._serialized_end=1972
+  _globals['_ENVIRONMENT']._serialized_start=1975
+  _globals['_ENVIRONMENT']._serialized_end=2158
 # @@protoc_insertion_point(module_scope)

@@ -32,15 +32,25 @@ class Discrete(_message.Message):
     def __init__(self, n: _Optional[int] = ..., start: _Optional[int] = ...) -> None: ...
 
 class Space(_message.Message):
-    __slots__ = ("box", "discrete")
+    __slots__ = ("box", "discrete", "dict")
     BOX_FIELD_NUMBER: _ClassVar[int]
     DISCRETE_FIELD_NUMBER: _ClassVar[int]
+    DICT_FIELD_NUMBER: _ClassVar[int]
     box: Box
     discrete: Discrete
-    def __init__(self, box: _Optional[_Union[Box, _Mapping]] = ..., discrete: _Optional[_Union[Discrete, _Mapping]] = ...) -> None: ...
+    dict: Dict
+    def __init__(self, box: _Optional[_Union[Box, _Mapping]] = ..., discrete: _Optional[_Union[Discrete, _Mapping]] = ..., dict: _Optional[_Union[Dict, _Mapping]] = ...) -> None: ...
+
+class Dict(_message.Message):
+    __slots__ = ("keys", "spaces")
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    SPACES_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    spaces: _containers.RepeatedCompositeFieldContainer[Space]
+    def __init__(self, keys: _Optional[_Iterable[str]] = ..., spaces: _Optional[_Iterable[_Union[Space, _Mapping]]] = ...) -> None: ...
 
 class EnvironmentInfo(_message.Message):
-    __slots__ = ("env_id", "observation_space", "action_space", "num_instances", "free_instances", "incarnation", "backend", "local_address")
+    __slots__ = ("env_id", "observation_space", "action_space", "num_instances", "free_instances", "incarnation", "backend", "local_address", "observation_layout")
     ENV_ID_FIELD_NUMBER: _ClassVar[int]
     OBSERVATION_SPACE_FIELD_NUMBER: _ClassVar[int]
     ACTION_SPACE_FIELD_NUMBER: _ClassVar[int]
@@ -49,6 +59,7 @@ class EnvironmentInfo(_message.Message):
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     LOCAL_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    OBSERVATION_LAYOUT_FIELD_NUMBER: _ClassVar[int]
     env_id: str
     observation_space: Space
     action_space: Space
@@ -57,7 +68,8 @@ class EnvironmentInfo(_message.Message):
     incarnation: str
     backend: str
     local_address: str
-    def __init__(self, env_id: _Optional[str] = ..., observation_space: _Optional[_Union[Space, _Mapping]] = ..., action_space: _Optional[_Union[Space, _Mapping]] = ..., num_instances: _Optional[int] = ..., free_instances: _Optional[int] = ..., incarnation: _Optional[str] = ..., backend: _Optional[str] = ..., local_address: _Optional[str] = ...) -> None: ...
+    observation_layout: Space
+    def __init__(self, env_id: _Optional[str] = ..., observation_space: _Optional[_Union[Space, _Mapping]] = ..., action_space: _Optional[_Union[Space, _Mapping]] = ..., num_instances: _Optional[int] = ..., free_instances: _Optional[int] = ..., incarnation: _Optional[str] = ..., backend: _Optional[str] = ..., local_address: _Optional[str] = ..., observation_layout: _Optional[_Union[Space, _Mapping]] = ...) -> None: ...
 
 class SessionRequest(_message.Message):
     __slots__ = ("open", "step")
