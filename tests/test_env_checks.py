@@ -38,7 +38,10 @@ BAD_ENVS = {
         {"id": "Pendulum-v1", "kwargs": {"gravity_typo": 9.8}},
         "unexpected keyword argument 'gravity_typo'",
     ),
-    "Dict space": ({"id": "tests.support.envs:DictPendulum"}, "observation space Dict("),
+    "Dict space": (
+        {"id": "tests.support.envs:DictPendulum"},
+        "a Dict's entries must be Box spaces (not 'mode')",
+    ),
     "backend": (
         {"id": "Pendulum-v1", "backend": "mujoco"},
         "the mujoco backend does not implement 'Pendulum-v1'",

@@ -36,14 +36,16 @@ class NaNPendulum(PendulumEnv):
 
 
 class DictPendulum(gym.ObservationWrapper):
-    """Pendulum observed as ``{"state": …}``."""
+    """Pendulum observed as ``{"state": …, "mode": 0}``: a Dict with a Discrete entry, which is not served."""
 
     def __init__(self) -> None:
         super().__init__(PendulumEnv())
-        self.observation_space = gym.spaces.Dict({"state": self.env.observation_space})
+        self.observation_space = gym.spaces.Dict(
+            {"state": self.env.observation_space, "mode": gym.spaces.Discrete(2)}
+        )
 
-    def observation(self, observation: np.ndarray) -> dict[str, np.ndarray]:
-        return {"state": observation}
+    def observation(self, observation: np.ndarray) -> dict[str, np.ndarray | int]:
+        return {"state": observation, "mode": 0}
 
 
 if NAN_PENDULUM_ID not in gym.registry:

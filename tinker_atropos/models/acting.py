@@ -201,7 +201,12 @@ def load_policy(
             f"published weights of network {spec.get('network')!r}; this rollout's trainer.model.network is "
             f"{network!r}"
         )
-    model = build_network(spec)  # ValueError for a user network that cannot be imported or built
+    try:
+        model = build_network(spec)
+    except (
+        ValueError
+    ) as error:  # a spec of something else, or a user network that cannot be imported or built
+        raise ValueError(f"weights that do not fit their spec: {error}") from None
     try:
         model.load_state_dict(weights_from_bytes(blob))
     except (KeyError, TypeError, RuntimeError) as error:  # a spec or state dict of something else

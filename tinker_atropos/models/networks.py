@@ -46,7 +46,7 @@ def build_network(spec: dict[str, Any]) -> ActorCritic:
         network = network_type(spec)
     except Exception as error:  # the user's constructor
         raise ValueError(
-            f"trainer.model.network {reference!r} cannot be built: {type(error).__name__}: {error}"
+            f"network {reference!r} cannot be built from its spec: {type(error).__name__}: {error}"
         ) from None
     if network_type is not ActorCritic:
         _check_outputs(network, reference)

@@ -78,13 +78,9 @@ class TinkerAPI:
         self.server = uvicorn.Server(uvicorn.Config(app, host=section.host, port=section.port, log_level="warning",
                                                     lifespan="off", access_log=False, **tls))  # fmt: skip
         self.threads: list[threading.Thread] = []
-
-    @property
-    def url(self) -> str:
-        if not self.server.started:
-            return ""
-        host, port = self.server.servers[0].sockets[0].getsockname()[:2]
-        return f"{self.scheme}://{host}:{port}"
+        # where it listens, once started: read then and kept, since the status (a heartbeat thread) asks for it
+        # also while the server is closing its sockets
+        self.url = ""
 
     def start(self, stop: threading.Event) -> None:
         self.threads = [threading.Thread(target=self.server.run, name="tinker-http", daemon=True),
@@ -97,6 +93,8 @@ class TinkerAPI:
             raise FatalError(
                 f"the Tinker API could not bind {self.server.config.host}:{self.server.config.port}"
             )
+        host, port = self.server.servers[0].sockets[0].getsockname()[:2]
+        self.url = f"{self.scheme}://{host}:{port}"
         log.info("Tinker API at %s (keys in %s)", self.url, self.keys_file)
 
     def close(self) -> None:
