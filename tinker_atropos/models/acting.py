@@ -127,11 +127,11 @@ class InferencePolicy:
         """(actor output, value in return units or None without a critic)."""
         if self.module is not None:
             with torch.no_grad():
-                normalised = self.module.normalize_obs(obs)
-                value = self.module.normalized_value(normalised) if self.has_critic else None
-                return self.module.actor(
-                    normalised
-                ), None if value is None else self.module.denormalize_value(value)
+                module, normalised = self.module, self.module.normalize_obs(obs)
+                value = (
+                    module.denormalize_value(module.normalized_value(normalised)) if self.has_critic else None
+                )
+                return module.actor(normalised), value
         xp = self.xp
         x = obs.reshape(obs.shape[0], -1)
         if self.obs_stats is not None:
