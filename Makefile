@@ -2,6 +2,7 @@
 PYTHON ?= python3.11
 VENV ?= .venv
 PY := $(VENV)/bin/python
+SF_VENV := bench/.venv-sf
 RUN_CONFIG ?= configs/humanoid.yaml
 RUN_STEPS ?= 2000000
 
@@ -37,9 +38,16 @@ bench: $(VENV)/.installed  ## throughput vs the simulator alone, EnvPool and SB3
 	$(PY) -m pip install --quiet -e '.[dev,smollm2,bench]'
 	$(PY) -m bench throughput --out bench/out
 
-bench-learn: $(VENV)/.installed  ## mean return after 20 min of wall time, ours then SB3 running the same algorithm (~41 min; CONFIG= (default Humanoid PPO), MINUTES=, SEEDS=)
+bench-learn: $(VENV)/.installed $(SF_VENV)/.installed  ## mean return after 20 min of wall time, ours then SB3 running the same algorithm (~41 min; CONFIG= (default Humanoid PPO), MINUTES=, SEEDS=, SYSTEMS= e.g. tinker_atropos,sf_appo_sync,sf_appo_async,sb3_ppo)
 	$(PY) -m pip install --quiet -e '.[dev,smollm2,bench]'
-	$(PY) -m bench learn $(or $(CONFIG),configs/humanoid.yaml) --minutes $(or $(MINUTES),20) --seeds $(or $(SEEDS),1) --out bench/out
+	$(PY) -m bench learn $(or $(CONFIG),configs/humanoid.yaml) --minutes $(or $(MINUTES),20) --seeds $(or $(SEEDS),1) --systems '$(SYSTEMS)' --out bench/out
+
+# Sample Factory 2.1.1, bench-learn's APPO peer, in its own venv: it pins gymnasium 0.29 (MuJoCo tasks v4)
+$(SF_VENV)/.installed:
+	$(PYTHON) -m venv $(SF_VENV)
+	$(SF_VENV)/bin/pip install --quiet torch==2.13.0
+	$(SF_VENV)/bin/pip install --quiet sample-factory==2.1.1 'gymnasium[mujoco]==0.29.1' mujoco==4.0.0
+	touch $@
 
 bench-tinker: $(VENV)/.installed  ## forward_backward + optim_step through the tinker SDK vs in-process, Humanoid policy and tiny LM (~1 min)
 	$(PY) -m bench tinker --out bench/out

@@ -82,7 +82,7 @@ def learn(
     systems: Annotated[
         str,
         typer.Option(
-            help="Comma-separated: tinker_atropos, sb3_ppo, sb3_sac. Default: ours and SB3 running the config's "
+            help="Comma-separated: tinker_atropos, sb3_ppo, sb3_sac, sf_appo_sync, sf_appo_async. Default: ours and SB3 running the config's "
             "algorithm (SAC for sac, PPO otherwise)."
         ),
     ] = "",

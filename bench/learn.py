@@ -4,12 +4,16 @@ Throughput means nothing if the policy learns less, so this measures what a user
 latest episodes after the same wall time (start-up included) for each system and seed, run one after the other
 so that they never share the CPUs. SB3 runs the config's algorithm, set up as our trainer: PPO
 (``phases.sb3_ppo``: same batch, epochs and hyper-parameters, observations and returns normalised) for ppo and
-appo, SAC (``phases.sb3_sac``: same network, batch, buffer and update-to-data ratio) for sac.
+appo, SAC (``phases.sb3_sac``: same network, batch, buffer and update-to-data ratio) for sac. Sample Factory's
+APPO (``sf_appo_sync``, ``sf_appo_async``: its ``async_rl`` off, as its tuned MuJoCo defaults, and on) runs
+from its own venv (``bench/.venv-sf``, made by ``make bench-learn``) with those defaults and the config's
+instance count.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -30,8 +34,12 @@ from tinker_atropos.config import Config
 from tinker_atropos.launcher.progress import RETURN_WINDOW
 from tinker_atropos.runtime import child_preexec
 
-SYSTEMS = ("tinker_atropos", "sb3_ppo", "sb3_sac")
+SYSTEMS = ("tinker_atropos", "sb3_ppo", "sb3_sac", "sf_appo_sync", "sf_appo_async")
 SB3_BUILDERS = {"sb3_ppo": sb3_ppo, "sb3_sac": sb3_sac}
+SF_PYTHON = Path(__file__).resolve().parent / ".venv-sf" / "bin" / "python"
+# Sample Factory 2.1.1 pins gymnasium 0.29, whose MuJoCo tasks are v4: our env id's name -> its env name
+SF_ENVS = {"Humanoid": "mujoco_humanoid", "HalfCheetah": "mujoco_halfcheetah", "Hopper": "mujoco_hopper"}
+SF_ENV_VERSION = "v4 (gymnasium 0.29, pinned by Sample Factory 2.1.1)"
 
 
 def sb3_peer(config: Config) -> str:
@@ -56,12 +64,30 @@ class LearnOptions:
             raise ValueError(f"unknown systems {sorted(unknown)}; allowed: {', '.join(SYSTEMS)}")
 
 
-def _point(wall_time_s: float, env_steps: int, episode_return_mean: float | None) -> dict[str, Any]:
-    return {
+def _point(
+    wall_time_s: float, env_steps: int, episode_return_mean: float | None, trainer_busy: float | None = None
+) -> dict[str, Any]:
+    point = {
         "wall_time_s": round(wall_time_s, 2),
         "env_steps": int(env_steps),
         "episode_return_mean": episode_return_mean,
     }
+    if trainer_busy is not None:
+        point["trainer_busy"] = trainer_busy
+    return point
+
+
+def _wait_or_interrupt(process: subprocess.Popen, timeout_s: float) -> int:
+    """The exit code of ``process``, interrupted (then killed, with its group) when it outlives ``timeout_s``."""
+    try:
+        return process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGINT)
+        try:
+            return process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            return process.wait()
 
 
 def ours(config: Config, budget_s: float, work_dir: Path) -> list[dict[str, Any]]:
@@ -73,15 +99,52 @@ def ours(config: Config, budget_s: float, work_dir: Path) -> list[dict[str, Any]
     command += ["--run-dir", str(work_dir / "run"), "--max-seconds", str(budget_s), "--fresh"]
     with open(work_dir / "up.log", "w") as log:
         up = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=child_preexec)
-        try:
-            code = up.wait(timeout=budget_s + 120)
-        except subprocess.TimeoutExpired:
-            up.send_signal(signal.SIGINT)
-            code = up.wait(timeout=30)
+        code = _wait_or_interrupt(up, budget_s + 120)
     if code != 0:
         raise RuntimeError(f"`tinker-atropos up` exited with code {code}; see {work_dir / 'up.log'}")
     rows = report.read_jsonl(work_dir / "run" / "metrics.jsonl")
-    return [_point(r["wall_time_s"], r["env_steps"], r["episode_return_mean"]) for r in rows]
+    return [
+        _point(r["wall_time_s"], r["env_steps"], r["episode_return_mean"], r.get("trainer_busy"))
+        for r in rows
+    ]
+
+
+def sf_workers(instances: int, cores: int) -> tuple[int, int]:
+    """(workers, envs per worker) for ``instances`` env instances: at most one worker per core, as Sample
+    Factory advises, and an even count per worker (its MuJoCo defaults split each worker's envs in two)."""
+    for workers in range(min(cores, instances), 0, -1):
+        per_worker, rest = divmod(instances, workers)
+        if rest == 0 and per_worker % 2 == 0:
+            return workers, per_worker
+    raise ValueError(f"Sample Factory needs an even instance count per worker; env instances: {instances}")
+
+
+def sample_factory(
+    system: str, config: Config, budget_s: float, report_interval_s: float, work_dir: Path
+) -> list[dict[str, Any]]:
+    """Sample Factory's APPO (``sf_appo_sync`` or ``sf_appo_async``) for ``budget_s``, start-up included."""
+    name = config.env.id.split("-v")[0]
+    if name not in SF_ENVS:
+        raise ValueError(
+            f"Sample Factory's MuJoCo examples have no {config.env.id}; allowed: {sorted(SF_ENVS)}"
+        )
+    if not SF_PYTHON.exists():
+        raise RuntimeError(f"{SF_PYTHON} is missing: `make bench-learn` creates Sample Factory's venv")
+    work_dir.mkdir(parents=True, exist_ok=True)
+    workers, per_worker = sf_workers(config.env.total_instances, os.cpu_count() or 1)
+    curve_path = work_dir / "curve.jsonl"
+    command = [str(SF_PYTHON), str(Path(__file__).with_name("sf_appo.py")), f"--env={SF_ENVS[name]}"]
+    command += [f"--budget-s={budget_s}", f"--start-time={time.time()}", f"--seed={config.run.seed}"]
+    command += [f"--workers={workers}", f"--envs-per-worker={per_worker}", f"--return-window={RETURN_WINDOW}"]
+    command += [f"--async-rl={'on' if system == 'sf_appo_async' else 'off'}"]
+    command += [f"--report-interval-s={report_interval_s}", f"--train-dir={work_dir / 'train'}"]
+    command += [f"--curve={curve_path}"]
+    with open(work_dir / "sf.log", "w") as log:
+        sf = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        code = _wait_or_interrupt(sf, budget_s + 120)
+    if code != 0 or not curve_path.exists():
+        raise RuntimeError(f"Sample Factory exited with code {code}; see {work_dir / 'sf.log'}")
+    return report.read_jsonl(curve_path)
 
 
 def sb3(
@@ -123,6 +186,7 @@ def sb3(
 
 def _summary(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
     finals = [r["final_return"] for r in runs if r["final_return"] is not None]
+    busy = [r["trainer_busy_mean"] for r in runs if r["trainer_busy_mean"] is not None]
     if not finals:
         return None
     return {
@@ -130,7 +194,21 @@ def _summary(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
         "final_return_min": float(np.min(finals)),
         "final_return_max": float(np.max(finals)),
         "env_steps_mean": float(np.mean([r["env_steps"] for r in runs])),
+        "env_steps_per_s_mean": float(np.mean([r["env_steps_per_s"] for r in runs])),
+        "trainer_busy_mean": float(np.mean(busy)) if busy else None,
         "seeds": len(runs),
+    }
+
+
+def _against(ours_s: dict[str, Any] | None, peer_s: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Ours against one peer: return difference, and ratios where they mean something (positive returns)."""
+    if not ours_s or not peer_s:
+        return None
+    ours_r, peer_r = ours_s["final_return_mean"], peer_s["final_return_mean"]
+    return {
+        "return_difference": ours_r - peer_r,
+        "return_ratio": ours_r / peer_r if ours_r > 0 and peer_r > 0 else None,
+        "env_steps_per_s_ratio": ours_s["env_steps_per_s_mean"] / peer_s["env_steps_per_s_mean"],
     }
 
 
@@ -143,11 +221,14 @@ def _run(seed: int, curve: list[dict[str, Any]], budget_s: float) -> dict[str, A
         for p in curve
         if p["wall_time_s"] >= FINAL_FRACTION_START * budget_s and p["episode_return_mean"] is not None
     ]
+    busy = [p["trainer_busy"] for p in curve if p.get("trainer_busy") is not None]
     return {
         "seed": seed,
         "final_return": float(np.mean(tail)) if tail else (returns[-1] if returns else None),
         "last_return": returns[-1] if returns else None,
         "env_steps": curve[-1]["env_steps"] if curve else 0,
+        "env_steps_per_s": curve[-1]["env_steps"] / curve[-1]["wall_time_s"] if curve else 0.0,
+        "trainer_busy_mean": float(np.mean(busy)) if busy else None,
         "curve": curve,
     }
 
@@ -165,8 +246,11 @@ def run_learning_benchmark(config: Config, options: LearnOptions, console: Conso
             cfg.run.report_interval_s = options.report_interval_s
             for name in runs:
                 console.print(f"[bold]{name}[/] seed {cfg.run.seed}: {options.budget_s:g} s of wall time")
+                work_dir = Path(scratch) / f"{name}-seed{cfg.run.seed}"
                 if name == "tinker_atropos":
-                    curve = ours(cfg, options.budget_s, Path(scratch) / f"{name}-seed{cfg.run.seed}")
+                    curve = ours(cfg, options.budget_s, work_dir)
+                elif name.startswith("sf_"):
+                    curve = sample_factory(name, cfg, options.budget_s, options.report_interval_s, work_dir)
                 else:
                     curve = sb3(name, cfg, options.budget_s, options.report_interval_s)
                 if curve is not None:
@@ -184,6 +268,9 @@ def run_learning_benchmark(config: Config, options: LearnOptions, console: Conso
         "return_difference": ours_s["final_return_mean"] - peer_s["final_return_mean"]
         if ours_s and peer_s
         else None,
+        "against_peers": {
+            name: _against(ours_s, s) for name, s in summary.items() if name != "tinker_atropos"
+        },
         "conditions": {
             "env_id": config.env.id,
             "instances": config.env.total_instances,
@@ -192,6 +279,11 @@ def run_learning_benchmark(config: Config, options: LearnOptions, console: Conso
             "return_window_episodes": RETURN_WINDOW,
             "final_return": "mean of the curve's points over the last tenth of the budget",
             "step_convention": STEP_CONVENTION,
+            **(
+                {"sample_factory_env": f"{config.env.id.split('-v')[0]}-{SF_ENV_VERSION}"}
+                if any(name.startswith("sf_") for name in runs)
+                else {}
+            ),
             "total_wall_s": round(time.monotonic() - started, 1),
             "note": "systems run one after the other, never together; start-up counts against the budget",
         },
@@ -208,11 +300,11 @@ def run_learning_benchmark(config: Config, options: LearnOptions, console: Conso
 
 def _print_table(result: dict[str, Any], console: Console) -> None:
     table = Table(title=f"{result['conditions']['env_id']}: mean return after {result['budget_s']:g} s")
-    for column in ("system", "seeds", "final return (mean)", "min", "max", "env steps (mean)"):
+    for column in ("system", "seeds", "final return (mean)", "min", "max", "env steps (mean)", "steps/s"):
         table.add_column(column)
     for name, s in result["summary"].items():
         if s is None:
-            table.add_row(name, "0", "-", "-", "-", "-")
+            table.add_row(name, "0", "-", "-", "-", "-", "-")
             continue
         table.add_row(
             name,
@@ -221,6 +313,7 @@ def _print_table(result: dict[str, Any], console: Console) -> None:
             f"{s['final_return_min']:.1f}",
             f"{s['final_return_max']:.1f}",
             f"{s['env_steps_mean']:,.0f}",
+            f"{s['env_steps_per_s_mean']:,.0f}",
         )
     console.print(table)
 
@@ -235,7 +328,9 @@ def _draw_curves(result: dict[str, Any], path: Path) -> Path | None:
     except ImportError:
         return None
     fig, ax = plt.subplots(figsize=(7, 4))
-    for color, name in zip(("tab:blue", "tab:orange", "tab:green"), result["runs"], strict=False):
+    for color, name in zip(
+        ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple"), result["runs"], strict=False
+    ):
         for i, run in enumerate(result["runs"][name]):
             points = [p for p in run["curve"] if p["episode_return_mean"] is not None]
             ax.plot(

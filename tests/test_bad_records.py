@@ -177,7 +177,7 @@ def test_bad_records_are_counted_by_reason_while_pendulum_learns(
     tmp_path: Path, valkey, redis_client: redis.Redis
 ) -> None:
     run_dir = tmp_path / "run"
-    config = config_file(tmp_path, run={"name": "poisoned-stream"})
+    config = config_file(tmp_path, "pendulum-sac.yaml", run={"name": "poisoned-stream"})
     injector = Injector(redis_client, "poisoned-stream", run_dir)
     options = ("--redis-url", valkey.url, "--total-steps", "200000", "--target-return", "-400")
     output = run_up_with(injector, config, run_dir, *options)

@@ -15,7 +15,7 @@ import pytest
 from rich.console import Console
 
 from bench import delay
-from bench.learn import LearnOptions, run_learning_benchmark
+from bench.learn import LearnOptions, run_learning_benchmark, sf_workers
 from bench.phases import GatedMeter, IterationGate, ServicesMeter, Timing
 from bench.report import RATE_KEYS
 from bench.throughput import BenchOptions, run_benchmark
@@ -245,3 +245,11 @@ def test_a_gated_learner_that_died_is_reported_not_waited_for() -> None:
 
     with pytest.raises(RuntimeError, match="process ended"):
         GatedMeter(conn, warmup_s=0.05)
+
+
+def test_sample_factory_gets_one_worker_per_core_and_an_even_count_per_worker() -> None:
+    assert sf_workers(16, 2) == (2, 8)
+    assert sf_workers(16, 16) == (8, 2)  # 16 workers would hold one env each, which its split cannot halve
+    assert sf_workers(4, 3) == (2, 2)
+    with pytest.raises(ValueError, match="even instance count per worker"):
+        sf_workers(3, 2)

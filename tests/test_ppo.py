@@ -136,6 +136,11 @@ def test_inference_policy_equals_the_module(discrete: bool, library: str) -> Non
             torch.manual_seed(1)
             eps = torch.randn(16, 2)
         torch.testing.assert_close(actions, dist.mean + dist.stddev * eps)
+    # evaluation acts with the mode, and reports the mode's log-probability
+    modes, mode_log_probs, _ = (torch.as_tensor(a) for a in frozen.act(obs.numpy(), deterministic=True))
+    expected_modes = dist.probs.argmax(dim=1) + 5 if discrete else dist.mean
+    torch.testing.assert_close(modes, expected_modes)
+    torch.testing.assert_close(mode_log_probs, model.log_prob(dist, modes))
 
 
 def _chunk(

@@ -125,6 +125,12 @@ def test_the_rollout_acts_within_the_bounds_with_the_squashed_density() -> None:
         )
         expected = density.log_prob(torch.as_tensor(actions)).sum(-1)
     np.testing.assert_allclose(log_probs, expected.numpy(), rtol=1e-3, atol=2e-3)
+    # evaluation acts with tanh of the mean, scaled to the bounds
+    modes, mode_log_probs, _ = InferencePolicy(model, torch.device("cpu")).act(obs, deterministic=True)
+    np.testing.assert_allclose(modes, 2.0 * np.tanh(mean.numpy()), rtol=1e-5, atol=1e-6)
+    with torch.no_grad():
+        expected_modes = density.log_prob(torch.as_tensor(modes)).sum(-1)
+    np.testing.assert_allclose(mode_log_probs, expected_modes.numpy(), rtol=1e-3, atol=2e-3)
 
 
 def test_gradient_steps_follow_the_update_to_data_ratio_after_learning_starts() -> None:

@@ -1,8 +1,10 @@
 """The ``tinker-atropos`` command: run the whole system locally (``up``) or one service (``env``, ``rollout``,
-``trainer``) as a container or another machine would, and look at a run (``status``, ``health``)."""
+``trainer``) as a container or another machine would, look at a run (``status``, ``health``) and at its
+policy (``evaluate``)."""
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -214,6 +216,41 @@ def status(
     from tinker_atropos.launcher.status import print_status
 
     raise typer.Exit(print_status(redis_url, run))
+
+
+@app.command()
+def evaluate(
+    config: Annotated[Path, typer.Argument(help="Run config (YAML).")],
+    run_dir: RunDirOpt = None,
+    episodes: Annotated[int, typer.Option(min=1, help="Whole episodes to play.")] = 10,
+    stochastic: Annotated[
+        bool,
+        typer.Option("--stochastic", help="Sample actions as in training instead of acting with the mode."),
+    ] = False,
+    seed: Annotated[int, typer.Option(help="Seed of the env instances (instance i: seed + i).")] = 0,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="One JSON object instead of a line of text.")
+    ] = False,
+) -> None:
+    """Play whole episodes with the policy of the run's newest checkpoint, in this process (no service needed)."""
+    from tinker_atropos.launcher.evaluate import evaluate as run_evaluation
+    from tinker_atropos.runtime import EXIT_FATAL, FatalError
+
+    cfg = read_config(config)
+    try:
+        result = run_evaluation(cfg, run_dir or Path("runs") / cfg.run.name, episodes, not stochastic, seed)
+    except FatalError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(EXIT_FATAL) from None
+    if as_json:
+        typer.echo(json.dumps(result.as_dict()))
+        return
+    mode = "deterministic" if result.deterministic else "stochastic"
+    typer.echo(
+        f"{cfg.env.id}, policy version {result.policy_version} ({mode}): mean return {result.return_mean:.1f} "
+        f"± {result.return_std:.1f} over {result.episodes} episodes (min {result.return_min:.1f}, max "
+        f"{result.return_max:.1f}, mean length {result.length_mean:.0f})"
+    )
 
 
 @app.command("secrets")

@@ -113,10 +113,15 @@ class InferencePolicy:
     def _output(self, array: Any) -> np.ndarray:
         return array if self.xp is np else array.cpu().numpy()
 
-    def _standard_normal(self, shape: tuple[int, ...]) -> Any:
+    def _noise(self, shape: tuple[int, ...], deterministic: bool) -> Any:
+        """A Gaussian's standard-normal draw; zeros (its mean) when acting deterministically."""
         if self.xp is np:
-            return self.rng.standard_normal(shape, dtype=np.float32)
-        return torch.randn(shape, device=self.device)
+            return (
+                np.zeros(shape, np.float32)
+                if deterministic
+                else self.rng.standard_normal(shape, dtype=np.float32)
+            )
+        return (torch.zeros if deterministic else torch.randn)(shape, device=self.device)
 
     def _uniform(self, shape: tuple[int, ...]) -> Any:
         if self.xp is np:
@@ -145,22 +150,28 @@ class InferencePolicy:
             return out, None
         return out[:, : self.n_out], out[:, self.n_out] * self.return_std + self.return_mean
 
-    def act(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """Sample actions; returns numpy (actions, behaviour log-probs, values in return units or None)."""
+    def act(
+        self, obs: np.ndarray, deterministic: bool = False
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """Sample actions; returns numpy (actions, behaviour log-probs, values in return units or None).
+        ``deterministic``: the distribution's mode instead (the most likely class, the Gaussian's mean, or
+        tanh of it scaled to the bounds), as evaluation acts; the log-probs are then those of the mode."""
         xp = self.xp
         out, value = self._forward(self._input(obs))
         if self.discrete:
             z = out - xp.amax(out, axis=1, keepdims=True)
             log_p = z - xp.log(xp.sum(xp.exp(z), axis=1, keepdims=True))
-            # inverse CDF: the first index whose cumulative probability reaches a uniform draw
-            below = xp.cumsum(xp.exp(log_p), axis=1) < self._uniform((out.shape[0], 1))
-            index = xp.clip(xp.sum(below, axis=1), None, self.n_out - 1)  # rounding can leave the sum < 1
+            if deterministic:
+                index = xp.argmax(log_p, axis=1)
+            else:  # inverse CDF: the first index whose cumulative probability reaches a uniform draw
+                below = xp.cumsum(xp.exp(log_p), axis=1) < self._uniform((out.shape[0], 1))
+                index = xp.clip(xp.sum(below, axis=1), None, self.n_out - 1)  # rounding can leave the sum < 1
             log_prob = log_p[xp.arange(out.shape[0]), index]
             actions = index + self.action_start
         elif self.squashed:
             mean, log_std = out[:, : self.action_dim], out[:, self.action_dim :]
             log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (xp.tanh(log_std) + 1)
-            eps = self._standard_normal(tuple(mean.shape))
+            eps = self._noise(tuple(mean.shape), deterministic)
             unit = xp.tanh(mean + xp.exp(log_std) * eps)
             actions = self.action_mid + self.action_half * unit
             # log N(pre-tanh | mean, std), minus log(1 - tanh^2) and log half-range: the density of the env action
@@ -168,7 +179,7 @@ class InferencePolicy:
                 0.5 * eps * eps + log_std + xp.log(1 - unit * unit + 1e-6), axis=1
             )
         else:
-            eps = self._standard_normal(tuple(out.shape))
+            eps = self._noise(tuple(out.shape), deterministic)
             actions = out + self.action_std * eps
             log_prob = self.log_prob_offset - 0.5 * xp.sum(eps * eps, axis=1)
         return self._output(actions), self._output(log_prob), None if value is None else self._output(value)

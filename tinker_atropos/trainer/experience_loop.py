@@ -170,11 +170,14 @@ class ExperienceLoop:
 
     def checkpoint_state(self) -> dict[str, Any]:
         assert self.learner is not None
+        core = self.learner.core
         return {
             "format": CHECKPOINT_FORMAT,
             "algorithm": self.algorithm.name,
             "learner": self.learner.state_dict(),
             "replay": None if self.learner.replay is None else self.learner.replay.state_dict(),
+            # the acting policy as the rollouts receive it: what `tinker-atropos evaluate` loads
+            "policy": {"spec": core.spec, "version": core.version, "weights": core.weights()},
             "counters": {"updates": self.updates, "env_steps_trained": self.env_steps_trained},
         }
 

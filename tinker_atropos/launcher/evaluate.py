@@ -1,0 +1,100 @@
+"""Evaluate a run's policy: the latest checkpoint's weights acting on fresh instances of the config's env.
+
+Training curves report the returns of exploring policies (sampled actions); what a user ships is usually the
+mode. This loads the policy from the run folder's newest checkpoint (no service, no Redis needed), steps the
+env's backend in-process, and reports the returns of whole episodes. Each instance plays an equal share of the
+episodes, as SB3's ``evaluate_policy`` does, so short episodes are not over-counted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from tinker_atropos.config import Config
+from tinker_atropos.environment.backends.base import make_env_batch
+from tinker_atropos.environment.episodes import EpisodeTracker
+from tinker_atropos.environment.spaces import check_actions
+from tinker_atropos.models.acting import load_policy
+from tinker_atropos.runtime import FatalError
+from tinker_atropos.state.checkpoints import load_latest_checkpoint
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    episodes: int
+    return_mean: float
+    return_std: float
+    return_min: float
+    return_max: float
+    length_mean: float
+    policy_version: int
+    deterministic: bool
+    checkpoint: str
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def evaluate(
+    config: Config,
+    run_dir: Path,
+    episodes: int,
+    deterministic: bool = True,
+    seed: int = 0,
+    instances: int = 8,
+) -> Evaluation:
+    """Play ``episodes`` episodes with the policy of ``run_dir``'s newest checkpoint; FatalError when there is
+    none or it holds no policy."""
+    found = load_latest_checkpoint(run_dir / "checkpoints")
+    if found is None:
+        raise FatalError(
+            f"no readable checkpoint in {run_dir / 'checkpoints'}: train first (`tinker-atropos up`)"
+        )
+    path, state = found
+    if "policy" not in state:
+        raise FatalError(f"{path} holds no policy: it was written by a version before evaluation existed")
+    policy_record = state["policy"]
+    try:
+        policy = load_policy(
+            policy_record["spec"],
+            policy_record["weights"],
+            torch.device("cpu"),
+            np.random.default_rng(seed),
+            network=config.trainer.model.network,
+        )
+    except ValueError as error:  # weights of another network than the config's, or that do not load
+        raise FatalError(f"{path}: {error}") from None
+    num = min(instances, episodes)
+    owed = np.array([episodes // num + (i < episodes % num) for i in range(num)])  # each instance's share
+    env = make_env_batch(config.env.backend, config.env.id, config.env.kwargs, num)
+    returns: list[float] = []
+    lengths: list[int] = []
+    try:
+        obs, tracker = env.reset(seed), EpisodeTracker(num)
+        while owed.any():
+            actions, _, _ = policy.act(obs, deterministic=deterministic)
+            step = env.step(check_actions(actions, env.action_space, num))
+            for end in tracker.update(step.rewards, step.terminated, step.truncated):
+                if owed[end.instance] > 0:
+                    owed[end.instance] -= 1
+                    returns.append(end.episode_return)
+                    lengths.append(end.length)
+            obs = step.observations
+    finally:
+        env.close()
+    values = np.asarray(returns)
+    return Evaluation(
+        episodes=len(returns),
+        return_mean=float(values.mean()),
+        return_std=float(values.std()),
+        return_min=float(values.min()),
+        return_max=float(values.max()),
+        length_mean=float(np.mean(lengths)),
+        policy_version=int(policy_record["version"]),
+        deterministic=deterministic,
+        checkpoint=str(path),
+    )
