@@ -234,10 +234,13 @@ def _run(seed: int, curve: list[dict[str, Any]], budget_s: float) -> dict[str, A
 
 
 def run_learning_benchmark(config: Config, options: LearnOptions, console: Console) -> dict[str, Any]:
-    """Each seed: our system, then SB3, each for the budget. Writes bench-learn.json and its chart."""
+    """Each seed: every chosen system in the order given, each for the budget. bench-learn.json is rewritten
+    after every run, so a failed or interrupted system loses no other's figures; a system that fails is
+    recorded with its error and the next one runs. Draws the chart at the end."""
     options.out.mkdir(parents=True, exist_ok=True)
     chosen = options.systems or ("tinker_atropos", sb3_peer(config))
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in SYSTEMS if name in chosen}
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in chosen}
+    errors: dict[str, str] = {}
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench-learn-", dir=options.out) as scratch:
         for k in range(options.seeds):
@@ -247,22 +250,47 @@ def run_learning_benchmark(config: Config, options: LearnOptions, console: Conso
             for name in runs:
                 console.print(f"[bold]{name}[/] seed {cfg.run.seed}: {options.budget_s:g} s of wall time")
                 work_dir = Path(scratch) / f"{name}-seed{cfg.run.seed}"
-                if name == "tinker_atropos":
-                    curve = ours(cfg, options.budget_s, work_dir)
-                elif name.startswith("sf_"):
-                    curve = sample_factory(name, cfg, options.budget_s, options.report_interval_s, work_dir)
-                else:
-                    curve = sb3(name, cfg, options.budget_s, options.report_interval_s)
+                try:
+                    if name == "tinker_atropos":
+                        curve = ours(cfg, options.budget_s, work_dir)
+                    elif name.startswith("sf_"):
+                        curve = sample_factory(
+                            name, cfg, options.budget_s, options.report_interval_s, work_dir
+                        )
+                    else:
+                        curve = sb3(name, cfg, options.budget_s, options.report_interval_s)
+                except Exception as error:  # one system failing must not lose the others' hours
+                    errors[f"{name}-seed{cfg.run.seed}"] = f"{type(error).__name__}: {error}"
+                    console.print(f"[red]{name} seed {cfg.run.seed} failed[/]: {error}")
+                    curve = None
                 if curve is not None:
                     runs[name].append(_run(cfg.run.seed, curve, options.budget_s))
+                result = _result(config, options, runs, errors, time.monotonic() - started)
+                (options.out / "bench-learn.json").write_text(json.dumps(result, indent=2) + "\n")
+    path = options.out / "bench-learn.json"
+    _print_table(result, console)
+    chart = _draw_curves(result, options.out / "bench-learn.png")
+    console.print(f"wrote {path}" + (f", {chart}" if chart else ""))
+    return result
+
+
+def _result(
+    config: Config,
+    options: LearnOptions,
+    runs: dict[str, list[dict[str, Any]]],
+    errors: dict[str, str],
+    wall_s: float,
+) -> dict[str, Any]:
+    """bench-learn.json's content for the runs made so far."""
     summary = {name: _summary(system_runs) for name, system_runs in runs.items()}
     peer = next((name for name in runs if name != "tinker_atropos"), None)
     ours_s, peer_s = summary.get("tinker_atropos"), summary.get(peer) if peer else None
-    result = {
+    return {
         "budget_s": options.budget_s,
         "algorithm": config.trainer.algorithm,
         "runs": runs,
         "summary": summary,
+        "errors": errors,
         "peer": peer,
         # ours minus the peer's final return (a ratio means nothing for returns below zero, as Pendulum's)
         "return_difference": ours_s["final_return_mean"] - peer_s["final_return_mean"]
@@ -284,18 +312,12 @@ def run_learning_benchmark(config: Config, options: LearnOptions, console: Conso
                 if any(name.startswith("sf_") for name in runs)
                 else {}
             ),
-            "total_wall_s": round(time.monotonic() - started, 1),
+            "total_wall_s": round(wall_s, 1),
             "note": "systems run one after the other, never together; start-up counts against the budget",
         },
         "machine": report.machine(),
         "packages": report.package_versions(),
     }
-    path = options.out / "bench-learn.json"
-    path.write_text(json.dumps(result, indent=2) + "\n")
-    _print_table(result, console)
-    chart = _draw_curves(result, options.out / "bench-learn.png")
-    console.print(f"wrote {path}" + (f", {chart}" if chart else ""))
-    return result
 
 
 def _print_table(result: dict[str, Any], console: Console) -> None:

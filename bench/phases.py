@@ -417,7 +417,8 @@ def sb3_ppo(config: Config) -> Any:
         n_epochs=ppo.update_epochs,
         learning_rate=ppo.learning_rate,
         gamma=ppo.gamma,
-        gae_lambda=ppo.gae_lambda,
+        # APPO's V-trace lambda plays the part of GAE's: SB3 PPO is APPO's nearest peer in SB3
+        gae_lambda=ppo.vtrace_lambda if config.trainer.algorithm == "appo" else ppo.gae_lambda,
         clip_range=ppo.clip_coef,
         ent_coef=ppo.ent_coef,
         vf_coef=ppo.vf_coef,

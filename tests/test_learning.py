@@ -64,9 +64,8 @@ def test_pendulum_learns_with_sac_from_its_replay_buffer(tmp_path: Path) -> None
     assert learning and all(row["utd_ratio"] == pytest.approx(1.0, abs=0.01) for row in learning)
     trainer_log = (tmp_path / "run" / "logs" / "trainer.log").read_text()
     assert "Traceback" not in trainer_log
-    # the stopped run's policy, acting with tanh of its mean, plays whole episodes in `evaluate`
-    evaluated = cli("evaluate", str(REPO / "configs" / "pendulum-sac.yaml"), "--run-dir", str(tmp_path / "run"),
-                    "--episodes", "6", "--json")  # fmt: skip
+    # the stopped run's policy, acting with tanh of its mean, plays whole episodes in `eval`
+    evaluated = cli("eval", str(tmp_path / "run"), "--episodes", "6", "--json")  # config.yaml: written by up
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     result = json.loads(evaluated.stdout)
     assert result["episodes"] == 6 and result["deterministic"] and result["length_mean"] == 200
@@ -74,13 +73,21 @@ def test_pendulum_learns_with_sac_from_its_replay_buffer(tmp_path: Path) -> None
     assert result["return_mean"] > -500.0, result  # random play: about -1,200
 
 
-def test_evaluate_without_a_checkpoint_says_so_in_one_line(tmp_path: Path) -> None:
-    result = cli("evaluate", str(REPO / "configs" / "pendulum.yaml"), "--run-dir", str(tmp_path / "empty"))
-    assert result.returncode == 2
-    assert (
-        result.stderr.strip() == f"error: no readable checkpoint in {tmp_path / 'empty' / 'checkpoints'}: "
-        "train first (`tinker-atropos up`)"
-    )
+def test_eval_without_a_config_or_a_checkpoint_says_so_in_one_line(tmp_path: Path) -> None:
+    empty, config = tmp_path / "empty", str(REPO / "configs" / "pendulum.yaml")
+    no_config = cli("eval", str(empty))
+    assert (no_config.returncode, no_config.stderr.strip()) == (
+        2, f"error: {empty / 'config.yaml'} does not exist: pass the run's config with --config"
+    )  # fmt: skip
+    no_checkpoint = cli("eval", str(empty), "--config", config)
+    assert (no_checkpoint.returncode, no_checkpoint.stderr.strip()) == (
+        2, f"error: no readable checkpoint in {empty / 'checkpoints'}: train first (`tinker-atropos up`)"
+    )  # fmt: skip
+    (tmp_path / "garbage.pt").write_bytes(b"not a checkpoint")
+    garbage = cli("eval", str(empty), "--config", config, "--checkpoint", str(tmp_path / "garbage.pt"))
+    assert garbage.returncode == 2
+    assert garbage.stderr.startswith(f"error: checkpoint {tmp_path / 'garbage.pt'} does not load: ")
+    assert len(garbage.stderr.strip().splitlines()) == 1
 
 
 def test_cartpole_learns_to_balance(tmp_path: Path) -> None:
@@ -108,9 +115,8 @@ def test_cartpole_learns_with_appo_from_lagging_chunks(tmp_path: Path) -> None:
     assert all(0 <= int(lag) <= 4 for row in rows for lag in row["policy_lag_counts"])
     trainer_log = (tmp_path / "run" / "logs" / "trainer.log").read_text()
     assert "Traceback" not in trainer_log
-    # greedy acting (the most likely action) with the stopped run's policy, in `evaluate`
-    evaluated = cli("evaluate", str(REPO / "configs" / "cartpole-appo.yaml"), "--run-dir", str(tmp_path / "run"),
-                    "--episodes", "4", "--json")  # fmt: skip
+    # greedy acting (the most likely action) with the stopped run's policy, in `eval`
+    evaluated = cli("eval", str(tmp_path / "run"), "--episodes", "4", "--json")
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     result = json.loads(evaluated.stdout)
     assert result["episodes"] == 4 and result["deterministic"]

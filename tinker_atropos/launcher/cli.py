@@ -1,6 +1,6 @@
 """The ``tinker-atropos`` command: run the whole system locally (``up``) or one service (``env``, ``rollout``,
 ``trainer``) as a container or another machine would, look at a run (``status``, ``health``) and at its
-policy (``evaluate``)."""
+policy (``eval``, ``export``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -107,16 +107,22 @@ def up(
     raise typer.Exit(run_local(cfg, run_dir, redis_url, options))
 
 
-def _serve_check(host: str, insecure: bool) -> None:
-    """Refuse (exit 2) a non-loopback bind without the token and TLS, or warn when ``insecure`` lets it be."""
+def _or_exit(call: Callable[..., Any], *args: object) -> Any:
+    """``call(*args)``; a FatalError ends the command with its one line and exit code 2."""
     from tinker_atropos.runtime import EXIT_FATAL, FatalError
-    from tinker_atropos.security import check_exposure
 
     try:
-        warning = check_exposure(host, insecure)
+        return call(*args)
     except FatalError as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(EXIT_FATAL) from None
+
+
+def _serve_check(host: str, insecure: bool) -> None:
+    """Refuse (exit 2) a non-loopback bind without the token and TLS, or warn when ``insecure`` lets it be."""
+    from tinker_atropos.security import check_exposure
+
+    warning = _or_exit(check_exposure, host, insecure)
     if warning:
         typer.echo(f"warning: {warning}", err=True)
 
@@ -126,15 +132,11 @@ def _serve(
 ) -> None:
     """Run a service; a failure a restart cannot fix, or a Redis that stays away, ends it with one line. A
     non-loopback bind without the token and TLS is such a failure, unless ``insecure``."""
-    from tinker_atropos.runtime import EXIT_FATAL, FatalError
     from tinker_atropos.state.connection import RedisUnreachable
 
     _serve_check(endpoint.host, insecure)
     try:
-        serve(config, url, endpoint, *extra)
-    except FatalError as error:
-        typer.echo(f"error: {error}", err=True)
-        raise typer.Exit(EXIT_FATAL) from None
+        _or_exit(serve, config, url, endpoint, *extra)
     except RedisUnreachable as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(1) from None
@@ -218,10 +220,28 @@ def status(
     raise typer.Exit(print_status(redis_url, run))
 
 
-@app.command()
+RunConfigOpt = Annotated[
+    Path | None, typer.Option("--config", help="Run config (default RUN_DIR/config.yaml, written by `up`).")
+]
+CheckpointOpt = Annotated[Path | None, typer.Option(help="Checkpoint file (default: the run's newest).")]
+
+
+def _run_config(run_dir: Path, config: Path | None) -> Config:
+    """The config of a run folder: ``config``, or the one ``up`` wrote there; exit 2 when there is none."""
+    from tinker_atropos.runtime import EXIT_FATAL
+
+    config = config or run_dir / "config.yaml"
+    if not config.exists():
+        typer.echo(f"error: {config} does not exist: pass the run's config with --config", err=True)
+        raise typer.Exit(EXIT_FATAL)
+    return read_config(config)
+
+
+@app.command("eval")
 def evaluate(
-    config: Annotated[Path, typer.Argument(help="Run config (YAML).")],
-    run_dir: RunDirOpt = None,
+    run_dir: Annotated[Path, typer.Argument(help="Run folder (its config.yaml and checkpoints/).")],
+    config: RunConfigOpt = None,
+    checkpoint: CheckpointOpt = None,
     episodes: Annotated[int, typer.Option(min=1, help="Whole episodes to play.")] = 10,
     stochastic: Annotated[
         bool,
@@ -232,16 +252,11 @@ def evaluate(
         bool, typer.Option("--json", help="One JSON object instead of a line of text.")
     ] = False,
 ) -> None:
-    """Play whole episodes with the policy of the run's newest checkpoint, in this process (no service needed)."""
+    """Play whole episodes with a run's policy, in this process (no service needed)."""
     from tinker_atropos.launcher.evaluate import evaluate as run_evaluation
-    from tinker_atropos.runtime import EXIT_FATAL, FatalError
 
-    cfg = read_config(config)
-    try:
-        result = run_evaluation(cfg, run_dir or Path("runs") / cfg.run.name, episodes, not stochastic, seed)
-    except FatalError as error:
-        typer.echo(f"error: {error}", err=True)
-        raise typer.Exit(EXIT_FATAL) from None
+    cfg = _run_config(run_dir, config)
+    result = _or_exit(run_evaluation, cfg, run_dir, episodes, not stochastic, seed, checkpoint)
     if as_json:
         typer.echo(json.dumps(result.as_dict()))
         return
@@ -251,6 +266,30 @@ def evaluate(
         f"± {result.return_std:.1f} over {result.episodes} episodes (min {result.return_min:.1f}, max "
         f"{result.return_max:.1f}, mean length {result.length_mean:.0f})"
     )
+
+
+@app.command()
+def export(
+    run_dir: Annotated[Path, typer.Argument(help="Run folder (its config.yaml and checkpoints/).")],
+    fmt: Annotated[str, typer.Option("--format", help="onnx or torchscript.")] = "onnx",
+    out: Annotated[
+        Path | None, typer.Option(help="File to write (default RUN_DIR/policy.onnx or .pt).")
+    ] = None,
+    config: RunConfigOpt = None,
+    checkpoint: CheckpointOpt = None,
+) -> None:
+    """Write a run's deterministic policy, its observation normaliser folded in, for ONNX Runtime or torch."""
+    from tinker_atropos.launcher.run_folder import run_policy
+    from tinker_atropos.models.export import FORMATS, export_policy
+    from tinker_atropos.runtime import EXIT_FATAL
+
+    if fmt not in FORMATS:
+        typer.echo(f"error: --format {fmt!r} is not one of: {', '.join(FORMATS)}", err=True)
+        raise typer.Exit(EXIT_FATAL)
+    cfg = _run_config(run_dir, config)
+    found = _or_exit(run_policy, run_dir, checkpoint, cfg.trainer.model.network)
+    path = export_policy(found.model, out or run_dir / f"policy.{fmt}", fmt)
+    typer.echo(f"{path}: policy version {found.version} of {found.checkpoint}, observations in, actions out")
 
 
 @app.command("secrets")

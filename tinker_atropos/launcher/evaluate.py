@@ -1,8 +1,8 @@
-"""Evaluate a run's policy: the latest checkpoint's weights acting on fresh instances of the config's env.
+"""Evaluate a run's policy: a checkpoint's weights acting on fresh instances of the run's env.
 
 Training curves report the returns of exploring policies (sampled actions); what a user ships is usually the
-mode. This loads the policy from the run folder's newest checkpoint (no service, no Redis needed), steps the
-env's backend in-process, and reports the returns of whole episodes. Each instance plays an equal share of the
+mode. This loads the policy from a checkpoint, the run folder's newest by default (no service, no Redis
+needed), steps the env's backend in-process, and reports the returns of whole episodes. Each instance plays an equal share of the
 episodes, as SB3's ``evaluate_policy`` does, so short episodes are not over-counted.
 """
 
@@ -18,9 +18,8 @@ from tinker_atropos.config import Config
 from tinker_atropos.environment.backends.base import make_env_batch
 from tinker_atropos.environment.episodes import EpisodeTracker
 from tinker_atropos.environment.spaces import check_actions
-from tinker_atropos.models.acting import load_policy
-from tinker_atropos.runtime import FatalError
-from tinker_atropos.state.checkpoints import load_latest_checkpoint
+from tinker_atropos.launcher.run_folder import run_policy
+from tinker_atropos.models.acting import InferencePolicy
 
 
 @dataclass(frozen=True)
@@ -45,29 +44,13 @@ def evaluate(
     episodes: int,
     deterministic: bool = True,
     seed: int = 0,
+    checkpoint: Path | None = None,
     instances: int = 8,
 ) -> Evaluation:
-    """Play ``episodes`` episodes with the policy of ``run_dir``'s newest checkpoint; FatalError when there is
-    none or it holds no policy."""
-    found = load_latest_checkpoint(run_dir / "checkpoints")
-    if found is None:
-        raise FatalError(
-            f"no readable checkpoint in {run_dir / 'checkpoints'}: train first (`tinker-atropos up`)"
-        )
-    path, state = found
-    if "policy" not in state:
-        raise FatalError(f"{path} holds no policy: it was written by a version before evaluation existed")
-    policy_record = state["policy"]
-    try:
-        policy = load_policy(
-            policy_record["spec"],
-            policy_record["weights"],
-            torch.device("cpu"),
-            np.random.default_rng(seed),
-            network=config.trainer.model.network,
-        )
-    except ValueError as error:  # weights of another network than the config's, or that do not load
-        raise FatalError(f"{path}: {error}") from None
+    """Play ``episodes`` episodes with the policy of ``checkpoint``, or of ``run_dir``'s newest checkpoint;
+    FatalError when there is none or it holds no policy."""
+    found = run_policy(run_dir, checkpoint, config.trainer.model.network)
+    policy = InferencePolicy(found.model, torch.device("cpu"), np.random.default_rng(seed))
     num = min(instances, episodes)
     owed = np.array([episodes // num + (i < episodes % num) for i in range(num)])  # each instance's share
     env = make_env_batch(config.env.backend, config.env.id, config.env.kwargs, num)
@@ -94,7 +77,7 @@ def evaluate(
         return_min=float(values.min()),
         return_max=float(values.max()),
         length_mean=float(np.mean(lengths)),
-        policy_version=int(policy_record["version"]),
+        policy_version=found.version,
         deterministic=deterministic,
-        checkpoint=str(path),
+        checkpoint=str(found.checkpoint),
     )

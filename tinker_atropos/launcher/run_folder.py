@@ -13,9 +13,13 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from tinker_atropos.runtime import FatalError
 from tinker_atropos.state.checkpoints import PREFIX as CHECKPOINT_PREFIX
+
+if TYPE_CHECKING:
+    from tinker_atropos.models.mlp import ActorCritic
 
 RUN_ITEMS = ("metrics.jsonl", "chaos.jsonl", "config.yaml", "logs", "checkpoints", "valkey")
 # What the counters were called in rows written before metrics.jsonl kept them all under "counters".
@@ -102,3 +106,40 @@ def clear_run_folder(run_dir: Path) -> list[str]:
             continue
         removed.append(name)
     return removed
+
+
+@dataclass(frozen=True)
+class RunPolicy:
+    """The acting policy a checkpoint holds (as the rollouts received it), for ``eval`` and ``export``."""
+
+    checkpoint: Path
+    version: int
+    model: ActorCritic
+
+
+def run_policy(run_dir: Path, checkpoint: Path | None, network: str) -> RunPolicy:
+    """The policy of ``checkpoint``, or of the run folder's newest readable checkpoint; FatalError, in one line,
+    when there is none, it holds no policy, or the policy is not the config's ``network``."""
+    from tinker_atropos.models.acting import load_network
+    from tinker_atropos.state.checkpoints import load_latest_checkpoint, read_checkpoint
+
+    if checkpoint is not None:
+        try:
+            found = checkpoint, read_checkpoint(checkpoint)
+        except Exception as error:  # a missing file, or one torch cannot unpickle
+            raise FatalError(f"checkpoint {checkpoint} does not load: {error}") from None
+    elif (found := load_latest_checkpoint(run_dir / "checkpoints")) is None:
+        raise FatalError(
+            f"no readable checkpoint in {run_dir / 'checkpoints'}: train first (`tinker-atropos up`)"
+        )
+    path, state = found
+    record = state.get("policy")
+    if record is None:
+        raise FatalError(
+            f"{path} holds no policy: it was written by a version before 'eval' and 'export' existed"
+        )
+    try:
+        model = load_network(record["spec"], record["weights"], network)
+    except ValueError as error:  # weights of another network than the config's, or that do not load
+        raise FatalError(f"{path}: {error}") from None
+    return RunPolicy(path, int(record["version"]), model)

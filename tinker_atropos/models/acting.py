@@ -192,17 +192,11 @@ class InferencePolicy:
         return self._output(value)
 
 
-def load_policy(
-    spec: dict[str, Any],
-    blob: bytes,
-    device: torch.device,
-    rng: np.random.Generator | None = None,
-    network: str = "mlp",
-) -> InferencePolicy:
-    """The acting form of published weights; ValueError for a model this package does not build, a spec that
-    does not build one, or weights that do not load into it (or are not finite). ``network``: the one network
-    this rollout's config names; a spec naming another is refused before anything is imported, so that a
-    weights record can never make a rollout import a module of its choice."""
+def load_network(spec: dict[str, Any], blob: bytes, network: str = "mlp") -> ActorCritic:
+    """The network of published weights; ValueError for a model this package does not build, a spec that does
+    not build one, or weights that do not load into it (or are not finite). ``network``: the one network this
+    process's config names; a spec naming another is refused before anything is imported, so that a weights
+    record can never make a rollout import a module of its choice."""
     if spec.get("model", MODEL) != MODEL:
         raise ValueError(
             f"published weights of model {spec.get('model')!r}; this rollout acts with {MODEL!r}"
@@ -222,4 +216,15 @@ def load_policy(
         model.load_state_dict(weights_from_bytes(blob))
     except (KeyError, TypeError, RuntimeError) as error:  # a spec or state dict of something else
         raise ValueError(f"weights that do not fit their spec: {type(error).__name__}: {error}") from None
-    return InferencePolicy(model, device, rng)
+    return model
+
+
+def load_policy(
+    spec: dict[str, Any],
+    blob: bytes,
+    device: torch.device,
+    rng: np.random.Generator | None = None,
+    network: str = "mlp",
+) -> InferencePolicy:
+    """The acting form of published weights (``load_network``'s checks and errors)."""
+    return InferencePolicy(load_network(spec, blob, network), device, rng)

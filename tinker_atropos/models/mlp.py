@@ -203,6 +203,17 @@ class ActorCritic(nn.Module):
         value = self.normalized_value(norm_obs) if self.has_critic else None
         return self.log_prob(dist, actions), self.entropy(dist), value
 
+    def mode(self, norm_obs: torch.Tensor) -> torch.Tensor:
+        """The policy's most likely env action: the top class (its start added), the Gaussian's mean, or tanh of
+        the mean scaled to the bounds for a squashed policy. What evaluation and exported policies act with."""
+        out = self.actor(norm_obs)
+        if self.discrete:
+            return out.argmax(dim=-1) + self.action_start
+        if self.squashed:
+            mean = out[..., : self.actor_outputs // 2]
+            return self.action_mid + self.action_half_range * torch.tanh(mean)
+        return out
+
     def squashed_sample(self, norm_obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """A reparameterised draw of a squashed policy: (action in [-1, 1], its log-probability), the change of
         variables through tanh included."""

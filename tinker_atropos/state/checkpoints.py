@@ -42,13 +42,18 @@ def save_checkpoint(directory: Path, version: int, state: dict[str, Any], keep: 
     return target
 
 
-def load_latest_checkpoint(directory: Path) -> tuple[Path, dict[str, Any]] | None:
-    """The newest checkpoint that loads; a truncated or corrupt one is skipped with a warning."""
+def read_checkpoint(path: Path) -> dict[str, Any]:
+    """One checkpoint file's state, on the CPU; torch's error when it does not load."""
     import torch
 
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def load_latest_checkpoint(directory: Path) -> tuple[Path, dict[str, Any]] | None:
+    """The newest checkpoint that loads; a truncated or corrupt one is skipped with a warning."""
     for path in sorted(directory.glob(f"{PREFIX}*.pt"), reverse=True):
         try:
-            return path, torch.load(path, map_location="cpu", weights_only=False)
+            return path, read_checkpoint(path)
         except Exception as error:  # any unpickling/zip failure means the file is unusable
             log.warning("checkpoint %s is unreadable (%s); trying the previous one", path, error)
     return None
