@@ -176,7 +176,7 @@ class ExperienceLoop:
             "algorithm": self.algorithm.name,
             "learner": self.learner.state_dict(),
             "replay": None if self.learner.replay is None else self.learner.replay.state_dict(),
-            # the acting policy as the rollouts receive it: what `tinker-atropos evaluate` loads
+            # the acting policy as the rollouts receive it: what `tinker-atropos eval` and `export` load
             "policy": {"spec": core.spec, "version": core.version, "weights": core.weights()},
             "counters": {"updates": self.updates, "env_steps_trained": self.env_steps_trained},
         }
