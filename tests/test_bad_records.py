@@ -119,35 +119,37 @@ def test_a_counter_overwritten_with_garbage_is_repaired_not_a_wedge(redis_client
 
 
 class Injector(Sidecar):
-    """Once a second (a round of 4 ticks): every kind of bad entry signed with the run's key, a sound chunk
+    """Once a second (a round of 20 ticks): every kind of bad entry signed with the run's key, a sound chunk
     unsigned and one signed with another token (as a process without the token would write). Each round also
-    forges weights of a version far ahead, unsigned until a rollout has refused such weights, then signed but
-    garbage; forged again on the round's later ticks if the trainer published over them before a rollout looked."""
+    forges weights of a version far ahead, unsigned on even rounds and signed but garbage on odd ones, forged
+    again on every tick the trainer has published over them (SAC publishes many times a second, and a forgery
+    counts only once a rollout has read it) once rollouts act: before, that would keep the trainer's first
+    policy from ever reaching them."""
 
-    FORGED = 10**6  # versions from here up are forged
-    TICKS = 4
+    FORGED = 10**6  # forged versions are its multiples
+    TICKS = 20
 
     def __init__(self, client: redis.Redis, run: str, run_dir: Path) -> None:
         super().__init__(interval_s=1.0 / self.TICKS)
         self.client, self.run_name, self.stream = client, run, keys.experience(run)
         self.token_file, self.ticks, self.rounds = run_dir / "token", 0, 0
-        self.forgeries, self.weights_rejected, self.signed, self.refused_this_round = 0, 0, False, False
+        self.forgeries, self.forged_version, self.weights_rejected = 0, 0, 0
 
     def work(self) -> None:
         if not self.token_file.exists():  # up writes it before it starts any service
             return
-        rejected = max([0, *(int(r.figures.get("weights_rejected", 0))
-                             for r in live_services(self.client, self.run_name, "rollout"))])  # fmt: skip
-        if rejected > self.weights_rejected:  # the latest forgery was refused: the other kind next
-            self.weights_rejected, self.signed, self.refused_this_round = rejected, not self.signed, True
+        rollouts = [r.figures for r in live_services(self.client, self.run_name, "rollout")]
+        self.weights_rejected = max(
+            [self.weights_rejected, *(int(r.get("weights_rejected", 0)) for r in rollouts)]
+        )
+        acting = any(int(r.get("env_steps", 0)) > 0 for r in rollouts)
+        signed = (self.ticks // self.TICKS) % 2 == 1
         if self.ticks % self.TICKS == 0:
             self.inject_entries()
-            self.forge_weights(self.signed)
-            self.rounds, self.refused_this_round = self.rounds + 1, False
-        elif (
-            not self.refused_this_round and (published_version(self.client, self.run_name) or 0) < self.FORGED
-        ):
-            self.forge_weights(self.signed)
+            self.forge_weights(signed)
+            self.rounds += 1
+        elif acting and published_version(self.client, self.run_name) != self.forged_version:
+            self.forge_weights(signed)
         self.ticks += 1
 
     def inject_entries(self) -> None:
@@ -163,12 +165,18 @@ class Injector(Sidecar):
 
     def forge_weights(self, signed: bool) -> None:
         blob, spec = b"not weights at all", json.dumps({"obs_shape": [3]})
-        version, digest = str(self.FORGED + self.forgeries), hashlib.sha256(blob).hexdigest()
+        self.forged_version = self.FORGED * (
+            self.forgeries + 1
+        )  # ahead of a trainer that continued above one
+        version, digest = str(self.forged_version), hashlib.sha256(blob).hexdigest()
         fields = {"version": version, "blob": blob, "spec": spec, "digest": digest}
         if signed:
             key = derive_key(self.token_file.read_text().strip(), "weights")
             fields["sig"] = signature(key, version.encode(), spec.encode(), digest.encode())
-        self.client.hset(keys.weights(self.run_name), mapping=fields)
+        with self.client.pipeline() as forged:  # one transaction: no signature of the trainer's stays
+            forged.delete(keys.weights(self.run_name)).hset(
+                keys.weights(self.run_name), mapping=fields
+            ).execute()
         self.forgeries += 1
 
 
@@ -188,9 +196,9 @@ def test_bad_records_are_counted_by_reason_while_pendulum_learns(
     counters = report_rows(run_dir)[-1]["counters"]
     for reason in {reason for _, reason in BAD_ENTRIES.values()} | {"unsigned", "bad_signature"}:
         assert counters.get(f"records_rejected_{reason}", 0) >= 5, (reason, counters)
-    # forged weights refused, unsigned and signed but garbage alike; the trainer's own won
-    assert injector.weights_rejected >= 2
+    # forged weights refused, unsigned and signed but garbage alike, and counted; the trainer's own won
     rollout_log = (run_dir / "logs" / "rollout-0.log").read_text()
+    assert injector.weights_rejected >= 2
     assert "(WeightsRecordError: a weights record without the run's signature)" in rollout_log
     assert "(ValueError: weights that do not " in rollout_log  # signed, then checked: load, or fit their spec
     trainer_log = (run_dir / "logs" / "trainer.log").read_text()
