@@ -110,9 +110,10 @@ def test_the_learning_benchmark_reports_curves_and_final_returns_under_the_budge
             "trainer": {"samples_per_update": 256},
         }
     )
+    # episodes end in its last tenth; SB3's run is the same code path for another curve, not run here
     options = LearnOptions(
-        budget_s=16.0, seeds=1, out=tmp_path, report_interval_s=2.0
-    )  # episodes end in its last tenth
+        budget_s=16.0, seeds=1, out=tmp_path, report_interval_s=2.0, systems=("tinker_atropos",)
+    )
 
     result = run_learning_benchmark(config, options, Console(quiet=True))
 
@@ -131,11 +132,8 @@ def test_the_learning_benchmark_reports_curves_and_final_returns_under_the_budge
     assert ours[0]["final_return"] == pytest.approx(np.mean(tail))
     assert ours[0]["last_return"] == curve[-1]["episode_return_mean"] < 0  # Pendulum returns are negative
     assert result["summary"]["tinker_atropos"]["seeds"] == 1
-    if importlib.util.find_spec("stable_baselines3") is None:  # the bench extra is not installed
-        assert result["runs"]["sb3_ppo"] == [] and result["return_difference"] is None
-    else:
-        sb3_final = result["summary"]["sb3_ppo"]["final_return_mean"]
-        assert result["return_difference"] == pytest.approx(ours[0]["final_return"] - sb3_final)
+    assert result["runs"].keys() == {"tinker_atropos"} and result["peer"] is None
+    assert result["return_difference"] is None and result["errors"] == {}
     assert result["conditions"]["return_window_episodes"] == 10
     assert not list(tmp_path.glob("bench-learn-*")), "scratch folder left behind"
 

@@ -1,7 +1,7 @@
 """The client side of the environment contract, written once: describe an env service, open a session over its
 local fast path or gRPC (``streams``), step it, and decode each answer into one typed ``StepBatch``.
 
-The rollout collects experience with it; a Gymnasium VectorEnv over env services would step it the same way.
+The rollout collects experience with it, and ``RemoteVectorEnv`` steps it for Gymnasium and SB3 users.
 Failures are ``grpc.RpcError`` with a status code, whichever carrier the session uses.
 """
 
@@ -82,8 +82,16 @@ class EnvSession:
 
     def step(self, actions: np.ndarray) -> StepBatch:
         """Send the actions of every instance in one message; the env's answer, decoded."""
+        self.send_step(actions)
+        return self.receive_step()
+
+    def send_step(self, actions: np.ndarray) -> None:
+        """The first half of ``step``: a client of several sessions sends to all, then receives from all, so
+        their env services step at the same time."""
         request = environment_pb2.StepRequest(session_id=self.session_id, actions=tensors.encode(actions))
         self._stream.send(environment_pb2.SessionRequest(step=request))
+
+    def receive_step(self) -> StepBatch:
         return StepBatch.decode(self._stream.receive().step)
 
     def close(self) -> None:
