@@ -813,6 +813,8 @@ def test_network_policies_admit_only_the_connections_of_the_run(name):
     for target in pods:
         for container in target["spec"]["template"]["spec"]["containers"]:
             for port in container["ports"]:
+                if port["name"] == "metrics":  # Prometheus's, from its namespace: the test below
+                    continue
                 sources = {
                     component(w)
                     for w in pods
@@ -831,6 +833,38 @@ def test_network_policies_admit_only_the_connections_of_the_run(name):
         assert not admitted(objects, target, 12345, pod_labels(target)), (
             f"{name} {component(target)}: any port"
         )
+
+
+MONITORING = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+
+
+@pytest.mark.parametrize("name", KUSTOMIZATIONS)
+def test_every_service_serves_metrics_that_only_the_monitoring_namespace_may_scrape(name):
+    objects = render(name)
+    for workload in workloads(objects):
+        if component(workload) == "redis":
+            continue
+        template = workload["spec"]["template"]
+        [container] = template["spec"]["containers"]
+        where = f"{name} {component(workload)}"
+        assert {"name": "metrics", "containerPort": 9400} in container["ports"], where
+        args = container["args"]
+        assert args[args.index("--metrics-port") + 1] == "9400", where
+        annotations = template["metadata"]["annotations"]
+        assert (annotations["prometheus.io/scrape"], annotations["prometheus.io/port"]) == ("true", "9400"), (
+            where
+        )
+        service = the_object(objects, "Service", component(workload))
+        assert any(
+            p["name"] == "metrics" and p["targetPort"] == "metrics" for p in service["spec"]["ports"]
+        ), where
+    rules = [rule for policy in objects_of(objects, "NetworkPolicy") for rule in policy["spec"].get("ingress", [])
+             if any(entry.get("port") == "metrics" for entry in rule.get("ports", []))]  # fmt: skip
+    assert rules and all(
+        rule["from"] == MONITORING and rule["ports"] == [{"port": "metrics"}] for rule in rules
+    )
+    assert not [rule for policy in objects_of(objects, "NetworkPolicy") for rule in policy["spec"].get("ingress", [])
+                if "ports" not in rule], "a rule that opens every port, metrics included"  # fmt: skip
 
 
 def test_the_readme_patch_opens_the_tinker_port_and_nothing_else(tmp_path):
@@ -854,7 +888,10 @@ def test_the_readme_patch_opens_the_tinker_port_and_nothing_else(tmp_path):
     for target in workloads(objects):
         if target is not trainer:
             for port in target["spec"]["template"]["spec"]["containers"][0]["ports"]:
-                assert not admitted(objects, target, port["containerPort"], OUTSIDER, same_namespace=False)
+                if port["name"] != "metrics":  # the monitoring namespace's, as before the patch
+                    assert not admitted(
+                        objects, target, port["containerPort"], OUTSIDER, same_namespace=False
+                    )
 
 
 def redis_url(objects: tuple[dict[str, Any], ...]) -> str:

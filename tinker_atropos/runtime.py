@@ -166,6 +166,7 @@ class Endpoint:
     port: int = 0
     advertise_host: str | None = None
     name: str | None = None
+    metrics_port: int | None = None  # Prometheus metrics on this port (0: a free one); None: not served
 
     def advertised(self, port: int) -> str:
         host = self.advertise_host
@@ -216,12 +217,15 @@ class ServiceHost:
         incarnation: str,
         max_workers: int = 16,
     ) -> None:
+        from tinker_atropos.metrics import CallCounter
         from tinker_atropos.security import TokenCheck, server_credentials, service_token
 
-        self.kind, self.incarnation = kind, incarnation
+        self.kind, self.incarnation, self.endpoint = kind, incarnation, endpoint
+        self._status, self.run = status, config.run.name
         token = service_token()
         self.token_check = TokenCheck(token) if token else None
-        interceptors = [self.token_check] if self.token_check else []
+        self.calls = CallCounter()
+        interceptors = [self.calls, *([self.token_check] if self.token_check else [])]
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=SERVER_OPTIONS,
                                   interceptors=interceptors)  # fmt: skip
         self.health = health.HealthServicer()
@@ -237,13 +241,15 @@ class ServiceHost:
         if self.port == 0:
             raise RuntimeError(f"cannot bind the {kind} service to {endpoint.host}:{endpoint.port}")
         self.address = endpoint.advertised(self.port)
+        self.metrics_server: Any = None
+        self.metrics_address = ""
         self.registration = Registration(
             client,
             config.run.name,
             kind,
             self.address,
             self.incarnation,
-            lambda: {**status_figures(status()), "calls_refused": self.calls_refused()},
+            self.figures,
             config.redis.heartbeat_interval_s,
             config.redis.heartbeat_ttl_s,
             endpoint.name,
@@ -253,7 +259,19 @@ class ServiceHost:
         """Calls refused for want of the run's token."""
         return self.token_check.refused if self.token_check else 0
 
+    def figures(self) -> dict[str, Any]:
+        """What the registry entry and the Prometheus metrics say of this service."""
+        return {**status_figures(self._status()), "calls_refused": self.calls_refused(),
+                "metrics_address": self.metrics_address}  # fmt: skip
+
     def start(self) -> None:
+        if self.endpoint.metrics_port is not None:  # before the registration: its first entry names it
+            from tinker_atropos.metrics import ServiceCollector, serve_metrics
+
+            collector = ServiceCollector(self.kind, self.run, self.figures, self.calls)
+            self.metrics_server = serve_metrics(self.endpoint.host, self.endpoint.metrics_port, collector)
+            self.metrics_address = self.endpoint.advertised(self.metrics_server.server_port)
+            log.info("Prometheus metrics on http://%s/metrics", self.metrics_address)
         self.server.start()
         self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         self.registration.start()
@@ -264,6 +282,9 @@ class ServiceHost:
         self.health.enter_graceful_shutdown()
         self.registration.close()
         self.server.stop(grace_s).wait()
+        if self.metrics_server is not None:
+            self.metrics_server.shutdown()
+            self.metrics_server.server_close()
         log.info("%s service %s stopped", self.kind, self.incarnation)
 
 

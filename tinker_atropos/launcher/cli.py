@@ -45,6 +45,11 @@ NameOpt = Annotated[
     str | None,
     typer.Option(envvar="TA_SERVICE_NAME", help="Stable name across restarts (default KIND@ADDRESS)."),
 ]
+MetricsPortOpt = Annotated[
+    int | None,
+    typer.Option(envvar="TA_METRICS_PORT", min=0, max=65535,
+                 help="Serve Prometheus metrics on this port of --host (0: a free one, named in the registry)."),
+]  # fmt: skip
 InsecureOpt = Annotated[
     bool,
     typer.Option(
@@ -95,6 +100,12 @@ def up(
     fresh: Annotated[
         bool, typer.Option("--fresh", help="Start the run over: clear its folder and its keys in Redis.")
     ] = False,
+    metrics: Annotated[
+        bool,
+        typer.Option(
+            "--metrics", help="Every service serves Prometheus metrics on a free port (see status)."
+        ),
+    ] = False,
 ) -> None:
     """Start Redis (embedded Valkey unless a URL is given) and every service as its own process.
 
@@ -103,7 +114,7 @@ def up(
 
     cfg = read_config(config)
     run_dir = run_dir or Path("runs") / cfg.run.name
-    options = UpOptions(total_steps, target_return, max_seconds, fresh)
+    options = UpOptions(total_steps, target_return, max_seconds, fresh, metrics)
     raise typer.Exit(run_local(cfg, run_dir, redis_url, options))
 
 
@@ -142,8 +153,10 @@ def _serve(
         raise typer.Exit(1) from None
 
 
-def _endpoint(host: str, port: int, advertise_host: str | None, name: str | None) -> Endpoint:
-    return Endpoint(host=host, port=port, advertise_host=advertise_host, name=name)
+def _endpoint(
+    host: str, port: int, advertise_host: str | None, name: str | None, metrics_port: int | None
+) -> Endpoint:
+    return Endpoint(host=host, port=port, advertise_host=advertise_host, name=name, metrics_port=metrics_port)
 
 
 @app.command()
@@ -154,6 +167,7 @@ def env(
     port: PortOpt = 50051,
     advertise_host: AdvertiseOpt = None,
     name: NameOpt = None,
+    metrics_port: MetricsPortOpt = None,
     insecure: InsecureOpt = False,
     instances: Annotated[
         int | None, typer.Option(envvar="TA_INSTANCES", min=1, help="Overrides env.instances.")
@@ -165,7 +179,13 @@ def env(
     cfg = read_config(config)
     if instances is not None:
         cfg.env.instances = instances
-    _serve(serve, insecure, cfg, _redis_url(cfg, redis_url), _endpoint(host, port, advertise_host, name))
+    _serve(
+        serve,
+        insecure,
+        cfg,
+        _redis_url(cfg, redis_url),
+        _endpoint(host, port, advertise_host, name, metrics_port),
+    )
 
 
 @app.command()
@@ -176,13 +196,20 @@ def rollout(
     port: PortOpt = 50052,
     advertise_host: AdvertiseOpt = None,
     name: NameOpt = None,
+    metrics_port: MetricsPortOpt = None,
     insecure: InsecureOpt = False,
 ) -> None:
     """Run one rollout service."""
     from tinker_atropos.rollout.service import serve
 
     cfg = read_config(config)
-    _serve(serve, insecure, cfg, _redis_url(cfg, redis_url), _endpoint(host, port, advertise_host, name))
+    _serve(
+        serve,
+        insecure,
+        cfg,
+        _redis_url(cfg, redis_url),
+        _endpoint(host, port, advertise_host, name, metrics_port),
+    )
 
 
 @app.command()
@@ -193,6 +220,7 @@ def trainer(
     port: PortOpt = 50053,
     advertise_host: AdvertiseOpt = None,
     name: NameOpt = None,
+    metrics_port: MetricsPortOpt = None,
     run_dir: RunDirOpt = None,
     insecure: InsecureOpt = False,
 ) -> None:
@@ -200,7 +228,7 @@ def trainer(
     from tinker_atropos.trainer.service import serve
 
     cfg = read_config(config)
-    endpoint = _endpoint(host, port, advertise_host, name)
+    endpoint = _endpoint(host, port, advertise_host, name, metrics_port)
     if cfg.trainer.tinker.enabled:  # its HTTP port is exposed as much as the gRPC one
         _serve_check(cfg.trainer.tinker.host, insecure)
     _serve(serve, insecure, cfg, _redis_url(cfg, redis_url), endpoint, run_dir or Path("runs") / cfg.run.name)

@@ -33,6 +33,8 @@ SHOWN_FIGURES = {
         "partial_chunks_dropped",
         "connected_sessions",
         "weights_rejected",
+        "episode_return_mean",
+        "sessions_lost",
     ),
     "trainer": (
         "policy_version",
@@ -105,6 +107,8 @@ def _print_runs(console: Console, client: redis.Redis, redis_url: str, run: str 
         for record in live_services(client, name):
             shown = SHOWN_FIGURES.get(record.kind, tuple(record.figures))
             figures = "  ".join(f"{k}={_figure(record.figures[k])}" for k in shown if k in record.figures)
+            if record.figures.get("metrics_address"):
+                figures += f"  metrics=http://{record.figures['metrics_address']}/metrics"
             table.add_row(
                 record.kind,
                 record.name,

@@ -54,12 +54,16 @@ class UpOptions:
     target_return: float | None = None
     max_seconds: float | None = None
     fresh: bool = False
+    metrics: bool = False  # every service serves Prometheus metrics on a free port (in `status`)
 
 
-def service_children(config: Config, config_path: Path, redis_url: str, run_dir: Path) -> list[Child]:
+def service_children(
+    config: Config, config_path: Path, redis_url: str, run_dir: Path, metrics: bool = False
+) -> list[Child]:
     """Every service of the run as a child of ``up``; the Redis URL goes by environment, since a URL with a
     password on a command line is there for any user's ``ps`` to read."""
     common = ["--config", str(config_path), "--host", "127.0.0.1", "--port", "0"]
+    common += ["--metrics-port", "0"] if metrics else []
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     names = [("env", f"env-{i}") for i in range(config.env.services)]
@@ -164,7 +168,7 @@ def run_local(config: Config, run_dir: Path, redis_url: str | None, options: UpO
         except RedisUnreachable as error:
             console.print(f"[red]{error}")
             return 1
-    children = service_children(config, config_path, url, run_dir)
+    children = service_children(config, config_path, url, run_dir, options.metrics)
     for child in children:  # the run's secrets by file name, never on a command line
         if not (
             os.environ.get("TA_TOKEN_FILE") or os.environ.get("TA_TOKEN")

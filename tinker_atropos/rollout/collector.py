@@ -9,6 +9,7 @@ breaks, the partial chunk is dropped (never stitched onto the next incarnation) 
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 from collections.abc import Callable
@@ -61,6 +62,8 @@ class SessionCounters:
         self.partial_chunks_dropped = 0
         self.episodes = 0
         self.connected = 0
+        self.sessions_lost = 0
+        self.recent_returns: collections.deque[float] = collections.deque(maxlen=100)
 
 
 class Collector(threading.Thread):
@@ -104,6 +107,7 @@ class Collector(threading.Thread):
                 if self.stop.is_set():  # our own drain ended the stream: not a loss to report
                     return
                 # env service gone or Redis away: the partial chunk is dropped, never stitched
+                self.counters.sessions_lost += 1
                 if self.opened_once:
                     backoff, self.opened_once = self.first_backoff_s, False
                 log.warning(
@@ -195,6 +199,7 @@ class Collector(threading.Thread):
                     self.counters.chunks_written += 1
                     self.counters.env_steps += n * self.chunk_length
                     self.counters.episodes += len(episodes)
+                    self.counters.recent_returns.extend(e["return"] for e in episodes)
                     self.wait_for_trainer(queued, n * self.chunk_length)
                     refreshed = self.policy.refresh() or policy
                     if refreshed.has_critic != policy.has_critic:  # another kind of policy: values or none

@@ -8,6 +8,7 @@ import threading
 import time
 
 import grpc
+import numpy as np
 import redis
 import torch
 
@@ -53,6 +54,8 @@ class RolloutService:
             connected_sessions=c.connected,
             episodes=c.episodes,
             weights_rejected=self.policy.rejected,
+            episode_return_mean=float(np.mean(c.recent_returns)) if c.recent_returns else 0.0,
+            sessions_lost=c.sessions_lost,
         )
 
     def add_to(self, server: grpc.Server) -> None:

@@ -106,7 +106,7 @@ class TrainerStatus(_message.Message):
     def __init__(self, incarnation: _Optional[str] = ..., policy_version: _Optional[int] = ..., updates: _Optional[int] = ..., env_steps_trained: _Optional[int] = ..., chunks_consumed: _Optional[int] = ..., chunks_rejected_stale: _Optional[int] = ..., busy_fraction: _Optional[float] = ..., policy_lag_min: _Optional[float] = ..., policy_lag_mean: _Optional[float] = ..., policy_lag_max: _Optional[float] = ..., losses: _Optional[_Mapping[str, float]] = ..., records_rejected: _Optional[_Mapping[str, int]] = ..., updates_discarded_nonfinite: _Optional[int] = ..., tinker_api: _Optional[str] = ..., policy_lag_counts: _Optional[_Mapping[int, int]] = ...) -> None: ...
 
 class RolloutStatus(_message.Message):
-    __slots__ = ("incarnation", "policy_version", "env_steps", "chunks_written", "partial_chunks_dropped", "connected_sessions", "episodes", "weights_rejected")
+    __slots__ = ("incarnation", "policy_version", "env_steps", "chunks_written", "partial_chunks_dropped", "connected_sessions", "episodes", "weights_rejected", "episode_return_mean", "sessions_lost")
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     ENV_STEPS_FIELD_NUMBER: _ClassVar[int]
@@ -115,6 +115,8 @@ class RolloutStatus(_message.Message):
     CONNECTED_SESSIONS_FIELD_NUMBER: _ClassVar[int]
     EPISODES_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_REJECTED_FIELD_NUMBER: _ClassVar[int]
+    EPISODE_RETURN_MEAN_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_LOST_FIELD_NUMBER: _ClassVar[int]
     incarnation: str
     policy_version: int
     env_steps: int
@@ -123,4 +125,6 @@ class RolloutStatus(_message.Message):
     connected_sessions: int
     episodes: int
     weights_rejected: int
-    def __init__(self, incarnation: _Optional[str] = ..., policy_version: _Optional[int] = ..., env_steps: _Optional[int] = ..., chunks_written: _Optional[int] = ..., partial_chunks_dropped: _Optional[int] = ..., connected_sessions: _Optional[int] = ..., episodes: _Optional[int] = ..., weights_rejected: _Optional[int] = ...) -> None: ...
+    episode_return_mean: float
+    sessions_lost: int
+    def __init__(self, incarnation: _Optional[str] = ..., policy_version: _Optional[int] = ..., env_steps: _Optional[int] = ..., chunks_written: _Optional[int] = ..., partial_chunks_dropped: _Optional[int] = ..., connected_sessions: _Optional[int] = ..., episodes: _Optional[int] = ..., weights_rejected: _Optional[int] = ..., episode_return_mean: _Optional[float] = ..., sessions_lost: _Optional[int] = ...) -> None: ...
