@@ -71,9 +71,32 @@ def test_pendulum_learns_with_sac_from_its_replay_buffer(tmp_path: Path) -> None
     assert result["episodes"] == 6 and result["deterministic"] and result["length_mean"] == 200
     assert result["policy_version"] == rows[-1]["policy_version"]
     assert result["return_mean"] > -500.0, result  # random play: about -1,200
+    assert_tensorboard_and_report(tmp_path / "run", rows)
 
 
-def test_eval_without_a_config_or_a_checkpoint_says_so_in_one_line(tmp_path: Path) -> None:
+def assert_tensorboard_and_report(run_dir: Path, rows: list[dict]) -> None:
+    """The trainer's TensorBoard events hold every episode and the CleanRL tags; `report` draws the PNG."""
+    from matplotlib.image import imread
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/policy_version",
+            "charts/trainer_busy"} <= tags and any(tag.startswith("losses/") for tag in tags), tags  # fmt: skip
+    returns = [event.value for event in events.Scalars("charts/episodic_return")]
+    lengths = {event.value for event in events.Scalars("charts/episodic_length")}
+    steps = [event.step for event in events.Scalars("charts/episodic_return")]
+    assert len(returns) >= 0.8 * rows[-1]["episodes"] and lengths == {200.0}  # written once each, none lost
+    assert steps == sorted(steps) and 0 < steps[-1] <= rows[-1]["env_steps"]
+    assert sum(returns[:5]) / 5 < -900 and sum(returns[-10:]) / 10 > -500, returns
+    assert all(event.value > 0 for event in events.Scalars("charts/SPS"))
+    drawn = cli("report", str(run_dir))
+    assert drawn.returncode == 0 and drawn.stdout.strip() == str(run_dir / "report.png"), drawn.stderr
+    assert imread(run_dir / "report.png").shape[:2] == (800, 1200)
+
+
+def test_eval_and_report_without_their_inputs_say_so_in_one_line(tmp_path: Path) -> None:
     empty, config = tmp_path / "empty", str(REPO / "configs" / "pendulum.yaml")
     no_config = cli("eval", str(empty))
     assert (no_config.returncode, no_config.stderr.strip()) == (
@@ -84,6 +107,10 @@ def test_eval_without_a_config_or_a_checkpoint_says_so_in_one_line(tmp_path: Pat
         2, f"error: no readable checkpoint in {empty / 'checkpoints'}: train first (`tinker-atropos up`)"
     )  # fmt: skip
     (tmp_path / "garbage.pt").write_bytes(b"not a checkpoint")
+    no_report = cli("report", str(empty))
+    assert (no_report.returncode, no_report.stderr.strip()) == (
+        2, f"error: no report rows in {empty / 'metrics.jsonl'}: `tinker-atropos up` writes them"
+    )  # fmt: skip
     garbage = cli("eval", str(empty), "--config", config, "--checkpoint", str(tmp_path / "garbage.pt"))
     assert garbage.returncode == 2
     assert garbage.stderr.startswith(f"error: checkpoint {tmp_path / 'garbage.pt'} does not load: ")

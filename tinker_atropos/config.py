@@ -251,6 +251,11 @@ class TrainerSection(Section):
         description="Learn from the experience stream with trainer.algorithm. False: the trainer only serves "
         "the Tinker API, and learning is what its clients do (they read the stream with tinker_atropos.client).",
     )
+    tensorboard: bool = Field(
+        True,
+        description="Write TensorBoard event files to RUN_DIR/tensorboard (episodic return and length, SPS, "
+        "losses, policy version and lag, trainer busy): `tensorboard --logdir runs`.",
+    )
     tinker: TinkerSection = Field(default_factory=TinkerSection)
     model: ModelSection = Field(default_factory=ModelSection)
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)

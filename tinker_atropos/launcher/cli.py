@@ -297,11 +297,22 @@ def evaluate(
 
 
 @app.command()
+def report(
+    run_dir: Annotated[Path, typer.Argument(help="Run folder (its metrics.jsonl, written by up).")],
+    out: Annotated[Path | None, typer.Option(help="PNG to write (default RUN_DIR/report.png).")] = None,
+) -> None:
+    """Draw a run's learning curve, throughput, policy lag and trainer busy over time to a PNG."""
+    from tinker_atropos.launcher.report import draw_report
+
+    typer.echo(_or_exit(draw_report, run_dir, out))
+
+
+@app.command()
 def export(
     run_dir: Annotated[Path, typer.Argument(help="Run folder (its config.yaml and checkpoints/).")],
-    fmt: Annotated[str, typer.Option("--format", help="onnx or torchscript.")] = "onnx",
+    fmt: Annotated[str, typer.Option("--format", help="onnx or pt2 (torch.export).")] = "onnx",
     out: Annotated[
-        Path | None, typer.Option(help="File to write (default RUN_DIR/policy.onnx or .pt).")
+        Path | None, typer.Option(help="File to write (default RUN_DIR/policy.onnx or .pt2).")
     ] = None,
     config: RunConfigOpt = None,
     checkpoint: CheckpointOpt = None,

@@ -38,6 +38,7 @@ from tinker_atropos.state.checkpoints import load_latest_checkpoint, save_checkp
 from tinker_atropos.state.experience import ExperienceReader, add_stats
 from tinker_atropos.state.weights import fetch_weights, publish_weights, verified_version
 from tinker_atropos.trainer.metrics import BusyMeter, LagMeter
+from tinker_atropos.trainer.tensorboard import TensorBoardLog
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,9 @@ class ExperienceLoop:
         self._last_checkpoint = time.monotonic()
         self.busy = BusyMeter()
         self.lag = LagMeter()
+        self.tensorboard = (
+            TensorBoardLog(run_dir / "tensorboard", client, self.run) if config.trainer.tensorboard else None
+        )
 
     @property
     def version(self) -> int:
@@ -194,6 +198,11 @@ class ExperienceLoop:
             functools.partial(publish_weights, self.client, self.run, key=self.weights_key)
         )
 
+    def close(self) -> None:
+        """Flush what is buffered for TensorBoard."""
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+
     def report_counters(self) -> None:
         """Add this trainer's new counts to the run's counters; also called at shutdown, so the run's final
         figures count every chunk."""
@@ -210,6 +219,10 @@ class ExperienceLoop:
         if now - self._last_sync < SYNC_INTERVAL_S:
             return
         self.report_counters()
+        if self.tensorboard is not None:
+            self.tensorboard.look(
+                self.version, self.updates, self.busy.fraction(), self.lag.summary()[1], self.losses
+            )
         try:
             published = verified_version(self.client, self.run, self.weights_key)
         except ValueError as error:  # a malformed record, or one this trainer did not sign: replace it

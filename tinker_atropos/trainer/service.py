@@ -81,6 +81,7 @@ class TrainerService:
                 self.loop.checkpoint()
                 with contextlib.suppress(redis.RedisError):  # Redis away: only these last counts are lost
                     self.loop.report_counters()
+                self.loop.close()
         finally:
             if self.tinker is not None:
                 self.tinker.close()

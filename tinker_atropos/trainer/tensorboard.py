@@ -1,0 +1,68 @@
+"""TensorBoard event files for researchers, written by the trainer to ``RUN_DIR/tensorboard`` (``tensorboard
+--logdir runs``): the tags CleanRL and SB3 users know, against the run's env steps as the global step.
+
+    charts/episodic_return, charts/episodic_length   every episode the rollouts finished (from the run's
+                                                     episode list in Redis, each written once)
+    charts/SPS                                       env steps collected per second, over the last interval
+    charts/policy_version, charts/trainer_busy, charts/policy_lag_mean, charts/updates
+    losses/<name>                                    the algorithm's latest losses (policy_loss, value_loss, …)
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import redis
+
+from tinker_atropos.state.experience import read_stats, recent_episodes
+
+CHARTS_INTERVAL_S = 5.0  # between two points of the charts other than the episodes
+MAX_EPISODES_PER_LOOK = 1000  # beyond, the oldest of a burst are skipped (the run's list keeps fewer anyway)
+
+
+class TensorBoardLog:
+    def __init__(self, log_dir: Path, client: redis.Redis, run: str) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(str(log_dir), flush_secs=10)
+        self.client, self.run = client, run
+        self._episodes_seen: int | None = None  # the run's episode count at the last look
+        self._last_chart: tuple[float, int] | None = None  # (time, env steps) of the last charts point
+
+    def look(
+        self, version: int, updates: int, busy: float, lag_mean: float, losses: dict[str, float]
+    ) -> None:
+        """Write the episodes finished since the last look; the charts too, every ``CHARTS_INTERVAL_S``.
+        The first look only takes note: episodes from before this trainer started were written by its
+        predecessor (or are too old to place on the curve)."""
+        stats = read_stats(self.client, self.run)
+        steps, episodes = int(stats.get("env_steps", 0)), int(stats.get("episodes", 0))
+        if self._episodes_seen is not None and episodes > self._episodes_seen:
+            new = recent_episodes(
+                self.client, self.run, min(episodes - self._episodes_seen, MAX_EPISODES_PER_LOOK)
+            )
+            for episode in reversed(new):  # oldest first
+                self.writer.add_scalar("charts/episodic_return", episode["return"], steps)
+                self.writer.add_scalar("charts/episodic_length", episode["length"], steps)
+        self._episodes_seen = episodes
+        now = time.monotonic()
+        if self._last_chart is not None and now - self._last_chart[0] < CHARTS_INTERVAL_S:
+            return
+        if self._last_chart is not None:
+            then, steps_then = self._last_chart
+            self.writer.add_scalar("charts/SPS", (steps - steps_then) / (now - then), steps)
+        self._last_chart = (now, steps)
+        charts = {
+            "policy_version": version,
+            "updates": updates,
+            "trainer_busy": busy,
+            "policy_lag_mean": lag_mean,
+        }
+        for name, value in charts.items():
+            self.writer.add_scalar(f"charts/{name}", value, steps)
+        for name, value in losses.items():
+            self.writer.add_scalar(f"losses/{name}", value, steps)
+
+    def close(self) -> None:
+        self.writer.close()
