@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -190,6 +191,7 @@ def test_bad_records_are_counted_by_reason_while_pendulum_learns(
     options = ("--redis-url", valkey.url, "--total-steps", "200000", "--target-return", "-400")
     output = run_up_with(injector, config, run_dir, *options)
     assert "restart" not in output, output[-3000:]  # no service crashed on a bad record
+    assert re.search(r"[█░]{20} +\d+% ETA (\d+m\d\ds|\?)", output), output[-3000:]  # towards --total-steps
     assert injector.rounds >= 10
 
     assert_learned(report_rows(run_dir), random_below=-900.0, target=-400.0, budget=200_000)

@@ -241,11 +241,18 @@ def status(
         typer.Option(envvar="TA_REDIS_URL", callback=_checked_url, help="redis:// URL of the run's Redis."),
     ] = ("redis://127.0.0.1:6379/0"),
     run: Annotated[str | None, typer.Option(help="Run name (default: every run found).")] = None,
+    watch: Annotated[
+        bool,
+        typer.Option(
+            "--watch", help="Redraw every --interval seconds, with a steps/s sparkline, until Ctrl-C."
+        ),
+    ] = False,
+    interval: Annotated[float, typer.Option(min=0.1, help="Seconds between two views of --watch.")] = 1.0,
 ) -> None:
     """Print the live services of a run and its counters, from the Redis registry."""
-    from tinker_atropos.launcher.status import print_status
+    from tinker_atropos.launcher.status import print_status, watch_status
 
-    raise typer.Exit(print_status(redis_url, run))
+    raise typer.Exit(watch_status(redis_url, run, interval) if watch else print_status(redis_url, run))
 
 
 RunConfigOpt = Annotated[
@@ -279,21 +286,83 @@ def evaluate(
     as_json: Annotated[
         bool, typer.Option("--json", help="One JSON object instead of a line of text.")
     ] = False,
+    video: Annotated[
+        Path | None, typer.Option(help="Also render episodes offscreen to this MP4, and a GIF beside it.")
+    ] = None,
+    video_episodes: Annotated[int, typer.Option(min=1, help="Episodes in the video.")] = 1,
+    video_frames: Annotated[int, typer.Option(min=1, help="At most this many frames in the video.")] = 1000,
 ) -> None:
     """Play whole episodes with a run's policy, in this process (no service needed)."""
+    if video is not None:
+        from tinker_atropos.launcher.video import use_offscreen_rendering
+
+        use_offscreen_rendering()  # before anything imports mujoco
+    from tinker_atropos.launcher.evaluate import acting_policy
     from tinker_atropos.launcher.evaluate import evaluate as run_evaluation
 
     cfg = _run_config(run_dir, config)
     result = _or_exit(run_evaluation, cfg, run_dir, episodes, not stochastic, seed, checkpoint)
+    recorded = None
+    if video is not None:
+        from tinker_atropos.launcher.video import record
+
+        policy, _ = _or_exit(acting_policy, cfg, run_dir, checkpoint, seed)
+        recorded = _or_exit(record, cfg, policy, video, video_episodes, video_frames, not stochastic, seed)
     if as_json:
-        typer.echo(json.dumps(result.as_dict()))
+        extra = {} if recorded is None else {"video": str(recorded.mp4), "gif": str(recorded.gif),
+                                             "video_frames": recorded.frames,
+                                             "video_returns": recorded.episode_returns}  # fmt: skip
+        typer.echo(json.dumps({**result.as_dict(), **extra}))
         return
+    if recorded is not None:
+        typer.echo(f"{recorded.mp4} and {recorded.gif}: {recorded.frames} frames, returns "
+                   f"{', '.join(f'{r:.1f}' for r in recorded.episode_returns)}")  # fmt: skip
     mode = "deterministic" if result.deterministic else "stochastic"
     typer.echo(
         f"{cfg.env.id}, policy version {result.policy_version} ({mode}): mean return {result.return_mean:.1f} "
         f"± {result.return_std:.1f} over {result.episodes} episodes (min {result.return_min:.1f}, max "
         f"{result.return_max:.1f}, mean length {result.length_mean:.0f})"
     )
+
+
+@app.command()
+def conformance(
+    address: Annotated[
+        str, typer.Argument(help="host:port of a server that claims the environment contract.")
+    ],
+    seed: Annotated[int, typer.Option(help="Seed of the sessions it opens and the random actions.")] = 0,
+    max_steps: Annotated[int, typer.Option(min=1, help="Steps to wait for episodes to end.")] = 5000,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="One JSON object per row instead of a table.")
+    ] = False,
+) -> None:
+    """Check that an env service keeps the environment contract (ours or a third party's): a pass/fail table;
+    exit code 1 if a row failed. It needs free instances: run it before the rollouts connect."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from tinker_atropos.environment.conformance import Conformance
+
+    checker = Conformance(address, seed, max_steps)
+    try:
+        rows = checker.run()
+    finally:
+        checker.close()
+    if as_json:
+        for row in rows:
+            typer.echo(
+                json.dumps(
+                    {"check": row.name, "clause": row.clause, "passed": row.passed, "detail": row.detail}
+                )
+            )
+    else:
+        table = Table(title=f"environment contract at {address}")
+        for column in ("clause", "result", "detail"):
+            table.add_column(column)
+        for row in rows:
+            table.add_row(row.clause, "[green]pass[/]" if row.passed else "[red]FAIL[/]", row.detail)
+        Console(width=None if sys.stdout.isatty() else 200).print(table)
+    raise typer.Exit(0 if all(row.passed for row in rows) else 1)
 
 
 @app.command()

@@ -18,7 +18,7 @@ from tinker_atropos.config import Config
 from tinker_atropos.environment.backends.base import make_env_batch
 from tinker_atropos.environment.episodes import EpisodeTracker
 from tinker_atropos.environment.spaces import check_actions
-from tinker_atropos.launcher.run_folder import run_policy
+from tinker_atropos.launcher.run_folder import RunPolicy, run_policy
 from tinker_atropos.models.acting import InferencePolicy
 
 
@@ -38,6 +38,14 @@ class Evaluation:
         return asdict(self)
 
 
+def acting_policy(
+    config: Config, run_dir: Path, checkpoint: Path | None, seed: int
+) -> tuple[InferencePolicy, RunPolicy]:
+    """The policy of ``checkpoint`` (or the run's newest) as the rollouts act with it, on the CPU."""
+    found = run_policy(run_dir, checkpoint, config.trainer.model.network)
+    return InferencePolicy(found.model, torch.device("cpu"), np.random.default_rng(seed)), found
+
+
 def evaluate(
     config: Config,
     run_dir: Path,
@@ -49,8 +57,7 @@ def evaluate(
 ) -> Evaluation:
     """Play ``episodes`` episodes with the policy of ``checkpoint``, or of ``run_dir``'s newest checkpoint;
     FatalError when there is none or it holds no policy."""
-    found = run_policy(run_dir, checkpoint, config.trainer.model.network)
-    policy = InferencePolicy(found.model, torch.device("cpu"), np.random.default_rng(seed))
+    policy, found = acting_policy(config, run_dir, checkpoint, seed)
     num = min(instances, episodes)
     owed = np.array([episodes // num + (i < episodes % num) for i in range(num)])  # each instance's share
     env = make_env_batch(config.env.backend, config.env.id, config.env.kwargs, num)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,13 @@ from tinker_atropos.state.registry import live_services
 from tinker_atropos.state.weights import published_version
 
 RETURN_WINDOW = 10  # episode_return_mean is over the latest this many episodes
+PROGRESS_WIDTH = 20  # characters of the progress bar
+
+
+def _duration(seconds: float) -> str:
+    minutes, seconds = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{seconds:02d}s"
 
 
 class ProgressReporter:
@@ -48,6 +56,10 @@ class ProgressReporter:
         # this reporter's marker key is in Redis: its disappearance means Redis lost its data
         self.marked = False
         self.tinker_api = ""  # the trainer's Tinker API URL, once it serves one
+        # up's bounds, for the progress bar and its ETA; steps counted from this invocation's first
+        self.total_steps: int | None = None
+        self.max_seconds: float | None = None
+        self.first_steps = self.last_steps
         self._policy_version = (
             policy_version  # until the trainer publishes: a resumed run's checkpoint version
         )
@@ -154,8 +166,25 @@ class ProgressReporter:
         self.console.print(
             f"[bold]{row['env_steps']:>10,}[/] steps  {row['env_steps_per_s']:>8,.0f} steps/s  "
             f"episodes {row['episodes']:>6}  return {ret:>8}  version {row['policy_version']:>5}  "
-            f"trainer busy {busy}  lag {row['policy_lag_mean']:.1f}{notes}"
+            f"trainer busy {busy}  lag {row['policy_lag_mean']:.1f}{notes}{self._progress(row['env_steps'])}"
         )
+
+    def _progress(self, steps: int) -> str:
+        """A bar towards the bound that stops ``up`` first (--total-steps or --max-seconds), and its ETA."""
+        elapsed = time.monotonic() - self.start
+        bounds = []  # (seconds left, fraction done)
+        if self.total_steps:
+            rate = (steps - self.first_steps) / max(elapsed, 1e-9)
+            left = (self.total_steps - steps) / rate if rate > 0 else math.inf
+            bounds.append((max(0.0, left), min(1.0, steps / self.total_steps)))
+        if self.max_seconds:
+            bounds.append((max(0.0, self.max_seconds - elapsed), min(1.0, elapsed / self.max_seconds)))
+        if not bounds:
+            return ""
+        left, done = min(bounds)
+        filled = round(done * PROGRESS_WIDTH)
+        eta = "?" if math.isinf(left) else _duration(left)
+        return f"  {'█' * filled}{'░' * (PROGRESS_WIDTH - filled)} {done:4.0%} ETA {eta}"
 
     def close(self) -> None:
         self.metrics.close()

@@ -185,6 +185,7 @@ def run_local(config: Config, run_dir: Path, redis_url: str | None, options: UpO
         wall_offset_s=previous.wall_time_s if previous else 0.0,
         policy_version=(previous.policy_version or 0) if previous else 0,
     )
+    reporter.total_steps, reporter.max_seconds = options.total_steps, options.max_seconds
     started = time.monotonic()
     outcome = _Stop("stopped")
     try:

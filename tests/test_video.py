@@ -1,0 +1,44 @@
+"""``tinker-atropos eval --video``: a briefly trained Hopper (MuJoCo, rendered through EGL without a display) and
+Pendulum (pygame) played by the run's policy, written as an MP4 whose frames move and a GIF beside it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import imageio.v3 as iio
+import numpy as np
+import pytest
+
+from tests.support.running import cli, config_file, leftovers
+
+pytestmark = pytest.mark.integration
+
+
+def assert_moving_video(mp4: Path, frames: int) -> None:
+    video = np.stack(list(iio.imiter(mp4)))
+    assert video.shape[0] == frames and video.shape[-1] == 3, video.shape
+    assert len({frame.tobytes() for frame in video}) > frames // 2, "the frames should not be all the same"
+    assert video.std() > 5, "a blank picture"
+    gif = np.stack(list(iio.imiter(mp4.with_suffix(".gif"))))
+    assert gif.shape[0] >= 2 and len({frame.tobytes() for frame in gif}) > 1
+
+
+@pytest.mark.parametrize(
+    ("env_id", "frames"), [("Hopper-v5", 60), ("Pendulum-v1", 40)], ids=["hopper-egl", "pendulum-pygame"]
+)
+def test_eval_renders_the_runs_policy_to_an_mp4_and_a_gif(tmp_path: Path, env_id: str, frames: int) -> None:
+    run_dir = tmp_path / "run"
+    config = config_file(tmp_path, run={"name": f"video-{env_id}"}, env={"id": env_id, "instances": 4},
+                         trainer={"samples_per_update": 512}, rollout={"chunk_length": 32})  # fmt: skip
+    trained = cli("up", str(config), "--run-dir", str(run_dir), "--total-steps", "2048", timeout=300)
+    assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-3000:]
+    assert leftovers(run_dir) == ""
+    out = tmp_path / "videos" / "policy.mp4"
+    shown = cli("eval", str(run_dir), "--episodes", "2", "--video", str(out), "--video-frames", str(frames),
+                "--json", timeout=300)  # fmt: skip
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    result = json.loads(shown.stdout)  # stdout is only the JSON: no renderer's greeting on it
+    assert result["video"] == str(out) and result["gif"] == str(out.with_suffix(".gif"))
+    assert result["video_frames"] == frames and len(result["video_returns"]) == 1
+    assert_moving_video(out, frames)
