@@ -40,5 +40,6 @@ def test_eval_renders_the_runs_policy_to_an_mp4_and_a_gif(tmp_path: Path, env_id
     assert shown.returncode == 0, shown.stderr[-3000:]
     result = json.loads(shown.stdout)  # stdout is only the JSON: no renderer's greeting on it
     assert result["video"] == str(out) and result["gif"] == str(out.with_suffix(".gif"))
-    assert result["video_frames"] == frames and len(result["video_returns"]) == 1
-    assert_moving_video(out, frames)
+    # one episode, cut at the frame limit or ended before (a barely trained Hopper falls within 40 steps)
+    assert 10 <= result["video_frames"] <= frames and len(result["video_returns"]) == 1
+    assert_moving_video(out, result["video_frames"])
