@@ -35,7 +35,7 @@ def test_a_tiny_benchmark_writes_every_key_and_nulls_the_phases_not_run(tmp_path
     )
     options = BenchOptions(
         phases=("raw", "collect", "collect_grpc", "collect_grpc_secure", "train", "train_secure"),
-        timing=Timing(warmup_s=1.0, window_s=4.0, rounds=2),
+        timing=Timing(warmup_s=1.0, window_s=2.0, rounds=2),  # 1 s slices: the keys, not the figures
         out=tmp_path,
     )
 
@@ -91,8 +91,8 @@ def test_a_tiny_benchmark_writes_every_key_and_nulls_the_phases_not_run(tmp_path
     assert cpu.keys() == {"env-0", "rollout-0", "trainer"} and min(cpu.values()) > 0
     conditions = result["conditions"]
     assert (conditions["env_id"], conditions["instances"]) == ("Pendulum-v1", 4)
-    assert (conditions["warmup_s"], conditions["window_s"], conditions["rounds"]) == (1.0, 4.0, 2)
-    assert conditions["slice_s"] == 2.0
+    assert (conditions["warmup_s"], conditions["window_s"], conditions["rounds"]) == (1.0, 2.0, 2)
+    assert conditions["slice_s"] == 1.0
     assert conditions["transport"] == "auto"
     assert "5 physics steps" in conditions["step_convention"] and "shared" in conditions["note"]
     assert result["machine"]["cores"] >= 1 and result["machine"]["cpu_model"]

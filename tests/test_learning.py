@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -21,11 +22,14 @@ METRIC_KEYS = {
 }
 
 
-def run_up(config: str, run_dir: Path, total_steps: int, target_return: float) -> list[dict]:
-    """``up`` on ``configs/CONFIG``, reporting every 0.5 s: the first row with episodes comes before learning
-    took off, also on a fast machine."""
+def run_up(
+    config: str, run_dir: Path, total_steps: int, target_return: float, **trainer: object
+) -> list[dict]:
+    """``up`` on ``configs/CONFIG`` (``trainer`` entries set), reporting every 0.5 s: the first row with episodes
+    comes before learning took off, also on a fast machine."""
     resolved = yaml.safe_load((REPO / "configs" / config).read_text())
     resolved.setdefault("run", {})["report_interval_s"] = 0.5
+    resolved.setdefault("trainer", {}).update(trainer)
     path = run_dir.parent / f"reporting-{config}"
     path.write_text(yaml.safe_dump(resolved))
     result = cli("up", str(path), "--run-dir", str(run_dir), "--total-steps", str(total_steps),
@@ -56,7 +60,8 @@ def test_pendulum_learns_to_swing_up(tmp_path: Path) -> None:
 def test_pendulum_learns_with_sac_from_its_replay_buffer(tmp_path: Path) -> None:
     """SAC: chunks go into the trainer's replay buffer, one gradient step per env step; none is ever stale."""
     budget = 30_000
-    rows = run_up("pendulum-sac.yaml", tmp_path / "run", budget, target_return=-300.0)
+    evaluation = {"every_updates": 25, "episodes": 4, "instances": 2}  # on an env service of its own
+    rows = run_up("pendulum-sac.yaml", tmp_path / "run", budget, target_return=-300.0, evaluation=evaluation)
     assert_learned(rows, random_below=-900.0, target=-300.0, budget=budget)
     assert rows[-1]["counters"].get("chunks_rejected_stale", 0) == 0
     # the update-to-data ratio held: one gradient step per env step received since learning started
@@ -64,6 +69,14 @@ def test_pendulum_learns_with_sac_from_its_replay_buffer(tmp_path: Path) -> None
     assert learning and all(row["utd_ratio"] == pytest.approx(1.0, abs=0.01) for row in learning)
     trainer_log = (tmp_path / "run" / "logs" / "trainer.log").read_text()
     assert "Traceback" not in trainer_log
+    # periodic evaluations, of versions the trainer published, their figures in the report rows
+    evaluated_versions = [
+        int(v) for v in re.findall(r"evaluation of policy version (\d+): mean return", trainer_log)
+    ]
+    assert len(evaluated_versions) >= 2 and evaluated_versions == sorted(evaluated_versions), trainer_log[
+        -2000:
+    ]
+    assert any(row["eval_return_mean"] is not None for row in rows)
     # the stopped run's policy, acting with tanh of its mean, plays whole episodes in `eval`
     evaluated = cli("eval", str(tmp_path / "run"), "--episodes", "6", "--json")  # config.yaml: written by up
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
@@ -92,6 +105,7 @@ def assert_tensorboard_and_report(run_dir: Path, rows: list[dict]) -> None:
     early, late = sum(returns[:5]) / 5, sum(returns[-10:]) / 10  # written as they came: the curve rises
     assert early < -900 and late > early + 300, returns
     assert all(event.value > 0 for event in events.Scalars("charts/SPS"))
+    assert len(events.Scalars("eval/episodic_return")) >= 1
     drawn = cli("report", str(run_dir))
     assert drawn.returncode == 0 and drawn.stdout.strip() == str(run_dir / "report.png"), drawn.stderr
     assert imread(run_dir / "report.png").shape[:2] == (800, 1200)
@@ -143,6 +157,14 @@ def test_cartpole_learns_with_appo_from_lagging_chunks(tmp_path: Path) -> None:
     assert all(0 <= int(lag) <= 4 for row in rows for lag in row["policy_lag_counts"])
     trainer_log = (tmp_path / "run" / "logs" / "trainer.log").read_text()
     assert "Traceback" not in trainer_log
+    # periodic evaluations, of versions the trainer published, their figures in the report rows
+    evaluated_versions = [
+        int(v) for v in re.findall(r"evaluation of policy version (\d+): mean return", trainer_log)
+    ]
+    assert len(evaluated_versions) >= 2 and evaluated_versions == sorted(evaluated_versions), trainer_log[
+        -2000:
+    ]
+    assert any(row["eval_return_mean"] is not None for row in rows)
     # greedy acting (the most likely action) with the stopped run's policy, in `eval`
     evaluated = cli("eval", str(tmp_path / "run"), "--episodes", "4", "--json")
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]

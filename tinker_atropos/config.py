@@ -193,6 +193,22 @@ class CheckpointSection(Section):
     keep: int = Field(3, ge=1, description="Checkpoints kept; older ones are deleted.")
 
 
+class EvaluationSection(Section):
+    every_updates: int = Field(
+        0,
+        ge=0,
+        description="Evaluate the policy every this many updates on the run's evaluation env service "
+        "(one `up` starts; rollouts never use it), in a thread beside learning; 0: never.",
+    )
+    episodes: int = Field(10, ge=1, description="Whole episodes per evaluation, an equal share per instance.")
+    instances: int = Field(
+        4, ge=1, le=256, description="Instances of the evaluation env service `up` starts."
+    )
+    deterministic: bool = Field(
+        True, description="Act with the policy's mode, as `tinker-atropos eval` does."
+    )
+
+
 class TinkerSection(Section):
     enabled: bool = Field(
         False, description="Serve the Tinker training API (HTTP) beside the trainer's gRPC port."
@@ -256,6 +272,7 @@ class TrainerSection(Section):
         description="Write TensorBoard event files to RUN_DIR/tensorboard (episodic return and length, SPS, "
         "losses, policy version and lag, trainer busy): `tensorboard --logdir runs`.",
     )
+    evaluation: EvaluationSection = Field(default_factory=EvaluationSection)
     tinker: TinkerSection = Field(default_factory=TinkerSection)
     model: ModelSection = Field(default_factory=ModelSection)
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)

@@ -24,6 +24,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 GAUGES = frozenset({
     "instances", "free_instances", "sessions", "streams", "connected_sessions", "policy_version", "busy_fraction",
     "policy_lag_min", "policy_lag_mean", "policy_lag_max", "episode_return_mean", "losses", "policy_lag_counts",
+    "eval_policy_version", "eval_return_mean", "eval_return_std",
 })  # fmt: skip
 MAP_LABELS = {"losses": "loss", "records_rejected": "reason", "policy_lag_counts": "lag"}
 

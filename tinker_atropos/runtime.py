@@ -200,7 +200,8 @@ class _StatusServicer(services_pb2_grpc.StatusServicer):
         return services_pb2.ServiceStatus(**{self._field: self._status()})
 
 
-_STATUS_FIELDS = {"env": "environment", "rollout": "rollout", "trainer": "trainer"}
+# eval_env: an env service that only the trainer's periodic evaluation uses (``env --role eval``)
+_STATUS_FIELDS = {"env": "environment", "eval_env": "environment", "rollout": "rollout", "trainer": "trainer"}
 
 
 class ServiceHost:

@@ -1,4 +1,4 @@
-"""Per-instance episode return and length, reported when an episode ends."""
+"""Per-instance episode return and length, reported when an episode ends; how evaluations share episodes."""
 
 from __future__ import annotations
 
@@ -36,3 +36,9 @@ class EpisodeTracker:
             self.returns[i] = 0.0
             self.lengths[i] = 0
         return ended
+
+
+def equal_shares(episodes: int, instances: int) -> np.ndarray:
+    """How many of ``episodes`` each instance plays: equal shares, so short episodes are not over-counted (an
+    instance whose episodes are short would otherwise finish more of them first), as SB3's evaluate_policy."""
+    return np.array([episodes // instances + (i < episodes % instances) for i in range(instances)])

@@ -352,12 +352,13 @@ class EnvService:
             self.local.stop()
 
 
-def serve(config: Config, redis_url: str, endpoint: Endpoint) -> None:
+def serve(config: Config, redis_url: str, endpoint: Endpoint, role: str = "train") -> None:
     """Run one environment service until SIGTERM/SIGINT; EnvError, before anything starts, for an env that
-    cannot be served."""
+    cannot be served. ``role`` eval registers it as the run's evaluation env service (kind ``eval_env``),
+    which rollouts do not see and the trainer's periodic evaluation plays on."""
     spaces = check_env(config.env)
     runtime.serve(
-        "env",
+        "eval_env" if role == "eval" else "env",
         config,
         redis_url,
         endpoint,

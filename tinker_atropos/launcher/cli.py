@@ -172,20 +172,22 @@ def env(
     instances: Annotated[
         int | None, typer.Option(envvar="TA_INSTANCES", min=1, help="Overrides env.instances.")
     ] = None,
+    role: Annotated[
+        str,
+        typer.Option(envvar="TA_ENV_ROLE", help="train (the rollouts') or eval (trainer.evaluation's only)."),
+    ] = "train",
 ) -> None:
     """Run one environment service."""
     from tinker_atropos.environment.service import serve
 
+    if role not in ("train", "eval"):
+        typer.echo(f"error: --role {role!r} is not one of: train, eval", err=True)
+        raise typer.Exit(2)
     cfg = read_config(config)
     if instances is not None:
         cfg.env.instances = instances
-    _serve(
-        serve,
-        insecure,
-        cfg,
-        _redis_url(cfg, redis_url),
-        _endpoint(host, port, advertise_host, name, metrics_port),
-    )
+    endpoint = _endpoint(host, port, advertise_host, name, metrics_port)
+    _serve(serve, insecure, cfg, _redis_url(cfg, redis_url), endpoint, role)
 
 
 @app.command()

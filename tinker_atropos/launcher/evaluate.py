@@ -16,7 +16,7 @@ import torch
 
 from tinker_atropos.config import Config
 from tinker_atropos.environment.backends.base import make_env_batch
-from tinker_atropos.environment.episodes import EpisodeTracker
+from tinker_atropos.environment.episodes import EpisodeTracker, equal_shares
 from tinker_atropos.environment.spaces import check_actions
 from tinker_atropos.launcher.run_folder import RunPolicy, run_policy
 from tinker_atropos.models.acting import InferencePolicy
@@ -59,7 +59,7 @@ def evaluate(
     FatalError when there is none or it holds no policy."""
     policy, found = acting_policy(config, run_dir, checkpoint, seed)
     num = min(instances, episodes)
-    owed = np.array([episodes // num + (i < episodes % num) for i in range(num)])  # each instance's share
+    owed = equal_shares(episodes, num)
     env = make_env_batch(config.env.backend, config.env.id, config.env.kwargs, num)
     returns: list[float] = []
     lengths: list[int] = []

@@ -140,6 +140,10 @@ class ProgressReporter:
             "policy_version": self._policy_version,
             "trainer_busy": round(float(trainer["busy_fraction"]), 3) if "busy_fraction" in trainer else None,
             "policy_lag_mean": float(trainer.get("policy_lag_mean", 0.0)),
+            # the latest periodic evaluation (trainer.evaluation), None before one
+            "eval_return_mean": float(trainer["eval_return_mean"])
+            if trainer.get("eval_policy_version")
+            else None,
             # {lag: chunks} of the trainer's latest 200 (registry figures come as JSON: keys are strings)
             "policy_lag_counts": {
                 int(k): int(v) for k, v in (trainer.get("policy_lag_counts") or {}).items()

@@ -55,8 +55,11 @@ SHOWN_FIGURES = {
         "policy_lag_counts",
         "records_rejected",
         "updates_discarded_nonfinite",
+        "eval_policy_version",
+        "eval_return_mean",
     ),
 }
+SHOWN_FIGURES["eval_env"] = SHOWN_FIGURES["env"]
 
 
 def runs_in(client: redis.Redis) -> list[str]:

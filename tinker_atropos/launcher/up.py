@@ -69,9 +69,14 @@ def service_children(
     names = [("env", f"env-{i}") for i in range(config.env.services)]
     names += [("rollout", f"rollout-{i}") for i in range(config.rollout.replicas)]
     names.append(("trainer", "trainer"))
+    evaluation = config.trainer.evaluation
+    if evaluation.every_updates:
+        names.append(("env", "env-eval"))
     children = []
     for kind, name in names:
         extra = ["--run-dir", str(run_dir)] if kind == "trainer" else []
+        if name == "env-eval":
+            extra = ["--role", "eval", "--instances", str(evaluation.instances)]
         child = Child(name, [kind, *common, "--name", name, *extra], logs / f"{name}.log")
         child.environment["TA_REDIS_URL"] = redis_url
         children.append(child)

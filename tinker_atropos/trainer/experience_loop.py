@@ -37,6 +37,7 @@ from tinker_atropos.security import signing_key
 from tinker_atropos.state.checkpoints import load_latest_checkpoint, save_checkpoint
 from tinker_atropos.state.experience import ExperienceReader, add_stats
 from tinker_atropos.state.weights import fetch_weights, publish_weights, verified_version
+from tinker_atropos.trainer.evaluation import PeriodicEvaluation
 from tinker_atropos.trainer.metrics import BusyMeter, LagMeter
 from tinker_atropos.trainer.tensorboard import TensorBoardLog
 
@@ -77,6 +78,8 @@ class ExperienceLoop:
         self.tensorboard = (
             TensorBoardLog(run_dir / "tensorboard", client, self.run) if config.trainer.tensorboard else None
         )
+        self.evaluation = PeriodicEvaluation(config.trainer.evaluation, client, self.run,
+                                             config.trainer.model.network, config.run.seed, self.tensorboard)  # fmt: skip
 
     @property
     def version(self) -> int:
@@ -104,6 +107,9 @@ class ExperienceLoop:
             losses=self.losses,
             records_rejected=self.rejected.totals,
             updates_discarded_nonfinite=self.updates_discarded_nonfinite,
+            eval_policy_version=self.evaluation.version,
+            eval_return_mean=self.evaluation.return_mean,
+            eval_return_std=self.evaluation.return_std,
         )
 
     # -- state ---------------------------------------------------------------------------------------
@@ -199,7 +205,8 @@ class ExperienceLoop:
         )
 
     def close(self) -> None:
-        """Flush what is buffered for TensorBoard."""
+        """Let an evaluation in flight finish (seconds), flush what is buffered for TensorBoard."""
+        self.evaluation.join(timeout_s=10.0)
         if self.tensorboard is not None:
             self.tensorboard.close()
 
@@ -325,6 +332,7 @@ class ExperienceLoop:
                 self.publish()
             except redis.RedisError as error:
                 log.warning("cannot publish version %d (%s); will retry", self.version, error)
+            self.evaluation.after_update(self.updates, self.learner.core)
             policy = self.config.trainer.checkpoint
             overdue = time.monotonic() - self._last_checkpoint >= policy.every_seconds
             if overdue or self.updates % policy.every_updates == 0:

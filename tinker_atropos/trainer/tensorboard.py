@@ -6,6 +6,7 @@
     charts/SPS                                       env steps collected per second, over the last interval
     charts/policy_version, charts/trainer_busy, charts/policy_lag_mean, charts/updates
     losses/<name>                                    the algorithm's latest losses (policy_loss, value_loss, …)
+    eval/episodic_return, eval/episodic_return_std   each periodic evaluation (``trainer.evaluation``)
 """
 
 from __future__ import annotations
@@ -63,6 +64,12 @@ class TensorBoardLog:
             self.writer.add_scalar(f"charts/{name}", value, steps)
         for name, value in losses.items():
             self.writer.add_scalar(f"losses/{name}", value, steps)
+
+    def add_evaluation(self, return_mean: float, return_std: float) -> None:
+        """A periodic evaluation's result, at the run's env steps now."""
+        steps = int(read_stats(self.client, self.run).get("env_steps", 0))
+        self.writer.add_scalar("eval/episodic_return", return_mean, steps)
+        self.writer.add_scalar("eval/episodic_return_std", return_std, steps)
 
     def close(self) -> None:
         self.writer.close()

@@ -51,7 +51,7 @@ class EnvironmentStatus(_message.Message):
     def __init__(self, incarnation: _Optional[str] = ..., env_id: _Optional[str] = ..., instances: _Optional[int] = ..., free_instances: _Optional[int] = ..., sessions: _Optional[int] = ..., streams: _Optional[int] = ..., steps: _Optional[int] = ..., episodes: _Optional[int] = ..., episodes_cut_nonfinite: _Optional[int] = ..., bad_requests: _Optional[int] = ..., streams_refused: _Optional[int] = ..., streams_timed_out: _Optional[int] = ..., local_peers_refused: _Optional[int] = ...) -> None: ...
 
 class TrainerStatus(_message.Message):
-    __slots__ = ("incarnation", "policy_version", "updates", "env_steps_trained", "chunks_consumed", "chunks_rejected_stale", "busy_fraction", "policy_lag_min", "policy_lag_mean", "policy_lag_max", "losses", "records_rejected", "updates_discarded_nonfinite", "tinker_api", "policy_lag_counts")
+    __slots__ = ("incarnation", "policy_version", "updates", "env_steps_trained", "chunks_consumed", "chunks_rejected_stale", "busy_fraction", "policy_lag_min", "policy_lag_mean", "policy_lag_max", "losses", "records_rejected", "updates_discarded_nonfinite", "tinker_api", "policy_lag_counts", "eval_policy_version", "eval_return_mean", "eval_return_std")
     class LossesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -88,6 +88,9 @@ class TrainerStatus(_message.Message):
     UPDATES_DISCARDED_NONFINITE_FIELD_NUMBER: _ClassVar[int]
     TINKER_API_FIELD_NUMBER: _ClassVar[int]
     POLICY_LAG_COUNTS_FIELD_NUMBER: _ClassVar[int]
+    EVAL_POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    EVAL_RETURN_MEAN_FIELD_NUMBER: _ClassVar[int]
+    EVAL_RETURN_STD_FIELD_NUMBER: _ClassVar[int]
     incarnation: str
     policy_version: int
     updates: int
@@ -103,7 +106,10 @@ class TrainerStatus(_message.Message):
     updates_discarded_nonfinite: int
     tinker_api: str
     policy_lag_counts: _containers.ScalarMap[int, int]
-    def __init__(self, incarnation: _Optional[str] = ..., policy_version: _Optional[int] = ..., updates: _Optional[int] = ..., env_steps_trained: _Optional[int] = ..., chunks_consumed: _Optional[int] = ..., chunks_rejected_stale: _Optional[int] = ..., busy_fraction: _Optional[float] = ..., policy_lag_min: _Optional[float] = ..., policy_lag_mean: _Optional[float] = ..., policy_lag_max: _Optional[float] = ..., losses: _Optional[_Mapping[str, float]] = ..., records_rejected: _Optional[_Mapping[str, int]] = ..., updates_discarded_nonfinite: _Optional[int] = ..., tinker_api: _Optional[str] = ..., policy_lag_counts: _Optional[_Mapping[int, int]] = ...) -> None: ...
+    eval_policy_version: int
+    eval_return_mean: float
+    eval_return_std: float
+    def __init__(self, incarnation: _Optional[str] = ..., policy_version: _Optional[int] = ..., updates: _Optional[int] = ..., env_steps_trained: _Optional[int] = ..., chunks_consumed: _Optional[int] = ..., chunks_rejected_stale: _Optional[int] = ..., busy_fraction: _Optional[float] = ..., policy_lag_min: _Optional[float] = ..., policy_lag_mean: _Optional[float] = ..., policy_lag_max: _Optional[float] = ..., losses: _Optional[_Mapping[str, float]] = ..., records_rejected: _Optional[_Mapping[str, int]] = ..., updates_discarded_nonfinite: _Optional[int] = ..., tinker_api: _Optional[str] = ..., policy_lag_counts: _Optional[_Mapping[int, int]] = ..., eval_policy_version: _Optional[int] = ..., eval_return_mean: _Optional[float] = ..., eval_return_std: _Optional[float] = ...) -> None: ...
 
 class RolloutStatus(_message.Message):
     __slots__ = ("incarnation", "policy_version", "env_steps", "chunks_written", "partial_chunks_dropped", "connected_sessions", "episodes", "weights_rejected", "episode_return_mean", "sessions_lost")

@@ -1,0 +1,104 @@
+"""Periodic evaluation (``trainer.evaluation``): every ``every_updates`` updates, the policy just published plays
+whole episodes on the run's evaluation env service (``env --role eval``: registered as ``eval_env``, which the
+rollouts never use, so evaluation episodes never reach the experience stream), in a thread of its own while
+learning goes on. The mean and spread of the returns go to the trainer's log, its status (``eval_return_mean``,
+for ``status`` and Prometheus) and TensorBoard (``eval/episodic_return``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from typing import Any
+
+import grpc
+import numpy as np
+import redis
+import torch
+
+from tinker_atropos.config import EvaluationSection
+from tinker_atropos.environment.client import EnvClient
+from tinker_atropos.environment.episodes import equal_shares
+from tinker_atropos.models.acting import InferencePolicy, load_policy
+from tinker_atropos.state.registry import live_services
+from tinker_atropos.trainer.core import TrainingCore
+from tinker_atropos.trainer.tensorboard import TensorBoardLog
+
+log = logging.getLogger(__name__)
+
+
+class PeriodicEvaluation:
+    def __init__(self, section: EvaluationSection, client: redis.Redis, run: str, network: str, seed: int,
+                 tensorboard: TensorBoardLog | None) -> None:  # fmt: skip
+        self.section, self.client, self.run, self.network = section, client, run, network
+        self.tensorboard, self.seed = tensorboard, seed
+        self.version, self.return_mean, self.return_std = 0, 0.0, 0.0  # of the latest evaluation
+        self._thread: threading.Thread | None = None
+        self._missing_logged = False
+
+    def after_update(self, updates: int, core: TrainingCore) -> None:
+        """Start an evaluation of the core's version when one is due and none is running (a slow one is not
+        queued): its weights are copied now, learning goes on."""
+        every = self.section.every_updates
+        if not every or updates % every or (self._thread is not None and self._thread.is_alive()):
+            return
+        self._thread = threading.Thread(target=self._evaluate, args=(core.version, core.spec, core.weights()),
+                                        name="evaluation", daemon=True)  # fmt: skip
+        self._thread.start()
+
+    def join(self, timeout_s: float) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def _evaluate(self, version: int, spec: dict[str, Any], weights: bytes) -> None:
+        try:
+            services = live_services(self.client, self.run, "eval_env")
+        except redis.RedisError as error:
+            log.warning("no evaluation of version %d: the registry is unreadable (%s)", version, error)
+            return
+        if not services:
+            if not self._missing_logged:
+                log.warning("trainer.evaluation is on, but run %r has no evaluation env service (`tinker-atropos "
+                            "env --role eval`; `up` starts one)", self.run)  # fmt: skip
+                self._missing_logged = True
+            return
+        rng = np.random.default_rng(self.seed + version)
+        policy = load_policy(spec, weights, torch.device("cpu"), rng, self.network)
+        try:
+            returns = self._play(services[0].address, policy, version)
+        except grpc.RpcError as error:  # the eval env service went away or is busy: the next one will try
+            log.warning(
+                "evaluation of version %d stopped: %s: %s", version, error.code().name, error.details()
+            )
+            return
+        self.version, self.return_mean, self.return_std = (
+            version,
+            float(np.mean(returns)),
+            float(np.std(returns)),
+        )
+        log.info("evaluation of policy version %d: mean return %.1f ± %.1f over %d episodes", version,
+                 self.return_mean, self.return_std, len(returns))  # fmt: skip
+        if self.tensorboard is not None:
+            with contextlib.suppress(redis.RedisError):
+                self.tensorboard.add_evaluation(self.return_mean, self.return_std)
+
+    def _play(self, address: str, policy: InferencePolicy, version: int) -> list[float]:
+        """Whole episodes on every free instance of the eval env service, an equal share each."""
+        with EnvClient(address) as client:
+            env = client.describe()
+            session = client.open(0, self.seed + version * 1000)
+            try:
+                owed = equal_shares(self.section.episodes, session.num_instances)
+                obs, returns = session.observations, []
+                while owed.any():
+                    actions, _, _ = policy.act(obs, deterministic=self.section.deterministic)
+                    step = session.step(actions.astype(env.action_dtype, copy=False))
+                    for end in step.episodes:
+                        if owed[end.instance] > 0:
+                            owed[end.instance] -= 1
+                            returns.append(end.episode_return)
+                    obs = step.observations
+                return returns
+            finally:
+                session.close()
