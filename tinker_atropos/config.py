@@ -193,6 +193,19 @@ class CheckpointSection(Section):
     keep: int = Field(3, ge=1, description="Checkpoints kept; older ones are deleted.")
 
 
+class WandbSection(Section):
+    enabled: bool = Field(
+        False,
+        description="Mirror the trainer's TensorBoard events to Weights & Biases (needs the wandb extra); "
+        "off: wandb is not even imported, so no network call is made.",
+    )
+    project: str = Field("tinker-atropos", description="W&B project.")
+    entity: str | None = Field(None, description="W&B entity (team or user); null: the account's default.")
+    mode: Literal["online", "offline"] = Field(
+        "online", description="offline: written under RUN_DIR/wandb only, for `wandb sync` later."
+    )
+
+
 class EvaluationSection(Section):
     every_updates: int = Field(
         0,
@@ -272,6 +285,7 @@ class TrainerSection(Section):
         description="Write TensorBoard event files to RUN_DIR/tensorboard (episodic return and length, SPS, "
         "losses, policy version and lag, trainer busy): `tensorboard --logdir runs`.",
     )
+    wandb: WandbSection = Field(default_factory=WandbSection)
     evaluation: EvaluationSection = Field(default_factory=EvaluationSection)
     tinker: TinkerSection = Field(default_factory=TinkerSection)
     model: ModelSection = Field(default_factory=ModelSection)
@@ -365,6 +379,8 @@ class Config(Section):
         if not self.trainer.experience_loop and not self.trainer.tinker.enabled:
             raise ValueError("trainer.experience_loop is false and trainer.tinker.enabled is false: the trainer "
                              "would learn from nothing; enable one of them")  # fmt: skip
+        if self.trainer.wandb.enabled and not self.trainer.tensorboard:
+            raise ValueError("trainer.wandb.enabled needs trainer.tensorboard: W&B mirrors its event files")
         return self
 
     def to_yaml(self) -> str:

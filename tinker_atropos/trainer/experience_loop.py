@@ -76,7 +76,15 @@ class ExperienceLoop:
         self.busy = BusyMeter()
         self.lag = LagMeter()
         self.tensorboard = (
-            TensorBoardLog(run_dir / "tensorboard", client, self.run) if config.trainer.tensorboard else None
+            TensorBoardLog(
+                run_dir / "tensorboard",
+                client,
+                self.run,
+                config.trainer.wandb,
+                config.model_dump(mode="json"),
+            )
+            if config.trainer.tensorboard
+            else None
         )
         self.evaluation = PeriodicEvaluation(config.trainer.evaluation, client, self.run,
                                              config.trainer.model.network, config.run.seed, self.tensorboard)  # fmt: skip

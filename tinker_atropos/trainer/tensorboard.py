@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import redis
 
+from tinker_atropos.config import WandbSection
+from tinker_atropos.runtime import FatalError
 from tinker_atropos.state.experience import read_stats, recent_episodes
 
 CHARTS_INTERVAL_S = 5.0  # between two points of the charts other than the episodes
@@ -23,9 +26,16 @@ MAX_EPISODES_PER_LOOK = 1000  # beyond, the oldest of a burst are skipped (the r
 
 
 class TensorBoardLog:
-    def __init__(self, log_dir: Path, client: redis.Redis, run: str) -> None:
+    """With ``wandb`` enabled, the same events are mirrored to Weights & Biases (``sync_tensorboard``), under the
+    run's name, with the resolved config; wandb is imported only then."""
+
+    def __init__(self, log_dir: Path, client: redis.Redis, run: str, wandb: WandbSection | None = None,
+                 config: dict[str, Any] | None = None) -> None:  # fmt: skip
         from torch.utils.tensorboard import SummaryWriter
 
+        self._wandb_run = (
+            _start_wandb(wandb, log_dir.parent, run, config) if wandb and wandb.enabled else None
+        )
         self.writer = SummaryWriter(str(log_dir), flush_secs=10)
         self.client, self.run = client, run
         self._episodes_seen: int | None = None  # the run's episode count at the last look
@@ -73,3 +83,15 @@ class TensorBoardLog:
 
     def close(self) -> None:
         self.writer.close()
+        if self._wandb_run is not None:
+            self._wandb_run.finish()
+
+
+def _start_wandb(section: WandbSection, run_dir: Path, run: str, config: dict[str, Any] | None) -> Any:
+    """A W&B run mirroring the event files written after it (it patches TensorBoard's writer: start it first)."""
+    try:
+        import wandb
+    except ImportError:
+        raise FatalError("trainer.wandb.enabled needs wandb: pip install 'tinker-atropos[wandb]'") from None
+    return wandb.init(project=section.project, entity=section.entity, mode=section.mode, dir=str(run_dir),
+                      name=run, config=config, sync_tensorboard=True)  # fmt: skip
