@@ -43,14 +43,16 @@ class Video:
 
 def _render_env(config: Config) -> gym.Env:
     make = env_maker(config.env.id)
-    try:
-        try:  # MuJoCo envs take the frame size; the others draw at their own
-            env = make(render_mode="rgb_array", width=WIDTH, height=HEIGHT, **config.env.kwargs)
+    # MuJoCo envs take the frame size, and the locomotion tasks' "track" camera follows the body (the default one
+    # stays where the episode began); the others draw at their own size
+    for options in ({"width": WIDTH, "height": HEIGHT, "camera_name": "track"}, {}):
+        try:
+            return make(render_mode="rgb_array", **options, **config.env.kwargs)
         except TypeError:
-            env = make(render_mode="rgb_array", **config.env.kwargs)
-    except Exception as error:  # a renderer missing on this machine, an env without rgb_array
-        raise FatalError(f"cannot render {config.env.id!r}: {type(error).__name__}: {error}") from None
-    return env
+            continue
+        except Exception as error:  # a renderer missing on this machine, an env without rgb_array
+            raise FatalError(f"cannot render {config.env.id!r}: {type(error).__name__}: {error}") from None
+    raise FatalError(f"cannot render {config.env.id!r}: it takes no render_mode")
 
 
 def record(
