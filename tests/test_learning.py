@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from tests.support.running import REPO, cli, leftovers, report_rows
+from tests.test_video import assert_moving_video
 
 pytestmark = pytest.mark.integration
 METRIC_KEYS = {
@@ -77,10 +78,14 @@ def test_pendulum_learns_with_sac_from_its_replay_buffer(tmp_path: Path) -> None
         -2000:
     ]
     assert any(row["eval_return_mean"] is not None for row in rows)
-    # the stopped run's policy, acting with tanh of its mean, plays whole episodes in `eval`
-    evaluated = cli("eval", str(tmp_path / "run"), "--episodes", "6", "--json")  # config.yaml: written by up
+    # the stopped run's policy, acting with tanh of its mean, plays whole episodes in `eval`, and a video (pygame)
+    video = tmp_path / "pendulum.mp4"
+    evaluated = cli("eval", str(tmp_path / "run"), "--episodes", "6", "--json", "--video", str(video),
+                    "--video-frames", "40")  # fmt: skip  # config.yaml: written by up
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     result = json.loads(evaluated.stdout)
+    assert result["video_frames"] == 40
+    assert_moving_video(video, 40)
     assert result["episodes"] == 6 and result["deterministic"] and result["length_mean"] == 200
     assert result["policy_version"] == rows[-1]["policy_version"]
     assert result["return_mean"] > -500.0, result  # random play: about -1,200
@@ -157,14 +162,6 @@ def test_cartpole_learns_with_appo_from_lagging_chunks(tmp_path: Path) -> None:
     assert all(0 <= int(lag) <= 4 for row in rows for lag in row["policy_lag_counts"])
     trainer_log = (tmp_path / "run" / "logs" / "trainer.log").read_text()
     assert "Traceback" not in trainer_log
-    # periodic evaluations, of versions the trainer published, their figures in the report rows
-    evaluated_versions = [
-        int(v) for v in re.findall(r"evaluation of policy version (\d+): mean return", trainer_log)
-    ]
-    assert len(evaluated_versions) >= 2 and evaluated_versions == sorted(evaluated_versions), trainer_log[
-        -2000:
-    ]
-    assert any(row["eval_return_mean"] is not None for row in rows)
     # greedy acting (the most likely action) with the stopped run's policy, in `eval`
     evaluated = cli("eval", str(tmp_path / "run"), "--episodes", "4", "--json")
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]

@@ -8,6 +8,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import gymnasium as gym
@@ -167,6 +168,25 @@ def test_a_killed_env_service_is_an_error_not_a_hang(tmp_path: Path, valkey, red
         with pytest.raises(EnvServiceLost, match="the sessions are closed: call reset"):
             env.step(np.zeros((2, 1), np.float32))
     finally:
+        env.close()
+
+
+def test_a_stopped_env_service_on_this_host_is_an_error_after_the_answer_timeout(
+    tmp_path: Path, valkey, redis_client, processes
+) -> None:
+    """SIGSTOP keeps the local socket open: without a bound the step would wait for SIGCONT."""
+    serve_envs(tmp_path, processes, valkey.url, redis_client, "stopped", "Pendulum-v1", 1, 2)
+    env = RemoteVectorEnv(run="stopped", redis_url=valkey.url, answer_timeout_s=2.0)  # the local fast path
+    service = processes.started[0]
+    try:
+        env.reset(seed=0)
+        service.send_signal(signal.SIGSTOP)
+        started = time.monotonic()
+        with pytest.raises(EnvServiceLost, match="DEADLINE_EXCEEDED: the env service did not answer in 2 s"):
+            env.step(np.zeros((2, 1), np.float32))
+        assert time.monotonic() - started < 10
+    finally:
+        service.send_signal(signal.SIGCONT)
         env.close()
 
 

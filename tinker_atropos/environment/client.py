@@ -101,12 +101,17 @@ class EnvSession:
 
 class EnvClient:
     """One env service at ``address``: ``transport`` 'auto' takes its local fast path when it is on this host
-    (same network namespace), else gRPC; ``stop`` makes a local session's waits end."""
+    (same network namespace), else gRPC; ``stop`` makes a local session's waits end, and ``answer_timeout_s``
+    bounds them (None: a stopped env service is waited for; over gRPC, keepalive gives up within seconds)."""
 
     def __init__(
-        self, address: str, transport: Transport = "auto", stop: threading.Event | None = None
+        self,
+        address: str,
+        transport: Transport = "auto",
+        stop: threading.Event | None = None,
+        answer_timeout_s: float | None = None,
     ) -> None:
-        self.address, self.transport = address, transport
+        self.address, self.transport, self.answer_timeout_s = address, transport, answer_timeout_s
         self._stop = stop or threading.Event()
         self._channel = open_channel(address, CHANNEL_OPTIONS)
         self._stub = environment_pb2_grpc.EnvironmentStub(self._channel)
@@ -120,7 +125,7 @@ class EnvClient:
         """Claim ``num_instances`` (0: all free ones), reset with ``seed + i`` for instance i."""
         if self._info is None:
             self.describe()
-        stream = open_stream(self._stub, self._info, self.transport, self._stop)
+        stream = open_stream(self._stub, self._info, self.transport, self._stop, self.answer_timeout_s)
         try:
             request = environment_pb2.OpenSession(num_instances=num_instances, seed=seed or 0)
             stream.send(environment_pb2.SessionRequest(open=request))

@@ -72,8 +72,8 @@ class LocalSessionStream:
 
     kind = "local"
 
-    def __init__(self, address: str, stop: threading.Event) -> None:
-        self._stop = stop
+    def __init__(self, address: str, stop: threading.Event, answer_timeout_s: float | None = None) -> None:
+        self._stop, self._answer_timeout_s = stop, answer_timeout_s
         self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self._socket.connect(local_stream.socket_name(address))
@@ -88,11 +88,18 @@ class LocalSessionStream:
             raise LocalStreamError(grpc.StatusCode.UNAVAILABLE, f"local stream broken: {error}") from error
 
     def receive(self) -> environment_pb2.SessionResponse:
-        # The kernel closes the socket when the env process dies; a stopped (SIGSTOP) env is waited for,
-        # its session resumes where it was. Wake up now and then to honour our own stop.
+        # The kernel closes the socket when the env process dies; a stopped (SIGSTOP) env is waited for, its
+        # session resumes where it was, unless ``answer_timeout_s`` bounds the wait. Wake up now and then to
+        # honour our own stop.
+        waited = 0.0
         while not select.select([self._socket], [], [], STOP_POLL_S)[0]:
             if self._stop.is_set():
                 raise LocalStreamError(grpc.StatusCode.CANCELLED, "the rollout is stopping")
+            waited += STOP_POLL_S
+            if self._answer_timeout_s is not None and waited >= self._answer_timeout_s:
+                raise LocalStreamError(
+                    grpc.StatusCode.DEADLINE_EXCEEDED, f"the env service did not answer in {waited:g} s"
+                )
         try:
             frame = local_stream.receive(self._socket, environment_pb2.LocalFrame)
         except (OSError, local_stream.FrameError) as error:
@@ -113,11 +120,12 @@ def open_stream(
     info: environment_pb2.EnvironmentInfo,
     transport: Transport,
     stop: threading.Event,
+    answer_timeout_s: float | None = None,
 ) -> SessionStream:
     """The local fast path when allowed and reachable (same host and network namespace), else gRPC."""
     if transport == "auto" and info.local_address:
         try:
-            return LocalSessionStream(info.local_address, stop)
+            return LocalSessionStream(info.local_address, stop, answer_timeout_s)
         except (OSError, ValueError) as error:
             log.info("local stream %s not reachable (%s): using gRPC", info.local_address, error)
     return GrpcSessionStream(stub)

@@ -9,7 +9,8 @@ episode, and ``infos["episode"]`` its return and length as the env service count
 wrapper can be used instead).
 
 A lost env service raises ``EnvServiceLost`` within seconds (gRPC keepalive; the local path sees the socket
-close); ``reset()`` reconnects, finding the run's env services in the registry again when built from a run name.
+close, and gives a stopped service ``answer_timeout_s``); ``reset()`` reconnects, finding the run's env services
+in the registry again when built from a run name.
 """
 
 from __future__ import annotations
@@ -54,11 +55,13 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         transport: Transport = "auto",
         stats_key: str | None = "episode",
         seed: int | None = None,
+        answer_timeout_s: float = 30.0,
     ) -> None:
         if bool(addresses) == (run is not None):
             raise ValueError("give either the env services' addresses or the run whose registry lists them")
         self._addresses, self._run, self._redis_url = list(addresses), run, redis_url
         self._instances, self._transport, self.stats_key = instances_per_service, transport, stats_key
+        self._answer_timeout_s = answer_timeout_s  # a stopped env service on this host: an error, not a hang
         self._stop = threading.Event()  # ends a local session's waits on close
         self._clients: list[EnvClient] = []
         self._sessions: list[EnvSession] = []
@@ -84,7 +87,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             )
             if not addresses:
                 raise EnvServiceLost(f"run {self._run!r} has no live env service in {self._redis_url}")
-        self._clients = [EnvClient(address, self._transport, self._stop) for address in addresses]
+        self._clients = [EnvClient(a, self._transport, self._stop, self._answer_timeout_s) for a in addresses]
         try:
             described = [client.describe() for client in self._clients]
         except grpc.RpcError as error:
