@@ -76,7 +76,7 @@ class TinkerAPI:
         )  # HTTPS, the gRPC certificate's
         self.scheme = "https" if tls else "http"
         self.server = uvicorn.Server(uvicorn.Config(app, host=section.host, port=section.port, log_level="warning",
-                                                    lifespan="off", access_log=False, **tls))  # fmt: skip
+                                                    lifespan="off", access_log=False, timeout_graceful_shutdown=2, **tls))  # fmt: skip
         self.threads: list[threading.Thread] = []
         # where it listens, once started: read then and kept, since the status (a heartbeat thread) asks for it
         # also while the server is closing its sockets
