@@ -57,3 +57,10 @@ def test_our_env_service_keeps_the_contract(tmp_path: Path, valkey, redis_client
     assert {row["check"] for row in rows} == CHECKS
     table = cli("conformance", service.address)
     assert table.returncode == 0 and table.stdout.count("pass") == len(CHECKS) and "FAIL" not in table.stdout
+
+
+def test_an_address_where_nothing_answers_is_one_line() -> None:
+    shown = cli("conformance", "127.0.0.1:1")
+    assert shown.returncode == 2 and shown.stdout == "", shown.stdout
+    assert shown.stderr.startswith("error: no env service answers at 127.0.0.1:1: UNAVAILABLE: ")
+    assert len(shown.stderr.strip().splitlines()) == 1

@@ -131,6 +131,14 @@ def test_eval_and_report_without_their_inputs_say_so_in_one_line(tmp_path: Path)
     assert (no_report.returncode, no_report.stderr.strip()) == (
         2, f"error: no report rows in {empty / 'metrics.jsonl'}: `tinker-atropos up` writes them"
     )  # fmt: skip
+    mangled = tmp_path / "mangled"
+    mangled.mkdir()
+    (mangled / "metrics.jsonl").write_text('{"env_steps": 10\nnot json\n{"env_steps": "x"}\n{"env_steps": 5}\n'
+                                           '{"env_steps": 64, "wall_time_s": 2.0, "episode_return_mean": -900}\n')  # fmt: skip
+    drawn = cli(
+        "report", str(mangled)
+    )  # the rows that are not report rows are skipped, the one that is drawn
+    assert drawn.returncode == 0 and (mangled / "report.png").exists(), drawn.stderr[-2000:]
     garbage = cli("eval", str(empty), "--config", config, "--checkpoint", str(tmp_path / "garbage.pt"))
     assert garbage.returncode == 2
     assert garbage.stderr.startswith(f"error: checkpoint {tmp_path / 'garbage.pt'} does not load: ")

@@ -340,12 +340,21 @@ def conformance(
 ) -> None:
     """Check that an env service keeps the environment contract (ours or a third party's): a pass/fail table;
     exit code 1 if a row failed. It needs free instances: run it before the rollouts connect."""
+    import grpc
     from rich.console import Console
     from rich.table import Table
 
     from tinker_atropos.environment.conformance import Conformance
 
     checker = Conformance(address, seed, max_steps)
+    try:
+        checker.client.describe(timeout_s=5.0)
+    except grpc.RpcError as error:  # nothing to check: one line, not ten rows of the same failure
+        checker.close()
+        typer.echo(
+            f"error: no env service answers at {address}: {error.code().name}: {error.details()}", err=True
+        )
+        raise typer.Exit(2) from None
     try:
         rows = checker.run()
     finally:

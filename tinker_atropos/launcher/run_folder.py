@@ -53,15 +53,22 @@ class PreviousRun:
 
 
 def metric_rows(path: Path) -> list[dict[str, Any]]:
-    """The report rows of a metrics.jsonl: markers and lines a killed run cut short are left out."""
+    """The report rows of a metrics.jsonl: markers, lines a killed run cut short and rows without numeric
+    env_steps and wall_time_s are left out."""
     rows = []
     with contextlib.suppress(FileNotFoundError), open(path) as lines:
         for line in lines:
             with contextlib.suppress(ValueError):
                 row = json.loads(line)
-                if isinstance(row, dict) and "event" not in row and "env_steps" in row:
+                if isinstance(row, dict) and "event" not in row and _numbers(row, "env_steps", "wall_time_s"):
                     rows.append(row)
     return rows
+
+
+def _numbers(row: dict[str, Any], *keys: str) -> bool:
+    """Whether ``row`` holds a number (not a bool) under each key: a row edited or written by something else is
+    skipped, not a crash of ``report`` or of a resume."""
+    return all(isinstance(row.get(key), int | float) and not isinstance(row.get(key), bool) for key in keys)
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
