@@ -38,7 +38,7 @@ bench: $(VENV)/.installed  ## throughput vs the simulator alone, EnvPool and SB3
 	$(PY) -m pip install --quiet -e '.[dev,smollm2,export,sb3,video,wandb,bench]'
 	$(PY) -m bench throughput --out bench/out
 
-bench-learn: $(VENV)/.installed $(SF_VENV)/.installed  ## mean return after 20 min of wall time, ours then SB3 running the same algorithm (~41 min; CONFIG= (default Humanoid PPO), MINUTES=, SEEDS=, SYSTEMS= e.g. tinker_atropos,sf_appo_sync,sf_appo_async,sb3_ppo)
+bench-learn: $(VENV)/.installed $(SF_VENV)/.installed  ## mean return after 20 min of wall time, ours then SB3 running the same algorithm (~41 min; CONFIG= (default Humanoid PPO), MINUTES=, SEEDS=, SYSTEMS= e.g. tinker_atropos,sf_appo_sync,sf_appo_async,sb3_ppo or tinker_atropos@OTHER_CONFIG)
 	$(PY) -m pip install --quiet -e '.[dev,smollm2,export,sb3,video,wandb,bench]'
 	$(PY) -m bench learn $(or $(CONFIG),configs/humanoid.yaml) --minutes $(or $(MINUTES),20) --seeds $(or $(SEEDS),1) --systems '$(SYSTEMS)' --out bench/out
 

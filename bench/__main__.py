@@ -82,8 +82,8 @@ def learn(
     systems: Annotated[
         str,
         typer.Option(
-            help="Comma-separated: tinker_atropos, sb3_ppo, sb3_sac, sf_appo_sync, sf_appo_async. Default: ours and SB3 running the config's "
-            "algorithm (SAC for sac, PPO otherwise)."
+            help="Comma-separated: tinker_atropos, sb3_ppo, sb3_sac, sf_appo_sync, sf_appo_async, and tinker_atropos@CONFIG "
+            "(ours with another config). Default: ours and SB3 running the config's algorithm (SAC for sac, PPO otherwise)."
         ),
     ] = "",
 ) -> None:

@@ -7,7 +7,8 @@ so that they never share the CPUs. SB3 runs the config's algorithm, set up as ou
 appo, SAC (``phases.sb3_sac``: same network, batch, buffer and update-to-data ratio) for sac. Sample Factory's
 APPO (``sf_appo_sync``, ``sf_appo_async``: its ``async_rl`` off, as its tuned MuJoCo defaults, and on) runs
 from its own venv (``bench/.venv-sf``, made by ``make bench-learn``) with those defaults and the config's
-instance count.
+instance count. ``tinker_atropos@CONFIG`` runs ours once more with another config (another algorithm on the
+same task, e.g. ``tinker_atropos@configs/humanoid.yaml`` beside an APPO config), with the same seeds and budget.
 """
 
 from __future__ import annotations
@@ -30,11 +31,12 @@ from rich.table import Table
 from bench import report
 from bench.phases import sb3_ppo, sb3_sac
 from bench.throughput import STEP_CONVENTION
-from tinker_atropos.config import Config
+from tinker_atropos.config import Config, load_config
 from tinker_atropos.launcher.progress import RETURN_WINDOW
 from tinker_atropos.runtime import child_preexec
 
 SYSTEMS = ("tinker_atropos", "sb3_ppo", "sb3_sac", "sf_appo_sync", "sf_appo_async")
+OURS_WITH = "tinker_atropos@"  # + a config path: ours with that config, beside the benchmark's own
 SB3_BUILDERS = {"sb3_ppo": sb3_ppo, "sb3_sac": sb3_sac}
 SF_PYTHON = Path(__file__).resolve().parent / ".venv-sf" / "bin" / "python"
 # Sample Factory 2.1.1 pins gymnasium 0.29, whose MuJoCo tasks are v4: our env id's name -> its env name
@@ -59,9 +61,14 @@ class LearnOptions:
     systems: tuple[str, ...] | None = None  # None: ours and the config's SB3 peer (``sb3_peer``)
 
     def __post_init__(self) -> None:
-        unknown = set(self.systems or ()) - set(SYSTEMS)
+        unknown = {s for s in self.systems or () if s not in SYSTEMS and not s.startswith(OURS_WITH)}
         if unknown:
-            raise ValueError(f"unknown systems {sorted(unknown)}; allowed: {', '.join(SYSTEMS)}")
+            raise ValueError(
+                f"unknown systems {sorted(unknown)}; allowed: {', '.join(SYSTEMS)}, {OURS_WITH}CONFIG"
+            )
+        for system in self.systems or ():
+            if system.startswith(OURS_WITH):
+                load_config(system[len(OURS_WITH) :])  # a missing or bad config now, not an hour in
 
 
 def _point(
@@ -244,14 +251,15 @@ def run_learning_benchmark(config: Config, options: LearnOptions, console: Conso
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench-learn-", dir=options.out) as scratch:
         for k in range(options.seeds):
-            cfg = config.model_copy(deep=True)
-            cfg.run.seed = config.run.seed + k
-            cfg.run.report_interval_s = options.report_interval_s
             for name in runs:
+                base = load_config(name[len(OURS_WITH) :]) if name.startswith(OURS_WITH) else config
+                cfg = base.model_copy(deep=True)
+                cfg.run.seed = config.run.seed + k
+                cfg.run.report_interval_s = options.report_interval_s
                 console.print(f"[bold]{name}[/] seed {cfg.run.seed}: {options.budget_s:g} s of wall time")
-                work_dir = Path(scratch) / f"{name}-seed{cfg.run.seed}"
+                work_dir = Path(scratch) / f"{name.replace('/', '_')}-seed{cfg.run.seed}"
                 try:
-                    if name == "tinker_atropos":
+                    if name == "tinker_atropos" or name.startswith(OURS_WITH):
                         curve = ours(cfg, options.budget_s, work_dir)
                     elif name.startswith("sf_"):
                         curve = sample_factory(

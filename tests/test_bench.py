@@ -251,3 +251,21 @@ def test_sample_factory_gets_one_worker_per_core_and_an_even_count_per_worker() 
     assert sf_workers(4, 3) == (2, 2)
     with pytest.raises(ValueError, match="even instance count per worker"):
         sf_workers(3, 2)
+
+
+def test_the_learning_benchmark_refuses_an_unknown_system_and_a_bad_second_config_before_running(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(ValueError, match=r"unknown systems \['sb3_dqn'\]; allowed: .*tinker_atropos@CONFIG"):
+        LearnOptions(budget_s=60, seeds=1, out=tmp_path, systems=("tinker_atropos", "sb3_dqn"))
+    with pytest.raises(ValueError, match="cannot read config"):
+        LearnOptions(
+            budget_s=60, seeds=1, out=tmp_path, systems=(f"tinker_atropos@{tmp_path / 'none.yaml'}",)
+        )
+    (tmp_path / "bad.yaml").write_text("trainer:\n  algorithm: dqn\n")
+    with pytest.raises(ValueError, match="trainer.algorithm"):
+        LearnOptions(budget_s=60, seeds=1, out=tmp_path, systems=(f"tinker_atropos@{tmp_path / 'bad.yaml'}",))
+    options = LearnOptions(
+        budget_s=60, seeds=1, out=tmp_path, systems=("tinker_atropos", "tinker_atropos@configs/humanoid.yaml")
+    )
+    assert options.systems == ("tinker_atropos", "tinker_atropos@configs/humanoid.yaml")
