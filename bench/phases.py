@@ -55,6 +55,8 @@ class Timing:
     warmup_s: float
     window_s: float
     rounds: int = 1
+    # the trainer figures' run-in: the trainer's busy window, so no pause falls inside the fractions read
+    figures_run_in_s: float = BUSY_WINDOW_S
 
     @property
     def slice_s(self) -> float:
@@ -268,10 +270,10 @@ class TrainMeter(ServicesMeter):
     def figures(self, timing: Timing) -> dict[str, Any]:
         """Trainer busy fraction and policy lag (sampled each second from the registry), CPU seconds per
         service and the env steps/s, over ``window_s`` after ``warmup_s``; the run-in outlasts the trainer's
-        busy window, so none of the pauses falls inside the fractions read."""
+        busy window (``Timing.figures_run_in_s``), so none of the pauses falls inside the fractions read."""
         self.resume()
         try:
-            time.sleep(max(timing.warmup_s, BUSY_WINDOW_S))
+            time.sleep(max(timing.warmup_s, timing.figures_run_in_s))
             pids = {c.name: c.process.pid for c in self._children if c.process is not None}
             cpu_start = {name: _cpu_seconds(pid) for name, pid in pids.items()}
             start, steps_start, samples = time.monotonic(), self._steps(), []

@@ -20,7 +20,6 @@ from rich.console import Console
 
 from bench import phases, report
 from tinker_atropos.config import Config
-from tinker_atropos.trainer.metrics import BUSY_WINDOW_S
 
 ALL_PHASES = (
     "raw",
@@ -156,7 +155,7 @@ def _interleaved_slices(
         if not isinstance(train, phases.TrainMeter):
             return slices, None
         console.print(
-            f"[bold]trainer figures[/]: {max(timing.warmup_s, BUSY_WINDOW_S):g}s run-in, "
+            f"[bold]trainer figures[/]: {max(timing.warmup_s, timing.figures_run_in_s):g}s run-in, "
             f"{timing.window_s:g}s window, nothing paused"
         )
         return slices, train.figures(timing)

@@ -35,7 +35,8 @@ def test_a_tiny_benchmark_writes_every_key_and_nulls_the_phases_not_run(tmp_path
     )
     options = BenchOptions(
         phases=("raw", "collect", "collect_grpc", "collect_grpc_secure", "train", "train_secure"),
-        timing=Timing(warmup_s=1.0, window_s=2.0, rounds=2),  # 1 s slices: the keys, not the figures
+        # 1 s slices and a short run-in before the trainer figures: the keys, not the figures
+        timing=Timing(warmup_s=1.0, window_s=2.0, rounds=2, figures_run_in_s=1.0),
         out=tmp_path,
     )
 

@@ -367,15 +367,60 @@ def _nested(item: Any, *prefix: str) -> InitErrorDetails:
     return _error(item["type"], "", message, item["input"]) | {"loc": (*prefix, *item["loc"])}
 
 
+class AtroposSection(Section):
+    enabled: bool = Field(
+        False, description="`up` starts the Atropos trajectory API service (`tinker-atropos atropos-api`)."
+    )
+    host: str = Field("127.0.0.1", description="Address the trajectory API binds.")
+    port: int = Field(
+        8000,
+        ge=0,
+        le=65535,
+        description="Its port (atroposlib's default URL is http://localhost:8000); 0: a free one.",
+    )
+    max_queue_sequences: int = Field(
+        65536,
+        ge=1,
+        description="Sequences queued or buffered at most; a group past it is refused with 503 and Retry-After "
+        "(environments retry, then drop it), counted as groups_refused_full.",
+    )
+    dedup_window: int = Field(
+        4096,
+        ge=1,
+        description="A post whose group is one of the latest this many is a retry: answered, not queued twice.",
+    )
+    api_keys_file: str | None = Field(
+        None,
+        description="File of allowed API keys, one per line, sent as X-API-Key; null: no key asked "
+        "(atroposlib's environments send none: set one behind a proxy that adds it).",
+    )
+    max_request_mb: float = Field(
+        64.0,
+        gt=0,
+        description="Largest request body (MiB, once inflated if gzip); a larger one is answered 413.",
+    )
+
+
 class Config(Section):
     run: RunSection = Field(default_factory=RunSection)
     redis: RedisSection = Field(default_factory=RedisSection)
     env: EnvSection = Field(default_factory=EnvSection)
     rollout: RolloutSection = Field(default_factory=RolloutSection)
     trainer: TrainerSection = Field(default_factory=TrainerSection)
+    atropos: AtroposSection = Field(default_factory=AtroposSection)
 
     @model_validator(mode="after")
     def _something_to_learn_from(self) -> Config:
+        tinker, atropos = self.trainer.tinker, self.atropos
+        if (
+            tinker.enabled
+            and atropos.enabled
+            and atropos.port
+            and (tinker.host, tinker.port) == (atropos.host, atropos.port)
+        ):
+            raise ValueError(
+                f"trainer.tinker and atropos both bind {atropos.host}:{atropos.port}: give one another port"
+            )
         if not self.trainer.experience_loop and not self.trainer.tinker.enabled:
             raise ValueError("trainer.experience_loop is false and trainer.tinker.enabled is false: the trainer "
                              "would learn from nothing; enable one of them")  # fmt: skip

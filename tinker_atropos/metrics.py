@@ -25,6 +25,7 @@ GAUGES = frozenset({
     "instances", "free_instances", "sessions", "streams", "connected_sessions", "policy_version", "busy_fraction",
     "policy_lag_min", "policy_lag_mean", "policy_lag_max", "episode_return_mean", "losses", "policy_lag_counts",
     "eval_policy_version", "eval_return_mean", "eval_return_std",
+    "step", "queue_groups", "queue_sequences", "pending_batches", "envs_registered", "envs_connected",
 })  # fmt: skip
 MAP_LABELS = {"losses": "loss", "records_rejected": "reason", "policy_lag_counts": "lag"}
 

@@ -201,7 +201,8 @@ class _StatusServicer(services_pb2_grpc.StatusServicer):
 
 
 # eval_env: an env service that only the trainer's periodic evaluation uses (``env --role eval``)
-_STATUS_FIELDS = {"env": "environment", "eval_env": "environment", "rollout": "rollout", "trainer": "trainer"}
+_STATUS_FIELDS = {"env": "environment", "eval_env": "environment", "rollout": "rollout", "trainer": "trainer",
+                  "atropos_api": "atropos_api"}  # fmt: skip
 
 
 class ServiceHost:

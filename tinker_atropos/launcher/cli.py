@@ -1,5 +1,5 @@
 """The ``tinker-atropos`` command: run the whole system locally (``up``) or one service (``env``, ``rollout``,
-``trainer``) as a container or another machine would, look at a run (``status``, ``health``) and at its
+``trainer``, ``atropos-api``) as a container or another machine would, look at a run (``status``, ``health``) and at its
 policy (``eval``, ``export``)."""
 
 from __future__ import annotations
@@ -234,6 +234,26 @@ def trainer(
     if cfg.trainer.tinker.enabled:  # its HTTP port is exposed as much as the gRPC one
         _serve_check(cfg.trainer.tinker.host, insecure)
     _serve(serve, insecure, cfg, _redis_url(cfg, redis_url), endpoint, run_dir or Path("runs") / cfg.run.name)
+
+
+@app.command("atropos-api")
+def atropos_api(
+    config: ConfigOpt,
+    redis_url: RedisOpt = None,
+    host: HostOpt = "127.0.0.1",
+    port: PortOpt = 50054,
+    advertise_host: AdvertiseOpt = None,
+    name: NameOpt = None,
+    metrics_port: MetricsPortOpt = None,
+    insecure: InsecureOpt = False,
+) -> None:
+    """Run the Atropos trajectory API (HTTP on atropos.host:atropos.port; health and status on the gRPC port)."""
+    from tinker_atropos.frontends.atropos.service import serve
+
+    cfg = read_config(config)
+    _serve_check(cfg.atropos.host, insecure)  # its HTTP port is exposed as much as the gRPC one
+    endpoint = _endpoint(host, port, advertise_host, name, metrics_port)
+    _serve(serve, insecure, cfg, _redis_url(cfg, redis_url), endpoint)
 
 
 @app.command()

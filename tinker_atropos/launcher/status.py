@@ -58,6 +58,17 @@ SHOWN_FIGURES = {
         "eval_policy_version",
         "eval_return_mean",
     ),
+    "atropos_api": (
+        "url",
+        "step",
+        "queue_groups",
+        "queue_sequences",
+        "envs_connected",
+        "groups_received",
+        "groups_refused_full",
+        "groups_duplicate",
+        "batches_served",
+    ),
 }
 SHOWN_FIGURES["eval_env"] = SHOWN_FIGURES["env"]
 

@@ -72,6 +72,8 @@ def service_children(
     evaluation = config.trainer.evaluation
     if evaluation.every_updates:
         names.append(("env", "env-eval"))
+    if config.atropos.enabled:
+        names.append(("atropos-api", "atropos-api"))
     children = []
     for kind, name in names:
         extra = ["--run-dir", str(run_dir)] if kind == "trainer" else []

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import json
 import time
 from collections.abc import Awaitable, Callable
@@ -16,9 +15,9 @@ from typing import Any
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from tinker import types
 
+from tinker_atropos.frontends.http import APIKeys, BodyLimit
 from tinker_atropos.frontends.tinker import registry, wire
 from tinker_atropos.frontends.tinker.store import PENDING, Store
 from tinker_atropos.frontends.tinker.worker import Worker
@@ -47,60 +46,6 @@ class Waiters:
             loop.call_soon_threadsafe(event.set)
 
 
-class APIKeys:
-    """401 for any request without an allowed ``X-API-Key``, before routing. A plain ASGI middleware:
-    Starlette's BaseHTTPMiddleware costs a task and a stream per request."""
-
-    def __init__(self, app: ASGIApp, keys: list[bytes]) -> None:
-        self.app, self.keys = app, keys
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        given = next((value for name, value in scope["headers"] if name == b"x-api-key"), b"")
-        if any(hmac.compare_digest(given, key) for key in self.keys):
-            return await self.app(scope, receive, send)
-        reason = "an X-API-Key header is required" if not given else "the API key is not allowed here"
-        await JSONResponse({"detail": reason}, status_code=401)(scope, receive, send)
-
-
-class _TooLarge(Exception):
-    pass
-
-
-class BodyLimit:
-    """413 for a request body over ``limit`` bytes, unread when its Content-Length says so, as soon as the
-    bound is passed for a chunked one: a client cannot make the trainer hold an unbounded body."""
-
-    def __init__(self, app: ASGIApp, limit: int) -> None:
-        self.app, self.limit = app, limit
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        declared = next((value for name, value in scope["headers"] if name == b"content-length"), b"0")
-        if declared.isdigit() and int(declared) > self.limit:
-            return await self._refuse(scope, receive, send)
-        received = 0
-
-        async def bounded() -> Message:
-            nonlocal received
-            message = await receive()
-            received += len(message.get("body", b""))
-            if received > self.limit:
-                raise _TooLarge
-            return message
-
-        try:
-            await self.app(scope, bounded, send)
-        except _TooLarge:  # raised while a route read its body, before it answered
-            await self._refuse(scope, receive, send)
-
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
-        detail = f"request bodies are limited to {self.limit} bytes (trainer.tinker.max_request_mb)"
-        await JSONResponse({"detail": detail}, status_code=413)(scope, receive, send)
-
-
 def _parse(model: type[BaseModel], body: bytes) -> Any:
     try:
         return model.model_validate_json(body)
@@ -116,7 +61,7 @@ def build_app(store: Store, worker: Worker, api_keys: list[str], capabilities: l
     app = FastAPI(title="tinker-atropos Tinker API", docs_url=None, redoc_url=None, openapi_url=None)
     waiters = Waiters()
     worker.on_done = waiters.done
-    app.add_middleware(BodyLimit, limit=max_request_bytes)
+    app.add_middleware(BodyLimit, limit=max_request_bytes, setting="trainer.tinker.max_request_mb")
     app.add_middleware(APIKeys, keys=[key.encode() for key in api_keys])  # outermost: keys checked first
 
     @app.exception_handler(HTTPError)

@@ -11,14 +11,16 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ServiceStatus(_message.Message):
-    __slots__ = ("environment", "rollout", "trainer")
+    __slots__ = ("environment", "rollout", "trainer", "atropos_api")
     ENVIRONMENT_FIELD_NUMBER: _ClassVar[int]
     ROLLOUT_FIELD_NUMBER: _ClassVar[int]
     TRAINER_FIELD_NUMBER: _ClassVar[int]
+    ATROPOS_API_FIELD_NUMBER: _ClassVar[int]
     environment: EnvironmentStatus
     rollout: RolloutStatus
     trainer: TrainerStatus
-    def __init__(self, environment: _Optional[_Union[EnvironmentStatus, _Mapping]] = ..., rollout: _Optional[_Union[RolloutStatus, _Mapping]] = ..., trainer: _Optional[_Union[TrainerStatus, _Mapping]] = ...) -> None: ...
+    atropos_api: AtroposApiStatus
+    def __init__(self, environment: _Optional[_Union[EnvironmentStatus, _Mapping]] = ..., rollout: _Optional[_Union[RolloutStatus, _Mapping]] = ..., trainer: _Optional[_Union[TrainerStatus, _Mapping]] = ..., atropos_api: _Optional[_Union[AtroposApiStatus, _Mapping]] = ...) -> None: ...
 
 class EnvironmentStatus(_message.Message):
     __slots__ = ("incarnation", "env_id", "instances", "free_instances", "sessions", "streams", "steps", "episodes", "episodes_cut_nonfinite", "bad_requests", "streams_refused", "streams_timed_out", "local_peers_refused")
@@ -134,3 +136,37 @@ class RolloutStatus(_message.Message):
     episode_return_mean: float
     sessions_lost: int
     def __init__(self, incarnation: _Optional[str] = ..., policy_version: _Optional[int] = ..., env_steps: _Optional[int] = ..., chunks_written: _Optional[int] = ..., partial_chunks_dropped: _Optional[int] = ..., connected_sessions: _Optional[int] = ..., episodes: _Optional[int] = ..., weights_rejected: _Optional[int] = ..., episode_return_mean: _Optional[float] = ..., sessions_lost: _Optional[int] = ...) -> None: ...
+
+class AtroposApiStatus(_message.Message):
+    __slots__ = ("incarnation", "url", "step", "queue_groups", "queue_sequences", "pending_batches", "envs_registered", "envs_connected", "groups_received", "groups_buffered", "groups_refused_full", "groups_duplicate", "batches_served", "sequences_served", "records_skipped")
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    URL_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
+    PENDING_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    ENVS_REGISTERED_FIELD_NUMBER: _ClassVar[int]
+    ENVS_CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_BUFFERED_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_REFUSED_FULL_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_SERVED_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCES_SERVED_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_SKIPPED_FIELD_NUMBER: _ClassVar[int]
+    incarnation: str
+    url: str
+    step: int
+    queue_groups: int
+    queue_sequences: int
+    pending_batches: int
+    envs_registered: int
+    envs_connected: int
+    groups_received: int
+    groups_buffered: int
+    groups_refused_full: int
+    groups_duplicate: int
+    batches_served: int
+    sequences_served: int
+    records_skipped: int
+    def __init__(self, incarnation: _Optional[str] = ..., url: _Optional[str] = ..., step: _Optional[int] = ..., queue_groups: _Optional[int] = ..., queue_sequences: _Optional[int] = ..., pending_batches: _Optional[int] = ..., envs_registered: _Optional[int] = ..., envs_connected: _Optional[int] = ..., groups_received: _Optional[int] = ..., groups_buffered: _Optional[int] = ..., groups_refused_full: _Optional[int] = ..., groups_duplicate: _Optional[int] = ..., batches_served: _Optional[int] = ..., sequences_served: _Optional[int] = ..., records_skipped: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,382 @@
+"""The Atropos trajectory API against atroposlib 0.4.0's own server: the packing maths on random queues, and the
+same scripted conversation (a trainer, three environments with weights, a minimum allocation, odd-sized groups,
+gzip posts) sent to both servers, answer for answer. Then what the reference loses and ours keeps: a SIGKILLed
+API service comes back with its queue and registrations, retried posts are not queued twice, a full queue refuses
+with 503 and keeps its memory bounded."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from atroposlib.api.utils import (
+    find_groups_summing_to_target,
+    grab_batch_with_minimum_allocations,
+    grab_exact_from_heterogeneous_queue,
+)
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.conftest import wait_for
+from tinker_atropos.frontends.atropos.packing import EnvEntry, Queued, next_batch, summing_to
+from tinker_atropos.runtime import child_preexec, free_port
+
+# ---------------------------------------------------------------------------------------------- the maths
+
+SIZES = st.sampled_from([1, 2, 4, 8])
+QUEUES = st.lists(st.tuples(SIZES, st.sampled_from([0, 1, 2, None])), max_size=40)
+
+
+def _envs(allocations: list[float | None], connected: list[bool]) -> list[EnvEntry]:
+    return [EnvEntry(512, 1.0, f"e{i}", f"e{i}_0", i, 0.0, c, a, 4)
+            for i, (a, c) in enumerate(zip(allocations, connected, strict=True))]  # fmt: skip
+
+
+def _reference_batches(queue: list[dict[str, Any]], batch_size: int, envs: list[EnvEntry]) -> list[list[int]]:
+    """Every batch the reference forms from ``queue`` at one /batch call, as indices into the original queue."""
+    configs = [vars(e) for e in envs]
+    allocating = any(e.min_batch_allocation is not None for e in envs)
+    batches, rest = [], list(queue)
+    while True:
+        if allocating:
+            batch, rest = grab_batch_with_minimum_allocations(rest, batch_size, configs)
+        else:
+            batch, rest = grab_exact_from_heterogeneous_queue(rest, batch_size)
+        if batch is None:
+            return batches
+        batches.append([g["index"] for g in batch])
+
+
+def _our_batches(
+    queue: list[tuple[int, int | None]], batch_size: int, envs: list[EnvEntry]
+) -> list[list[int]]:
+    batches, rest = [], list(enumerate(queue))
+    while (chosen := next_batch([Queued(s, e) for _, (s, e) in rest], batch_size, envs)) is not None:
+        batches.append([rest[i][0] for i in chosen])
+        rest = [item for i, item in enumerate(rest) if i not in set(chosen)]
+    return batches
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    queue=QUEUES,
+    batch_size=st.sampled_from([4, 8, 16]),
+    allocations=st.lists(st.sampled_from([None, None, 0.25, 0.5, 0.75]), min_size=3, max_size=3),
+    connected=st.lists(st.booleans(), min_size=3, max_size=3),
+)
+def test_batches_are_the_references_on_random_queues(
+    queue: list[tuple[int, int | None]],
+    batch_size: int,
+    allocations: list[float | None],
+    connected: list[bool],
+) -> None:
+    envs = _envs(allocations, connected)
+    reference_queue = [{"tokens": [[0]] * s, "env_id": e, "index": i} for i, (s, e) in enumerate(queue)]
+    assert _our_batches(queue, batch_size, envs) == _reference_batches(reference_queue, batch_size, envs)
+
+
+@settings(max_examples=300, deadline=None)
+@given(sizes=st.lists(st.integers(1, 8), max_size=12), target=st.integers(1, 16))
+def test_odd_sized_groups_combine_as_the_references(sizes: list[int], target: int) -> None:
+    assert summing_to(sizes, target) == find_groups_summing_to_target(
+        [{"tokens": [[0]] * s} for s in sizes], target
+    )
+
+
+# ------------------------------------------------------------------------------------- the two servers
+
+
+def _group(env_id: int | None, size: int, seed: int, **extra: Any) -> dict[str, Any]:
+    """A scored group whose content is unique to ``seed``."""
+    tokens = [[seed, k, *range(k + 3)] for k in range(size)]
+    return {"tokens": tokens, "masks": [[-100] + t[1:] for t in tokens],
+            "scores": [float((seed + k) % 3) for k in range(size)], "env_id": env_id, **extra}  # fmt: skip
+
+
+def _wait_up(url: str, process: subprocess.Popen, log: Path) -> None:
+    def answers() -> bool:
+        assert process.poll() is None, log.read_text()[-3000:]
+        try:
+            return httpx.get(url + "/", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_for(answers, 60, f"the API at {url}")
+
+
+def _start(command: list[str], log: Path) -> subprocess.Popen:
+    with open(log, "w") as out:
+        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                preexec_fn=child_preexec, cwd=Path(__file__).resolve().parents[1])  # fmt: skip
+
+
+def _stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _config(tmp_path: Path, port: int, **atropos: Any) -> Path:
+    path = tmp_path / "atropos.yaml"
+    path.write_text(yaml.safe_dump({"run": {"name": "atropos-test"}, "atropos": {"port": port, **atropos}}))
+    return path
+
+
+def start_ours(
+    tmp_path: Path, redis_url: str, port: int, name: str = "ours", **atropos: Any
+) -> subprocess.Popen:
+    command = [sys.executable, "-m", "tinker_atropos", "atropos-api", "--config", str(_config(tmp_path, port, **atropos)),
+               "--redis-url", redis_url, "--port", "0"]  # fmt: skip
+    process = _start(command, tmp_path / f"{name}.log")
+    _wait_up(f"http://127.0.0.1:{port}", process, tmp_path / f"{name}.log")
+    return process
+
+
+class Conversation:
+    """Sends each request to every server and keeps their answers side by side."""
+
+    def __init__(self, urls: dict[str, str]) -> None:
+        self.clients = {name: httpx.Client(base_url=url, timeout=30) for name, url in urls.items()}
+        self.answers: list[tuple[str, dict[str, Any]]] = []
+
+    def send(
+        self, method: str, path: str, body: Any = None, gzipped: bool = False, compare: bool = True
+    ) -> Any:
+        answers = {}
+        for name, client in self.clients.items():
+            if gzipped:
+                data = gzip.compress(json.dumps(body).encode())
+                headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
+                response = client.request(method, path, content=data, headers=headers)
+            else:
+                response = client.request(method, path, json=body)
+            assert response.status_code == 200, (name, path, response.text)
+            answers[name] = response.json() if "json" in response.headers["content-type"] else response.text
+        if compare:
+            self.answers.append((f"{method} {path}", answers))
+        return answers
+
+    def close(self) -> None:
+        for client in self.clients.values():
+            client.close()
+
+
+def script(c: Conversation) -> None:
+    """Registrations, odd and even groups, weights, a minimum allocation, gzip, batches and statuses."""
+    c.send("GET", "/info")
+    c.send("GET", "/wandb_info")
+    c.send("GET", "/status")
+    c.send("GET", "/batch")  # before any trainer registered
+    c.send(
+        "POST",
+        "/register",
+        {
+            "wandb_group": "g",
+            "wandb_project": "p",
+            "batch_size": 16,
+            "max_token_len": 512,
+            "checkpoint_dir": "/ckpt",
+            "save_checkpoint_interval": 10,
+            "starting_step": 0,
+            "num_steps": 100,
+        },
+        compare=False,
+    )  # fmt: skip  (a random id)
+    c.send(
+        "POST",
+        "/register-env",
+        {"max_token_length": 512, "desired_name": "math", "weight": 1.0, "group_size": 4},
+    )
+    c.send("GET", "/batch")  # the trainer starts
+    c.send("GET", "/info")
+    c.send("GET", "/wandb_info")
+    for env in ({"max_token_length": 512, "desired_name": "math", "weight": 1.0, "group_size": 4},
+                {"max_token_length": 1024, "desired_name": "code", "weight": 2.0, "group_size": 2},
+                {"max_token_length": 256, "desired_name": "math", "weight": 0.5, "group_size": 8}):  # fmt: skip
+        c.send("POST", "/register-env", env)
+    seed = 0
+
+    def post(env_id: int | None, size: int, **extra: Any) -> None:
+        nonlocal seed
+        seed += 1
+        c.send("POST", "/scored_data", _group(env_id, size, seed, **extra), gzipped=seed % 3 == 0)
+
+    for env_id, size in ((0, 4), (1, 2), (0, 4), (2, 8), (1, 2), (1, 2), (0, 3), (0, 1), (2, 4), (0, 4)):
+        post(env_id, size)
+    for env_id in (0, 1, 2):
+        c.send("GET", "/status-env", {"env_id": env_id})
+    c.send("GET", "/status")
+    c.send("GET", "/latest_example")
+    for _ in range(3):
+        c.send("GET", "/batch")
+    c.send("GET", "/status")
+    seed += 1
+    c.send("POST", "/scored_data_list", [_group(1, 2, seed), _group(0, 2, seed + 1), _group(0, 2, seed + 2),
+                                         _group(2, 8, seed + 3), _group(None, 4, seed + 4)], gzipped=True)  # fmt: skip
+    seed += 5
+    for env_id in (0, 1, 2):
+        c.send("GET", "/status-env", {"env_id": env_id})
+    c.send("GET", "/batch")
+    c.send("POST", "/disconnect-env", {"env_id": 2})
+    c.send("POST", "/disconnect-env", {"env_id": 9})
+    # an env owed a quarter of every batch: the allocating packer from now on
+    c.send("POST", "/register-env", {"max_token_length": 512, "desired_name": "code", "weight": 1.0, "group_size": 2,
+                                     "min_batch_allocation": 0.25})  # fmt: skip
+    for env_id, size in ((0, 4), (0, 4), (3, 2), (1, 2), (3, 2), (0, 4), (3, 2), (0, 4), (1, 2), (3, 2)):
+        post(env_id, size)
+    for env_id in (0, 1, 3):
+        c.send("GET", "/status-env", {"env_id": env_id})
+    for _ in range(3):
+        c.send("GET", "/batch")
+    c.send("GET", "/status")
+    c.send("GET", "/latest_example")
+    post(0, 4, overrides=[{"set_advantage_to_zero": True}] * 4, group_overrides={"group_size": 4})
+    c.send("GET", "/batch")
+    c.send("GET", "/status")
+
+
+@pytest.mark.integration
+def test_our_answers_equal_the_reference_servers_request_for_request(
+    tmp_path: Path, valkey, redis_client
+) -> None:
+    reference_port, our_port = free_port(), free_port()
+    reference = _start([sys.executable, "-m", "atroposlib.cli.run_api", "--host", "127.0.0.1", "--port", str(reference_port)],
+                       tmp_path / "reference.log")  # fmt: skip
+    ours = None
+    try:
+        _wait_up(f"http://127.0.0.1:{reference_port}", reference, tmp_path / "reference.log")
+        ours = start_ours(tmp_path, valkey.url, our_port)
+        conversation = Conversation({"reference": f"http://127.0.0.1:{reference_port}",
+                                     "ours": f"http://127.0.0.1:{our_port}"})  # fmt: skip
+        try:
+            script(conversation)
+        finally:
+            conversation.close()
+    finally:
+        _stop(reference)
+        if ours is not None:
+            _stop(ours)
+    served = [
+        a for request, a in conversation.answers if request == "GET /batch" and a["reference"].get("batch")
+    ]
+    assert len(served) >= 4, "the script must make batches"
+    assert all(sum(len(g["tokens"]) for g in a["reference"]["batch"]) == 16 for a in served)
+    posts = [a["reference"] for request, a in conversation.answers if request == "POST /scored_data"]
+    assert {"status": "buffered", "buffer_size": 0} in posts and {"status": "buffered", "buffer_size": 4} in posts
+    for request, answers in conversation.answers:
+        assert answers["ours"] == answers["reference"], request
+
+
+# ------------------------------------------------------------------------------ what the reference loses
+
+
+def _seeds(batch: list[dict[str, Any]]) -> list[int]:
+    return [g["tokens"][0][0] for g in batch]
+
+
+@pytest.mark.integration
+def test_a_killed_api_service_comes_back_with_its_queue_registrations_and_formed_batches(
+    tmp_path: Path, valkey, redis_client
+) -> None:
+    """Every group posted is served exactly once across a SIGKILL, retried posts included."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    ours = start_ours(tmp_path, valkey.url, port)
+    served: list[int] = []
+    try:
+        with httpx.Client(base_url=url, timeout=30) as api:
+            api.post("/register", json={"wandb_group": "g", "wandb_project": "p", "batch_size": 8, "max_token_len": 64,
+                                        "checkpoint_dir": "", "save_checkpoint_interval": 0, "starting_step": 0,
+                                        "num_steps": 10})  # fmt: skip
+            assert api.get("/batch").json() == {"batch": None}
+            env = api.post("/register-env", json={"max_token_length": 64, "desired_name": "toy", "weight": 1.0,
+                                                  "group_size": 4}).json()  # fmt: skip
+            assert env["env_id"] == 0
+            for seed in range(1, 6):
+                assert api.post("/scored_data", json=_group(0, 4, seed)).json() == {"status": "received"}
+            served += _seeds(api.get("/batch").json()["batch"])  # two batches formed, the second served first
+            assert api.get("/status").json() == {"current_step": 2, "queue_size": 1}
+
+            ours.send_signal(signal.SIGKILL)
+            ours.wait()
+            ours = start_ours(tmp_path, valkey.url, port, name="ours-again")
+
+            assert api.get("/status").json() == {"current_step": 2, "queue_size": 1}
+            assert api.get("/info").json() == {"batch_size": 8, "max_token_len": 64}
+            assert api.request("GET", "/status-env", json={"env_id": 0}).json()["queue_size"] == 1  # no 500
+            for seed in (
+                5,
+                2,
+            ):  # an env retrying a post the dead server had taken: answered, not queued again
+                assert api.post("/scored_data", json=_group(0, 4, seed)).json() == {"status": "received"}
+            served += _seeds(api.get("/batch").json()["batch"])  # the batch formed before the kill
+            for seed in (6, 7, 8):
+                api.post("/scored_data", json=_group(0, 4, seed))
+            served += _seeds(api.get("/batch").json()["batch"])
+            served += _seeds(api.get("/batch").json()["batch"])
+            assert api.get("/batch").json() == {"batch": None}
+            figures = api.get("/healthz").json()
+    finally:
+        _stop(ours)
+    assert sorted(served) == list(range(1, 9)), served
+    assert (
+        figures["groups_duplicate"] == 2
+        and figures["groups_received"] == 8
+        and figures["batches_served"] == 4
+    )
+
+
+def _rss_kb(pid: int) -> int:
+    return int(next(line.split()[1] for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                    if line.startswith("VmRSS:")))  # fmt: skip
+
+
+@pytest.mark.integration
+def test_a_stalled_trainer_fills_the_bounded_queue_and_the_excess_is_refused_and_counted(
+    tmp_path: Path, valkey, redis_client
+) -> None:
+    port = free_port()
+    ours = start_ours(tmp_path, valkey.url, port, max_queue_sequences=64)
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as api:
+            api.post("/register", json={"wandb_group": "g", "wandb_project": "p", "batch_size": 8, "max_token_len": 64,
+                                        "checkpoint_dir": "", "save_checkpoint_interval": 0, "starting_step": 0,
+                                        "num_steps": 10})  # fmt: skip
+            api.get("/batch")
+            api.post(
+                "/register-env",
+                json={"max_token_length": 64, "desired_name": "toy", "weight": 1.0, "group_size": 4},
+            )
+            codes = [api.post("/scored_data", json=_group(0, 4, seed)).status_code for seed in range(1, 17)]
+            assert codes == [200] * 16  # 64 sequences: the bound
+            rss_full = _rss_kb(ours.pid)
+            refused = [api.post("/scored_data", json=_group(0, 4, seed)) for seed in range(100, 1600)]
+            assert {r.status_code for r in refused} == {503}
+            assert refused[0].headers["Retry-After"] == "1"
+            assert "atropos.max_queue_sequences" in refused[0].json()["detail"]
+            growth_kb = _rss_kb(ours.pid) - rss_full
+            figures = api.get("/healthz").json()
+            assert figures["groups_refused_full"] == 1500 and figures["queue_sequences"] == 64
+            # the trainer comes back: one batch served frees its 8 sequences; formed batches still count
+            batch = api.get("/batch").json()["batch"]
+            assert len(batch) == 2 and api.get("/status").json() == {"current_step": 8, "queue_size": 0}
+            codes = [
+                api.post("/scored_data", json=_group(0, 4, seed)).status_code for seed in (2000, 2001, 2002)
+            ]
+            assert codes == [200, 200, 503]
+    finally:
+        _stop(ours)
+    # 1,500 refused posts of ~250 bytes held would be ~0.4 MB; allow the allocator its noise, not a queue
+    assert growth_kb < 4096, growth_kb

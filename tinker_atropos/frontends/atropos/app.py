@@ -1,0 +1,180 @@
+"""The Atropos trajectory API over HTTP: atroposlib 0.4.0's routes, request and answer bodies (its environments
+and trainers call them unmodified), answered from ``TrajectoryStore``.
+
+Where it differs, it is on purpose: a full queue answers 503 with ``Retry-After`` (an atroposlib environment
+retries a 5xx, then drops the group with a log line: never a crash); ``/status-env`` for an env never registered
+is a 404 with a message instead of a 500; Redis away is a 503 and the state is read back from Redis when it
+returns; an optional ``X-API-Key``. Handlers run one at a time on the event loop (the store is not shared with
+any thread), which makes each request's change atomic in the mirror as in Redis.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import redis
+from fastapi import FastAPI, Request
+from fastapi.middleware.gzip import GZipMiddleware
+from fastapi.responses import JSONResponse, PlainTextResponse
+from pydantic import BaseModel, ConfigDict, field_validator
+
+from tinker_atropos.frontends.atropos.store import QueueFull, TrajectoryStore
+from tinker_atropos.frontends.http import APIKeys, BodyLimit, GzipRequests
+
+log = logging.getLogger(__name__)
+
+
+class Registration(BaseModel):
+    """A trainer's ``/register``."""
+
+    wandb_group: str
+    wandb_project: str
+    batch_size: int
+    max_token_len: int
+    checkpoint_dir: str
+    save_checkpoint_interval: int
+    starting_step: int
+    num_steps: int
+
+
+class RegisterEnv(BaseModel):
+    """An environment's ``/register-env``; ``min_batch_allocation`` is the share of each batch it is owed."""
+
+    max_token_length: int
+    desired_name: str
+    weight: float
+    group_size: int
+    min_batch_allocation: float | None = None
+
+
+class EnvIdentifier(BaseModel):
+    env_id: int
+
+
+class ScoredData(BaseModel):
+    """One scored group: a sequence per member (tokens, masks, score), and what a trainer may use besides."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    tokens: list[list[int]]
+    masks: list[list[int]]
+    scores: list[float]
+    advantages: list[list[float]] | None = None
+    ref_logprobs: list[list[float]] | None = None
+    messages: list[list[dict[str, Any]]] | None = None
+    generation_params: dict[str, Any] | None = None
+    inference_logprobs: list[list[float]] | None = None
+    overrides: list[dict[str, Any]] | None = None
+    group_overrides: dict[str, Any] | None = None
+    images: Any | None = None
+    env_id: int | None = None
+    distill_token_ids: list[list[list[int]]] | None = None  # [sequence][position][top k]
+    distill_logprobs: list[list[list[float]]] | None = None
+
+    @field_validator("messages")
+    @classmethod
+    def _roles_and_contents(cls, messages: list[list[dict[str, Any]]] | None) -> Any:
+        for conversation in messages or []:
+            for message in conversation:
+                if "role" not in message or "content" not in message:
+                    raise ValueError("Message must have 'role' and 'content' fields")
+        return messages
+
+
+def build_app(
+    store: TrajectoryStore, api_keys: list[str], max_request_bytes: int, retry_after_s: int = 1
+) -> FastAPI:
+    app = FastAPI(
+        title="tinker-atropos Atropos trajectory API", docs_url=None, redoc_url=None, openapi_url=None
+    )
+    app.add_middleware(GZipMiddleware, minimum_size=1000)  # batches are large: gzip answers to who accepts it
+    app.add_middleware(GzipRequests, limit=max_request_bytes, setting="atropos.max_request_mb")
+    app.add_middleware(BodyLimit, limit=max_request_bytes, setting="atropos.max_request_mb")
+    if api_keys:
+        app.add_middleware(
+            APIKeys, keys=[k.encode() for k in api_keys], open_paths=frozenset({"/", "/healthz"})
+        )
+
+    @app.exception_handler(redis.RedisError)
+    async def redis_away(request: Request, error: redis.RedisError) -> JSONResponse:
+        store.stale = (
+            True  # a write may have failed half-way in the mirror: read Redis back before the next one
+        )
+        log.warning("Redis unavailable during %s: %s", request.url.path, error)
+        return JSONResponse({"detail": f"the state store (Redis) is unavailable: {error}"}, status_code=503,
+                            headers={"Retry-After": str(retry_after_s)})  # fmt: skip
+
+    @app.exception_handler(QueueFull)
+    async def queue_full(request: Request, error: QueueFull) -> JSONResponse:
+        return JSONResponse(
+            {"detail": str(error)}, status_code=503, headers={"Retry-After": str(retry_after_s)}
+        )
+
+    @app.get("/")
+    async def root() -> dict[str, str]:
+        return {"message": "AtroposLib API"}
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, Any]:
+        return {"status": "ok", **store.figures()}
+
+    @app.post("/register")
+    async def register(registration: Registration) -> dict[str, Any]:
+        return store.register(registration.model_dump())
+
+    @app.post("/register-env")
+    async def register_env(fields: RegisterEnv) -> dict[str, Any]:
+        return store.register_env(fields.model_dump())
+
+    @app.post("/disconnect-env")
+    async def disconnect_env(env: EnvIdentifier) -> dict[str, Any]:
+        return store.disconnect_env(env.env_id)
+
+    @app.get("/wandb_info")
+    async def wandb_info() -> dict[str, Any]:
+        return store.wandb_info()
+
+    @app.get("/info")
+    async def info() -> dict[str, Any]:
+        return store.info()
+
+    @app.get("/batch")
+    async def batch() -> dict[str, Any]:
+        return store.batch()
+
+    @app.get("/latest_example")
+    async def latest_example() -> Any:
+        return store.latest_example()
+
+    @app.post("/scored_data")
+    async def scored_data(group: ScoredData) -> dict[str, Any]:
+        return store.post([group.model_dump()])[0]
+
+    @app.post("/scored_data_list")
+    async def scored_data_list(groups: list[ScoredData]) -> dict[str, Any]:
+        answers = store.post([g.model_dump() for g in groups])
+        buffered = [a for a in answers if a["status"] == "buffered"]
+        answer: dict[str, Any] = {"status": "received", "groups_processed": len(groups)}
+        if buffered:
+            answer |= {"buffered": len(buffered), "last_buffer_size": buffered[-1]["buffer_size"]}
+        return answer
+
+    @app.get("/status")
+    async def status() -> dict[str, Any]:
+        return store.status()
+
+    @app.get("/status-env")
+    async def status_env(env: EnvIdentifier) -> Any:  # a GET with a JSON body, as atroposlib sends it
+        answer = store.status_env(env.env_id)
+        if answer is None:
+            return JSONResponse({"detail": f"env_id {env.env_id} is not registered (POST /register-env)"},
+                                status_code=404)  # fmt: skip
+        return answer
+
+    @app.get("/reset_data")
+    async def reset_data() -> PlainTextResponse:
+        store.reset()
+        return PlainTextResponse("Reset successful")
+
+    return app
