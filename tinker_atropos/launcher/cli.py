@@ -246,11 +246,23 @@ def atropos_api(
     name: NameOpt = None,
     metrics_port: MetricsPortOpt = None,
     insecure: InsecureOpt = False,
+    http_host: Annotated[
+        str | None,
+        typer.Option(envvar="TA_ATROPOS_HOST", help="Address of the HTTP API; overrides atropos.host."),
+    ] = None,
+    http_port: Annotated[
+        int | None,
+        typer.Option(
+            envvar="TA_ATROPOS_PORT", min=0, max=65535, help="Port of the HTTP API; overrides atropos.port."
+        ),
+    ] = None,
 ) -> None:
     """Run the Atropos trajectory API (HTTP on atropos.host:atropos.port; health and status on the gRPC port)."""
     from tinker_atropos.frontends.atropos.service import serve
 
     cfg = read_config(config)
+    cfg.atropos.host = http_host if http_host is not None else cfg.atropos.host
+    cfg.atropos.port = http_port if http_port is not None else cfg.atropos.port
     _serve_check(cfg.atropos.host, insecure)  # its HTTP port is exposed as much as the gRPC one
     endpoint = _endpoint(host, port, advertise_host, name, metrics_port)
     _serve(serve, insecure, cfg, _redis_url(cfg, redis_url), endpoint)
