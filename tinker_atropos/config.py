@@ -252,6 +252,39 @@ class TinkerSection(Section):
     )
 
 
+class AtroposTrainerSection(Section):
+    enabled: bool = Field(
+        False,
+        description="Learn from an Atropos trajectory API's batches (ours or atroposlib's run-api) on the tiny "
+        "language model, and serve its weights to the environments for sampling.",
+    )
+    api_url: str | None = Field(
+        None,
+        description="Base URL of the trajectory API; null: the run's own atropos-api, found in the registry.",
+    )
+    batch_size: int = Field(
+        32, ge=1, description="Sequences per batch, registered with the API (environments read it)."
+    )
+    max_token_len: int = Field(256, ge=2, description="Longest sequence, registered with the API.")
+    num_steps: int = Field(
+        1000, ge=1, description="Training steps registered with the API (environments read it)."
+    )
+    loss: Literal["importance_sampling", "ppo"] = Field(
+        "importance_sampling", description="Tinker loss over the group-relative advantages."
+    )
+    learning_rate: float = Field(3e-3, gt=0, description="AdamW step size.")
+    lora_rank: int = Field(0, ge=0, description="LoRA rank on the tiny LM; 0 trains every parameter.")
+    inference_host: str = Field(
+        "127.0.0.1", description="Address of the inference endpoint the environments sample from."
+    )
+    inference_port: int = Field(
+        8001,
+        ge=0,
+        le=65535,
+        description="Its port (OpenAI /v1/completions, /v1/chat/completions, SGLang /generate); 0: a free one.",
+    )
+
+
 class TrainerSection(Section):
     algorithm: str = Field(
         "ppo",
@@ -288,6 +321,7 @@ class TrainerSection(Section):
     wandb: WandbSection = Field(default_factory=WandbSection)
     evaluation: EvaluationSection = Field(default_factory=EvaluationSection)
     tinker: TinkerSection = Field(default_factory=TinkerSection)
+    atropos: AtroposTrainerSection = Field(default_factory=AtroposTrainerSection)
     model: ModelSection = Field(default_factory=ModelSection)
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
     # The algorithm's own section, validated by the model it registered; written as ``trainer.<algorithm>``.
@@ -421,9 +455,12 @@ class Config(Section):
             raise ValueError(
                 f"trainer.tinker and atropos both bind {atropos.host}:{atropos.port}: give one another port"
             )
-        if not self.trainer.experience_loop and not self.trainer.tinker.enabled:
-            raise ValueError("trainer.experience_loop is false and trainer.tinker.enabled is false: the trainer "
-                             "would learn from nothing; enable one of them")  # fmt: skip
+        if not (self.trainer.experience_loop or self.trainer.tinker.enabled or self.trainer.atropos.enabled):
+            raise ValueError("trainer.experience_loop, trainer.tinker.enabled and trainer.atropos.enabled are all "
+                             "false: the trainer would learn from nothing; enable one of them")  # fmt: skip
+        if self.trainer.experience_loop and self.trainer.atropos.enabled:
+            raise ValueError("trainer.atropos.enabled learns a language model from an Atropos API, "
+                             "trainer.experience_loop a policy from the env services: set experience_loop false")  # fmt: skip
         if self.trainer.wandb.enabled and not self.trainer.tensorboard:
             raise ValueError("trainer.wandb.enabled needs trainer.tensorboard: W&B mirrors its event files")
         return self

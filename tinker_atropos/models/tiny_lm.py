@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 import torch
@@ -30,6 +31,43 @@ class ByteTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         """Special tokens are skipped; bytes that are not valid UTF-8 (a sample cut mid-character) become U+FFFD."""
         return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+    def save_pretrained(self, directory: str | Path) -> Path:
+        """The same tokenizer as a Hugging Face tokenizer folder, for programs that load one by path with
+        ``AutoTokenizer.from_pretrained`` (atroposlib's environments do): byte b is token b, ``<bos>`` 256,
+        ``<eos>`` 257, and a plain chat template. Built here, so nothing is downloaded."""
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+        from transformers import PreTrainedTokenizerFast
+
+        # GPT-2's printable stand-ins for bytes, which the ByteLevel pre-tokenizer maps each byte to
+        printable = {*range(33, 127), *range(161, 173), *range(174, 256)}
+        stand_ins, shifted = {}, 0
+        for byte in range(256):
+            if byte in printable:
+                stand_ins[byte] = chr(byte)
+            else:
+                stand_ins[byte], shifted = chr(256 + shifted), shifted + 1
+        vocab = {stand_ins[b]: b for b in range(256)} | {"<bos>": self.bos_id, "<eos>": self.eos_id}
+        tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+        tokenizer.decoder = decoders.ByteLevel()
+        tokenizer.add_special_tokens(["<bos>", "<eos>"])
+        fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<bos>", eos_token="<eos>")
+        fast.chat_template = CHAT_TEMPLATE
+        fast.save_pretrained(str(directory))
+        return Path(directory)
+
+
+def chat_prompt(messages: Sequence[tuple[str, str]]) -> str:
+    """A conversation as the tiny LM's prompt: what ``CHAT_TEMPLATE`` renders with ``add_generation_prompt``."""
+    return "".join(f"{role}: {content}\n" for role, content in messages) + "assistant: "
+
+
+# role: content lines, then "assistant: " to prompt a reply
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant: {% endif %}"
+)
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,8 @@ def describe_env(client: redis.Redis, run: str, stop: threading.Event) -> EnvDes
 
 
 class TrainerService:
-    """The experience loop and, when enabled, the Tinker API: two front-ends of training in one process."""
+    """The experience loop, or the Atropos loop, and, when enabled, the Tinker API: front-ends of training in one
+    process."""
 
     def __init__(self, config: Config, client: redis.Redis, run_dir: Path, incarnation: str) -> None:
         self.incarnation = incarnation
@@ -55,9 +56,19 @@ class TrainerService:
             from tinker_atropos.frontends.tinker.server import TinkerAPI
 
             self.tinker = TinkerAPI(config, client, run_dir, runtime.resolve_device(config.trainer.device))
+        self.atropos = None
+        if config.trainer.atropos.enabled:
+            from tinker_atropos.trainer.atropos_loop import AtroposLoop
+
+            self.atropos = AtroposLoop(config, client, run_dir, runtime.resolve_device(config.trainer.device))
 
     def status(self) -> services_pb2.TrainerStatus:
-        status = self.loop.status() if self.loop else services_pb2.TrainerStatus(incarnation=self.incarnation)
+        if self.loop:
+            status = self.loop.status()
+        elif self.atropos:
+            status = self.atropos.status(self.incarnation)
+        else:
+            status = services_pb2.TrainerStatus(incarnation=self.incarnation)
         status.tinker_api = self.tinker.url if self.tinker else ""
         return status
 
@@ -68,6 +79,9 @@ class TrainerService:
         if self.tinker is not None:
             self.tinker.start(stop)
         try:
+            if self.atropos is not None:
+                self.atropos.run(stop)
+                return
             if self.loop is None:
                 stop.wait()
                 return

@@ -1,0 +1,63 @@
+"""The weights the inference endpoint samples with: a copy of the trainer's model, replaced whole after each
+optimizer step, so a request never sees a half-updated network and every sample names the policy version it
+came from."""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from tinker_atropos.models import tiny_lm
+
+
+@dataclass(frozen=True)
+class Completion:
+    tokens: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop" (end of sequence or a stop token/string) or "length"
+    policy_version: int
+
+
+class Sampler:
+    def __init__(self, model: tiny_lm.TinyCausalLM, version: int = 0) -> None:
+        self._lock = threading.Lock()
+        self._model, self.version = self._frozen(model), version
+        self.tokenizer = tiny_lm.ByteTokenizer()
+        self.max_seq_len = model.config.max_seq_len
+
+    @staticmethod
+    def _frozen(model: torch.nn.Module) -> torch.nn.Module:
+        frozen = copy.deepcopy(model).eval()
+        frozen.requires_grad_(False)
+        return frozen
+
+    def update(self, model: torch.nn.Module, version: int) -> None:
+        """Serve ``model``'s current weights (copied) as ``version`` from the next request on."""
+        frozen = self._frozen(model)
+        with self._lock:
+            self._model, self.version = frozen, version
+
+    def generate(self, prompt: Sequence[int], *, n: int, max_tokens: int, temperature: float, top_p: float,
+                 top_k: int, stop_tokens: Sequence[int], stop_strings: Sequence[str], seed: int | None) -> list[Completion]:  # fmt: skip
+        """``n`` continuations of ``prompt``; ValueError for a request the model cannot serve. A stop string
+        ends a completion where its text first contains it (included, as a stop token is)."""
+        with self._lock:
+            model, version = self._model, self.version
+        room = self.max_seq_len - len(prompt)
+        if room < 1:
+            raise ValueError(f"the prompt has {len(prompt)} tokens; the context is {self.max_seq_len}")
+        samples = tiny_lm.sample(model, prompt, max_tokens=min(max_tokens, room), temperature=temperature,
+                                 top_k=top_k, top_p=top_p, stop_tokens=stop_tokens, seed=seed, num_samples=n)  # fmt: skip
+        completions = []
+        for s in samples:
+            tokens, logprobs, reason = s.tokens, s.logprobs, s.stop_reason
+            for end in range(1, len(tokens) + 1) if stop_strings else ():
+                if any(stop in self.tokenizer.decode(tokens[:end]) for stop in stop_strings):
+                    tokens, logprobs, reason = tokens[:end], logprobs[:end], "stop"
+                    break
+            completions.append(Completion(tokens, logprobs, reason, version))
+        return completions

@@ -1,0 +1,195 @@
+"""The trainer as an Atropos trainer (``trainer.atropos.enabled``): it registers with a trajectory API (the run's
+``atropos-api``, or atroposlib's own ``run-api``), pulls its fixed-size batches, turns them into Tinker datums
+(``frontends/atropos/datums.py``: group-relative advantages, masks, behaviour log-probs) and learns with a Tinker
+loss on the tiny language model; after each optimizer step the inference endpoint samples with the new weights.
+
+Each scored sequence counts as an episode of the run (its score the return, its trained tokens the length) and
+its tokens as env steps, so ``up``'s progress, ``metrics.jsonl``, TensorBoard and ``status`` follow an Atropos run
+as they follow a control one. The model, its optimizer and the step are checkpointed to ``RUN_DIR/atropos``; a
+restarted trainer registers again with the step it reached.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import redis
+import torch
+import uvicorn
+
+from tinker_atropos.config import Config
+from tinker_atropos.frontends.atropos.datums import BatchError, batch_datums
+from tinker_atropos.frontends.inference.app import build_app
+from tinker_atropos.frontends.inference.sampler import Sampler
+from tinker_atropos.frontends.tinker.registry import TINY_LM, LanguageModel
+from tinker_atropos.frontends.tinker.worker import run_loss
+from tinker_atropos.protocol.v1 import services_pb2
+from tinker_atropos.runtime import FatalError
+from tinker_atropos.state import keys
+from tinker_atropos.state.experience import MAX_EPISODES_KEPT, add_stats
+from tinker_atropos.state.registry import live_services
+from tinker_atropos.trainer.core import AdamParams
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.1  # between two /batch calls that found no batch
+RETRY_S = 1.0  # after the API did not answer
+
+
+class AtroposLoop:
+    def __init__(self, config: Config, client: redis.Redis, run_dir: Path, device: torch.device) -> None:
+        self.section, self.client, self.run = config.trainer.atropos, client, config.run.name
+        self.checkpoint_every = config.trainer.checkpoint.every_updates
+        self.model = LanguageModel(TINY_LM, {"rank": self.section.lora_rank}, device)
+        self.folder = run_dir / "atropos"
+        self.step = 0
+        self.figures: dict[str, float] = {}
+        self.counters = {"sequences_trained": 0, "groups_skipped_equal": 0, "batches_malformed": 0}
+        self._restore()
+        self.sampler = Sampler(self.model.core.model, self.model.core.version)
+        app = build_app(self.sampler, TINY_LM)
+        self.server = uvicorn.Server(uvicorn.Config(app, host=self.section.inference_host, port=self.section.inference_port,
+                                                    log_level="warning", lifespan="off", access_log=False,
+                                                    timeout_graceful_shutdown=2))  # fmt: skip
+        self.inference_url = ""
+        self.api_url = ""
+
+    # state ------------------------------------------------------------------------------------------------
+    def _restore(self) -> None:
+        path = self.folder / "state.pt"
+        if path.exists():
+            state = torch.load(path, map_location=self.model.core.device, weights_only=False)
+            self.model.core.load_state_dict(state["core"])
+            self.step, self.counters = state["step"], state["counters"]
+            log.info(
+                "resumed the Atropos trainer at step %d (policy version %d)",
+                self.step,
+                self.model.core.version,
+            )
+
+    def _checkpoint(self) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        partial = self.folder / "state.pt.partial"
+        torch.save(
+            {"core": self.model.core.state_dict(), "step": self.step, "counters": self.counters}, partial
+        )
+        partial.replace(self.folder / "state.pt")
+
+    def status(self, incarnation: str) -> services_pb2.TrainerStatus:
+        return services_pb2.TrainerStatus(incarnation=incarnation, policy_version=self.model.core.version,
+                                          updates=self.step, losses=self.figures)  # fmt: skip
+
+    # the loop ---------------------------------------------------------------------------------------------
+    def _find_api(self, stop: threading.Event) -> str | None:
+        if self.section.api_url:
+            return self.section.api_url.rstrip("/")
+        while not stop.is_set():
+            apis = [s.figures.get("url") for s in live_services(self.client, self.run, "atropos_api")]
+            if url := next((u for u in apis if u), None):
+                return url
+            log.info("waiting for the run's atropos-api to register")
+            stop.wait(RETRY_S)
+        return None
+
+    def _register(self, http: httpx.Client, stop: threading.Event) -> bool:
+        body = {"wandb_group": self.run, "wandb_project": "tinker-atropos", "batch_size": self.section.batch_size,
+                "max_token_len": self.section.max_token_len, "checkpoint_dir": str(self.folder),
+                "save_checkpoint_interval": self.checkpoint_every, "starting_step": self.step,
+                "num_steps": self.section.num_steps}  # fmt: skip
+        while not stop.is_set():
+            try:
+                http.post("/register", json=body).raise_for_status()
+                return True
+            except httpx.HTTPError as error:
+                log.warning("cannot register with the trajectory API at %s: %s", self.api_url, error)
+                stop.wait(RETRY_S)
+        return False
+
+    def run(self, stop: threading.Event) -> None:
+        thread = threading.Thread(target=self.server.run, name="inference-http", daemon=True)
+        thread.start()
+        while not self.server.started and thread.is_alive() and not stop.is_set():
+            stop.wait(0.05)
+        if not self.server.started and not stop.is_set():
+            config = self.server.config
+            raise FatalError(f"the inference endpoint could not bind {config.host}:{config.port}")
+        try:
+            if self.server.started:
+                host, port = self.server.servers[0].sockets[0].getsockname()[:2]
+                self.inference_url = f"http://{host}:{port}"
+                log.info("inference endpoint at %s (OpenAI /v1, SGLang /generate)", self.inference_url)
+            self.api_url = self._find_api(stop) or ""
+            with httpx.Client(base_url=self.api_url, timeout=30) as http:
+                if self.api_url and self._register(http, stop):
+                    log.info("learning from the trajectory API at %s", self.api_url)
+                    self._learn(http, stop)
+        finally:
+            self._checkpoint()
+            self.server.should_exit = True
+            thread.join(timeout=10)
+
+    def _learn(self, http: httpx.Client, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                answer = http.get("/batch").json()
+            except (httpx.HTTPError, json.JSONDecodeError) as error:
+                log.warning("GET /batch failed (%s); retrying", error)
+                stop.wait(RETRY_S)
+                continue
+            batch = answer.get("batch") if isinstance(answer, dict) else None
+            if not batch:
+                stop.wait(POLL_S)
+                continue
+            self.learn(batch)
+
+    def learn(self, batch: list[dict[str, Any]]) -> None:
+        """One optimizer step on ``batch`` (a malformed one is skipped and counted), then serve the new weights."""
+        started = time.perf_counter()
+        try:
+            datums = batch_datums(batch)
+        except (BatchError, KeyError, TypeError, ValueError) as error:
+            self.counters["batches_malformed"] += 1
+            log.warning("skipped a malformed batch: %s", error)
+            return
+        self.counters["groups_skipped_equal"] += datums.groups_skipped_equal
+        core = self.model.core
+        if datums.data:
+            for (
+                datum
+            ) in datums.data:  # a sequence without behaviour log-probs: the current policy's (ratio 1)
+                if "logprobs" not in datum.inputs:
+                    outputs, _ = run_loss(self.model, [datum], "cross_entropy", {}, forward_only=True)
+                    datum.inputs["logprobs"] = outputs[0]["logprobs"].astype(np.float32)
+            _, metrics = run_loss(self.model, datums.data, self.section.loss, {}, forward_only=False)
+            core.optim_step(AdamParams(learning_rate=self.section.learning_rate, grad_clip_norm=1.0))
+            core.version += 1
+            self.sampler.update(core.model, core.version)
+            self.figures = {"loss": metrics["loss:sum"]}
+        self.step += 1
+        self.counters["sequences_trained"] += len(datums.data)
+        self.figures |= {"score_mean": float(np.mean(datums.scores)) if datums.scores else 0.0,
+                         "step_seconds": time.perf_counter() - started,
+                         **{k: float(v) for k, v in self.counters.items()}}  # fmt: skip
+        self._record_episodes(batch)
+        if self.checkpoint_every and self.step % self.checkpoint_every == 0:
+            self._checkpoint()
+
+    def _record_episodes(self, batch: list[dict[str, Any]]) -> None:
+        """Each sequence as an episode of the run (score, trained tokens), its tokens as env steps."""
+        episodes = []
+        for group in batch:
+            for score, mask in zip(group["scores"], group["masks"], strict=True):
+                episodes.append(json.dumps({"return": float(score), "length": sum(m != -100 for m in mask)}))
+        with self.client.pipeline(transaction=True) as pipe:
+            pipe.lpush(keys.episodes(self.run), *episodes)
+            pipe.ltrim(keys.episodes(self.run), 0, MAX_EPISODES_KEPT - 1)
+            pipe.execute()
+        tokens = sum(json.loads(e)["length"] for e in episodes)
+        add_stats(self.client, self.run, env_steps=tokens, episodes=len(episodes), chunks_consumed=1)
