@@ -102,7 +102,9 @@ class EnvSection(Section):
         le=256,
         description="Simulation threads per session ('mujoco' backend; MuJoCo releases the GIL).",
     )
-    services: int = Field(1, ge=1, le=256, description="Environment services that `up` starts.")
+    services: int = Field(
+        1, ge=0, le=256, description="Environment services that `up` starts (0: none, as in an Atropos run)."
+    )
     max_sessions: int | None = Field(
         None,
         ge=1,
@@ -140,7 +142,9 @@ class EnvSection(Section):
 
 
 class RolloutSection(Section):
-    replicas: int = Field(1, ge=1, le=256, description="Rollout services that `up` starts.")
+    replicas: int = Field(
+        1, ge=0, le=256, description="Rollout services that `up` starts (0: none, as in an Atropos run)."
+    )
     sessions_per_env: int = Field(
         1, ge=1, le=64, description="Streams opened on each env service; its instances are split among them."
     )
@@ -433,6 +437,24 @@ class AtroposSection(Section):
         gt=0,
         description="Largest request body (MiB, once inflated if gzip); a larger one is answered 413.",
     )
+    environments: list[list[str]] = Field(
+        default_factory=list,
+        description="Atropos environment programs `up` starts and restarts, one argv each; {python}, {api_url} "
+        "and {inference_url} are replaced by this Python, the trajectory API's URL and trainer.atropos's inference URL.",
+    )
+
+    @field_validator("environments")
+    @classmethod
+    def _known_placeholders(cls, commands: list[list[str]]) -> list[list[str]]:
+        for argv in commands:
+            if not argv:
+                raise ValueError("an environment command is empty")
+            for arg in argv:
+                unknown = set(re.findall(r"{(\w*)}", arg)) - {"python", "api_url", "inference_url"}
+                if unknown:
+                    raise ValueError(f"unknown placeholder(s) {sorted(unknown)} in {arg!r}; allowed: {{python}}, "
+                                     "{api_url}, {inference_url}")  # fmt: skip
+        return commands
 
 
 class Config(Section):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import secrets
 import signal
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,6 +83,20 @@ def service_children(
         child = Child(name, [kind, *common, "--name", name, *extra], logs / f"{name}.log")
         child.environment["TA_REDIS_URL"] = redis_url
         children.append(child)
+    return children + atropos_environments(config, logs)  # last: the trajectory API starts first
+
+
+def atropos_environments(config: Config, logs: Path) -> list[Child]:
+    """The Atropos environment programs of ``atropos.environments``, their placeholders filled in."""
+    trainer = config.trainer.atropos
+    values = {"python": sys.executable, "api_url": f"http://{config.atropos.host}:{config.atropos.port}",
+              "inference_url": f"http://{trainer.inference_host}:{trainer.inference_port}/v1"}  # fmt: skip
+    children = []
+    for i, argv in enumerate(config.atropos.environments):
+        filled = [arg.format(**values) for arg in argv]
+        children.append(
+            Child(f"atropos-env-{i}", filled[1:], logs / f"atropos-env-{i}.log", program=filled[:1])
+        )
     return children
 
 
@@ -121,7 +136,8 @@ def run_local(config: Config, run_dir: Path, redis_url: str | None, options: UpO
     run = config.run.name
     console.print(f"[bold]tinker-atropos up[/] run {run!r} in {run_dir}\n{config.to_yaml()}")
     try:
-        check_env(config.env)
+        if config.env.services:  # an Atropos run has no env service: its environments are Atropos programs
+            check_env(config.env)
     except EnvError as error:
         console.print(f"[red]error: {error}", highlight=False)
         return EXIT_FATAL

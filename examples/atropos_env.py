@@ -1,0 +1,86 @@
+"""A toy Atropos environment for the tiny byte-level LM: a plain atroposlib ``BaseEnv`` subclass, offline.
+
+Each item is a prompt asking for lowercase text; a completion of 8 tokens (bytes) scores the fraction of its bytes
+that are lowercase ASCII letters. An untrained tiny LM samples bytes nearly uniformly (score about 0.1); a few
+minutes of training through our services raise it past 0.6. It samples through atroposlib's ``ManagedServer``
+(exact tokens and log-probs from SGLang's ``/generate``, which the trainer's inference endpoint serves), and its
+tokenizer is the tiny LM's, written as a Hugging Face folder: nothing is downloaded.
+
+    python examples/atropos_env.py serve --env.rollout_server_url http://127.0.0.1:8000 \\
+        --openai.base_url http://127.0.0.1:8001/v1
+
+(``configs/atropos-toy.yaml`` has ``up`` start it beside the trajectory API and the trainer.)
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+from pathlib import Path
+
+from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig, ScoredDataGroup
+
+from tinker_atropos.models.tiny_lm import ByteTokenizer
+
+PROMPTS = ("write lowercase:", "say it small:", "letters please:", "lower:")
+COMPLETION_TOKENS = 8
+
+
+def tokenizer_folder() -> str:
+    """The tiny LM's tokenizer as a Hugging Face folder, written once per user (atomically: envs start together)."""
+    folder = Path(os.environ.get("TA_TOKENIZER_DIR", Path(tempfile.gettempdir()) / f"tinker-atropos-bytes-{os.getuid()}"))
+    if not (folder / "tokenizer.json").exists():
+        staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=folder.name + "."))
+        ByteTokenizer().save_pretrained(staging)
+        try:
+            staging.rename(folder)
+        except OSError:  # another env wrote it first
+            pass
+    return str(folder)
+
+
+def lowercase_fraction(tokens: list[int]) -> float:
+    return sum(ord("a") <= t <= ord("z") for t in tokens) / max(1, len(tokens))
+
+
+class LowercaseEnv(BaseEnv):
+    name = "lowercase"
+
+    @classmethod
+    def config_init(cls) -> tuple[BaseEnvConfig, list[APIServerConfig]]:
+        tokenizer = tokenizer_folder()
+        env = BaseEnvConfig(tokenizer_name=tokenizer, group_size=8, use_wandb=False, max_token_length=64,
+                            rollout_server_url="http://127.0.0.1:8000", total_steps=-1, batch_size=-1,
+                            steps_per_eval=10**9, wandb_name=cls.name, max_num_workers=8,
+                            ensure_scores_are_not_same=True)  # fmt: skip
+        server = APIServerConfig(model_name="tiny-byte-lm", base_url="http://127.0.0.1:8001/v1", api_key="none",
+                                 server_type="sglang", tokenizer_name=tokenizer, timeout=60, health_check=False)  # fmt: skip
+        return env, [server]
+
+    async def setup(self) -> None:
+        self.rng = random.Random(0)
+
+    async def get_next_item(self) -> str:
+        return self.rng.choice(PROMPTS)
+
+    async def collect_trajectories(self, item: str) -> tuple[ScoredDataGroup | None, list]:
+        async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
+            await managed.completion(prompt=item, n=self.config.group_size, max_tokens=COMPLETION_TOKENS,
+                                     temperature=1.0)  # fmt: skip
+            nodes = managed.get_state()["nodes"]
+        group = ScoredDataGroup(tokens=[], masks=[], scores=[], inference_logprobs=[])
+        for node in nodes:
+            completion = [t for t in node.masked_tokens if t != -100]
+            group["tokens"].append(node.tokens)
+            group["masks"].append(node.masked_tokens)
+            group["inference_logprobs"].append(node.logprobs)
+            group["scores"].append(lowercase_fraction(completion))
+        return group, []
+
+    async def evaluate(self, *args, **kwargs) -> None:
+        """No held-out evaluation: the training scores are the curve."""
+
+
+if __name__ == "__main__":
+    LowercaseEnv.cli()
