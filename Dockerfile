@@ -67,8 +67,9 @@ ENV PATH=/opt/venv/bin:$PATH \
     TA_HOST=0.0.0.0
 WORKDIR /home/app
 USER 10001:10001
-# env, rollout, trainer (gRPC, the CLI's default ports)
-EXPOSE 50051 50052 50053
+# env, rollout, trainer, atropos-api (gRPC, the CLI's default ports); 8000 the Tinker API or the Atropos trajectory
+# API (HTTP), 8001 the trainer's inference endpoint for Atropos environments
+EXPOSE 50051 50052 50053 50054 8000 8001
 ENTRYPOINT ["tinker-atropos"]
 CMD ["--help"]
 

@@ -34,9 +34,10 @@ proto: $(VENV)/.installed  ## regenerate the gRPC/Protobuf stubs from tinker_atr
 deploy-configs: $(VENV)/.installed  ## inline configs/*.yaml into the Kubernetes ConfigMap generator (deploy/k8s/run-configs)
 	$(PY) deploy/k8s/run_configs.py
 
-bench: $(VENV)/.installed  ## throughput vs the simulator alone, EnvPool and SB3 PPO, each link protected and not, plus env-service scaling (~12 min)
+bench: $(VENV)/.installed  ## throughput vs the simulator alone, EnvPool and SB3 PPO, each link protected and not, plus env-service scaling, then the Atropos trajectory API against its reference server (~13 min)
 	$(PY) -m pip install --quiet -e '.[dev,smollm2,export,sb3,video,wandb,atropos,bench]'
 	$(PY) -m bench throughput --out bench/out
+	$(PY) -m bench atropos --out bench/out
 
 bench-learn: $(VENV)/.installed $(SF_VENV)/.installed  ## mean return after 20 min of wall time, ours then SB3 running the same algorithm (~41 min; CONFIG= (default Humanoid PPO), MINUTES=, SEEDS=, SYSTEMS= e.g. tinker_atropos,sf_appo_sync,sf_appo_async,sb3_ppo or tinker_atropos@OTHER_CONFIG)
 	$(PY) -m pip install --quiet -e '.[dev,smollm2,export,sb3,video,wandb,atropos,bench]'

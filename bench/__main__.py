@@ -1,4 +1,4 @@
-"""The benchmarks, beside the product: ``python -m bench throughput | learn | chaos | tinker`` from the repository
+"""The benchmarks, beside the product: ``python -m bench throughput | learn | chaos | tinker | atropos`` from the repository
 root (``make bench``, ``make bench-learn``, ``make chaos``, ``make bench-tinker``). Each runs the product as a user does, next to the peers
 it is compared with, on one machine in one run."""
 
@@ -132,6 +132,19 @@ def tinker(
     from bench.tinker_latency import run
 
     run(out, iterations)
+
+
+@app.command()
+def atropos(
+    seconds: Annotated[float, typer.Option(min=1, help="Measured seconds per round and server.")] = 10.0,
+    rounds: Annotated[int, typer.Option(min=1, help="Rounds; servers alternate who goes first.")] = 2,
+    posters: Annotated[int, typer.Option(min=1, help="Posting processes.")] = 2,
+    out: Annotated[Path, typer.Option(help="Folder for bench-atropos.json.")] = Path("bench/out"),
+) -> None:
+    """Groups per second the Atropos trajectory API accepts and serves: ours against atroposlib's reference."""
+    from bench.atropos_api import Load, run
+
+    run(out, Load(seconds=seconds, rounds=rounds, posters=posters))
 
 
 if __name__ == "__main__":

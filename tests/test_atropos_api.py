@@ -29,6 +29,7 @@ from tests.conftest import wait_for
 from tests.support.atropos import env_registration, registration, scored_group
 from tinker_atropos.frontends.atropos.packing import EnvEntry, Queued, next_batch, summing_to
 from tinker_atropos.runtime import child_preexec, free_port
+from tinker_atropos.state.registry import live_services
 
 # ---------------------------------------------------------------------------------------------- the maths
 
@@ -122,7 +123,7 @@ def _stop(process: subprocess.Popen) -> None:
             process.wait()
 
 
-def _config(tmp_path: Path, port: int, **atropos: Any) -> Path:
+def _config(tmp_path: Path, port: int, **atropos: Any) -> Path:  # the run "atropos-test"
     path = tmp_path / "atropos.yaml"
     path.write_text(yaml.safe_dump({"run": {"name": "atropos-test"}, "atropos": {"port": port, **atropos}}))
     return path
@@ -376,3 +377,79 @@ def test_a_stalled_trainer_fills_the_bounded_queue_and_the_excess_is_refused_and
         _stop(ours)
     # 1,500 refused posts of ~250 bytes held would be ~0.4 MB; allow the allocator its noise, not a queue
     assert growth_kb < 4096, growth_kb
+
+
+def test_malformed_state_in_redis_is_skipped_and_counted_and_the_rest_is_served(redis_client) -> None:
+    """Whoever reaches Redis may write anything under the API's keys: a restart skips what it cannot read."""
+    from tinker_atropos.frontends.atropos.store import TrajectoryStore
+
+    store = TrajectoryStore(redis_client, "bad", max_queue_sequences=1000, dedup_window=100)
+    store.register(registration(8))
+    store.batch()
+    store.register_env(env_registration(4))
+    store.post([scored_group(0, 4, seed) for seed in (1, 2, 3)])
+    prefix = "ta:bad:atropos"
+    redis_client.rpush(f"{prefix}:queue", b"\xff not json", b"[1, 2]", b'{"gid": 1}')
+    redis_client.rpush(f"{prefix}:envs", b"[]")
+    redis_client.rpush(f"{prefix}:pending", b"[[1, 2]]")
+    redis_client.hset(f"{prefix}:meta", "groups_received", "many")
+    again = TrajectoryStore(redis_client, "bad", max_queue_sequences=1000, dedup_window=100)
+    figures = again.figures()
+    assert (
+        figures["records_skipped"] == 5 and figures["queue_groups"] == 3 and figures["envs_registered"] == 2
+    )
+    assert again.status_env(0)["queue_size"] == 3
+    assert [g["tokens"][0][0] for g in again.batch()["batch"]] == [1, 2]
+    redis_client.hset(f"{prefix}:meta", "registration", "[1]")  # the trainer's registration unreadable
+    third = TrajectoryStore(redis_client, "bad", max_queue_sequences=1000, dedup_window=100)
+    assert third.info() == {"batch_size": -1, "max_token_len": -1} and third.figures()["records_skipped"] == 6
+    third.register(registration(8))  # the trainer registers again, as it does at every start
+    assert third.info() == {"batch_size": 8, "max_token_len": 64}
+
+
+@pytest.mark.integration
+def test_over_https_the_trainer_finds_the_api_in_the_registry_and_checks_its_certificate_by_the_service_name(
+    tmp_path: Path, valkey, redis_client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As in a cluster: the API advertises an address its certificate does not list (a pod IP there, 127.0.0.2
+    here), and the run's clients check the services' name instead, as their gRPC channels do."""
+    import threading
+
+    import torch
+
+    from tinker_atropos.config import parse_config
+    from tinker_atropos.frontends.http import service_client
+    from tinker_atropos.launcher.secrets import SERVICE_NAME, write_secrets
+    from tinker_atropos.trainer.atropos_loop import AtroposLoop
+
+    secrets = tmp_path / "secrets"
+    write_secrets(secrets)
+    for variable, file in (("TA_TLS_CERT", "tls.crt"), ("TA_TLS_KEY", "tls.key"), ("TA_TLS_CA", "ca.crt")):
+        monkeypatch.setenv(variable, str(secrets / file))
+    port = free_port("127.0.0.2")
+    config = _config(tmp_path, port, host="127.0.0.2")
+    ours = _start([sys.executable, "-m", "tinker_atropos", "atropos-api", "--config", str(config), "--redis-url",
+                   valkey.url, "--port", "0"], tmp_path / "ours.log")  # fmt: skip
+    try:
+        url = wait_for(lambda: next((s.figures.get("url") for s in live_services(redis_client, "atropos-test",
+                                                                                 "atropos_api")), None), 60,
+                       "the API in the registry")  # fmt: skip
+        assert url == f"https://127.0.0.2:{port}"
+        with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED|IP address mismatch"):
+            httpx.get(f"{url}/info", verify=str(secrets / "ca.crt"))  # by its address: not in the certificate
+        monkeypatch.setenv("TA_TLS_SERVER_NAME", SERVICE_NAME)
+        with service_client(url) as client:
+            assert client.get("/info").json() == {"batch_size": -1, "max_token_len": -1}
+        trainer_config = parse_config({"run": {"name": "atropos-test"}, "trainer": {
+            "experience_loop": False, "atropos": {"enabled": True, "batch_size": 8, "inference_port": 0}}})  # fmt: skip
+        loop = AtroposLoop(trainer_config, redis_client, tmp_path / "run", torch.device("cpu"))
+        stop = threading.Event()
+        learner = threading.Thread(target=loop.run, args=(stop,), daemon=True)
+        learner.start()
+        with service_client(url) as client:
+            wait_for(lambda: client.get("/info").json()["batch_size"] == 8, 30, "the trainer's registration")
+        stop.set()
+        learner.join(timeout=30)
+        assert loop.api_url == url and loop.inference.url.startswith("https://")
+    finally:
+        _stop(ours)

@@ -57,7 +57,7 @@ PACKAGE = ROOT / "tinker_atropos"
 # The environment the tests run in, where the project's console script and the dev tools are installed.
 BIN = Path(sys.executable).parent
 IMAGE = "tinker-atropos"
-CLI_DEFAULT_PORTS = {"env": 50051, "rollout": 50052, "trainer": 50053}
+CLI_DEFAULT_PORTS = {"env": 50051, "rollout": 50052, "trainer": 50053, "atropos-api": 50054}
 # deploy/README.md promises this version and newer.
 OLDEST_KUBERNETES = "1.27"
 KUBERNETES_VERSIONS = [OLDEST_KUBERNETES, kubernetes_validate.latest_version().rsplit(".", 1)[0]]
@@ -503,7 +503,7 @@ def container_commands(source: str) -> list[ContainerCommand]:
 
 
 def test_the_documented_kustomizations_exist():
-    assert {"base", "humanoid-16", "external-redis"} <= set(KUSTOMIZATIONS)
+    assert {"base", "humanoid-16", "external-redis", "atropos"} <= set(KUSTOMIZATIONS)
 
 
 @pytest.mark.parametrize("name", KUSTOMIZATIONS)
@@ -607,7 +607,8 @@ def test_services_of_the_image_probe_their_grpc_port_and_advertise_the_pod_ip(na
         assert advertise["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP", where
         # The image tag follows the package version (base/kustomization.yaml, compose.yaml).
         assert container["image"].endswith(f":{package_version()}"), where
-    assert roles == {"env", "rollout", "trainer"}
+    # an Atropos run has the trajectory API instead of Gymnasium env services and rollouts
+    assert roles == ({"trainer", "atropos-api"} if name == "atropos" else {"env", "rollout", "trainer"})
 
 
 @pytest.mark.parametrize("name", KUSTOMIZATIONS)
@@ -645,7 +646,7 @@ def test_pods_mount_every_run_config_and_name_one_of_them(name):
         assert config_path.parent == Path("/config") and config_path.name in shipped, where
 
 
-@pytest.mark.parametrize("name", KUSTOMIZATIONS)
+@pytest.mark.parametrize("name", [name for name in KUSTOMIZATIONS if name != "atropos"])  # it has no env pods
 def test_env_pods_spread_over_nodes(name):
     env = the_object(render(name), "Deployment", "env")
     pod_labels = env["spec"]["template"]["metadata"]["labels"]
@@ -793,9 +794,13 @@ def test_the_secrets_pods_mount_are_the_ones_the_readme_makes_and_never_hold_the
 ADMITTED = {
     ("env", "grpc"): {"rollout"},
     ("rollout", "grpc"): set(),
-    ("trainer", "grpc"): {"env", "rollout", "trainer", "redis"},
-    ("trainer", "tinker"): {"env", "rollout", "trainer", "redis"},
-    ("redis", "redis"): {"env", "rollout", "trainer"},
+    ("trainer", "grpc"): {"env", "rollout", "trainer", "redis", "atropos-api"},
+    ("trainer", "tinker"): {"env", "rollout", "trainer", "redis", "atropos-api"},
+    # the inference endpoint: only Atropos environments' pods (labelled atropos-env; none of the run's workloads)
+    ("trainer", "inference"): set(),
+    ("redis", "redis"): {"env", "rollout", "trainer", "atropos-api"},
+    ("atropos-api", "grpc"): set(),
+    ("atropos-api", "atropos"): {"trainer"},
 }
 
 
@@ -976,7 +981,10 @@ def test_compose_schema_check_rejects_a_misspelt_key(tmp_path):
 
 def test_compose_runs_humanoid_on_4_env_containers_of_4_instances():
     services = compose_services_of_our_image()
-    assert set(services) == {"env", "rollout", "trainer"}
+    assert set(services) == {"env", "rollout", "trainer", "atropos-api"}
+    # the trajectory API only with `--profile atropos`: a plain `up` runs the Humanoid workload alone
+    assert [name for name, s in services.items() if "profiles" in s] == ["atropos-api"]
+    assert services["atropos-api"]["profiles"] == ["atropos"]
     env = services["env"]
     instances = int(option_value(compose_argv(env), "--instances"))
     assert env["environment"]["TA_CONFIG"] == "/config/humanoid.yaml"
@@ -1441,3 +1449,16 @@ def test_dockerignore_admits_what_the_dockerfile_copies_from_the_context():
                 for source in command.value[:-1]:
                     assert source.rstrip("/") in admitted, f"{source} is copied but excluded by .dockerignore"
                     assert (ROOT / source).exists(), f"{source} is copied but missing"
+
+
+def test_the_atropos_overlay_opens_the_api_and_the_inference_port_to_atropos_environments_only():
+    objects = render("atropos")
+    environment = {"app.kubernetes.io/component": "atropos-env"}  # the label its README asks of your env pods
+    api, trainer = the_object(objects, "Deployment", "atropos-api"), the_object(objects, "Deployment", "trainer")
+    assert admitted(objects, api, 8000, environment) and admitted(objects, trainer, 8001, environment)
+    assert not admitted(objects, api, 50054, environment) and not admitted(objects, trainer, 50053, environment)
+    [container] = trainer["spec"]["template"]["spec"]["containers"]
+    assert {"name": "TA_INFERENCE_HOST", "value": "0.0.0.0"} in container["env"]
+    config = run_config(Path(pod_environment(objects, container)["TA_CONFIG"]).name)
+    assert config["trainer"]["atropos"]["enabled"] and config["trainer"]["atropos"]["inference_port"] == 8001
+    assert config["atropos"]["port"] == 8000 and api["spec"]["strategy"]["type"] == "Recreate"

@@ -1,14 +1,23 @@
-"""ASGI middleware the HTTP front-ends share (Tinker API, Atropos trajectory API): API keys, a bound on request
-bodies, gzip-encoded request bodies. Plain ASGI, not Starlette's BaseHTTPMiddleware, which costs a task and a
+"""What the HTTP front-ends share (Tinker API, Atropos trajectory API, inference endpoint): ASGI middleware for API
+keys, a bound on request bodies and gzip-encoded request bodies, and the uvicorn thread they run in. Plain ASGI, not Starlette's BaseHTTPMiddleware, which costs a task and a
 stream per request."""
 
 from __future__ import annotations
 
+import functools
 import hmac
+import os
+import socket
+import ssl
+import threading
 import zlib
 
+import httpx
+import uvicorn
 from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from tinker_atropos.runtime import FatalError
 
 
 class APIKeys:
@@ -103,3 +112,54 @@ class GzipRequests:
             return {"type": "http.request", "body": body, "more_body": False}
 
         await self.app(scope, inflated, send)
+
+
+class BackgroundServer:
+    """An HTTP front-end's uvicorn in a daemon thread of a service: HTTPS with the services' certificate when
+    ``TA_TLS_CERT`` and ``TA_TLS_KEY`` are set; ``start`` returns once it is bound (FatalError if it cannot bind)."""
+
+    def __init__(
+        self, app: ASGIApp, host: str, port: int, what: str, sock: socket.socket | None = None
+    ) -> None:
+        cert, key = os.environ.get("TA_TLS_CERT"), os.environ.get("TA_TLS_KEY")
+        tls = {"ssl_certfile": cert, "ssl_keyfile": key} if cert and key else {}
+        self.scheme, self.what = ("https" if tls else "http"), what
+        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off",
+                                                    access_log=False, timeout_graceful_shutdown=2, **tls))  # fmt: skip
+        # ``sock``: a listening socket handed down by the launcher, which outlives this process (see ``up``)
+        run = functools.partial(self.server.run, sockets=[sock]) if sock is not None else self.server.run
+        self.thread = threading.Thread(target=run, name=what, daemon=True)
+        # where it listens, once started: kept, since a status (a heartbeat thread) asks for it also while the
+        # server is closing its sockets
+        self.url = ""
+
+    def start(self, stop: threading.Event) -> None:
+        self.thread.start()
+        while not self.server.started and self.thread.is_alive() and not stop.is_set():
+            stop.wait(0.05)
+        if not self.server.started:
+            if stop.is_set():
+                return
+            config = self.server.config
+            raise FatalError(f"the {self.what} could not bind {config.host}:{config.port}")
+        host, port = self.server.servers[0].sockets[0].getsockname()[:2]
+        self.url = f"{self.scheme}://{host}:{port}"
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        if self.thread.is_alive():
+            self.thread.join(timeout=10)
+
+
+def service_client(base_url: str, timeout_s: float = 30.0) -> httpx.Client:
+    """A client of the run's own HTTP services, by the gRPC channels' rule (``security.open_channel``): with
+    ``TA_TLS_CA`` their certificate is verified against it, and the name checked is ``TA_TLS_SERVER_NAME`` when set,
+    since services advertise pod IPs that no certificate lists."""
+    ca, name = os.environ.get("TA_TLS_CA"), os.environ.get("TA_TLS_SERVER_NAME")
+    verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=ca) if ca else True
+
+    def server_name(request: httpx.Request) -> None:
+        request.extensions["sni_hostname"] = name
+
+    hooks = {"request": [server_name]} if name and ca else {}
+    return httpx.Client(base_url=base_url, timeout=timeout_s, verify=verify, event_hooks=hooks)

@@ -225,6 +225,13 @@ def trainer(
     metrics_port: MetricsPortOpt = None,
     run_dir: RunDirOpt = None,
     insecure: InsecureOpt = False,
+    inference_host: Annotated[
+        str | None,
+        typer.Option(
+            envvar="TA_INFERENCE_HOST",
+            help="Address of the Atropos inference endpoint; overrides trainer.atropos.inference_host.",
+        ),
+    ] = None,
 ) -> None:
     """Run the trainer service (checkpoints under RUN_DIR/checkpoints)."""
     from tinker_atropos.trainer.service import serve
@@ -233,6 +240,10 @@ def trainer(
     endpoint = _endpoint(host, port, advertise_host, name, metrics_port)
     if cfg.trainer.tinker.enabled:  # its HTTP port is exposed as much as the gRPC one
         _serve_check(cfg.trainer.tinker.host, insecure)
+    if inference_host is not None:
+        cfg.trainer.atropos.inference_host = inference_host
+    if cfg.trainer.atropos.enabled:
+        _serve_check(cfg.trainer.atropos.inference_host, insecure)
     _serve(serve, insecure, cfg, _redis_url(cfg, redis_url), endpoint, run_dir or Path("runs") / cfg.run.name)
 
 
@@ -256,6 +267,14 @@ def atropos_api(
             envvar="TA_ATROPOS_PORT", min=0, max=65535, help="Port of the HTTP API; overrides atropos.port."
         ),
     ] = None,
+    http_fd: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            help="Serve HTTP on this inherited listening socket (what `up` hands down, so that "
+            "clients wait instead of being refused while it restarts).",
+        ),
+    ] = None,
 ) -> None:
     """Run the Atropos trajectory API (HTTP on atropos.host:atropos.port; health and status on the gRPC port)."""
     from tinker_atropos.frontends.atropos.service import serve
@@ -265,7 +284,7 @@ def atropos_api(
     cfg.atropos.port = http_port if http_port is not None else cfg.atropos.port
     _serve_check(cfg.atropos.host, insecure)  # its HTTP port is exposed as much as the gRPC one
     endpoint = _endpoint(host, port, advertise_host, name, metrics_port)
-    _serve(serve, insecure, cfg, _redis_url(cfg, redis_url), endpoint)
+    _serve(serve, insecure, cfg, _redis_url(cfg, redis_url), endpoint, http_fd)
 
 
 @app.command()

@@ -129,6 +129,8 @@ class ProgressReporter:
         # record (ValueError) is the trainer's to replace
         with contextlib.suppress(ValueError):
             self._policy_version = published_version(self.client, self.run) or self._policy_version
+        # a trainer whose policy is not published to rollouts (the Atropos loop's LM) reports its own
+        self._policy_version = max(self._policy_version, int(trainer.get("policy_version") or 0))
         steps = stats.get("env_steps", 0)
         row = {
             "env_steps": steps,

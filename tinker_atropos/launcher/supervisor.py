@@ -47,6 +47,7 @@ class Child:
     next_start: float = 0.0
     log_file: TextIO | None = field(default=None, repr=False)
     environment: dict[str, str] = field(default_factory=dict)  # added to the launcher's own
+    pass_fds: tuple[int, ...] = ()  # descriptors it inherits (a listening socket that outlives it)
 
     def start(self) -> None:
         if self.log_file is None:
@@ -58,6 +59,7 @@ class Child:
             stdin=subprocess.DEVNULL,
             preexec_fn=functools.partial(child_preexec, self.death_signal),
             env={**os.environ, **self.environment} if self.environment else None,
+            pass_fds=self.pass_fds,
         )
         self.started_at = time.monotonic()
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import secrets
 import signal
+import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -58,6 +59,9 @@ class UpOptions:
     metrics: bool = False  # every service serves Prometheus metrics on a free port (in `status`)
 
 
+_LISTENERS: list[socket.socket] = []  # sockets up holds for its children's lifetime
+
+
 def service_children(
     config: Config, config_path: Path, redis_url: str, run_dir: Path, metrics: bool = False
 ) -> list[Child]:
@@ -80,7 +84,13 @@ def service_children(
         extra = ["--run-dir", str(run_dir)] if kind == "trainer" else []
         if name == "env-eval":
             extra = ["--role", "eval", "--instances", str(evaluation.instances)]
+        if kind == "atropos-api":
+            listener = socket.create_server((config.atropos.host, config.atropos.port))
+            _LISTENERS.append(listener)  # held by up for the run: a restarted API serves the same socket
+            extra = ["--http-fd", str(listener.fileno())]
         child = Child(name, [kind, *common, "--name", name, *extra], logs / f"{name}.log")
+        if kind == "atropos-api":
+            child.pass_fds = (listener.fileno(),)
         child.environment["TA_REDIS_URL"] = redis_url
         children.append(child)
     return children + atropos_environments(config, logs)  # last: the trajectory API starts first
@@ -141,6 +151,15 @@ def run_local(config: Config, run_dir: Path, redis_url: str | None, options: UpO
     except EnvError as error:
         console.print(f"[red]error: {error}", highlight=False)
         return EXIT_FATAL
+    if (
+        config.atropos.enabled
+    ):  # up holds the API's listening socket (service_children): free, before anything starts
+        try:
+            socket.create_server((config.atropos.host, config.atropos.port)).close()
+        except OSError as error:
+            console.print(f"[red]error: the Atropos trajectory API cannot bind atropos.host:atropos.port "
+                          f"{config.atropos.host}:{config.atropos.port}: {error.strerror}", highlight=False)  # fmt: skip
+            return EXIT_FATAL
 
     url = redis_url or config.redis.url
     if options.fresh:

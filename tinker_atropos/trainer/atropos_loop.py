@@ -22,20 +22,20 @@ import httpx
 import numpy as np
 import redis
 import torch
-import uvicorn
 
 from tinker_atropos.config import Config
 from tinker_atropos.frontends.atropos.datums import BatchError, batch_datums
+from tinker_atropos.frontends.http import BackgroundServer, service_client
 from tinker_atropos.frontends.inference.app import build_app
 from tinker_atropos.frontends.inference.sampler import Sampler
 from tinker_atropos.frontends.tinker.registry import TINY_LM, LanguageModel
 from tinker_atropos.frontends.tinker.worker import run_loss
 from tinker_atropos.protocol.v1 import services_pb2
-from tinker_atropos.runtime import FatalError
 from tinker_atropos.state import keys
 from tinker_atropos.state.experience import MAX_EPISODES_KEPT, add_stats
 from tinker_atropos.state.registry import live_services
 from tinker_atropos.trainer.core import AdamParams
+from tinker_atropos.trainer.metrics import BusyMeter
 
 log = logging.getLogger(__name__)
 
@@ -45,20 +45,19 @@ RETRY_S = 1.0  # after the API did not answer
 
 class AtroposLoop:
     def __init__(self, config: Config, client: redis.Redis, run_dir: Path, device: torch.device) -> None:
-        self.section, self.client, self.run = config.trainer.atropos, client, config.run.name
+        self.section, self.client, self.run_name = config.trainer.atropos, client, config.run.name
         self.checkpoint_every = config.trainer.checkpoint.every_updates
         self.model = LanguageModel(TINY_LM, {"rank": self.section.lora_rank}, device)
         self.folder = run_dir / "atropos"
         self.step = 0
         self.figures: dict[str, float] = {}
+        self.busy = BusyMeter()
         self.counters = {"sequences_trained": 0, "groups_skipped_equal": 0, "batches_malformed": 0}
         self._restore()
         self.sampler = Sampler(self.model.core.model, self.model.core.version)
         app = build_app(self.sampler, TINY_LM)
-        self.server = uvicorn.Server(uvicorn.Config(app, host=self.section.inference_host, port=self.section.inference_port,
-                                                    log_level="warning", lifespan="off", access_log=False,
-                                                    timeout_graceful_shutdown=2))  # fmt: skip
-        self.inference_url = ""
+        self.inference = BackgroundServer(app, self.section.inference_host, self.section.inference_port,
+                                          "inference endpoint")  # fmt: skip
         self.api_url = ""
 
     # state ------------------------------------------------------------------------------------------------
@@ -84,14 +83,15 @@ class AtroposLoop:
 
     def status(self, incarnation: str) -> services_pb2.TrainerStatus:
         return services_pb2.TrainerStatus(incarnation=incarnation, policy_version=self.model.core.version,
-                                          updates=self.step, losses=self.figures)  # fmt: skip
+                                          updates=self.step, losses=self.figures,
+                                          busy_fraction=self.busy.fraction())  # fmt: skip
 
     # the loop ---------------------------------------------------------------------------------------------
     def _find_api(self, stop: threading.Event) -> str | None:
         if self.section.api_url:
             return self.section.api_url.rstrip("/")
         while not stop.is_set():
-            apis = [s.figures.get("url") for s in live_services(self.client, self.run, "atropos_api")]
+            apis = [s.figures.get("url") for s in live_services(self.client, self.run_name, "atropos_api")]
             if url := next((u for u in apis if u), None):
                 return url
             log.info("waiting for the run's atropos-api to register")
@@ -99,7 +99,7 @@ class AtroposLoop:
         return None
 
     def _register(self, http: httpx.Client, stop: threading.Event) -> bool:
-        body = {"wandb_group": self.run, "wandb_project": "tinker-atropos", "batch_size": self.section.batch_size,
+        body = {"wandb_group": self.run_name, "wandb_project": "tinker-atropos", "batch_size": self.section.batch_size,
                 "max_token_len": self.section.max_token_len, "checkpoint_dir": str(self.folder),
                 "save_checkpoint_interval": self.checkpoint_every, "starting_step": self.step,
                 "num_steps": self.section.num_steps}  # fmt: skip
@@ -113,27 +113,17 @@ class AtroposLoop:
         return False
 
     def run(self, stop: threading.Event) -> None:
-        thread = threading.Thread(target=self.server.run, name="inference-http", daemon=True)
-        thread.start()
-        while not self.server.started and thread.is_alive() and not stop.is_set():
-            stop.wait(0.05)
-        if not self.server.started and not stop.is_set():
-            config = self.server.config
-            raise FatalError(f"the inference endpoint could not bind {config.host}:{config.port}")
+        self.inference.start(stop)
         try:
-            if self.server.started:
-                host, port = self.server.servers[0].sockets[0].getsockname()[:2]
-                self.inference_url = f"http://{host}:{port}"
-                log.info("inference endpoint at %s (OpenAI /v1, SGLang /generate)", self.inference_url)
+            log.info("inference endpoint at %s (OpenAI /v1, SGLang /generate)", self.inference.url)
             self.api_url = self._find_api(stop) or ""
-            with httpx.Client(base_url=self.api_url, timeout=30) as http:
+            with service_client(self.api_url) as http:
                 if self.api_url and self._register(http, stop):
                     log.info("learning from the trajectory API at %s", self.api_url)
                     self._learn(http, stop)
         finally:
             self._checkpoint()
-            self.server.should_exit = True
-            thread.join(timeout=10)
+            self.inference.close()
 
     def _learn(self, http: httpx.Client, stop: threading.Event) -> None:
         while not stop.is_set():
@@ -151,7 +141,7 @@ class AtroposLoop:
 
     def learn(self, batch: list[dict[str, Any]]) -> None:
         """One optimizer step on ``batch`` (a malformed one is skipped and counted), then serve the new weights."""
-        started = time.perf_counter()
+        started = time.monotonic()
         try:
             datums = batch_datums(batch)
         except (BatchError, KeyError, TypeError, ValueError) as error:
@@ -175,11 +165,12 @@ class AtroposLoop:
         self.step += 1
         self.counters["sequences_trained"] += len(datums.data)
         self.figures |= {"score_mean": float(np.mean(datums.scores)) if datums.scores else 0.0,
-                         "step_seconds": time.perf_counter() - started,
+                         "step_seconds": time.monotonic() - started,
                          **{k: float(v) for k, v in self.counters.items()}}  # fmt: skip
         self._record_episodes(batch)
         if self.checkpoint_every and self.step % self.checkpoint_every == 0:
             self._checkpoint()
+        self.busy.record(started, time.monotonic())
 
     def _record_episodes(self, batch: list[dict[str, Any]]) -> None:
         """Each sequence as an episode of the run (score, trained tokens), its tokens as env steps."""
@@ -188,8 +179,8 @@ class AtroposLoop:
             for score, mask in zip(group["scores"], group["masks"], strict=True):
                 episodes.append(json.dumps({"return": float(score), "length": sum(m != -100 for m in mask)}))
         with self.client.pipeline(transaction=True) as pipe:
-            pipe.lpush(keys.episodes(self.run), *episodes)
-            pipe.ltrim(keys.episodes(self.run), 0, MAX_EPISODES_KEPT - 1)
+            pipe.lpush(keys.episodes(self.run_name), *episodes)
+            pipe.ltrim(keys.episodes(self.run_name), 0, MAX_EPISODES_KEPT - 1)
             pipe.execute()
         tokens = sum(json.loads(e)["length"] for e in episodes)
-        add_stats(self.client, self.run, env_steps=tokens, episodes=len(episodes), chunks_consumed=1)
+        add_stats(self.client, self.run_name, env_steps=tokens, episodes=len(episodes), chunks_consumed=1)

@@ -4,16 +4,16 @@ and trainers, and, like every other service, a gRPC port for health and status a
 from __future__ import annotations
 
 import logging
-import os
+import socket
 import threading
 from pathlib import Path
 
 import redis
-import uvicorn
 
 from tinker_atropos.config import Config
 from tinker_atropos.frontends.atropos.app import build_app
 from tinker_atropos.frontends.atropos.store import TrajectoryStore
+from tinker_atropos.frontends.http import BackgroundServer
 from tinker_atropos.protocol.v1 import services_pb2
 from tinker_atropos.runtime import Endpoint, FatalError
 from tinker_atropos.runtime import serve as serve_service
@@ -37,21 +37,29 @@ def api_keys(path: str | None) -> list[str]:
 
 
 class AtroposAPI:
-    """A ``runtime.Service``: uvicorn in a thread until the stop event."""
+    """A ``runtime.Service``: its HTTP server in a thread until the stop event."""
 
-    def __init__(self, config: Config, client: redis.Redis, incarnation: str) -> None:
+    def __init__(self, config: Config, client: redis.Redis, incarnation: str, endpoint: Endpoint,
+                 http_fd: int | None = None) -> None:  # fmt: skip
         section = config.atropos
-        self.incarnation = incarnation
+        self.incarnation, self.endpoint = incarnation, endpoint
         self.store = TrajectoryStore(
             client, config.run.name, section.max_queue_sequences, section.dedup_window
         )
         app = build_app(self.store, api_keys(section.api_keys_file), int(section.max_request_mb * 2**20))
-        cert, key = os.environ.get("TA_TLS_CERT"), os.environ.get("TA_TLS_KEY")
-        tls = {"ssl_certfile": cert, "ssl_keyfile": key} if cert and key else {}
-        self.scheme = "https" if tls else "http"
-        self.server = uvicorn.Server(uvicorn.Config(app, host=section.host, port=section.port, log_level="warning",
-                                                    lifespan="off", access_log=False, timeout_graceful_shutdown=2, **tls))  # fmt: skip
-        self.url = ""  # once bound
+        # a listening socket inherited from ``up``: while this process restarts, environments' connections wait in
+        # its backlog instead of being refused
+        sock = socket.socket(fileno=http_fd) if http_fd is not None else None
+        self.http = BackgroundServer(app, section.host, section.port, "Atropos trajectory API", sock)
+
+    @property
+    def url(self) -> str:
+        """Its URL as others reach it: the HTTP port on the service's advertised host (as its gRPC address)."""
+        if not self.http.url:
+            return ""
+        port = int(self.http.url.rsplit(":", 1)[1])
+        where = Endpoint(host=self.http.server.config.host, advertise_host=self.endpoint.advertise_host)
+        return f"{self.http.scheme}://{where.advertised(port)}"
 
     def status(self) -> services_pb2.AtroposApiStatus:
         return services_pb2.AtroposApiStatus(
@@ -62,27 +70,17 @@ class AtroposAPI:
         """No RPC of its own: its API is HTTP."""
 
     def run(self, stop: threading.Event) -> None:
-        thread = threading.Thread(target=self.server.run, name="atropos-http", daemon=True)
-        thread.start()
-        while not self.server.started and thread.is_alive() and not stop.is_set():
-            stop.wait(0.05)
-        if not self.server.started and not stop.is_set():
-            config = self.server.config
-            raise FatalError(f"the Atropos trajectory API could not bind {config.host}:{config.port}")
-        if self.server.started:
-            host, port = self.server.servers[0].sockets[0].getsockname()[:2]
-            self.url = f"{self.scheme}://{host}:{port}"
-            log.info("Atropos trajectory API at %s (state in Redis, %s)", self.url, self.store.prefix)
+        self.http.start(stop)
+        log.info("Atropos trajectory API at %s (state in Redis, %s)", self.url, self.store.prefix)
         stop.wait()
-        self.server.should_exit = True
-        thread.join(timeout=10)
+        self.http.close()
 
 
-def serve(config: Config, redis_url: str, endpoint: Endpoint) -> None:
+def serve(config: Config, redis_url: str, endpoint: Endpoint, http_fd: int | None = None) -> None:
     serve_service(
         "atropos_api",
         config,
         redis_url,
         endpoint,
-        lambda client, incarnation: AtroposAPI(config, client, incarnation),
+        lambda client, incarnation: AtroposAPI(config, client, incarnation, endpoint, http_fd),
     )

@@ -11,11 +11,14 @@ bounded (``atropos.max_queue_sequences``). A retried post (same body) is recogni
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import time
+import uuid
 from collections import deque
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -88,6 +91,15 @@ class _Mirror:
         return sum(e.size for e in held)
 
 
+def _fields(item: Any) -> Any:
+    """What a list entry of the state stores: an env's fields, an entry's, or a batch's entries'."""
+    if isinstance(item, EnvEntry):
+        return asdict(item)
+    if isinstance(item, _Entry):
+        return item.fields()
+    return [e.fields() for e in item]
+
+
 def _digest(group: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(group, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
@@ -114,48 +126,64 @@ class TrajectoryStore:
     def _load(self) -> _Mirror:
         """The mirror from Redis; a malformed entry is skipped and counted, never a crash at every restart."""
         m, skipped = _Mirror(), 0
-        meta = {k.decode(): v.decode() for k, v in self.client.hgetall(self._key("meta")).items()}
+        meta = {k.decode(errors="replace"): v.decode(errors="replace")
+                for k, v in self.client.hgetall(self._key("meta")).items()}  # fmt: skip
         try:
-            m.registered, m.started = meta.get("registered") == "1", meta.get("started") == "1"
             m.step, m.next_gid = int(meta.get("step", 0)), int(meta.get("next_gid", 0))
-            m.registration = parse_json(meta.get("registration", "{}"))
-            for name in COUNTERS:
-                m.counters[name] = int(meta.get(name, 0))
-        except ValueError:
+            registration = parse_json(meta.get("registration", "{}"))
+            if not isinstance(registration, dict) or (
+                meta.get("registered") == "1" and "batch_size" not in registration
+            ):
+                raise ValueError("not a registration")
+            m.registration = registration
+            m.registered, m.started = meta.get("registered") == "1", meta.get("started") == "1"
+        except ValueError:  # the trainer registers again (it does at every start)
             skipped += 1
-            log.error("atropos state %s is malformed: starting from an empty registration", self._key("meta"))
-        for raw in self.client.lrange(self._key("envs"), 0, -1):
-            try:
-                m.envs.append(EnvEntry(**parse_json(raw)))
-            except (ValueError, TypeError):
-                skipped += 1  # an env whose entry is unreadable re-registers; its id stays taken
-                m.envs.append(EnvEntry(0, 0.0, "", "", len(m.envs), 0.0, False, None, 1))
+            m.registered, m.started, m.registration = False, False, {}
+            log.error("atropos state %s is malformed: the trainer must register again", self._key("meta"))
+        for name in COUNTERS:
+            with contextlib.suppress(ValueError):  # a counter something else overwrote starts again from 0
+                m.counters[name] = int(meta.get(name, 0))
+        # each list is read whole; one holding a malformed entry is written back without it (an env's entry as
+        # a disconnected placeholder, so that ids stay), so every bad record is counted once
+        repaired: dict[str, list[str]] = {}
 
-        def entries(key: str) -> list[_Entry]:
+        def read(
+            key: str, decode: Callable[[Any], Any], placeholder: Callable[[int], Any] | None = None
+        ) -> list[Any]:
             nonlocal skipped
-            out = []
+            out, bad = [], False
             for raw in self.client.lrange(key, 0, -1):
                 try:
-                    out.append(_Entry.decode(parse_json(raw)))
+                    out.append(decode(parse_json(raw)))
                 except (ValueError, TypeError):
-                    skipped += 1
+                    skipped, bad = skipped + 1, True
+                    if placeholder is not None:
+                        out.append(placeholder(len(out)))
+            if bad:
+                repaired[key] = [json.dumps(_fields(item)) for item in out]
             return out
 
-        m.queue = entries(self._key("queue"))
+        m.envs = read(self._key("envs"), lambda f: EnvEntry(**f),
+                      lambda i: EnvEntry(0, 0.0, "", "", i, 0.0, False, None, 1))  # fmt: skip
+        m.queue = read(self._key("queue"), _Entry.decode)
         for env in range(len(m.envs)):
-            if buffered := entries(self._key("buffer", str(env))):
+            if buffered := read(self._key("buffer", str(env)), _Entry.decode):
                 m.buffers[env] = buffered
-        for raw in self.client.lrange(self._key("pending"), 0, -1):
-            try:
-                m.pending.append([_Entry.decode(fields) for fields in parse_json(raw)])
-            except (ValueError, TypeError):
-                skipped += 1
+        m.pending = read(self._key("pending"), lambda batch: [_Entry.decode(fields) for fields in batch])
         m.remember(
-            [d.decode() for d in reversed(self.client.lrange(self._key("digests"), 0, -1))], self.dedup_window
+            [d.decode(errors="replace") for d in reversed(self.client.lrange(self._key("digests"), 0, -1))],
+            self.dedup_window,
         )
         if skipped:
             m.counters["records_skipped"] += skipped
-            self.client.hincrby(self._key("meta"), "records_skipped", skipped)
+            with self.client.pipeline(transaction=True) as pipe:
+                pipe.hincrby(self._key("meta"), "records_skipped", skipped)
+                for key, items in repaired.items():
+                    pipe.delete(key)
+                    if items:
+                        pipe.rpush(key, *items)
+                pipe.execute()
             log.warning("skipped %d malformed atropos records in Redis", skipped)
         return m
 
@@ -171,8 +199,7 @@ class TrajectoryStore:
                 registration["starting_step"],
                 registration,
             )
-        # the reference answers a random 128-bit id that nothing later uses
-        return {"uuid": int.from_bytes(hashlib.sha256(str(time.time_ns()).encode()).digest()[:16], "big")}
+        return {"uuid": uuid.uuid4().int}  # as the reference: a random 128-bit id that nothing later uses
 
     def register_env(self, fields: dict[str, Any]) -> dict[str, Any]:
         m = self.fresh()

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import redis
 import torch
-import uvicorn
 
 from tinker_atropos.config import Config
 from tinker_atropos.environment.envs import env_maker
+from tinker_atropos.frontends.http import BackgroundServer
 from tinker_atropos.frontends.tinker import registry
 from tinker_atropos.frontends.tinker.app import build_app
 from tinker_atropos.frontends.tinker.store import Store
@@ -70,35 +70,23 @@ class TinkerAPI:
         capabilities = registry.capabilities(config.env.id, _run_env_action_space(config))
         app = build_app(store, self.worker, keys, capabilities, section.long_poll_s,
                         int(section.max_request_mb * 2**20))  # fmt: skip
-        cert, key = os.environ.get("TA_TLS_CERT"), os.environ.get("TA_TLS_KEY")
-        tls = (
-            {"ssl_certfile": cert, "ssl_keyfile": key} if cert and key else {}
-        )  # HTTPS, the gRPC certificate's
-        self.scheme = "https" if tls else "http"
-        self.server = uvicorn.Server(uvicorn.Config(app, host=section.host, port=section.port, log_level="warning",
-                                                    lifespan="off", access_log=False, timeout_graceful_shutdown=2, **tls))  # fmt: skip
-        self.threads: list[threading.Thread] = []
-        # where it listens, once started: read then and kept, since the status (a heartbeat thread) asks for it
-        # also while the server is closing its sockets
-        self.url = ""
+        self.http = BackgroundServer(app, section.host, section.port, "Tinker API")
+        self.worker_thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return self.http.url
 
     def start(self, stop: threading.Event) -> None:
-        self.threads = [threading.Thread(target=self.server.run, name="tinker-http", daemon=True),
-                        threading.Thread(target=self.worker.run, args=(stop,), name="tinker-worker", daemon=True)]  # fmt: skip
-        for thread in self.threads:
-            thread.start()
-        while not self.server.started and self.threads[0].is_alive() and not stop.is_set():
-            stop.wait(0.05)
-        if not self.server.started:
-            raise FatalError(
-                f"the Tinker API could not bind {self.server.config.host}:{self.server.config.port}"
-            )
-        host, port = self.server.servers[0].sockets[0].getsockname()[:2]
-        self.url = f"{self.scheme}://{host}:{port}"
+        self.worker_thread = threading.Thread(
+            target=self.worker.run, args=(stop,), name="tinker-worker", daemon=True
+        )
+        self.worker_thread.start()
+        self.http.start(stop)
         log.info("Tinker API at %s (keys in %s)", self.url, self.keys_file)
 
     def close(self) -> None:
-        self.server.should_exit = True
+        self.http.close()
         self.worker.wake.set()
-        for thread in self.threads:
-            thread.join(timeout=10)
+        if self.worker_thread is not None:
+            self.worker_thread.join(timeout=10)
