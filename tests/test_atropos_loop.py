@@ -18,7 +18,7 @@ import yaml
 
 from examples.atropos_env import COMPLETION_TOKENS, PROMPTS, lowercase_fraction
 from tests.conftest import wait_for
-from tests.support.running import REPO, leftovers, report_rows, start_up
+from tests.support.running import REPO, leftovers, report_rows, start_up, stop_up
 from tinker_atropos.frontends.tinker.registry import LANGUAGE_MODELS, TINY_LM
 from tinker_atropos.models import tiny_lm
 from tinker_atropos.runtime import free_port
@@ -75,12 +75,7 @@ def test_the_toy_environment_learns_through_our_api_and_trainer_across_a_killed_
 
         wait_for(learned, 180, f"a mean score of {TARGET}")
     finally:
-        up.send_signal(signal.SIGTERM)
-        try:
-            up.wait(timeout=60)
-        finally:
-            if up.poll() is None:
-                up.kill()
+        stop_up(up)
     reader.join(timeout=5)
     output = "".join(lines)
     assert up.returncode == 0, output[-4000:]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 import threading
@@ -18,7 +17,7 @@ import redis
 import yaml
 
 from tests.conftest import wait_for
-from tests.support.running import REPO, leftovers, start_up
+from tests.support.running import REPO, leftovers, start_up, stop_up
 from tinker_atropos.environment.client import EnvClient
 from tinker_atropos.runtime import free_port
 from tinker_atropos.state.registry import live_services
@@ -81,12 +80,7 @@ def test_the_example_loop_reaches_pendulums_threshold_through_our_services(tmp_p
             client.describe(timeout_s=5)
         assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
     finally:
-        up.send_signal(signal.SIGTERM)
-        try:
-            up.wait(timeout=60)
-        finally:
-            if up.poll() is None:
-                up.kill()
+        stop_up(up)
     reader.join(timeout=5)
     assert up.returncode == 0, "".join(lines)[-3000:]
     assert f"Tinker API at {base_url} (TINKER_BASE_URL); its API keys: {keys}" in "".join(lines)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import threading
@@ -44,6 +45,16 @@ def start_up(config: Path, run_dir: Path, *options: str) -> subprocess.Popen:
         text=True,
         cwd=REPO,
     )
+
+
+def stop_up(up: subprocess.Popen, timeout: float = 60) -> None:
+    """SIGTERM to a running ``up`` (its drain), then a kill if it outlives ``timeout``."""
+    up.send_signal(signal.SIGTERM)
+    try:
+        up.wait(timeout=timeout)
+    finally:
+        if up.poll() is None:
+            up.kill()
 
 
 def metrics(run_dir: Path) -> list[dict[str, Any]]:
