@@ -18,7 +18,7 @@ import yaml
 
 from examples.atropos_env import COMPLETION_TOKENS, PROMPTS, lowercase_fraction
 from tests.conftest import wait_for
-from tests.support.running import REPO, leftovers, report_rows, start_up, stop_up
+from tests.support.running import REPO, cli, leftovers, report_rows, start_up, stop_up
 from tinker_atropos.frontends.tinker.registry import LANGUAGE_MODELS, TINY_LM
 from tinker_atropos.models import tiny_lm
 from tinker_atropos.runtime import free_port
@@ -86,3 +86,7 @@ def test_the_toy_environment_learns_through_our_api_and_trainer_across_a_killed_
     assert subprocess.run(["pgrep", "-f", f"rollout_server_url http://127.0.0.1:{api_port}"]).returncode == 1
     trainer = (run_dir / "logs" / "trainer.log").read_text()
     assert "learning from the trajectory API" in trainer
+    shown = cli("report", str(run_dir))  # the score curve from metrics.jsonl, as a PNG
+    assert shown.returncode == 0 and (run_dir / "report.png").stat().st_size > 10_000, (
+        shown.stdout + shown.stderr
+    )
