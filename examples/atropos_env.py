@@ -14,6 +14,7 @@ tokenizer is the tiny LM's, written as a Hugging Face folder: nothing is downloa
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import tempfile
@@ -29,14 +30,16 @@ COMPLETION_TOKENS = 8
 
 def tokenizer_folder() -> str:
     """The tiny LM's tokenizer as a Hugging Face folder, written once per user (atomically: envs start together)."""
-    folder = Path(os.environ.get("TA_TOKENIZER_DIR", Path(tempfile.gettempdir()) / f"tinker-atropos-bytes-{os.getuid()}"))
+    folder = Path(
+        os.environ.get(
+            "TA_TOKENIZER_DIR", Path(tempfile.gettempdir()) / f"tinker-atropos-bytes-{os.getuid()}"
+        )
+    )
     if not (folder / "tokenizer.json").exists():
         staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=folder.name + "."))
         ByteTokenizer().save_pretrained(staging)
-        try:
+        with contextlib.suppress(OSError):  # another env wrote it first
             staging.rename(folder)
-        except OSError:  # another env wrote it first
-            pass
     return str(folder)
 
 
