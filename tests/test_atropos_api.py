@@ -313,6 +313,10 @@ def test_a_killed_api_service_comes_back_with_its_queue_registrations_and_formed
             assert api.get("/status").json() == {"current_step": 2, "queue_size": 1}
             assert api.get("/info").json() == {"batch_size": 8, "max_token_len": 64}
             assert api.request("GET", "/status-env", json={"env_id": 0}).json()["queue_size"] == 1  # no 500
+            short = {**scored_group(0, 4, 99), "masks": [[-100]] * 4}  # masks shorter than their tokens
+            refused = api.post("/scored_data", json=short)
+            assert refused.status_code == 422 and "masks[0] has 1 entries for 5 tokens" in refused.text
+            assert api.get("/status").json() == {"current_step": 2, "queue_size": 1}  # nothing queued
             for seed in (
                 5,
                 2,

@@ -17,7 +17,7 @@ import redis
 from fastapi import FastAPI, Request
 from fastapi.middleware.gzip import GZipMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
 from tinker_atropos.frontends.atropos.store import QueueFull, TrajectoryStore
 from tinker_atropos.frontends.http import APIKeys, BodyLimit, GzipRequests
@@ -71,6 +71,19 @@ class ScoredData(BaseModel):
     env_id: int | None = None
     distill_token_ids: list[list[list[int]]] | None = None  # [sequence][position][top k]
     distill_logprobs: list[list[list[float]]] | None = None
+
+    @model_validator(mode="after")
+    def _lined_up(self) -> ScoredData:
+        """A group whose fields do not line up is refused here (422), not found out by a trainer, which would
+        lose the whole batch it landed in; the reference accepts it."""
+        if not len(self.tokens) == len(self.masks) == len(self.scores) or not self.tokens:
+            raise ValueError(f"tokens, masks and scores need one entry per sequence, at least one: got "
+                             f"{len(self.tokens)}, {len(self.masks)} and {len(self.scores)}")  # fmt: skip
+        for name in ("masks", "inference_logprobs", "advantages"):
+            for i, row in enumerate(getattr(self, name) or []):
+                if row is not None and len(row) != len(self.tokens[i]):
+                    raise ValueError(f"{name}[{i}] has {len(row)} entries for {len(self.tokens[i])} tokens")
+        return self
 
     @field_validator("messages")
     @classmethod
