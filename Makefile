@@ -34,7 +34,7 @@ proto: $(VENV)/.installed  ## regenerate the gRPC/Protobuf stubs from tinker_atr
 deploy-configs: $(VENV)/.installed  ## inline configs/*.yaml into the Kubernetes ConfigMap generator (deploy/k8s/run-configs)
 	$(PY) deploy/k8s/run_configs.py
 
-bench: $(VENV)/.installed  ## throughput vs the simulator alone, EnvPool and SB3 PPO, each link protected and not, plus env-service scaling, then the Atropos trajectory API against its reference server (~13 min)
+bench: $(VENV)/.installed  ## throughput vs the simulator alone, EnvPool and SB3 PPO, each link protected and not, plus env-service scaling, then the Atropos trajectory API against its reference server, pulled and stalled (~15 min)
 	$(PY) -m pip install --quiet -e '.[dev,smollm2,export,sb3,video,wandb,atropos,bench]'
 	$(PY) -m bench throughput --out bench/out
 	$(PY) -m bench atropos --out bench/out

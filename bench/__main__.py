@@ -139,12 +139,17 @@ def atropos(
     seconds: Annotated[float, typer.Option(min=1, help="Measured seconds per round and server.")] = 10.0,
     rounds: Annotated[int, typer.Option(min=1, help="Rounds; servers alternate who goes first.")] = 2,
     posters: Annotated[int, typer.Option(min=1, help="Posting processes.")] = 2,
+    stall: Annotated[
+        float,
+        typer.Option(min=0, help="Seconds of the stall soak (posting, no trainer pulling); 0 skips it."),
+    ] = 60.0,
     out: Annotated[Path, typer.Option(help="Folder for bench-atropos.json.")] = Path("bench/out"),
 ) -> None:
-    """Groups per second the Atropos trajectory API accepts and serves: ours against atroposlib's reference."""
+    """Groups per second the Atropos trajectory API accepts and serves, then its memory with the trainer stalled:
+    ours against atroposlib's reference."""
     from bench.atropos_api import Load, run
 
-    run(out, Load(seconds=seconds, rounds=rounds, posters=posters))
+    run(out, Load(seconds=seconds, rounds=rounds, posters=posters, stall_seconds=stall))
 
 
 if __name__ == "__main__":

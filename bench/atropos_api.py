@@ -5,6 +5,10 @@ Each round starts a fresh server, registers a trainer and one environment, then 
 processes send distinct scored groups (``group_size`` sequences of ``tokens`` tokens, as atroposlib's environments
 post them: JSON, gzip above 1 KB) as fast as they are answered, while one trainer pulls ``/batch`` as fast as it
 is answered. Accepted: groups answered 200. Served: groups inside the batches the trainer received.
+
+The stall soak (``stall_seconds``): the same posters for that long while the trainer pulls nothing (the
+reference's out-of-memory case, atropos issue #459), the server's resident memory sampled every second; ours with
+its queue bound (``stall_bound`` sequences), the reference with none.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import redis
 from rich.console import Console
 from rich.table import Table
 
@@ -40,6 +45,8 @@ class Load:
     tokens: int = 256
     batch_size: int = 64
     rounds: int = 2
+    stall_seconds: float = 60.0
+    stall_bound: int = 16_384
 
 
 def _group(poster: int, n: int, load: Load) -> bytes:
@@ -70,7 +77,13 @@ def _poster(url: str, poster: int, load: Load, deadline: float, out: Any) -> Non
     out.put((accepted, refused, latencies))
 
 
-def measure(url: str, load: Load) -> dict[str, Any]:
+def _rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:")) / 1024
+
+
+def measure(url: str, load: Load, pid: int, seconds: float, pull: bool = True) -> dict[str, Any]:
+    """``seconds`` of posting, the trainer pulling (or not); the server's RSS sampled about every second."""
     with httpx.Client(base_url=url, timeout=30) as client:
         client.post("/register", json={"wandb_group": "bench", "wandb_project": "bench", "batch_size": load.batch_size,
                                        "max_token_len": load.tokens + 1, "checkpoint_dir": "", "starting_step": 0,
@@ -79,28 +92,33 @@ def measure(url: str, load: Load) -> dict[str, Any]:
         client.post("/register-env", json={"max_token_length": load.tokens + 1, "desired_name": "bench", "weight": 1.0,
                                            "group_size": load.group_size}).raise_for_status()  # fmt: skip
         start = time.monotonic()
-        deadline = start + load.seconds
+        deadline = start + seconds
         results = multiprocessing.get_context("spawn").Queue()
         posters = [multiprocessing.get_context("spawn").Process(target=_poster, args=(url, i, load, deadline, results))
                    for i in range(load.posters)]  # fmt: skip
         for p in posters:
             p.start()
         served = 0
-        while time.monotonic() < deadline:
-            batch = client.get("/batch").json().get("batch")
+        rss: list[tuple[float, float]] = []
+        while (now := time.monotonic()) < deadline:
+            if not rss or now - start - rss[-1][0] >= 1.0:
+                rss.append((round(now - start, 1), round(_rss_mb(pid), 1)))
+            batch = client.get("/batch").json().get("batch") if pull else None
             if batch:
                 served += len(batch)
             else:
-                time.sleep(0.001)
+                time.sleep(0.001 if pull else 0.05)
+        rss.append((round(time.monotonic() - start, 1), round(_rss_mb(pid), 1)))
         counts = [results.get(timeout=60) for _ in posters]
         for p in posters:
             p.join(timeout=30)
         elapsed = time.monotonic() - start
     latencies = sorted(ms for _, _, lat in counts for ms in lat)
     accepted = sum(a for a, _, _ in counts)
-    return {"accepted_groups_per_s": accepted / elapsed, "served_groups_per_s": served / elapsed,
+    return {"accepted": accepted, "accepted_groups_per_s": accepted / elapsed, "served_groups_per_s": served / elapsed,
             "refused": sum(r for _, r, _ in counts), "post_ms_p50": statistics.median(latencies) if latencies else None,
-            "post_ms_p99": latencies[int(0.99 * (len(latencies) - 1))] if latencies else None}  # fmt: skip
+            "post_ms_p99": latencies[int(0.99 * (len(latencies) - 1))] if latencies else None,
+            "rss_mb": rss}  # fmt: skip
 
 
 def _wait_up(url: str, process: subprocess.Popen) -> None:
@@ -116,18 +134,17 @@ def _wait_up(url: str, process: subprocess.Popen) -> None:
     raise RuntimeError(f"the server at {url} did not answer within 60 s")
 
 
-def one_round(server: str, load: Load, work: Path) -> dict[str, Any]:
-    """A fresh server of ``server``'s kind, measured once."""
+def one_round(server: str, load: Load, work: Path, stall: bool = False) -> dict[str, Any]:
+    """A fresh server of ``server``'s kind, measured once (the stall soak when ``stall``)."""
     port = free_port()
     valkey = None
     if server == "reference":
         command = [sys.executable, "-m", "atroposlib.cli.run_api", "--host", "127.0.0.1", "--port", str(port)]
     else:
         valkey = EmbeddedValkey(work / f"valkey-{port}")
+        bound = load.stall_bound if stall else 100_000_000
         config = work / f"atropos-{port}.yaml"
-        config.write_text(
-            f"run: {{name: bench}}\natropos: {{port: {port}, max_queue_sequences: 100000000}}\n"
-        )
+        config.write_text(f"run: {{name: bench}}\natropos: {{port: {port}, max_queue_sequences: {bound}}}\n")
         command = [sys.executable, "-m", "tinker_atropos", "atropos-api", "--config", str(config), "--redis-url",
                    valkey.url, "--port", "0"]  # fmt: skip
     with open(work / f"{server}-{port}.log", "w") as log:
@@ -135,12 +152,24 @@ def one_round(server: str, load: Load, work: Path) -> dict[str, Any]:
     try:
         url = f"http://127.0.0.1:{port}"
         _wait_up(url, process)
-        return measure(url, load)
+        if not stall:
+            return measure(url, load, process.pid, load.seconds)
+        figures = measure(url, load, process.pid, load.stall_seconds, pull=False)
+        if valkey is not None:
+            with redis.Redis.from_url(valkey.client_url) as r:
+                figures["valkey_used_memory_mb"] = round(r.info("memory")["used_memory"] / 2**20, 1)
+        return figures
     finally:
         process.terminate()
         process.wait(timeout=30)
         if valkey is not None:
             valkey.stop()
+
+
+def _growth(rss: list[tuple[float, float]]) -> dict[str, float]:
+    """Resident memory after 10 s (start-up and first allocations done) and at the end."""
+    at_10 = next((mb for t, mb in rss if t >= 10), rss[-1][1])
+    return {"rss_at_10s_mb": at_10, "rss_end_mb": rss[-1][1], "rss_growth_after_10s_mb": rss[-1][1] - at_10}
 
 
 def run(out: Path, load: Load, console: Console | None = None) -> dict[str, Any]:
@@ -153,11 +182,14 @@ def run(out: Path, load: Load, console: Console | None = None) -> dict[str, Any]
                 figures = one_round(server, load, Path(scratch))
                 console.print(f"round {r + 1} {server}: {figures}")
                 rounds[server].append(figures)
+        stalled = {server: one_round(server, load, Path(scratch), stall=True) for server in SERVERS
+                   if load.stall_seconds > 0}  # fmt: skip
     summary = {s: {k: statistics.mean(r[k] for r in rs) for k in ("accepted_groups_per_s", "served_groups_per_s")}
                for s, rs in rounds.items()}  # fmt: skip
     ours, reference = summary["tinker_atropos"], summary["reference"]
     result = {"load": load.__dict__, "rounds": rounds, "summary": summary,
               "ratios": {k: ours[k] / reference[k] if reference[k] else None for k in ours},
+              "stall": {server: {**figures, **_growth(figures["rss_mb"])} for server, figures in stalled.items()},
               "conditions": "fresh server per round, alternating; posters and the trainer on the same machine",
               "machine": report.machine(), "packages": report.package_versions()}  # fmt: skip
     (out / "bench-atropos.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -169,5 +201,13 @@ def run(out: Path, load: Load, console: Console | None = None) -> dict[str, Any]
     for server, s in summary.items():
         table.add_row(server, f"{s['accepted_groups_per_s']:.0f}", f"{s['served_groups_per_s']:.0f}")
     console.print(table)
+    if stalled:
+        table = Table(title=f"Trainer stalled {load.stall_seconds:.0f} s, {load.posters} posters flat out")
+        for column in ("server", "groups accepted", "refused", "RSS at 10 s (MB)", "RSS at the end (MB)"):
+            table.add_column(column)
+        for server, figures in result["stall"].items():
+            table.add_row(server, str(figures["accepted"]), str(figures["refused"]), f"{figures['rss_at_10s_mb']:.0f}",
+                          f"{figures['rss_end_mb']:.0f}")  # fmt: skip
+        console.print(table)
     console.print(f"ours / reference: {result['ratios']}; wrote {out / 'bench-atropos.json'}")
     return result
