@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from concurrent import futures
@@ -299,9 +300,12 @@ def test_the_local_socket_refuses_another_users_process_and_counts_it() -> None:
     try:
         server.uid = os.getuid() + 1
         stream = LocalSessionStream(server.address, threading.Event())
-        stream.send(pb.SessionRequest(open=pb.OpenSession(num_instances=1)))
+        deadline = time.monotonic() + 10
+        while server.peers_refused == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.1)  # the service has written its reason and closed: our send breaks the pipe
         with pytest.raises(LocalStreamError) as error:
-            stream.receive()
+            stream.send(pb.SessionRequest(open=pb.OpenSession(num_instances=1)))
         assert error.value.code() == grpc.StatusCode.UNAUTHENTICATED
         assert f"uid {os.getuid() + 1}" in error.value.details() and "over gRPC" in error.value.details()
         stream.close()

@@ -85,6 +85,10 @@ class LocalSessionStream:
         try:
             local_stream.send(self._socket, request)
         except OSError as error:
+            # A service that refuses us writes its reason, then closes: a send racing that close breaks the
+            # pipe, and the reason waits in our receive buffer. Say it rather than "broken pipe".
+            if select.select([self._socket], [], [], 0)[0]:
+                self.receive()
             raise LocalStreamError(grpc.StatusCode.UNAVAILABLE, f"local stream broken: {error}") from error
 
     def receive(self) -> environment_pb2.SessionResponse:
