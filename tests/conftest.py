@@ -17,6 +17,16 @@ from tinker_atropos.state.embedded import EmbeddedValkey
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The suite runs on two xdist workers (pyproject's addopts). Tests marked ``cpu_bound`` (learning to a
+    threshold, measuring a window) share one xdist group: one at a time, each beside at most one light test,
+    never two of them fighting for the same two cores."""
+    for item in items:
+        if item.get_closest_marker("cpu_bound"):
+            item.add_marker(pytest.mark.xdist_group("cpu_bound"))
+
+
 @pytest.fixture(scope="module")
 def valkey(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedValkey]:
     server = EmbeddedValkey(tmp_path_factory.mktemp("valkey"))
