@@ -10,21 +10,16 @@ from pathlib import Path
 
 import pytest
 import redis
+import torch
 
 from tinker_atropos.runtime import child_preexec
 from tinker_atropos.state.embedded import EmbeddedValkey
 
 REPO = Path(__file__).resolve().parents[1]
 
-
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The suite runs on two xdist workers (pyproject's addopts). Tests marked ``cpu_bound`` (learning to a
-    threshold, measuring a window) share one xdist group: one at a time, each beside at most one light test,
-    never two of them fighting for the same two cores."""
-    for item in items:
-        if item.get_closest_marker("cpu_bound"):
-            item.add_marker(pytest.mark.xdist_group("cpu_bound"))
+# make test runs on two xdist workers (pyproject's addopts), one per core: torch's intra-op threads in a worker
+# (SB3 learning in the test process, tensors checked by hand) would only fight the other worker for the cores.
+torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="module")

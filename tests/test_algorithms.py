@@ -103,7 +103,6 @@ class ChunkSampler(Sidecar):
                 self.carried_values.add(decode_trajectory(fields[b"record"], self.spec).has_values)
 
 
-@pytest.mark.cpu_bound
 @pytest.mark.integration
 def test_a_toy_algorithm_from_the_test_tree_learns_cartpole_through_up(
     tmp_path: Path, valkey, redis_client: redis.Redis

@@ -181,7 +181,6 @@ class Injector(Sidecar):
         self.forgeries += 1
 
 
-@pytest.mark.cpu_bound
 @pytest.mark.integration
 def test_bad_records_are_counted_by_reason_while_pendulum_learns(
     tmp_path: Path, valkey, redis_client: redis.Redis

@@ -24,7 +24,6 @@ from tinker_atropos.environment.backends.gymnasium_batch import GymnasiumBatch
 from tinker_atropos.environment.envs import check_env, env_maker
 
 
-@pytest.mark.cpu_bound
 @pytest.mark.integration
 def test_a_tiny_benchmark_writes_every_key_and_nulls_the_phases_not_run(tmp_path: Path) -> None:
     config = parse_config(
@@ -32,6 +31,8 @@ def test_a_tiny_benchmark_writes_every_key_and_nulls_the_phases_not_run(tmp_path
             "run": {"name": "bench-test"},
             "env": {"id": "Pendulum-v1", "instances": 4},
             "rollout": {"sessions_per_env": 2},
+            # updates often enough to see one in the 2 s figures window
+            "trainer": {"samples_per_update": 512},
         }
     )
     options = BenchOptions(
@@ -99,7 +100,6 @@ def test_a_tiny_benchmark_writes_every_key_and_nulls_the_phases_not_run(tmp_path
     assert not list(tmp_path.glob("bench-*")), "scratch folder left behind"
 
 
-@pytest.mark.cpu_bound
 @pytest.mark.integration
 def test_the_learning_benchmark_reports_curves_and_final_returns_under_the_budget(tmp_path: Path) -> None:
     config = parse_config(

@@ -1362,6 +1362,8 @@ def test_an_env_service_started_as_deployed_serves_mutual_tls_on_every_interface
     port, deployed_port = free_port(), service_port(deployed.argv)
     argv = list(deployed.argv)
     argv[argv.index("--port") + 1] = str(port)
+    if "--metrics-port" in argv:  # as deployed, on a free port: 9400 may be taken by another test or program
+        argv[argv.index("--metrics-port") + 1] = str(free_port())
     environment = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path / "home")}
     # The image's TA_HOST=0.0.0.0 among them: the service listens on every interface, which it refuses to do
     # without the token and TLS.

@@ -51,7 +51,6 @@ def assert_learned(rows: list[dict], random_below: float, target: float, budget:
     assert [r["env_steps"] for r in rows] == sorted(r["env_steps"] for r in rows)
 
 
-@pytest.mark.cpu_bound
 def test_pendulum_learns_to_swing_up(tmp_path: Path) -> None:
     budget = 200_000
     rows = run_up("pendulum.yaml", tmp_path / "run", budget, target_return=-400.0)
@@ -59,7 +58,6 @@ def test_pendulum_learns_to_swing_up(tmp_path: Path) -> None:
     assert (tmp_path / "run" / "checkpoints").is_dir()
 
 
-@pytest.mark.cpu_bound
 def test_pendulum_learns_with_sac_from_its_replay_buffer(tmp_path: Path) -> None:
     """SAC: chunks go into the trainer's replay buffer, one gradient step per env step; none is ever stale."""
     budget = 30_000
@@ -147,14 +145,12 @@ def test_eval_and_report_without_their_inputs_say_so_in_one_line(tmp_path: Path)
     assert len(garbage.stderr.strip().splitlines()) == 1
 
 
-@pytest.mark.cpu_bound
 def test_cartpole_learns_to_balance(tmp_path: Path) -> None:
     budget = 200_000
     rows = run_up("cartpole.yaml", tmp_path / "run", budget, target_return=300.0)
     assert_learned(rows, random_below=100.0, target=300.0, budget=budget)
 
 
-@pytest.mark.cpu_bound
 def test_cartpole_learns_with_appo_from_lagging_chunks(tmp_path: Path) -> None:
     """APPO: the rollouts never pause, chunks of older policies are corrected by V-trace, and it learns."""
     budget = 300_000

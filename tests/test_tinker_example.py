@@ -25,7 +25,6 @@ from tinker_atropos.state.registry import live_services
 pytestmark = pytest.mark.integration
 
 
-@pytest.mark.cpu_bound
 def test_the_example_loop_reaches_pendulums_threshold_through_our_services(tmp_path: Path) -> None:
     config = yaml.safe_load((REPO / "examples" / "tinker_pendulum.yaml").read_text())
     port = free_port()

@@ -190,7 +190,6 @@ def test_a_stopped_env_service_on_this_host_is_an_error_after_the_answer_timeout
         env.close()
 
 
-@pytest.mark.cpu_bound
 def test_sb3_ppo_learns_pendulum_through_the_env_services(
     tmp_path: Path, valkey, redis_client, processes
 ) -> None:
@@ -231,7 +230,6 @@ def test_sb3_ppo_learns_pendulum_through_the_env_services(
         env.close()
 
 
-@pytest.mark.cpu_bound
 def test_the_cleanrl_style_sac_example_runs_its_loop_over_the_env_services(
     tmp_path: Path, valkey, redis_client, processes
 ) -> None:
