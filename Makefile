@@ -25,7 +25,8 @@ run: $(VENV)/.installed  ## train Humanoid-v5 with 16 env instances, printing th
 test: $(VENV)/.installed  ## lint, then every test (unit, protocol, services as real processes)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q -n 2 --dist worksteal -m 'not serial'  # two workers, one per core of a 2-core machine
+	$(VENV)/bin/pytest -q -m serial  # the benchmarks' own tests time short windows: alone
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check --fix .

@@ -17,7 +17,7 @@ from tinker_atropos.state.embedded import EmbeddedValkey
 
 REPO = Path(__file__).resolve().parents[1]
 
-# make test runs on two xdist workers (pyproject's addopts), one per core: torch's intra-op threads in a worker
+# make test runs on two xdist workers (Makefile), one per core: torch's intra-op threads in a worker
 # (SB3 learning in the test process, tensors checked by hand) would only fight the other worker for the cores.
 torch.set_num_threads(1)
 

@@ -24,6 +24,7 @@ from tinker_atropos.environment.backends.gymnasium_batch import GymnasiumBatch
 from tinker_atropos.environment.envs import check_env, env_maker
 
 
+@pytest.mark.serial
 @pytest.mark.integration
 def test_a_tiny_benchmark_writes_every_key_and_nulls_the_phases_not_run(tmp_path: Path) -> None:
     config = parse_config(
@@ -100,6 +101,7 @@ def test_a_tiny_benchmark_writes_every_key_and_nulls_the_phases_not_run(tmp_path
     assert not list(tmp_path.glob("bench-*")), "scratch folder left behind"
 
 
+@pytest.mark.serial
 @pytest.mark.integration
 def test_the_learning_benchmark_reports_curves_and_final_returns_under_the_budget(tmp_path: Path) -> None:
     config = parse_config(
