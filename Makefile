@@ -38,7 +38,7 @@ proto: $(VENV)/.installed  ## regenerate the gRPC/Protobuf stubs from tinker_atr
 deploy-configs: $(VENV)/.installed  ## inline configs/*.yaml into the Kubernetes ConfigMap generator (deploy/k8s/run-configs)
 	$(PY) deploy/k8s/run_configs.py
 
-bench: $(VENV)/.installed  ## throughput vs the simulator alone, EnvPool and SB3 PPO, each link protected and not, plus env-service scaling, then the Atropos trajectory API against its reference server, pulled and stalled (~15 min)
+bench: $(VENV)/.installed $(SF_VENV)/.installed  ## throughput vs the physics limit (mujoco.rollout), the simulator alone, EnvPool, SB3 PPO (DummyVecEnv and SubprocVecEnv) and Sample Factory, each link protected and not, plus env-service scaling, then the Atropos trajectory API against its reference server, pulled and stalled (~18 min)
 	$(UV_INSTALL) -e '.[dev,smollm2,export,sb3,video,wandb,atropos,bench]'
 	$(PY) -m bench throughput --out bench/out
 	$(PY) -m bench atropos --out bench/out
@@ -47,7 +47,7 @@ bench-learn: $(VENV)/.installed $(SF_VENV)/.installed  ## mean return after 20 m
 	$(UV_INSTALL) -e '.[dev,smollm2,export,sb3,video,wandb,atropos,bench]'
 	$(PY) -m bench learn $(or $(CONFIG),configs/humanoid.yaml) --minutes $(or $(MINUTES),20) --seeds $(or $(SEEDS),1) --systems '$(SYSTEMS)' --out bench/out
 
-# Sample Factory 2.1.1, bench-learn's APPO peer, in its own venv: it pins gymnasium 0.29 (MuJoCo tasks v4)
+# Sample Factory 2.1.1, the APPO peer of bench and bench-learn, in its own venv: it pins gymnasium 0.29 (MuJoCo tasks v4)
 $(SF_VENV)/.installed:
 	$(PYTHON) -m venv $(SF_VENV)
 	$(SF_VENV)/bin/pip install --quiet torch==2.13.0

@@ -22,10 +22,15 @@ def throughput(
     phases: Annotated[
         str,
         typer.Option(
-            help="Comma-separated: raw, envpool, collect, collect_grpc, collect_secure, collect_grpc_secure, "
-            "train, train_secure, sb3, scaling (a _secure phase: token, mutual TLS, Redis password, signed records)."
+            help="Comma-separated: limit (MuJoCo's C++ mujoco.rollout, the machine's ceiling), raw, envpool, "
+            "collect, collect_grpc, collect_secure, collect_grpc_secure, train, train_secure, sb3 (DummyVecEnv), "
+            "sb3_subproc (SubprocVecEnv), sample_factory, scaling (a _secure phase: token, mutual TLS, Redis "
+            "password, signed records)."
         ),
-    ] = "raw,envpool,collect,collect_grpc,collect_secure,collect_grpc_secure,train,train_secure,sb3,scaling",
+    ] = (
+        "limit,raw,envpool,collect,collect_grpc,collect_secure,collect_grpc_secure,train,train_secure,sb3,"
+        "sb3_subproc,sample_factory,scaling"
+    ),
     env_id: Annotated[str | None, typer.Option(help="Overrides env.id.")] = None,
     instances: Annotated[int | None, typer.Option(min=1, help="Overrides env.instances.")] = None,
     window_s: Annotated[float, typer.Option(min=0.5, help="Measured seconds per phase.")] = 30.0,
@@ -47,7 +52,8 @@ def throughput(
         "Pendulum-v1"
     ),
 ) -> None:
-    """Measure env steps/s of the simulator alone, EnvPool, collection, training and Stable-Baselines3 PPO."""
+    """Measure env steps/s of the physics limit, the simulator alone, EnvPool, collection, training, Stable-Baselines3
+    PPO and Sample Factory."""
     from rich.console import Console
 
     from bench.phases import Timing

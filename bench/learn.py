@@ -30,6 +30,7 @@ from rich.table import Table
 
 from bench import report
 from bench.phases import sb3_ppo, sb3_sac
+from bench.sf_peer import SF_ENV_VERSION, sf_command
 from bench.throughput import STEP_CONVENTION
 from tinker_atropos.config import Config, load_config
 from tinker_atropos.launcher.progress import RETURN_WINDOW
@@ -38,10 +39,6 @@ from tinker_atropos.runtime import child_preexec
 SYSTEMS = ("tinker_atropos", "sb3_ppo", "sb3_sac", "sf_appo_sync", "sf_appo_async")
 OURS_WITH = "tinker_atropos@"  # + a config path: ours with that config, beside the benchmark's own
 SB3_BUILDERS = {"sb3_ppo": sb3_ppo, "sb3_sac": sb3_sac}
-SF_PYTHON = Path(__file__).resolve().parent / ".venv-sf" / "bin" / "python"
-# Sample Factory 2.1.1 pins gymnasium 0.29, whose MuJoCo tasks are v4: our env id's name -> its env name
-SF_ENVS = {"Humanoid": "mujoco_humanoid", "HalfCheetah": "mujoco_halfcheetah", "Hopper": "mujoco_hopper"}
-SF_ENV_VERSION = "v4 (gymnasium 0.29, pinned by Sample Factory 2.1.1)"
 
 
 def sb3_peer(config: Config) -> str:
@@ -116,42 +113,18 @@ def ours(config: Config, budget_s: float, work_dir: Path) -> list[dict[str, Any]
     ]
 
 
-def sf_workers(instances: int, cores: int) -> tuple[int, int]:
-    """(workers, envs per worker) for ``instances`` env instances: at most one worker per core, as Sample
-    Factory advises, and an even count per worker (its MuJoCo defaults split each worker's envs in two)."""
-    for workers in range(min(cores, instances), 0, -1):
-        per_worker, rest = divmod(instances, workers)
-        if rest == 0 and per_worker % 2 == 0:
-            return workers, per_worker
-    raise ValueError(f"Sample Factory needs an even instance count per worker; env instances: {instances}")
-
-
 def sample_factory(
     system: str, config: Config, budget_s: float, report_interval_s: float, work_dir: Path
 ) -> list[dict[str, Any]]:
     """Sample Factory's APPO (``sf_appo_sync`` or ``sf_appo_async``) for ``budget_s``, start-up included."""
-    name = config.env.id.split("-v")[0]
-    if name not in SF_ENVS:
-        raise ValueError(
-            f"Sample Factory's MuJoCo examples have no {config.env.id}; allowed: {sorted(SF_ENVS)}"
-        )
-    if not SF_PYTHON.exists():
-        raise RuntimeError(f"{SF_PYTHON} is missing: `make bench-learn` creates Sample Factory's venv")
     work_dir.mkdir(parents=True, exist_ok=True)
-    workers, per_worker = sf_workers(config.env.total_instances, os.cpu_count() or 1)
-    curve_path = work_dir / "curve.jsonl"
-    command = [str(SF_PYTHON), str(Path(__file__).with_name("sf_appo.py")), f"--env={SF_ENVS[name]}"]
-    command += [f"--budget-s={budget_s}", f"--start-time={time.time()}", f"--seed={config.run.seed}"]
-    command += [f"--workers={workers}", f"--envs-per-worker={per_worker}", f"--return-window={RETURN_WINDOW}"]
-    command += [f"--async-rl={'on' if system == 'sf_appo_async' else 'off'}"]
-    command += [f"--report-interval-s={report_interval_s}", f"--train-dir={work_dir / 'train'}"]
-    command += [f"--curve={curve_path}"]
+    command = sf_command(config, budget_s, report_interval_s, work_dir, async_rl=system == "sf_appo_async")
     with open(work_dir / "sf.log", "w") as log:
         sf = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         code = _wait_or_interrupt(sf, budget_s + 120)
-    if code != 0 or not curve_path.exists():
+    if code != 0 or not (work_dir / "curve.jsonl").exists():
         raise RuntimeError(f"Sample Factory exited with code {code}; see {work_dir / 'sf.log'}")
-    return report.read_jsonl(curve_path)
+    return report.read_jsonl(work_dir / "curve.jsonl")
 
 
 def sb3(

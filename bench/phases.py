@@ -7,10 +7,13 @@ instance (for MuJoCo locomotion, 5 physics steps).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import json
 import multiprocessing
 import os
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,16 +24,20 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import gymnasium as gym
+import mujoco
 import numpy as np
 import redis
 import torch
 import yaml
+from gymnasium.envs.mujoco.mujoco_env import expand_model_path
 
+from bench import sf_peer
 from tinker_atropos.algorithms import core as algorithms
 from tinker_atropos.algorithms.core import LearnerSetup
 from tinker_atropos.config import Config, Transport, parse_config
 from tinker_atropos.environment.backends.base import EnvBatch, make_env_batch
 from tinker_atropos.environment.backends.gymnasium_batch import GymnasiumBatch
+from tinker_atropos.environment.backends.mujoco_batch import MujocoBatch
 from tinker_atropos.environment.envs import check_env
 from tinker_atropos.launcher.secrets import write_secrets
 from tinker_atropos.launcher.supervisor import Child
@@ -44,6 +51,11 @@ from tinker_atropos.state.weights import publish_weights
 from tinker_atropos.trainer.metrics import BUSY_WINDOW_S
 
 STARTUP_TIMEOUT_S = 120.0
+# Env steps per mujoco.rollout call of the physics limit: one call's Python (controls drawn, health checked)
+# is then a few percent of its stepping, and a fallen Humanoid runs at most 3 env steps past its end.
+LIMIT_CHUNK_STEPS = 4
+# Sample Factory's report interval: its env-step counter, read by the meter, moves at most this often
+SF_REPORT_S = 0.5
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -120,6 +132,105 @@ def raw_meter(config: Config, timing: Timing, backend: str | None = None) -> Ite
         yield SteppingMeter(_random_batch_stepper(batch, config.run.seed), timing.warmup_s)
     finally:
         batch.close()
+
+
+class PhysicsLimit:
+    """The ceiling this machine puts on a MuJoCo env's stepping: its instances advanced by MuJoCo's C++
+    ``mujoco.rollout`` on ``num_threads`` threads with the GIL released, random actions, and no Python per step.
+
+    Each call steps every instance ``chunk`` env steps (``frame_skip`` physics steps each, the action held as
+    gymnasium holds it); then, with numpy over the recorded states, an instance that ended its episode at any of
+    those steps (the env's own health rule and time limit, from our mujoco backend's task) starts a new one from
+    gymnasium's reset noise. So a fallen humanoid is stepped at most ``chunk - 1`` env steps longer than
+    gymnasium would; nothing else of an env step is done (no observation, reward or ``mj_rnePostConstraint``).
+    """
+
+    def __init__(self, env_id: str, kwargs: dict[str, Any], num_instances: int, num_threads: int, seed: int,
+                 chunk: int = LIMIT_CHUNK_STEPS) -> None:  # fmt: skip
+        from mujoco import rollout
+
+        # the backend's task knows the env's health rule, time limit and reset noise; only qpos/qvel are read
+        rules = MujocoBatch(env_id, kwargs, 1, 1)
+        self._task, self._max_steps = rules._task, rules._max_episode_steps
+        self._noise, self._normal_qvel_noise = rules._noise_scale, rules._task.normal_qvel_noise
+        self.model = mujoco.MjModel.from_xml_path(expand_model_path(self._task.params["xml_file"]))
+        self._frame_skip, self._chunk, self.num_instances = (
+            int(self._task.params["frame_skip"]),
+            chunk,
+            num_instances,
+        )
+        self._datas = [mujoco.MjData(self.model) for _ in range(num_threads)]
+        self._rollout = rollout.Rollout(nthread=num_threads)
+        spec = mujoco.mjtState.mjSTATE_FULLPHYSICS
+        self._qpos_at = mujoco.mj_stateSize(self.model, mujoco.mjtState.mjSTATE_TIME)
+        self._qvel_at = self._qpos_at + self.model.nq
+        self._rng = np.random.default_rng(seed)
+        self._low, self._high = self.model.actuator_ctrlrange.T
+        self.states = np.empty((num_instances, mujoco.mj_stateSize(self.model, spec)))
+        self._out = np.empty((num_instances, chunk * self._frame_skip, self.states.shape[1]))
+        self._elapsed = np.zeros(num_instances, dtype=np.int64)
+        self.episodes = 0
+        self.reset(np.arange(num_instances))
+
+    @property
+    def qpos(self) -> np.ndarray:
+        """Every instance's joint positions now, [N, nq]."""
+        return self.states[:, self._qpos_at : self._qvel_at]
+
+    def reset(self, ids: np.ndarray) -> None:
+        """gymnasium's ``reset_model`` for instances ``ids``: qpos0 plus uniform noise, qvel uniform or normal."""
+        model, scale, data = self.model, self._noise, self._datas[0]
+        for i in ids:
+            mujoco.mj_resetData(model, data)
+            data.qpos[:] = model.qpos0 + self._rng.uniform(-scale, scale, model.nq)
+            draw = self._rng.standard_normal(model.nv) * scale
+            data.qvel[:] = draw if self._normal_qvel_noise else self._rng.uniform(-scale, scale, model.nv)
+            mujoco.mj_forward(model, data)
+            mujoco.mj_getState(model, data, self.states[i], mujoco.mjtState.mjSTATE_FULLPHYSICS)
+        self._elapsed[ids] = 0
+
+    def step(self) -> int:
+        """``chunk`` env steps of every instance in one ``mujoco.rollout`` call, then the episodes that ended
+        restarted; returns the env steps done."""
+        n, chunk, skip = self.num_instances, self._chunk, self._frame_skip
+        actions = self._rng.uniform(self._low, self._high, (n, chunk, len(self._low)))
+        self._rollout.rollout(self.model, self._datas, self.states, np.repeat(actions, skip, axis=1),
+                              control_spec=mujoco.mjtState.mjSTATE_CTRL, state=self._out)  # fmt: skip
+        ends = self._out[:, skip - 1 :: skip]  # the state after each env step, [n, chunk, nstate]
+        fields = {"qpos": ends[..., self._qpos_at : self._qvel_at].reshape(n * chunk, -1),
+                  "qvel": ends[..., self._qvel_at : self._qvel_at + self.model.nv].reshape(n * chunk, -1)}  # fmt: skip
+        ended = np.zeros(n, dtype=bool)
+        if self._task.terminate_when_unhealthy:
+            ended |= ~self._task.is_healthy(fields).reshape(n, chunk).all(axis=1)
+        self._elapsed += chunk
+        if self._max_steps is not None:
+            ended |= self._elapsed >= self._max_steps
+        self.states[:] = self._out[:, -1]
+        if ended.any():
+            self.reset(np.flatnonzero(ended))
+            self.episodes += int(ended.sum())
+        return n * chunk
+
+    def close(self) -> None:
+        self._rollout.close()
+
+
+@contextmanager
+def limit_meter(config: Config, timing: Timing) -> Iterator[Meter | None]:
+    """``PhysicsLimit`` for the config's env, instances and the threads of all its env services; None for an env
+    our mujoco backend does not implement (its health rule is where the limit's reset rule comes from)."""
+    env = config.env
+    try:
+        limit = PhysicsLimit(
+            env.id, env.kwargs, env.total_instances, env.threads * env.services, config.run.seed
+        )
+    except ValueError:  # not one of the backend's MuJoCo envs
+        yield None
+        return
+    try:
+        yield SteppingMeter(limit.step, timing.warmup_s)
+    finally:
+        limit.close()
 
 
 @contextmanager
@@ -226,16 +337,17 @@ class ServicesMeter:
     def __init__(self, children: list[Child], steps: Callable[[], int]) -> None:
         self._children, self._steps = children, steps
 
-    def _signal(self, signum: signal.Signals) -> None:
+    def send(self, signum: signal.Signals) -> None:
+        """``signum`` to every process measured."""
         for child in self._children:
             if child.process is not None and child.process.poll() is None:
                 child.process.send_signal(signum)
 
     def pause(self) -> None:
-        self._signal(signal.SIGSTOP)
+        self.send(signal.SIGSTOP)
 
     def resume(self) -> None:
-        self._signal(signal.SIGCONT)
+        self.send(signal.SIGCONT)
 
     def count(self, settle_s: float, window_s: float) -> tuple[int, float]:
         """The counter moves a whole chunk at a time (a thousand steps for Humanoid), too coarse for a slice of
@@ -295,6 +407,10 @@ class TrainMeter(ServicesMeter):
             },
             "policy_versions": [samples[0].get("policy_version"), last.get("policy_version")],
             "cpu_seconds_per_service": cpu,
+            # where the time of an env step goes, service by service: the README's profile table, regenerated
+            "cpu_us_per_env_step": {
+                name: round(1e6 * seconds_ / steps, 1) if steps else None for name, seconds_ in cpu.items()
+            },  # fmt: skip
             "window_measured_s": round(seconds, 2),
         }
 
@@ -365,6 +481,64 @@ def services_meter(
         server.stop()
 
 
+class ProcessGroupMeter(ServicesMeter):
+    """A peer run as its own process group (its learner, samplers and env workers), all paused with SIGSTOP
+    between slices and counted by the env steps it reports."""
+
+    def __init__(self, group: int, steps: Callable[[], int]) -> None:
+        super().__init__([], steps)
+        self._group = group
+
+    def send(self, signum: signal.Signals) -> None:
+        # a group already gone: the next count finds no progress and the phase's log says why
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self._group, signum)
+
+
+def last_env_steps(curve: Path) -> int:
+    """The env steps of the last complete line of a JSON-lines curve (0 before the first)."""
+    try:
+        with open(curve, "rb") as lines:
+            lines.seek(max(lines.seek(0, os.SEEK_END) - 512, 0))
+            complete = lines.read().rsplit(b"\n", 2)
+    except FileNotFoundError:
+        return 0
+    return json.loads(complete[-2])["env_steps"] if len(complete) >= 2 else 0
+
+
+@contextmanager
+def sample_factory_meter(config: Config, timing: Timing, work_dir: Path) -> Iterator[Meter | None]:
+    """Sample Factory 2.x training with its tuned MuJoCo defaults (``async_rl`` off, as they set it) on the
+    config's env (its v4) and instance count, from its own venv, counted by the env steps in its own reports;
+    None when it cannot run here (``sf_peer.unavailable`` says why, in the result's ``unavailable``)."""
+    if sf_peer.unavailable(config) is not None:
+        yield None
+        return
+    work_dir.mkdir(parents=True, exist_ok=True)
+    command = sf_peer.sf_command(config, 10**9, SF_REPORT_S, work_dir, async_rl=False)
+    curve = work_dir / "curve.jsonl"
+    with open(work_dir / "sf.log", "w") as log:
+        sf = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    meter = ProcessGroupMeter(sf.pid, lambda: last_env_steps(curve))
+    try:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while last_env_steps(curve) == 0:
+            if sf.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"Sample Factory did not start training; see {work_dir / 'sf.log'}")
+            time.sleep(0.2)
+        time.sleep(timing.warmup_s)
+        meter.pause()
+        yield meter
+    finally:
+        meter.resume()
+        meter.send(signal.SIGINT)  # its runner stops cleanly on an interrupt, then its workers
+        try:
+            sf.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            meter.send(signal.SIGKILL)
+            sf.wait()
+
+
 def collect_steps_per_s(
     config: Config, timing: Timing, work_dir: Path, transport: Transport | None = None
 ) -> float:
@@ -381,10 +555,11 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
 
 
-def sb3_envs(config: Config) -> Any:
-    """SB3's vectorised env: the config's env and instance count, stepped one after the other (DummyVecEnv)."""
+def sb3_envs(config: Config, subprocesses: bool = False) -> Any:
+    """SB3's vectorised env: the config's env and instance count, stepped one after the other (DummyVecEnv) or,
+    with ``subprocesses``, one process per instance (SubprocVecEnv: what a user with several cores picks)."""
     from stable_baselines3.common.env_util import make_vec_env
-    from stable_baselines3.common.vec_env import DummyVecEnv
+    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
 
     env = config.env
     return make_vec_env(
@@ -392,12 +567,12 @@ def sb3_envs(config: Config) -> Any:
         n_envs=env.total_instances,
         seed=config.run.seed,
         env_kwargs=env.kwargs,
-        vec_env_cls=DummyVecEnv,
+        vec_env_cls=SubprocVecEnv if subprocesses else DummyVecEnv,
     )
 
 
-def sb3_ppo(config: Config) -> Any:
-    """Stable-Baselines3 PPO set up as our trainer is: same env and instance count (DummyVecEnv), same batch,
+def sb3_ppo(config: Config, subprocesses: bool = False) -> Any:
+    """Stable-Baselines3 PPO set up as our trainer is: same env and instance count (``sb3_envs``), same batch,
     minibatches, epochs and hyper-parameters, observations and returns normalised (VecNormalize). Raises
     ImportError without SB3; the caller closes ``model.get_env()``."""
     from stable_baselines3 import PPO
@@ -406,7 +581,7 @@ def sb3_ppo(config: Config) -> Any:
     ppo, instances = config.trainer.hyperparameters, config.env.total_instances
     n_steps = max(config.trainer.samples_per_update // instances, 1)
     venv = VecNormalize(
-        sb3_envs(config),
+        sb3_envs(config, subprocesses),
         norm_obs=ppo.normalize_observations,
         norm_reward=ppo.normalize_returns,
         gamma=ppo.gamma,
@@ -510,7 +685,7 @@ class GatedMeter:
             raise RuntimeError("the gated learner's process ended; its error is above") from error
 
 
-def _sb3_worker(conn: Connection, config_yaml: str) -> None:
+def _sb3_worker(conn: Connection, config_yaml: str, subprocesses: bool) -> None:
     """A child process: ``sb3_ppo`` learning behind an IterationGate until the benchmark closes the pipe."""
     from stable_baselines3.common.callbacks import BaseCallback
 
@@ -523,7 +698,7 @@ def _sb3_worker(conn: Connection, config_yaml: str) -> None:
         def _on_step(self) -> bool:
             return True
 
-    model = sb3_ppo(parse_config(yaml.safe_load(config_yaml)))
+    model = sb3_ppo(parse_config(yaml.safe_load(config_yaml)), subprocesses)
     try:
         model.learn(total_timesteps=10**12, callback=AtIterationStart())
     except EOFError:
@@ -533,15 +708,16 @@ def _sb3_worker(conn: Connection, config_yaml: str) -> None:
 
 
 @contextmanager
-def sb3_meter(config: Config, timing: Timing) -> Iterator[Meter | None]:
+def sb3_meter(config: Config, timing: Timing, subprocesses: bool = False) -> Iterator[Meter | None]:
     """Stable-Baselines3 PPO set up as ours (``sb3_ppo``), ``learn()`` in a child process, training included;
-    None without SB3. The child waits, blocked, between slices."""
+    None without SB3. The child waits, blocked, between slices (with ``subprocesses``, its env processes wait
+    on it)."""
     if importlib.util.find_spec("stable_baselines3") is None:
         yield None
         return
     context = multiprocessing.get_context("spawn")  # a fresh interpreter: no state of this process's torch
     conn, child_conn = context.Pipe()
-    process = context.Process(target=_sb3_worker, args=(child_conn, config.to_yaml()), daemon=True)
+    process = context.Process(target=_sb3_worker, args=(child_conn, config.to_yaml(), subprocesses))
     process.start()
     child_conn.close()
     try:

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 RATE_KEYS = (
+    "limit_steps_per_s",
     "raw_env_steps_per_s",
     "raw_backend_steps_per_s",
     "envpool_steps_per_s",
@@ -25,12 +26,20 @@ RATE_KEYS = (
     "train_env_steps_per_s",
     "train_secure_env_steps_per_s",
     "sb3_ppo_steps_per_s",
+    "sb3_ppo_subproc_steps_per_s",
+    "sample_factory_steps_per_s",
 )
 RATIOS = {
+    # the distance to the machine's physics limit, and what learning costs on top of collection
+    "collect/limit": ("collect_env_steps_per_s", "limit_steps_per_s"),
+    "train/limit": ("train_env_steps_per_s", "limit_steps_per_s"),
+    "train/collect": ("train_env_steps_per_s", "collect_env_steps_per_s"),
     "collect/raw": ("collect_env_steps_per_s", "raw_env_steps_per_s"),
     "collect/envpool": ("collect_env_steps_per_s", "envpool_steps_per_s"),
     "collect/collect_grpc": ("collect_env_steps_per_s", "collect_grpc_env_steps_per_s"),
     "train/sb3": ("train_env_steps_per_s", "sb3_ppo_steps_per_s"),
+    "train/sb3_subproc": ("train_env_steps_per_s", "sb3_ppo_subproc_steps_per_s"),
+    "train/sample_factory": ("train_env_steps_per_s", "sample_factory_steps_per_s"),
     # what protecting every link costs: 1.0 is free
     "collect_secure/collect": ("collect_secure_env_steps_per_s", "collect_env_steps_per_s"),
     "collect_grpc_secure/collect_grpc": (
@@ -114,8 +123,11 @@ def print_table(result: dict[str, Any], console: Console) -> None:
         console.print(
             f"train, nothing paused: {train['unpaused_env_steps_per_s']:,.0f} env steps/s, "
             f"trainer busy {train['trainer_busy']:.0%}, policy lag min/mean/max "
-            f"{lag['min']}/{lag['mean']:.2f}/{lag['max']}, CPU s per service {train['cpu_seconds_per_service']}"
+            f"{lag['min']}/{lag['mean']:.2f}/{lag['max']}, CPU µs per env step by service "
+            f"{train['cpu_us_per_env_step']}"
         )
+    for phase, reason in (result.get("unavailable") or {}).items():
+        console.print(f"{phase}: not measured, {reason}")
     scaling = result.get("scaling")
     if scaling:
         table = Table(title=f"collection scaling, {scaling['env_id']} ({scaling['wrapped_env_id']})")

@@ -2,8 +2,9 @@
 
 Phases that are compared are set up together and measured in alternating slices, round after round: on a
 shared machine whose speed drifts by a third within minutes, a ratio of two phases measured minutes apart
-says more about the drift than about the phases. Two groups alternate so: the env steppers (raw, envpool,
-collect, collect_grpc), then the learners (train, sb3). The trainer's own figures come from a window after
+says more about the drift than about the phases. Two groups alternate so: the env steppers (the physics
+limit, raw, envpool, collect, collect_grpc), then the learners (train, SB3 PPO on DummyVecEnv and on
+SubprocVecEnv, Sample Factory). The trainer's own figures come from a window after
 the rounds in which nothing is paused; the scaling curve runs last, alone.
 """
 
@@ -18,10 +19,11 @@ from typing import Any
 
 from rich.console import Console
 
-from bench import phases, report
+from bench import phases, report, sf_peer
 from tinker_atropos.config import Config
 
 ALL_PHASES = (
+    "limit",
     "raw",
     "envpool",
     "collect",
@@ -31,13 +33,22 @@ ALL_PHASES = (
     "train",
     "train_secure",
     "sb3",
+    "sb3_subproc",
+    "sample_factory",
     "scaling",
 )
 # A phase and its "_secure" twin (token, mutual TLS, Redis password, signed records) alternate in one group.
 INTERLEAVED_GROUPS = (
-    ("raw", "envpool", "collect", "collect_grpc", "collect_secure", "collect_grpc_secure"),
-    ("train", "train_secure", "sb3"),
+    ("limit", "raw", "envpool", "collect", "collect_grpc", "collect_secure", "collect_grpc_secure"),
+    ("train", "train_secure", "sb3", "sb3_subproc", "sample_factory"),
 )
+# Why a selected phase has no figure, when the meter finds it cannot run here (Sample Factory says its own).
+UNAVAILABLE = {
+    "limit": "the physics limit steps the mujoco backend's envs only (it takes their reset rule)",
+    "envpool": "EnvPool is not installed or has no such env id",
+    "sb3": "stable-baselines3 is not installed (the bench extra)",
+    "sb3_subproc": "stable-baselines3 is not installed (the bench extra)",
+}
 STEP_CONVENTION = "one step = one env.step of one instance = 5 physics steps for MuJoCo locomotion"
 
 
@@ -63,14 +74,16 @@ def run_benchmark(config: Config, options: BenchOptions, console: Console) -> di
     """Measure each selected phase; unselected or unavailable ones are null. Writes JSON and charts."""
     timing = options.timing
     result: dict[str, Any] = {key: None for key in report.RATE_KEYS}
-    result |= {"train": None, "scaling": None}
+    result |= {"train": None, "scaling": None, "unavailable": {}}
     options.out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench-", dir=options.out) as scratch:
         work = Path(scratch)
         slices: dict[str, list[tuple[int, float]]] = {}
         for group in INTERLEAVED_GROUPS:
-            group_slices, train_figures = _interleaved_slices(config, options, group, work, console)
+            group_slices, train_figures = _interleaved_slices(
+                config, options, group, work, console, result["unavailable"]
+            )
             slices |= group_slices
             if train_figures is not None:
                 result["train"] = train_figures
@@ -118,32 +131,49 @@ def run_benchmark(config: Config, options: BenchOptions, console: Console) -> di
 
 
 def _interleaved_slices(
-    config: Config, options: BenchOptions, group: tuple[str, ...], work: Path, console: Console
+    config: Config,
+    options: BenchOptions,
+    group: tuple[str, ...],
+    work: Path,
+    console: Console,
+    unavailable: dict[str, str],
 ) -> tuple[dict[str, list[tuple[int, float]]], dict[str, Any] | None]:
     """Set up the selected phases of ``group``, then measure them in alternating slices
     (``interleaved_rates``): (env steps, seconds) per slice keyed by the result key, and the trainer's
-    figures when ``train`` is among them. A phase whose library is missing is left out."""
+    figures when ``train`` is among them. A phase that cannot run here is left out, its reason put in
+    ``unavailable``."""
     timing = options.timing
     with ExitStack() as stack:
         meters: dict[str, phases.Meter] = {}
         for phase in (p for p in group if p in options.phases):
             console.print(f"[bold]setting up {phase}[/] (warm-up {timing.warmup_s:g}s)")
-            if phase == "raw":
-                meters["raw_env_steps_per_s"] = stack.enter_context(phases.raw_meter(config, timing))
+            meter: phases.Meter | None
+            if phase == "limit":
+                key, meter = "limit_steps_per_s", stack.enter_context(phases.limit_meter(config, timing))
+            elif phase == "sample_factory":
+                key = "sample_factory_steps_per_s"
+                meter = stack.enter_context(phases.sample_factory_meter(config, timing, work / phase))
+            elif phase.startswith("sb3"):
+                subprocesses = phase == "sb3_subproc"
+                key = "sb3_ppo_subproc_steps_per_s" if subprocesses else "sb3_ppo_steps_per_s"
+                meter = stack.enter_context(phases.sb3_meter(config, timing, subprocesses))
+            elif phase == "raw":
                 if config.env.backend != "gymnasium":  # else it would measure the same thing again
                     meters["raw_backend_steps_per_s"] = stack.enter_context(
                         phases.raw_meter(config, timing, config.env.backend)
                     )
+                key, meter = "raw_env_steps_per_s", stack.enter_context(phases.raw_meter(config, timing))
             elif phase == "envpool":
-                if (pool := stack.enter_context(phases.envpool_meter(config, timing))) is not None:
-                    meters["envpool_steps_per_s"] = pool
-            elif phase.startswith(("collect", "train")):  # collect_grpc: the local fast path switched off
-                meters[f"{phase}_env_steps_per_s"] = stack.enter_context(
+                key, meter = "envpool_steps_per_s", stack.enter_context(phases.envpool_meter(config, timing))
+            else:  # collect and train; collect_grpc: the local fast path switched off
+                key, meter = f"{phase}_env_steps_per_s", stack.enter_context(
                     phases.services_meter(config, timing, work / phase, transport="grpc" if "grpc" in phase else None,
                                           learn=phase.startswith("train"), secure=phase.endswith("_secure"))
                 )  # fmt: skip
-            elif (sb3 := stack.enter_context(phases.sb3_meter(config, timing))) is not None:
-                meters["sb3_ppo_steps_per_s"] = sb3
+            if meter is None:
+                unavailable[phase] = UNAVAILABLE.get(phase) or sf_peer.unavailable(config) or "?"
+            else:
+                meters[key] = meter
         if not meters:
             return {}, None
         console.print(

@@ -36,7 +36,7 @@ class Args:
     run: str = "tinker-pendulum"
     env_id: str = "Pendulum-v1"
     steps_per_batch: int = 2048
-    minibatches: int = 8
+    minibatches: int = 4  # 512-step minibatches: half the round trips of 8, and -700 sooner in wall time
     epochs: int = 10
     learning_rate: float = 1e-3
     gamma: float = 0.9

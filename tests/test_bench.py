@@ -5,6 +5,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import multiprocessing
+import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -15,9 +18,18 @@ import pytest
 from rich.console import Console
 
 from bench import delay
-from bench.learn import LearnOptions, run_learning_benchmark, sf_workers
-from bench.phases import GatedMeter, IterationGate, ServicesMeter, Timing
+from bench.learn import LearnOptions, run_learning_benchmark
+from bench.phases import (
+    GatedMeter,
+    IterationGate,
+    PhysicsLimit,
+    ProcessGroupMeter,
+    ServicesMeter,
+    Timing,
+    last_env_steps,
+)
 from bench.report import RATE_KEYS
+from bench.sf_peer import sf_workers
 from bench.throughput import BenchOptions, run_benchmark
 from tinker_atropos.config import parse_config
 from tinker_atropos.environment.backends.gymnasium_batch import GymnasiumBatch
@@ -38,8 +50,9 @@ def test_a_tiny_benchmark_writes_every_key_and_nulls_the_phases_not_run(tmp_path
     )
     options = BenchOptions(
         # every kind of phase once: in-process, local collection, gRPC with every link protected, training (the
-        # plain gRPC and secure training phases are the same meters with another transport or environment)
-        phases=("raw", "collect", "collect_grpc_secure", "train"),
+        # plain gRPC and secure training phases are the same meters with another transport or environment), and
+        # two that cannot run for Pendulum (the physics limit and Sample Factory take MuJoCo envs)
+        phases=("limit", "raw", "collect", "collect_grpc_secure", "train", "sample_factory"),
         # 1 s slices and a short run-in before the trainer figures: the keys, not the figures
         timing=Timing(warmup_s=1.0, window_s=2.0, rounds=2, figures_run_in_s=1.0),
         out=tmp_path,
@@ -62,6 +75,10 @@ def test_a_tiny_benchmark_writes_every_key_and_nulls_the_phases_not_run(tmp_path
     assert result["raw_backend_steps_per_s"] is None, "the gymnasium backend is raw_env_steps_per_s itself"
     assert result["envpool_steps_per_s"] is None and result["sb3_ppo_steps_per_s"] is None
     assert result["scaling"] is None
+    assert result["limit_steps_per_s"] is None and result["sample_factory_steps_per_s"] is None
+    assert result["unavailable"].keys() == {"limit", "sample_factory"}
+    assert "mujoco backend" in result["unavailable"]["limit"]
+    assert "no Pendulum-v1" in result["unavailable"]["sample_factory"]
     assert result["ratios"]["collect/raw"] == pytest.approx(
         result["collect_env_steps_per_s"] / result["raw_env_steps_per_s"]
     )
@@ -90,6 +107,8 @@ def test_a_tiny_benchmark_writes_every_key_and_nulls_the_phases_not_run(tmp_path
     assert train["policy_versions"][1] > train["policy_versions"][0], "it learned in the figures window"
     cpu = train["cpu_seconds_per_service"]
     assert cpu.keys() == {"env-0", "rollout-0", "trainer"} and min(cpu.values()) > 0
+    per_step = train["cpu_us_per_env_step"]
+    assert per_step.keys() == cpu.keys() and min(per_step.values()) > 0
     conditions = result["conditions"]
     assert (conditions["env_id"], conditions["instances"]) == ("Pendulum-v1", 4)
     assert (conditions["warmup_s"], conditions["window_s"], conditions["rounds"]) == (1.0, 2.0, 2)
@@ -141,7 +160,7 @@ def test_the_learning_benchmark_reports_curves_and_final_returns_under_the_budge
 
 
 def test_an_unknown_phase_is_refused_with_the_allowed_ones(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="allowed: raw, envpool"):
+    with pytest.raises(ValueError, match="allowed: limit, raw, envpool"):
         BenchOptions(phases=("raw", "warp"), timing=Timing(1.0, 1.0), out=tmp_path)
 
 
@@ -271,3 +290,63 @@ def test_the_learning_benchmark_refuses_an_unknown_system_and_a_bad_second_confi
         budget_s=60, seeds=1, out=tmp_path, systems=("tinker_atropos", "tinker_atropos@configs/humanoid.yaml")
     )
     assert options.systems == ("tinker_atropos", "tinker_atropos@configs/humanoid.yaml")
+
+
+def test_the_physics_limit_restarts_every_ended_episode_and_counts_the_steps_it_made() -> None:
+    """Humanoids under random actions fall within a few dozen steps: after every mujoco.rollout call each
+    instance stands in the env's healthy range again (1 < z < 2), and the episodes that ended are counted."""
+    limit = PhysicsLimit("Humanoid-v5", {}, num_instances=4, num_threads=2, seed=0)
+    try:
+        steps = [limit.step() for _ in range(40)]  # 160 env steps each, several falls
+        assert steps == [4 * 4] * 40  # 4 instances x 4 env steps per call
+        z = limit.qpos[:, 2]
+        assert np.all((z > 1.0) & (z < 2.0)), z
+        assert limit.episodes >= 4
+    finally:
+        limit.close()
+
+
+def test_the_physics_limit_ends_episodes_at_the_time_limit() -> None:
+    limit = PhysicsLimit("Humanoid-v5", {"max_episode_steps": 8}, num_instances=3, num_threads=1, seed=0)
+    try:
+        limit.step()
+        assert limit.episodes == 0  # 4 steps: no humanoid falls that fast, none reached the limit
+        limit.step()
+        assert limit.episodes == 3  # 8 steps: every one truncated and restarted
+    finally:
+        limit.close()
+
+
+def test_the_physics_limit_is_refused_for_an_env_the_mujoco_backend_lacks() -> None:
+    with pytest.raises(ValueError, match="does not implement 'Pendulum-v1'"):
+        PhysicsLimit("Pendulum-v1", {}, num_instances=2, num_threads=1, seed=0)
+
+
+def test_a_process_group_meter_stops_the_whole_group_between_slices(tmp_path: Path) -> None:
+    """A peer whose child appends a JSON line with its env steps every 20 ms, as Sample Factory's reports: the
+    meter counts it in a slice, and between slices the whole group (child included) is stopped."""
+    curve = tmp_path / "curve.jsonl"
+    child = (
+        "import json, sys, time\n"
+        f"steps = 0\nwhile True:\n    steps += 100\n"
+        f"    open({str(curve)!r}, 'a').write(json.dumps({{'env_steps': steps}}) + '\\n')\n    time.sleep(0.02)\n"
+    )
+    peer = subprocess.Popen(
+        [sys.executable, "-c", f"import subprocess, sys; subprocess.run([sys.executable, '-c', {child!r}])"],
+        start_new_session=True,
+    )
+    meter = ProcessGroupMeter(peer.pid, lambda: last_env_steps(curve))
+    try:
+        wait_until_moves = time.monotonic() + 30
+        while last_env_steps(curve) == 0 and time.monotonic() < wait_until_moves:
+            time.sleep(0.05)
+        meter.pause()
+        steps, seconds = meter.count(settle_s=0.1, window_s=1.0)
+        assert steps >= 100 and seconds > 0
+        paused_at = last_env_steps(curve)
+        time.sleep(0.5)
+        assert last_env_steps(curve) == paused_at, "the child kept running while the group was stopped"
+    finally:
+        meter.resume()
+        meter.send(signal.SIGKILL)
+        peer.wait()
