@@ -1,4 +1,4 @@
-"""The benchmarks, beside the product: ``python -m bench throughput | learn | chaos | tinker | atropos`` from the repository
+"""The benchmarks, beside the product: ``python -m bench throughput | profile | learn | chaos | tinker | atropos`` from the repository
 root (``make bench``, ``make bench-learn``, ``make chaos``, ``make bench-tinker``). Each runs the product as a user does, next to the peers
 it is compared with, on one machine in one run."""
 
@@ -77,6 +77,26 @@ def throughput(
         typer.echo(str(error), err=True)
         raise typer.Exit(2) from None
     run_benchmark(cfg, options, Console(soft_wrap=True))
+
+
+@app.command()
+def profile(
+    config: Annotated[Path, typer.Option("--config", "-c", help="Run config (YAML).")] = Path(
+        "configs/humanoid.yaml"
+    ),
+    seconds: Annotated[float, typer.Option(min=1, help="Sampled seconds.")] = 20.0,
+    warmup_s: Annotated[float, typer.Option(min=0, help="Seconds run before sampling.")] = 10.0,
+    learn: Annotated[
+        bool, typer.Option(help="Profile while the trainer learns (else collection alone).")
+    ] = False,
+    out: Annotated[Path, typer.Option(help="Folder for profile.json.")] = Path("bench/out"),
+) -> None:
+    """Share of each line of the env services and the rollout in their CPU time, sampled by py-spy."""
+    from rich.console import Console
+
+    from bench.cpu_profile import run_profile
+
+    run_profile(read_config(config), seconds, warmup_s, learn, out, Console(soft_wrap=True))
 
 
 @app.command()

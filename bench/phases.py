@@ -335,7 +335,12 @@ class ServicesMeter:
     they take no CPU from the other phases, and they resume with their connections and warm state intact."""
 
     def __init__(self, children: list[Child], steps: Callable[[], int]) -> None:
-        self._children, self._steps = children, steps
+        self._children, self.steps = children, steps
+
+    @property
+    def pids(self) -> dict[str, int]:
+        """The measured processes by service name."""
+        return {c.name: c.process.pid for c in self._children if c.process is not None}
 
     def send(self, signum: signal.Signals) -> None:
         """``signum`` to every process measured."""
@@ -355,14 +360,14 @@ class ServicesMeter:
         self.resume()
         try:
             time.sleep(settle_s)
-            start, initial = time.monotonic(), self._steps()
+            start, initial = time.monotonic(), self.steps()
             moves: list[tuple[float, int]] = []  # (time, steps) whenever the counter moved
             while time.monotonic() - start < window_s:
                 time.sleep(COUNTER_POLL_S)
-                if (steps := self._steps()) != (moves[-1][1] if moves else initial):
+                if (steps := self.steps()) != (moves[-1][1] if moves else initial):
                     moves.append((time.monotonic(), steps))
             if len(moves) < 2:  # too slow to move twice: the whole window, coarse as it is
-                return self._steps() - initial, time.monotonic() - start
+                return self.steps() - initial, time.monotonic() - start
             (first_time, first_steps), (last_time, last_steps) = moves[0], moves[-1]
             return last_steps - first_steps, last_time - first_time
         finally:
@@ -386,14 +391,14 @@ class TrainMeter(ServicesMeter):
         self.resume()
         try:
             time.sleep(max(timing.warmup_s, timing.figures_run_in_s))
-            pids = {c.name: c.process.pid for c in self._children if c.process is not None}
-            cpu_start = {name: _cpu_seconds(pid) for name, pid in pids.items()}
-            start, steps_start, samples = time.monotonic(), self._steps(), []
+            pids = self.pids
+            cpu_start = {name: cpu_seconds(pid) for name, pid in pids.items()}
+            start, steps_start, samples = time.monotonic(), self.steps(), []
             while time.monotonic() - start < timing.window_s:
                 time.sleep(min(1.0, timing.window_s))
                 samples.append(self._trainer())
-            seconds, steps = time.monotonic() - start, self._steps() - steps_start
-            cpu = {name: round(_cpu_seconds(pid) - cpu_start[name], 2) for name, pid in pids.items()}
+            seconds, steps = time.monotonic() - start, self.steps() - steps_start
+            cpu = {name: round(cpu_seconds(pid) - cpu_start[name], 2) for name, pid in pids.items()}
         finally:
             self.pause()
         last = samples[-1]
@@ -494,6 +499,30 @@ class ProcessGroupMeter(ServicesMeter):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self._group, signum)
 
+    def count(self, settle_s: float, window_s: float) -> tuple[int, float]:
+        """Such a peer reports once per training iteration (Sample Factory: 4,096 steps, a second or more), too
+        seldom for a slice of a few seconds to hold two reports: its slice runs from one report to the first
+        one at least ``window_s`` later, whole iterations, a little past ``window_s``."""
+        self.resume()
+        try:
+            time.sleep(settle_s)
+            start_time, start_steps = self._next_report()
+            while True:
+                now, steps = self._next_report()
+                if now - start_time >= window_s:
+                    return steps - start_steps, now - start_time
+        finally:
+            self.pause()
+
+    def _next_report(self) -> tuple[float, int]:
+        """(time, env steps) when the counter next moves."""
+        before, deadline = self.steps(), time.monotonic() + STARTUP_TIMEOUT_S
+        while (steps := self.steps()) == before:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the peer reported no progress for {STARTUP_TIMEOUT_S:g}s")
+            time.sleep(COUNTER_POLL_S)
+        return time.monotonic(), steps
+
 
 def last_env_steps(curve: Path) -> int:
     """The env steps of the last complete line of a JSON-lines curve (0 before the first)."""
@@ -548,7 +577,7 @@ def collect_steps_per_s(
     return steps / seconds
 
 
-def _cpu_seconds(pid: int) -> float:
+def cpu_seconds(pid: int) -> float:
     """User + system CPU time of one process, from /proc (fields 14 and 15 of stat, in clock ticks)."""
     with open(f"/proc/{pid}/stat") as stat:
         fields = stat.read().rsplit(")", 1)[1].split()

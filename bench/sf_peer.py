@@ -1,6 +1,5 @@
 """Sample Factory 2.x from our side: where its venv is, how our config maps onto its MuJoCo examples, and the
-command line of ``bench/sf_appo.py`` (which runs inside that venv and imports nothing of ours). Not named
-``sample_factory``: in sf_appo.py's folder that would shadow Sample Factory's own package.
+command line of ``bench/sf_appo.py`` (which runs inside that venv and imports nothing of ours).
 
 Used by bench-learn (a whole run for the budget) and by the throughput benchmark (its env steps/s in slices).
 """
@@ -48,7 +47,8 @@ def sf_command(
         raise RuntimeError(reason)
     workers, per_worker = sf_workers(config.env.total_instances, os.cpu_count() or 1)
     return [
-        str(SF_PYTHON), str(Path(__file__).with_name("sf_appo.py")),
+        # -P: bench/ stays off its sys.path, where a module of ours could shadow one of its own
+        str(SF_PYTHON), "-P", str(Path(__file__).with_name("sf_appo.py")),
         f"--env={SF_ENVS[config.env.id.split('-v')[0]]}", f"--budget-s={budget_s}", f"--start-time={time.time()}",
         f"--seed={config.run.seed}", f"--workers={workers}", f"--envs-per-worker={per_worker}",
         f"--return-window={RETURN_WINDOW}", f"--async-rl={'on' if async_rl else 'off'}",

@@ -18,6 +18,7 @@ import pytest
 from rich.console import Console
 
 from bench import delay
+from bench.cpu_profile import fold
 from bench.learn import LearnOptions, run_learning_benchmark
 from bench.phases import (
     GatedMeter,
@@ -31,6 +32,7 @@ from bench.phases import (
 from bench.report import RATE_KEYS
 from bench.sf_peer import sf_workers
 from bench.throughput import BenchOptions, run_benchmark
+from tests.conftest import REPO
 from tinker_atropos.config import parse_config
 from tinker_atropos.environment.backends.gymnasium_batch import GymnasiumBatch
 from tinker_atropos.environment.envs import check_env, env_maker
@@ -324,7 +326,8 @@ def test_the_physics_limit_is_refused_for_an_env_the_mujoco_backend_lacks() -> N
 
 def test_a_process_group_meter_stops_the_whole_group_between_slices(tmp_path: Path) -> None:
     """A peer whose child appends a JSON line with its env steps every 20 ms, as Sample Factory's reports: the
-    meter counts it in a slice, and between slices the whole group (child included) is stopped."""
+    meter counts it from report to report over a slice, and between slices the whole group (child included) is
+    stopped."""
     curve = tmp_path / "curve.jsonl"
     child = (
         "import json, sys, time\n"
@@ -342,7 +345,7 @@ def test_a_process_group_meter_stops_the_whole_group_between_slices(tmp_path: Pa
             time.sleep(0.05)
         meter.pause()
         steps, seconds = meter.count(settle_s=0.1, window_s=1.0)
-        assert steps >= 100 and seconds > 0
+        assert steps >= 100 and seconds >= 1.0  # from one report to the first a whole window later
         paused_at = last_env_steps(curve)
         time.sleep(0.5)
         assert last_env_steps(curve) == paused_at, "the child kept running while the group was stopped"
@@ -350,3 +353,33 @@ def test_a_process_group_meter_stops_the_whole_group_between_slices(tmp_path: Pa
         meter.resume()
         meter.send(signal.SIGKILL)
         peer.wait()
+
+
+def test_a_profile_charges_each_sample_to_our_innermost_line_and_sets_waiting_apart() -> None:
+    """py-spy's collapsed stacks (outermost first, then the sample count): samples are charged to the innermost
+    line of our code, read from the source; a line that blocks on another process (the rollout's select on its
+    env stream) is waiting, and the shares are of the rest; a location under 2 % is only counted in ``other``."""
+    ours = REPO / "tinker_atropos"
+    select_line = next(
+        n for n, text in enumerate((ours / "environment" / "streams.py").read_text().splitlines(), 1)
+        if "select.select(" in text
+    )  # fmt: skip
+    raw = "\n".join([
+        f"<module> (run.py:1);serve ({ours}/environment/service.py:40);step ({ours}/environment/backends/mujoco_batch.py:66) 600",
+        f"<module> (run.py:1);send ({ours}/protocol/local_stream.py:10) 290",
+        f"<module> (run.py:1);serve ({ours}/environment/service.py:41) 15",
+        "_bootstrap (threading.py:1);run (threading.py:2) 80",
+        f"<module> (run.py:1);answer ({ours}/environment/streams.py:{select_line}) 1000",
+        f"<module> (run.py:1);tiny ({ours}/runtime.py:9) 15",
+    ])  # fmt: skip
+
+    folded = fold(raw)
+
+    assert folded["samples"] == 2000 and folded["waiting"] == 0.5
+    lines = {name.split("  ")[0]: share for name, share in folded["shares"].items()}
+    assert lines == {
+        "environment/backends/mujoco_batch.py:66": 0.6,
+        "protocol/local_stream.py:10": 0.29,
+        "(outside our code) threading.py:2": 0.08,
+    }
+    assert folded["other"] == pytest.approx(0.03)  # service.py:41 and runtime.py:9, 1.5 % each
