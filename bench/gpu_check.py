@@ -72,7 +72,7 @@ def updates(trainer: TrainerSection, device: torch.device, chunks, repeats: int)
 
 
 def act_latency(spec: dict, device: torch.device) -> float:
-    network = InferencePolicy(ActorCritic(spec), device)
+    network = InferencePolicy.of_model(ActorCritic(spec), device)
     obs = np.random.default_rng(0).normal(size=(N, OBS)).astype(np.float32)
     for _ in range(50):  # numpy in and out, as a rollout calls it (torch on the device in between)
         network.act(obs)

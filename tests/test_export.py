@@ -40,7 +40,7 @@ def trained_looking(kind: str, obs_dim: int = 3) -> ActorCritic:
 @pytest.mark.parametrize("kind", list(ACTIONS))
 def test_exported_policies_act_as_the_rollouts_mode(tmp_path: Path, kind: str) -> None:
     model = trained_looking(kind)
-    acting = InferencePolicy(model, torch.device("cpu"))
+    acting = InferencePolicy.of_model(model, "cpu")
     onnx_session = onnxruntime.InferenceSession(str(export_policy(model, tmp_path / "p.onnx", "onnx")))
     exported = torch.export.load(str(export_policy(model, tmp_path / "p.pt2", "pt2"))).module()
     for batch in (1, 7):  # the batch size is free in both formats
@@ -74,7 +74,7 @@ def test_export_from_a_run_folder_and_its_errors(tmp_path: Path) -> None:
     obs = np.zeros((4, 3), np.float32)
     actions = onnxruntime.InferenceSession(str(run_dir / "policy.onnx")).run(None, {"observations": obs})[0]
     np.testing.assert_allclose(
-        actions, InferencePolicy(model, torch.device("cpu")).act(obs, deterministic=True)[0], atol=1e-5
+        actions, InferencePolicy.of_model(model, "cpu").act(obs, deterministic=True)[0], atol=1e-5
     )
 
     wrong = cli("export", str(run_dir), "--format", "tflite")

@@ -84,7 +84,7 @@ def test_the_rollout_acts_with_the_encoded_policy_as_the_trainer_evaluates_it(ki
         observations = np.random.default_rng(0).random((6, 40, 40, 3)).astype(np.float32)
     model = ActorCritic(spec)
     assert model.encoded
-    policy = InferencePolicy(model, torch.device("cpu"), np.random.default_rng(1))
+    policy = InferencePolicy.of_model(model, "cpu", np.random.default_rng(1))
     actions, log_probs, values = policy.act(observations)
     with torch.no_grad():
         normalised = model.normalize_obs(torch.as_tensor(observations))

@@ -110,7 +110,7 @@ def test_inference_policy_equals_the_module(discrete: bool, library: str) -> Non
     model = ActorCritic(spec)
     model.obs_rms.update(torch.randn(64, 4) * 5 + 2)  # non-trivial normalisers, as after training
     model.return_rms.update(torch.randn(64) * 30 - 10)
-    frozen = InferencePolicy(model, torch.device("cpu"), np.random.default_rng(1), library)
+    frozen = InferencePolicy.of_model(model, "cpu", np.random.default_rng(1), library)
     obs = torch.randn(16, 4) * 4
 
     with torch.no_grad():

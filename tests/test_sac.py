@@ -112,9 +112,7 @@ def test_the_rollout_acts_within_the_bounds_with_the_squashed_density() -> None:
         for parameter in model.parameters():
             parameter.add_(torch.randn_like(parameter) * 0.1)
     obs = np.random.default_rng(2).normal(size=(64, OBS)).astype(np.float32)
-    actions, log_probs, values = InferencePolicy(model, torch.device("cpu"), np.random.default_rng(3)).act(
-        obs
-    )
+    actions, log_probs, values = InferencePolicy.of_model(model, "cpu", np.random.default_rng(3)).act(obs)
     assert values is None and actions.shape == (64, ACT)
     assert np.all(np.abs(actions) <= 2.0)
     with torch.no_grad():
@@ -126,7 +124,7 @@ def test_the_rollout_acts_within_the_bounds_with_the_squashed_density() -> None:
         expected = density.log_prob(torch.as_tensor(actions)).sum(-1)
     np.testing.assert_allclose(log_probs, expected.numpy(), rtol=1e-3, atol=2e-3)
     # evaluation acts with tanh of the mean, scaled to the bounds
-    modes, mode_log_probs, _ = InferencePolicy(model, torch.device("cpu")).act(obs, deterministic=True)
+    modes, mode_log_probs, _ = InferencePolicy.of_model(model, "cpu").act(obs, deterministic=True)
     np.testing.assert_allclose(modes, 2.0 * np.tanh(mean.numpy()), rtol=1e-5, atol=1e-6)
     with torch.no_grad():
         expected_modes = density.log_prob(torch.as_tensor(modes)).sum(-1)

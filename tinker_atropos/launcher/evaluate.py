@@ -12,7 +12,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from tinker_atropos.config import Config
 from tinker_atropos.environment.backends.base import make_env_batch
@@ -43,7 +42,7 @@ def acting_policy(
 ) -> tuple[InferencePolicy, RunPolicy]:
     """The policy of ``checkpoint`` (or the run's newest) as the rollouts act with it, on the CPU."""
     found = run_policy(run_dir, checkpoint, config.trainer.model.network)
-    return InferencePolicy(found.model, torch.device("cpu"), np.random.default_rng(seed)), found
+    return InferencePolicy.of_model(found.model, "cpu", np.random.default_rng(seed)), found
 
 
 def evaluate(

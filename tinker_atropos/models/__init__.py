@@ -1,1 +1,2 @@
-"""Networks that algorithms learn and rollouts act with: ``mlp`` (built), ``acting`` (acting from a spec), ``weights`` (the wire form)."""
+"""Networks that algorithms learn and rollouts act with: ``mlp`` (built), ``spec`` (what a published spec says,
+read without torch), ``acting`` (acting from a spec), ``weights`` (the wire form)."""

@@ -6,109 +6,141 @@ gives actions, their log-probabilities and, when it has a critic, values.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-import torch
-from torch import nn
 
-from tinker_atropos.models.mlp import LOG_STD_MAX, LOG_STD_MIN, MODEL, ActorCritic
-from tinker_atropos.models.networks import build_network
-from tinker_atropos.models.weights import weights_from_bytes
+from tinker_atropos.models.spec import (
+    LOG_STD_MAX,
+    LOG_STD_MIN,
+    MODEL,
+    RMS_EPSILON,
+    action_layout,
+    mlp_state_shapes,
+    squash_bounds,
+)
+from tinker_atropos.models.weights import load_weights, state_arrays, weights_from_bytes
+
+if TYPE_CHECKING:
+    import torch
+
+    from tinker_atropos.models.mlp import ActorCritic
 
 
 class InferencePolicy:
-    """One version of an ActorCritic frozen for acting: what a rollout calls on every step.
+    """One version of a policy frozen for acting: what a rollout calls on every step.
 
-    A user network (an ActorCritic subclass, ``models.networks``) or one with observation encoders runs as its
-    own modules, in torch; the built-in MLP runs in the frozen form below.
+    Built from the spec and the state dict as numpy arrays, the built-in MLP runs in the frozen form below; a user
+    network (an ActorCritic subclass, ``models.networks``) or one with observation encoders runs as its own
+    ``module``, in torch.
 
     A rollout runs the network on a few instances at a time, where the fixed cost per op outweighs the
     arithmetic, so the frozen form does fewer ops: actor and critic (if any) run as one MLP (first layers
     stacked, the others block-diagonal), the normalisers' statistics are cast once, and a Gaussian's log-prob comes from its
-    standard-normal draw. On a CPU it computes with numpy: a rollout acts once per env round trip, after
-    idling while the physics ran, and there a torch call costs about 3x a numpy one (483 against 166 µs for
-    16 Humanoid instances). Elsewhere it keeps torch tensors on the device. One forward serves both: it uses
-    only operations numpy and torch spell alike. Results equal the module's up to float rounding (a test
-    compares them, for both libraries).
+    standard-normal draw. On a CPU it computes with numpy, and torch is never imported: a rollout acts once per
+    env round trip, after idling while the physics ran, and there a torch call costs about 3x a numpy one (483
+    against 166 µs for 16 Humanoid instances). Elsewhere it keeps torch tensors on the device. One forward serves
+    both: it uses only operations numpy and torch spell alike. Results equal the module's up to float rounding (a
+    test compares them, for both libraries).
     """
 
-    @torch.no_grad()
     def __init__(
         self,
-        model: ActorCritic,
-        device: torch.device,
+        spec: dict[str, Any],
+        state: Mapping[str, np.ndarray],
+        device: str | torch.device = "cpu",
         rng: np.random.Generator | None = None,
         library: Literal["numpy", "torch"] | None = None,
+        module: ActorCritic | None = None,
     ) -> None:
-        spec = model.spec
-        self.discrete, self.action_start, self.device = model.discrete, model.action_start, device
-        # the fused form knows the built-in MLP only: a user network or encoders act as their modules
-        fusable = type(model) is ActorCritic and not model.encoded
-        self.module = None if fusable else model.to(device).eval()
-        if self.module is not None:
+        self.device = str(device)
+        self.module = module
+        if module is not None:
             library = "torch"
-        self.xp: Any = {"numpy": np, "torch": torch}[
-            library or ("numpy" if device.type == "cpu" else "torch")
-        ]
+        library = library or ("numpy" if self.device == "cpu" else "torch")
+        if library == "torch":
+            import torch
+
+            self.xp: Any = torch
+            if module is not None:
+                self.module = module.to(self.device).eval()
+        else:
+            self.xp = np
+        action = action_layout(spec)
+        self.discrete, self.action_start, self.squashed = action.discrete, action.start, action.squashed
+        self.n_out = action.actor_outputs
         self.rng = rng or np.random.default_rng()
-        self.has_critic = model.has_critic
-        self.n_out = model.actor_outputs
-        self.layers = [] if self.module is not None else self._fused_layers(model)
+        self.has_critic = bool(spec.get("critic", True))
+        self.layers = [] if module is not None else self._fused_layers(state)
         self.activation = {
             "tanh": self.xp.tanh,
             "relu": lambda x: self.xp.clip(x, 0.0, None),
         }[spec["activation"]]
         self.obs_stats = (
-            (self._array(model.obs_rms.mean), self._array(model.obs_rms.std()))
+            (self._array(state["obs_rms.mean"]), self._array(_rms_std(state, "obs_rms")))
             if spec["normalize_observations"]
             else None
         )
-        ret_std, ret_mean = (
-            (model.return_rms.std().item(), model.return_rms.mean.item())
+        self.return_std, self.return_mean = (
+            (float(_rms_std(state, "return_rms")), float(state["return_rms.mean"]))
             if spec["normalize_returns"]
             else (1.0, 0.0)
         )
-        self.return_std, self.return_mean = ret_std, ret_mean
-        self.squashed = model.squashed
         if self.squashed:  # the actor outputs [mean, log std]; actions are scaled from [-1, 1] to the bounds
-            self.action_dim = self.n_out // 2
-            self.action_mid, self.action_half = (
-                self._array(model.action_mid),
-                self._array(model.action_half_range),
-            )
+            self.action_dim = action.n
+            mid, half_range = squash_bounds(spec)
+            self.action_mid, self.action_half = self._array(mid), self._array(half_range)
             # log |d env action / d unit action|, and the Gaussian's constant, per draw
             self.log_prob_offset = -(
-                model.action_half_range.log().sum().item() + self.action_dim * 0.5 * math.log(2 * math.pi)
+                float(np.log(half_range).sum()) + self.action_dim * 0.5 * math.log(2 * math.pi)
             )
         elif not self.discrete:
-            log_std = model.actor_logstd.reshape(-1)
-            self.action_std = self._array(log_std.exp())
+            log_std = np.asarray(state["actor_logstd"], dtype=np.float32).reshape(-1)
+            self.action_std = self._array(np.exp(log_std))
             # log N(mean + std * eps | mean, std) = -eps^2 / 2 - log std - log sqrt(2 pi), summed over dimensions
-            self.log_prob_offset = -(log_std.sum().item() + self.n_out * 0.5 * math.log(2 * math.pi))
+            self.log_prob_offset = -(float(log_std.sum()) + self.n_out * 0.5 * math.log(2 * math.pi))
 
-    def _fused_layers(self, model: ActorCritic) -> list[tuple[Any, Any]]:
+    @classmethod
+    def of_model(
+        cls,
+        model: ActorCritic,
+        device: str | torch.device = "cpu",
+        rng: np.random.Generator | None = None,
+        library: Literal["numpy", "torch"] | None = None,
+    ) -> InferencePolicy:
+        """The acting form of a network in memory (the trainer's evaluation, ``eval``, tests)."""
+        from tinker_atropos.models.mlp import ActorCritic
+
+        # the fused form knows the built-in MLP only: a user network or encoders act as their modules
+        fusable = type(model) is ActorCritic and not model.encoded
+        return cls(model.spec, state_arrays(model), device, rng, library, None if fusable else model)
+
+    def _fused_layers(self, state: Mapping[str, np.ndarray]) -> list[tuple[Any, Any]]:
         """(weight, bias) of each layer of the MLP; with a critic, actor and critic as one wider layer."""
-        actor = [m for m in model.actor if isinstance(m, nn.Linear)]
+        actor = _linear_layers(state, "actor")
         if not self.has_critic:
-            return [(self._array(a.weight.T), self._array(a.bias)) for a in actor]
-        critic = [m for m in model.critic if isinstance(m, nn.Linear)]
+            return [(self._array(weight.T), self._array(bias)) for weight, bias in actor]
         layers = []
-        for depth, (a, c) in enumerate(zip(actor, critic, strict=True)):
-            weight = torch.cat([a.weight, c.weight]) if depth == 0 else torch.block_diag(a.weight, c.weight)
-            layers.append((self._array(weight.T), self._array(torch.cat([a.bias, c.bias]))))
+        for depth, ((a, a_bias), (c, c_bias)) in enumerate(
+            zip(actor, _linear_layers(state, "critic"), strict=True)
+        ):
+            weight = np.concatenate([a, c]) if depth == 0 else _block_diagonal(a, c)
+            layers.append((self._array(weight.T), self._array(np.concatenate([a_bias, c_bias]))))
         return layers
 
-    def _array(self, tensor: torch.Tensor) -> Any:
-        """A float32 parameter in this policy's library, contiguous, on its device; detached, so acting records
-        no autograd graph and needs no inference_mode around it (a cost on every step)."""
-        tensor = tensor.detach().float().contiguous()
-        return tensor.numpy().copy() if self.xp is np else tensor.to(self.device)
+    def _array(self, array: np.ndarray) -> Any:
+        """A float32 parameter in this policy's library, contiguous, on its device; no autograd graph, so acting
+        needs no inference_mode around it (a cost on every step)."""
+        array = np.ascontiguousarray(array, dtype=np.float32)
+        if self.xp is np:
+            return array.copy()
+        return self.xp.as_tensor(array, device=self.device).clone()
 
     def _input(self, obs: np.ndarray) -> Any:
         if self.xp is np:
             return np.asarray(obs, dtype=np.float32)
-        return torch.as_tensor(obs, dtype=torch.float32, device=self.device)
+        return self.xp.as_tensor(obs, dtype=self.xp.float32, device=self.device)
 
     def _output(self, array: Any) -> np.ndarray:
         return array if self.xp is np else array.cpu().numpy()
@@ -121,17 +153,17 @@ class InferencePolicy:
                 if deterministic
                 else self.rng.standard_normal(shape, dtype=np.float32)
             )
-        return (torch.zeros if deterministic else torch.randn)(shape, device=self.device)
+        return (self.xp.zeros if deterministic else self.xp.randn)(shape, device=self.device)
 
     def _uniform(self, shape: tuple[int, ...]) -> Any:
         if self.xp is np:
             return self.rng.random(shape, dtype=np.float32)
-        return torch.rand(shape, device=self.device)
+        return self.xp.rand(shape, device=self.device)
 
     def _forward(self, obs: Any) -> tuple[Any, Any]:
         """(actor output, value in return units or None without a critic)."""
         if self.module is not None:
-            with torch.no_grad():
+            with self.xp.no_grad():
                 module, normalised = self.module, self.module.normalize_obs(obs)
                 value = (
                     module.denormalize_value(module.normalized_value(normalised)) if self.has_critic else None
@@ -192,11 +224,28 @@ class InferencePolicy:
         return self._output(value)
 
 
-def load_network(spec: dict[str, Any], blob: bytes, network: str = "mlp") -> ActorCritic:
-    """The network of published weights; ValueError for a model this package does not build, a spec that does
-    not build one, or weights that do not load into it (or are not finite). ``network``: the one network this
-    process's config names; a spec naming another is refused before anything is imported, so that a weights
-    record can never make a rollout import a module of its choice."""
+def _rms_std(state: Mapping[str, np.ndarray], normaliser: str) -> np.ndarray:
+    """A running normaliser's standard deviation in float32, as ``RunningMeanStd.std``."""
+    return np.sqrt(state[f"{normaliser}.var"] + RMS_EPSILON).astype(np.float32)
+
+
+def _linear_layers(state: Mapping[str, np.ndarray], head: str) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(weight [out, in], bias) of the Linear layers of a head (an ``nn.Sequential``), in order."""
+    depths = sorted(
+        int(name.split(".")[1]) for name in state if name.startswith(f"{head}.") and name.endswith(".weight")
+    )
+    return [(state[f"{head}.{depth}.weight"], state[f"{head}.{depth}.bias"]) for depth in depths]
+
+
+def _block_diagonal(a: np.ndarray, c: np.ndarray) -> np.ndarray:
+    out = np.zeros((a.shape[0] + c.shape[0], a.shape[1] + c.shape[1]), dtype=np.float32)
+    out[: a.shape[0], : a.shape[1]], out[a.shape[0] :, a.shape[1] :] = a, c
+    return out
+
+
+def _check_model(spec: dict[str, Any], network: str) -> None:
+    """ValueError for weights of a model or network other than this process's config names: refused before
+    anything is imported, so that a weights record can never make a rollout import a module of its choice."""
     if spec.get("model", MODEL) != MODEL:
         raise ValueError(
             f"published weights of model {spec.get('model')!r}; this rollout acts with {MODEL!r}"
@@ -206,25 +255,52 @@ def load_network(spec: dict[str, Any], blob: bytes, network: str = "mlp") -> Act
             f"published weights of network {spec.get('network')!r}; this rollout's trainer.model.network is "
             f"{network!r}"
         )
+
+
+def load_network(spec: dict[str, Any], blob: bytes, network: str = "mlp") -> ActorCritic:
+    """The network of published weights, in torch; ValueError for a model this package does not build, a spec
+    that does not build one, or weights that do not load into it (or are not finite). ``network``: the one network
+    this process's config names."""
+    from tinker_atropos.models.networks import build_network
+
+    _check_model(spec, network)
     try:
         model = build_network(spec)
     except (
         ValueError
     ) as error:  # a spec of something else, or a user network that cannot be imported or built
         raise ValueError(f"weights that do not fit their spec: {error}") from None
-    try:
-        model.load_state_dict(weights_from_bytes(blob))
-    except (KeyError, TypeError, RuntimeError) as error:  # a spec or state dict of something else
-        raise ValueError(f"weights that do not fit their spec: {type(error).__name__}: {error}") from None
+    load_weights(model, blob)
     return model
 
 
 def load_policy(
     spec: dict[str, Any],
     blob: bytes,
-    device: torch.device,
+    device: str | torch.device = "cpu",
     rng: np.random.Generator | None = None,
     network: str = "mlp",
 ) -> InferencePolicy:
-    """The acting form of published weights (``load_network``'s checks and errors)."""
-    return InferencePolicy(load_network(spec, blob, network), device, rng)
+    """The acting form of published weights (``load_network``'s checks and errors). The built-in MLP without
+    encoders is read with numpy alone, its state checked name by name and shape by shape against its spec."""
+    _check_model(spec, network)
+    if network != "mlp" or "obs_layout" in spec:
+        return InferencePolicy.of_model(load_network(spec, blob, network), device, rng)
+    state = weights_from_bytes(blob)
+    expected = mlp_state_shapes(spec)
+    shapes = {name: array.shape for name, array in state.items()}
+    if shapes != expected:
+        wrong = sorted(
+            name for name in expected.keys() | shapes.keys() if shapes.get(name) != expected.get(name)
+        )
+        raise ValueError(
+            "weights that do not fit their spec: "
+            + ", ".join(
+                f"{name} is {shapes.get(name, 'missing')}, expected {expected.get(name, 'none')}"
+                for name in wrong[:5]
+            )
+        )
+    try:
+        return InferencePolicy(spec, state, device, rng)
+    except (KeyError, TypeError, ValueError) as error:  # a spec whose other fields do not fit (an activation)
+        raise ValueError(f"a spec this rollout cannot act with: {type(error).__name__}: {error}") from None

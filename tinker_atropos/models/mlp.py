@@ -18,10 +18,14 @@ from torch import nn
 from torch.distributions import Categorical, Distribution, Normal
 
 from tinker_atropos.models.encoders import ObservationEncoder
-
-MODEL = "mlp"  # the spec's "model": what ``models.acting`` builds from it
-# A squashed Gaussian's log standard deviation, state-dependent, is kept in this range (as CleanRL's SAC)
-LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
+from tinker_atropos.models.spec import (
+    LOG_STD_MAX,
+    LOG_STD_MIN,
+    MODEL,
+    RMS_EPSILON,
+    action_layout,
+    squash_bounds,
+)
 
 
 def mlp_spec(
@@ -97,7 +101,7 @@ class RunningMeanStd(nn.Module):
         self.count.copy_(total)
 
     def std(self) -> torch.Tensor:
-        return torch.sqrt(self.var + 1e-8).to(torch.float32)
+        return torch.sqrt(self.var + RMS_EPSILON).to(torch.float32)
 
 
 def _layer(n_in: int, n_out: int, std: float) -> nn.Linear:
@@ -123,12 +127,13 @@ class ActorCritic(nn.Module):
         super().__init__()
         self.spec = spec
         obs_dim = int(np.prod(spec["obs_shape"]))
-        self.discrete = spec["action"]["kind"] == "discrete"
-        n_out = spec["action"]["n"] if self.discrete else int(np.prod(spec["action"]["shape"]))
-        # Discrete(n, start): the env's actions are start..start+n-1, the categorical's indices 0..n-1
-        self.action_start = int(spec["action"].get("start", 0)) if self.discrete else 0
-        # squashed: the actor outputs a mean and a log standard deviation per action dimension
-        self.squashed = bool(spec["action"].get("squash", False))
+        action = action_layout(spec)
+        self.discrete, self.action_start, self.squashed, n_out = (
+            action.discrete,
+            action.start,
+            action.squashed,
+            action.n,
+        )
         hidden, activation = spec["hidden_sizes"], spec["activation"]
         self.obs_rms = RunningMeanStd((obs_dim,))
         self.return_rms = RunningMeanStd(())
@@ -146,14 +151,12 @@ class ActorCritic(nn.Module):
 
         self.critic = head(1, out_std=1.0) if self.has_critic else None
         self.obs_dim = obs_dim
-        self.actor_outputs = n_out * (
-            2 if self.squashed else 1
-        )  # what ``actor`` maps a normalised observation to
+        self.actor_outputs = action.actor_outputs  # what ``actor`` maps a normalised observation to
         self.actor = head(self.actor_outputs, out_std=0.01)
         if self.squashed:
-            low, high = (torch.tensor(spec["action"][k], dtype=torch.float32) for k in ("low", "high"))
-            self.register_buffer("action_mid", (high + low) / 2, persistent=False)
-            self.register_buffer("action_half_range", (high - low) / 2, persistent=False)
+            mid, half_range = squash_bounds(spec)
+            self.register_buffer("action_mid", torch.from_numpy(mid), persistent=False)
+            self.register_buffer("action_half_range", torch.from_numpy(half_range), persistent=False)
         elif not self.discrete:
             self.actor_logstd = nn.Parameter(torch.full((1, n_out), float(spec["init_log_std"])))
 

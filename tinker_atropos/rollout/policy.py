@@ -8,7 +8,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import redis
-import torch
 
 from tinker_atropos.models.acting import InferencePolicy, load_policy
 from tinker_atropos.security import signing_key
@@ -38,7 +37,7 @@ class VersionedPolicy:
 class PolicySource:
     """Pulls new weights from Redis on demand; shared by all sessions of a rollout service."""
 
-    def __init__(self, client: redis.Redis, run: str, device: torch.device, network: str = "mlp") -> None:
+    def __init__(self, client: redis.Redis, run: str, device: str, network: str = "mlp") -> None:
         self._client, self._run, self._device = client, run, device
         self._network = network  # trainer.model.network: the only one this rollout builds
         self._key = signing_key("weights")  # weights not signed with it are refused

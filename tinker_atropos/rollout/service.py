@@ -4,13 +4,13 @@ every one of them; acts with the latest published policy, whatever algorithm lea
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 
 import grpc
 import numpy as np
 import redis
-import torch
 
 from tinker_atropos import runtime
 from tinker_atropos.config import Config
@@ -32,8 +32,9 @@ class RolloutService:
     def __init__(self, config: Config, client: redis.Redis, incarnation: str) -> None:
         self.config, self.client, self.incarnation = config, client, incarnation
         self.counters = SessionCounters()
-        self.policy = PolicySource(client, config.run.name, resolve_device(config.rollout.device),
-                                   config.trainer.model.network)  # fmt: skip
+        device = config.rollout.device  # "auto" only imports torch, to look for CUDA
+        device = str(resolve_device(device)) if device == "auto" else device
+        self.policy = PolicySource(client, config.run.name, device, config.trainer.model.network)
         self.writer = ExperienceWriter(
             client, config.run.name, config.rollout.max_queued_chunks, signing_key("experience")
         )
@@ -109,7 +110,9 @@ def serve(config: Config, redis_url: str, endpoint: Endpoint) -> None:
     """Run one rollout service until SIGTERM/SIGINT."""
 
     def build(client: redis.Redis, incarnation: str) -> RolloutService:
-        torch.set_num_threads(1)  # acting on a few dozen observations gains nothing from threads
+        # acting on a few dozen observations gains nothing from threads; torch, when a user network or a GPU
+        # makes the rollout import it, reads this as it loads
+        os.environ["OMP_NUM_THREADS"] = "1"
         return RolloutService(config, client, incarnation)
 
     runtime.serve("rollout", config, redis_url, endpoint, build)

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from tinker_atropos.models.weights import nonfinite_entries, weights_to_bytes
+from tinker_atropos.models.weights import weights_to_bytes
 
 LossFn = Callable[[nn.Module], tuple[torch.Tensor, dict[str, float]]]
 Publisher = Callable[[int, bytes, dict[str, Any]], None]  # (version, weights, spec)
@@ -69,7 +69,10 @@ class TrainingCore:
         """The trained parameters and the buffers that hold a NaN or an infinity (none after a sound update);
         frozen parameters (a LoRA model's base) cannot have changed."""
         trained = {name: p for name, p in self.model.named_parameters() if p.requires_grad}
-        return nonfinite_entries({**trained, **dict(self.model.named_buffers())})
+        state = {**trained, **dict(self.model.named_buffers())}
+        return [
+            name for name, t in state.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())
+        ]
 
     def weights(self) -> bytes:
         return weights_to_bytes(self.model)

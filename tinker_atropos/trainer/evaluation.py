@@ -15,7 +15,6 @@ from typing import Any
 import grpc
 import numpy as np
 import redis
-import torch
 
 from tinker_atropos.config import EvaluationSection
 from tinker_atropos.environment.client import EnvClient
@@ -64,7 +63,7 @@ class PeriodicEvaluation:
                 self._missing_logged = True
             return
         rng = np.random.default_rng(self.seed + version)
-        policy = load_policy(spec, weights, torch.device("cpu"), rng, self.network)
+        policy = load_policy(spec, weights, "cpu", rng, self.network)
         try:
             returns = self._play(services[0].address, policy, version)
         except grpc.RpcError as error:  # the eval env service went away or is busy: the next one will try

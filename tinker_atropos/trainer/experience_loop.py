@@ -29,7 +29,7 @@ from tinker_atropos.algorithms import core as algorithms
 from tinker_atropos.algorithms.core import Learner, LearnerSetup
 from tinker_atropos.config import Config
 from tinker_atropos.environment.client import EnvDescription
-from tinker_atropos.models.weights import weights_from_bytes
+from tinker_atropos.models.weights import load_weights
 from tinker_atropos.protocol.trajectory import RecordError, Trajectory, TrajectorySpec, decode_trajectory
 from tinker_atropos.protocol.v1 import services_pb2
 from tinker_atropos.runtime import CountedWarnings, FatalError, resolve_device
@@ -176,7 +176,7 @@ class ExperienceLoop:
             self.version = published.version + 1
             return
         try:
-            self.learner.core.model.load_state_dict(weights_from_bytes(published.blob))
+            load_weights(self.learner.core.model, published.blob)
         except ValueError as error:  # a NaN in them, or bytes that are not weights: never adopted
             log.warning(
                 "not adopting version %d from Redis (%s); continuing above it", published.version, error
