@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +26,22 @@ REPO = Path(__file__).resolve().parents[1]
 torch.set_num_threads(1)
 for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(variable, "1")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def temporary_folders_under_pytests(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Libraries that make temporary folders of their own and leave them (SB3's logger, wandb's media staging)
+    make them under pytest's base folder, which pytest prunes, not in the machine's /tmp: in this process
+    (``tempfile.tempdir``) and in every process a test starts (``TMPDIR``)."""
+    folder = str(tmp_path_factory.mktemp("tmp"))
+    before = tempfile.tempdir, os.environ.get("TMPDIR")
+    tempfile.tempdir, os.environ["TMPDIR"] = folder, folder
+    yield
+    tempfile.tempdir = before[0]
+    if before[1] is None:
+        del os.environ["TMPDIR"]
+    else:
+        os.environ["TMPDIR"] = before[1]
 
 
 @pytest.fixture(scope="module")

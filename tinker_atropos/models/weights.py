@@ -47,7 +47,9 @@ def _load(blob: bytes) -> dict[str, np.ndarray]:
         import torch
 
         state = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
-        if not isinstance(state, dict) or not all(isinstance(t, torch.Tensor) for t in state.values()):
+        if not isinstance(state, dict) or not all(
+            isinstance(k, str) and isinstance(t, torch.Tensor) for k, t in state.items()
+        ):
             raise ValueError("weights that are not a state dict of tensors")
         odd = [name for name, t in state.items() if t.layout != torch.strided or t.device.type != "cpu"]
         if odd:  # sparse or meta tensors, which torch.load also makes: nothing a model of ours holds
