@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -112,3 +113,24 @@ def wait_for(condition, timeout_s: float, what: str, interval_s: float = 0.1):
             return value
         time.sleep(interval_s)
     pytest.fail(f"timed out after {timeout_s}s waiting for {what}")
+
+
+def stop_process(pid: int) -> None:
+    """SIGSTOP ``pid`` and wait until every one of its threads is stopped.
+
+    The kernel stops a multi-threaded process only once one of its threads takes the signal and tells the
+    others: until then a thread woken by a socket can still answer. A test of what a stopped service does must
+    wait for the stop."""
+    os.kill(pid, signal.SIGSTOP)
+
+    def all_stopped() -> bool:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            try:
+                state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            except FileNotFoundError:  # a thread that ended meanwhile
+                continue
+            if state not in "Tt":
+                return False
+        return True
+
+    wait_for(all_stopped, 10, f"every thread of process {pid} to stop", interval_s=0.01)

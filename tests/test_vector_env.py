@@ -17,7 +17,7 @@ import pytest
 from gymnasium.utils.env_checker import data_equivalence
 from gymnasium.vector import AutoresetMode
 
-from tests.conftest import REPO, Processes, wait_for
+from tests.conftest import REPO, Processes, stop_process, wait_for
 from tests.support.reach_env import Reach
 from tests.support.running import config_file
 from tinker_atropos import RemoteSB3VecEnv, RemoteVectorEnv
@@ -180,7 +180,7 @@ def test_a_stopped_env_service_on_this_host_is_an_error_after_the_answer_timeout
     service = processes.started[0]
     try:
         env.reset(seed=0)
-        service.send_signal(signal.SIGSTOP)
+        stop_process(service.pid)
         started = time.monotonic()
         with pytest.raises(EnvServiceLost, match="DEADLINE_EXCEEDED: the env service did not answer in 2 s"):
             env.step(np.zeros((2, 1), np.float32))
