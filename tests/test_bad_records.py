@@ -16,8 +16,7 @@ import pytest
 import redis
 
 from tests.support.records import serialized_chunk
-from tests.support.running import Sidecar, cli, config_file, report_rows, run_up_with
-from tests.test_learning import assert_learned
+from tests.support.running import Sidecar, assert_learned, cli, config_file, report_rows, run_up_with
 from tinker_atropos.protocol.trajectory import (
     RecordError,
     Trajectory,

@@ -9,18 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support.running import REPO, cli, leftovers, report_rows
+from tests.support.running import REPO, assert_learned, cli, leftovers, report_rows
 from tests.test_video import assert_moving_video
 
 pytestmark = pytest.mark.integration
-METRIC_KEYS = {
-    "env_steps",
-    "wall_time_s",
-    "env_steps_per_s",
-    "episode_return_mean",
-    "policy_version",
-    "trainer_busy",
-}
 
 
 def run_up(
@@ -38,17 +30,6 @@ def run_up(
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert leftovers(run_dir) == "", "processes left behind"
     return report_rows(run_dir)
-
-
-def assert_learned(rows: list[dict], random_below: float, target: float, budget: int) -> None:
-    assert rows and all(row.keys() >= METRIC_KEYS for row in rows)
-    returns = [r["episode_return_mean"] for r in rows if r["episode_return_mean"] is not None]
-    assert returns[0] < random_below, f"the first episodes should be near random play, got {returns[0]}"
-    final = rows[-1]
-    assert final["episode_return_mean"] >= target, f"did not reach {target} within {budget} steps: {returns}"
-    assert final["env_steps"] <= budget + 20_000
-    assert final["policy_version"] > 0
-    assert [r["env_steps"] for r in rows] == sorted(r["env_steps"] for r in rows)
 
 
 def test_pendulum_learns_to_swing_up(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ import torch
 import yaml
 
 from tests.support.reach_env import SIDE, Reach
-from tests.support.running import cli, leftovers, report_rows
+from tests.support.running import assert_learned, cli, leftovers, report_rows
 from tinker_atropos.config import parse_config
 from tinker_atropos.environment.backends.gymnasium_batch import GymnasiumBatch
 from tinker_atropos.environment.envs import EnvError, check_env
@@ -114,8 +114,6 @@ def test_a_dict_observation_env_learns_end_to_end(tmp_path: Path) -> None:
                  "--target-return", "-12", timeout=300)  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert leftovers(tmp_path / "run") == ""
-    rows = [r for r in report_rows(tmp_path / "run") if r["episode_return_mean"] is not None]
-    assert rows[0]["episode_return_mean"] < -20, rows[0]
-    assert rows[-1]["episode_return_mean"] >= -12, [r["episode_return_mean"] for r in rows]
+    assert_learned(report_rows(tmp_path / "run"), random_below=-20.0, target=-12.0, budget=60_000)
     for log in (tmp_path / "run" / "logs").glob("*.log"):
         assert "Traceback" not in log.read_text(), log.name

@@ -67,6 +67,33 @@ def report_rows(run_dir: Path) -> list[dict[str, Any]]:
     return [row for row in metrics(run_dir) if "event" not in row]
 
 
+METRIC_KEYS = {
+    "env_steps",
+    "wall_time_s",
+    "env_steps_per_s",
+    "episode_return_mean",
+    "policy_version",
+    "trainer_busy",
+}
+
+
+def assert_learned(rows: list[dict], random_below: float, target: float, budget: int) -> None:
+    """A run of `up --target-return TARGET` that started near random play and reached TARGET within BUDGET."""
+    assert rows and all(row.keys() >= METRIC_KEYS for row in rows)
+    returns = [r["episode_return_mean"] for r in rows if r["episode_return_mean"] is not None]
+    assert returns[0] < random_below, f"the first episodes should be near random play, got {returns[0]}"
+    # the row that stopped the run, not the final one: that is read once every service stopped, and episodes
+    # that ended between the two may move its mean either way
+    reached = [r for r in rows if r["episode_return_mean"] is not None and r["episode_return_mean"] >= target]
+    assert reached and reached[0]["env_steps"] <= budget, (
+        f"did not reach {target} within {budget} steps: {returns}"
+    )
+    final = rows[-1]
+    assert final["env_steps"] <= budget + 20_000
+    assert final["policy_version"] > 0
+    assert [r["env_steps"] for r in rows] == sorted(r["env_steps"] for r in rows)
+
+
 def leftovers(run_dir: Path) -> str:
     """Processes still running with ``run_dir`` on their command line."""
     return subprocess.run(["pgrep", "-af", str(run_dir)], capture_output=True, text=True).stdout

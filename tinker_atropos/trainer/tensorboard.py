@@ -84,7 +84,12 @@ class TensorBoardLog:
     def close(self) -> None:
         self.writer.close()
         if self._wandb_run is not None:
+            import wandb
+
             self._wandb_run.finish()
+            # finish() returns before wandb's service has written the run's file (offline: often only its
+            # header); teardown waits for it, so a process stopped right after loses nothing
+            wandb.teardown()
 
 
 def _start_wandb(section: WandbSection, run_dir: Path, run: str, config: dict[str, Any] | None) -> Any:
