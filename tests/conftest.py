@@ -115,6 +115,15 @@ def wait_for(condition, timeout_s: float, what: str, interval_s: float = 0.1):
     pytest.fail(f"timed out after {timeout_s}s waiting for {what}")
 
 
+def process_state(pid: int, thread: int | None = None) -> str | None:
+    """The state letter /proc gives a process or one of its threads (T: stopped, Z: zombie), None once gone."""
+    path = Path(f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat")
+    try:
+        return path.read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return None
+
+
 def stop_process(pid: int) -> None:
     """SIGSTOP ``pid`` and wait until every one of its threads is stopped.
 
@@ -124,13 +133,7 @@ def stop_process(pid: int) -> None:
     os.kill(pid, signal.SIGSTOP)
 
     def all_stopped() -> bool:
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            try:
-                state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            except FileNotFoundError:  # a thread that ended meanwhile
-                continue
-            if state not in "Tt":
-                return False
-        return True
+        states = (process_state(pid, int(task.name)) for task in Path(f"/proc/{pid}/task").iterdir())
+        return all(state is None or state in "Tt" for state in states)  # None: a thread that ended meanwhile
 
     wait_for(all_stopped, 10, f"every thread of process {pid} to stop", interval_s=0.01)

@@ -5,6 +5,8 @@ import subprocess
 import sys
 import time
 
+from tests.conftest import process_state
+
 PROBE = """
 import json
 import numpy
@@ -36,27 +38,18 @@ signal.pause()
 """
 
 
-def _state(pid: int) -> str | None:
-    """The process's state letter from /proc (T: stopped, Z: zombie), or None once it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return None
-
-
 def test_a_paused_child_does_not_outlive_its_killed_parent_when_its_death_signal_is_sigkill() -> None:
     """The benchmark pauses service processes between its slices; a SIGTERM would stay pending in them."""
     parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True)
     child = int(parent.stdout.readline())
     deadline = time.monotonic() + 10
-    while _state(child) != "T" and time.monotonic() < deadline:
+    while process_state(child) != "T" and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert _state(child) == "T", "the child was not paused"
+    assert process_state(child) == "T", "the child was not paused"
 
     parent.kill()
     parent.wait()
 
-    while _state(child) not in (None, "Z") and time.monotonic() < deadline:
+    while process_state(child) not in (None, "Z") and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert _state(child) in (None, "Z"), f"the paused child {child} outlived its parent"
+    assert process_state(child) in (None, "Z"), f"the paused child {child} outlived its parent"

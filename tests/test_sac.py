@@ -142,16 +142,16 @@ def test_gradient_steps_follow_the_update_to_data_ratio_after_learning_starts() 
 
 
 def test_a_checkpointed_learner_continues_exactly() -> None:
-    """state_dict and the replay buffer's own restore a learner whose next update is bit-identical."""
+    """state_dict and the replay buffer's transitions restore a learner whose next update is bit-identical."""
     rng = np.random.default_rng(5)
     learner = sac_learner(learning_starts=8, batch_size=8)
     learner.learn([chunk(rng, rng.random((6, 2)) < 0.2)])
-    saved, replay = copy.deepcopy(learner.state_dict()), copy.deepcopy(learner.replay.state_dict())
+    saved, replay = copy.deepcopy(learner.state_dict()), learner.replay.since(0)
     more = chunk(rng, rng.random((6, 2)) < 0.2)
     expected = learner.learn([more])
     resumed = sac_learner(learning_starts=8, batch_size=8)
     resumed.load_state_dict(saved)  # also the process's RNGs, as a restarted trainer's
-    resumed.replay.load_state_dict(replay)
+    resumed.replay.refill(replay, added=12)
     assert resumed.learn([more]) == expected
     for a, b in zip(learner.core.model.parameters(), resumed.core.model.parameters(), strict=True):
         assert torch.equal(a, b)
@@ -164,10 +164,13 @@ def test_the_ring_keeps_the_latest_transitions_and_restores_them_oldest_first() 
     for c in chunks:
         buffer.add(c)
     latest = np.concatenate([c.rewards.reshape(-1) for c in chunks])[-10:]
-    np.testing.assert_array_equal(buffer.state_dict()["rewards"].numpy(), latest)
+    np.testing.assert_array_equal(buffer.since(0)["rewards"], latest)
+    assert buffer.added == 18
+    np.testing.assert_array_equal(buffer.since(15)["rewards"], latest[-3:])  # numbered as they came in
     smaller = ReplayBuffer(4, (OBS,), (ACT,))
-    smaller.load_state_dict(buffer.state_dict())
-    np.testing.assert_array_equal(smaller.state_dict()["rewards"].numpy(), latest[-4:])
+    smaller.refill(buffer.since(0), buffer.added)
+    np.testing.assert_array_equal(smaller.since(0)["rewards"], latest[-4:])
+    assert smaller.added == 18 and len(smaller.since(16)["rewards"]) == 2
 
 
 def test_sac_refuses_a_discrete_action_space_and_other_algorithms_fields() -> None:

@@ -11,6 +11,7 @@ import torch
 from tinker_atropos.config import parse_config
 from tinker_atropos.environment.client import EnvDescription
 from tinker_atropos.protocol.trajectory import Trajectory
+from tinker_atropos.state.checkpoints import read_checkpoint, save_checkpoint
 from tinker_atropos.state.weights import fetch_weights, published_version
 from tinker_atropos.trainer.experience_loop import ExperienceLoop
 
@@ -109,3 +110,43 @@ def test_version_goes_above_weights_of_another_model(tmp_path: Path, redis_clien
     fresh.setup(pendulum_env())
     assert fresh.version == 42
     assert fetch_weights(redis_client, "other").spec["hidden_sizes"] == [64, 64]
+
+
+def test_sac_resumes_its_replay_buffer_from_the_journal_beside_small_checkpoints(
+    tmp_path: Path, redis_client
+) -> None:
+    config = parse_config({"run": {"name": "sac-resume"}, "env": {"id": "Pendulum-v1"},
+                           "trainer": {"algorithm": "sac", "sac": {"learning_starts": 16, "batch_size": 8}}})  # fmt: skip
+    first = ExperienceLoop(config, redis_client, tmp_path)
+    first.setup(pendulum_env())
+    for i in range(3):
+        first.learner.learn([chunk(i, first.version)])
+        first.version += 1
+        first.checkpoint()
+    replay = first.learner.replay
+    # each checkpoint wrote the 16 transitions it had not written, and counts them; none inside the file
+    segments = [(start, stop) for start, stop, _ in first.journal.segments()]
+    assert segments == [(0, 16), (16, 32), (32, 48)]
+    [*_, latest] = sorted((tmp_path / "checkpoints").glob("checkpoint-*.pt"))
+    assert read_checkpoint(latest)["replay"] == {"added": 48}
+
+    second = ExperienceLoop(config, redis_client, tmp_path)
+    second.setup(pendulum_env())
+    assert second.learner.replay.added == 48
+    for name, rows in replay.since(0).items():
+        np.testing.assert_array_equal(second.learner.replay.since(0)[name], rows, err_msg=name)
+    # it goes on numbering from there: its next checkpoint's segment follows the last
+    second.learner.learn([chunk(7, second.version)])
+    second.checkpoint()
+    assert [(a, b) for a, b, _ in second.journal.segments()][-1] == (48, 64)
+
+    # a checkpoint of the earlier format held the transitions: they come back, then journal on
+    old = tmp_path / "format-2"
+    state = read_checkpoint(latest)
+    state["format"], state["replay"] = 2, {n: torch.from_numpy(rows) for n, rows in replay.since(0).items()}
+    save_checkpoint(old / "checkpoints", 3, state, keep=1)
+    third = ExperienceLoop(config, redis_client, old)
+    third.setup(pendulum_env())
+    assert third.learner.replay.added == 48
+    np.testing.assert_array_equal(third.learner.replay.since(0)["rewards"], replay.since(0)["rewards"])
+    assert [(a, b) for a, b, _ in third.journal.segments()] == [(0, 48)]

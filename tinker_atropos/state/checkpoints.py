@@ -7,11 +7,13 @@ so a crash mid-write leaves the previous checkpoint intact.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 log = logging.getLogger(__name__)
 
@@ -22,21 +24,27 @@ def checkpoint_path(directory: Path, version: int) -> Path:
     return directory / f"{PREFIX}{version:010d}.pt"
 
 
-def save_checkpoint(directory: Path, version: int, state: dict[str, Any], keep: int) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    target = checkpoint_path(directory, version)
-    import torch  # here, not at the top: readers of checkpoint names (``up``) need not load torch
-
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".pt")
+def write_atomically(target: Path, write: Callable[[BinaryIO], object]) -> None:
+    """``write`` into a temporary file beside ``target``, synced, then renamed onto it: a crash mid-write leaves
+    what was there before."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-", suffix=target.suffix)
     try:
         with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def save_checkpoint(directory: Path, version: int, state: dict[str, Any], keep: int) -> Path:
+    target = checkpoint_path(directory, version)
+    import torch  # here, not at the top: readers of checkpoint names (``up``) need not load torch
+
+    write_atomically(target, functools.partial(torch.save, state))
     for old in sorted(directory.glob(f"{PREFIX}*.pt"))[:-keep]:
         old.unlink(missing_ok=True)
     return target

@@ -36,6 +36,7 @@ from tinker_atropos.runtime import CountedWarnings, FatalError, resolve_device
 from tinker_atropos.security import signing_key
 from tinker_atropos.state.checkpoints import load_latest_checkpoint, save_checkpoint
 from tinker_atropos.state.experience import ExperienceReader, add_stats
+from tinker_atropos.state.replay_journal import ReplayJournal
 from tinker_atropos.state.weights import fetch_weights, publish_weights, verified_version
 from tinker_atropos.trainer.evaluation import PeriodicEvaluation
 from tinker_atropos.trainer.metrics import BusyMeter, LagMeter
@@ -44,7 +45,9 @@ from tinker_atropos.trainer.tensorboard import TensorBoardLog
 log = logging.getLogger(__name__)
 
 SYNC_INTERVAL_S = 1.0
-CHECKPOINT_FORMAT = 2  # {"format", "algorithm", "learner": Learner.state_dict(), "replay", "counters"}
+# {"format", "algorithm", "learner": Learner.state_dict(), "replay", "policy", "counters"}; "replay" is None or
+# {"added": N}, the buffer's transitions being in the journal's segments (format 2 held them in the file)
+CHECKPOINT_FORMAT = 3
 
 
 class TrainingDiverged(FatalError):
@@ -56,6 +59,8 @@ class ExperienceLoop:
         self.config, self.client, self.run = config, client, config.run.name
         self.weights_key = signing_key("weights")  # what the rollouts check the published weights against
         self.checkpoint_dir = run_dir / "checkpoints"
+        self.journal = ReplayJournal(self.checkpoint_dir / "replay")  # used by an off-policy learner only
+        self._journaled = 0  # the replay buffer's transitions numbered below this are in the journal
         self.device = resolve_device(config.trainer.device)
         self.algorithm = algorithms.algorithm(config.trainer.algorithm)
         self.incarnation = ""
@@ -140,22 +145,40 @@ class ExperienceLoop:
         assert self.learner is not None
         restored = load_latest_checkpoint(self.checkpoint_dir)
         if restored is None:
+            self._restore_replay(None)
             return
         path, state = restored
-        core = state["learner"].get("core", {}) if state.get("format") == CHECKPOINT_FORMAT else {}
+        core = state["learner"].get("core", {}) if state.get("format", 1) >= 2 else {}
         version = core.get("version", state.get("counters", {}).get("version", 0))  # format 1: in counters
         if state.get("algorithm") != self.algorithm.name or core.get("spec") != self.learner.core.spec:
             log.warning("checkpoint %s is of another algorithm, model or layout; starting fresh above its "
                         "version %d", path, version)  # fmt: skip
             self.version = version + 1
+            self._restore_replay(None)
             return
         self.learner.load_state_dict(state["learner"])
-        if self.learner.replay is not None and state.get("replay") is not None:
-            self.learner.replay.load_state_dict(state["replay"])
-            log.info("replay buffer restored: %d transitions", len(self.learner.replay))
+        self._restore_replay(state.get("replay"))
         counters = state["counters"]
         self.updates, self.env_steps_trained = counters["updates"], counters["env_steps_trained"]
         log.info("resumed from %s at policy version %d", path, self.version)
+
+    def _restore_replay(self, saved: dict[str, Any] | None) -> None:
+        """Refill an off-policy learner's buffer as the checkpoint left it, and drop journal segments written
+        after it (``saved`` None: the buffer starts empty, the whole journal is dropped)."""
+        replay = self.learner.replay if self.learner is not None else None
+        if replay is None:
+            return
+        if saved is not None and "rewards" in saved:  # format 2: the transitions inside the checkpoint
+            columns = {name: rows.numpy() for name, rows in saved.items()}
+            added = len(columns["rewards"])
+            self.journal.append(0, columns)  # so that the next checkpoint's segment follows on
+        else:
+            added = saved["added"] if saved is not None else 0
+            columns = self.journal.restore(added, replay.capacity)
+        if columns is not None:
+            replay.refill(columns, added)
+            log.info("replay buffer restored: %d transitions", len(replay))
+        replay.added = self._journaled = added
 
     def adopt_newer_weights(self) -> None:
         """Weights in Redis newer than the checkpoint (a trainer killed between checkpoints) are the policy
@@ -193,17 +216,25 @@ class ExperienceLoop:
             "format": CHECKPOINT_FORMAT,
             "algorithm": self.algorithm.name,
             "learner": self.learner.state_dict(),
-            "replay": None if self.learner.replay is None else self.learner.replay.state_dict(),
+            "replay": None if self.learner.replay is None else {"added": self.learner.replay.added},
             # the acting policy as the rollouts receive it: what `tinker-atropos eval` and `export` load
             "policy": {"spec": core.spec, "version": core.version, "weights": core.weights()},
             "counters": {"updates": self.updates, "env_steps_trained": self.env_steps_trained},
         }
 
     def checkpoint(self) -> None:
+        """The journal's new segment first, then the checkpoint that counts it: a crash between the two leaves a
+        segment past the latest checkpoint, which the next resume deletes."""
+        replay = self.learner.replay if self.learner is not None else None
+        if replay is not None:
+            self.journal.append(self._journaled, replay.since(self._journaled))
+            self._journaled = replay.added
         path = save_checkpoint(
             self.checkpoint_dir, self.version, self.checkpoint_state(), self.config.trainer.checkpoint.keep
         )
         self._last_checkpoint = time.monotonic()
+        if replay is not None:
+            self.journal.prune(replay.added, replay.capacity)
         log.info("checkpoint %s", path.name)
 
     def publish(self) -> None:

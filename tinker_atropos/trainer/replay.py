@@ -14,7 +14,6 @@ actions; ``nbytes``): 2.9 GB for a million Humanoid-v5 transitions (348 + 348 + 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
@@ -40,6 +39,9 @@ def next_observations(trajectory: Trajectory) -> np.ndarray:
     return following
 
 
+COLUMNS = ("observations", "next_observations", "actions", "rewards", "terminated")
+
+
 class ReplayBuffer:
     """A ring of the latest ``capacity`` transitions."""
 
@@ -52,11 +54,11 @@ class ReplayBuffer:
         self.terminated = np.zeros(capacity, bool)
         self.size = 0  # transitions held
         self.position = 0  # where the next one is written
+        self.added = 0  # transitions ever written: the latest held is the added-th (the journal's numbering)
 
     @property
     def nbytes(self) -> int:
-        arrays = (self.observations, self.next_observations, self.actions, self.rewards, self.terminated)
-        return sum(a.nbytes for a in arrays)
+        return sum(getattr(self, name).nbytes for name in COLUMNS)
 
     def __len__(self) -> int:
         return self.size
@@ -83,6 +85,7 @@ class ReplayBuffer:
             getattr(self, name)[where] = rows
         self.position = (self.position + count) % self.capacity
         self.size = min(self.size + count, self.capacity)
+        self.added += count
         return steps
 
     def sample(self, batch_size: int, generator: np.random.Generator, device: torch.device) -> Transitions:
@@ -101,15 +104,16 @@ class ReplayBuffer:
             tensor(self.terminated).float(),
         )
 
-    def state_dict(self) -> dict[str, Any]:
-        """The held transitions, oldest first, as tensors (a checkpoint loads them with ``weights_only``)."""
-        order = (self.position - self.size + np.arange(self.size)) % self.capacity
-        arrays = ("observations", "next_observations", "actions", "rewards", "terminated")
-        return {name: torch.from_numpy(getattr(self, name)[order]) for name in arrays}
+    def since(self, start: int) -> dict[str, np.ndarray]:
+        """Copies of the held transitions numbered ``start`` and after (see ``added``), oldest first."""
+        count = max(self.added - max(start, self.added - self.size), 0)
+        order = (self.position - count + np.arange(count)) % self.capacity
+        return {name: getattr(self, name)[order] for name in COLUMNS}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Refill from ``state_dict``; the latest ``capacity`` fit if the capacity was lowered."""
-        count = min(len(state["rewards"]), self.capacity)
-        for name, rows in state.items():
-            getattr(self, name)[:count] = rows[len(rows) - count :].numpy()
-        self.size, self.position = count, count % self.capacity
+    def refill(self, columns: dict[str, np.ndarray], added: int) -> None:
+        """Hold ``columns`` (oldest first; the latest ``capacity`` of them) as the latest of ``added`` transitions
+        ever written: a resumed buffer numbers what it takes in next as the checkpointed one would have."""
+        count = min(len(columns["rewards"]), self.capacity)
+        for name in COLUMNS:
+            getattr(self, name)[:count] = columns[name][len(columns[name]) - count :]
+        self.size, self.position, self.added = count, count % self.capacity, added

@@ -22,8 +22,8 @@ class SACConfig(Section):
     buffer_size: int = Field(
         1_000_000,
         ge=1,
-        description="Transitions the trainer's replay buffer holds (4 (2 obs_dim + action_dim + 1) + 1 bytes each), "
-        "saved with every checkpoint.",
+        description="Transitions the trainer's replay buffer holds (4 (2 obs_dim + action_dim + 1) + 1 bytes each); "
+        "each checkpoint writes the ones added since the previous one (checkpoints/replay/).",
     )
     learning_starts: int = Field(
         5_000, ge=1, description="Transitions gathered before the first gradient step."

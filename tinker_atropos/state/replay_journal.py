@@ -1,0 +1,105 @@
+"""An off-policy learner's replay buffer on disk, beside the trainer's checkpoints, written a little at a time.
+
+Each checkpoint appends one segment: the transitions added since the previous checkpoint, numbered by how many the
+buffer had taken in before them (``segment-START-END.npz``, START included, END not). The checkpoint itself records
+only END, how many the buffer had taken in. So a checkpoint writes megabytes, not the whole buffer (gigabytes for
+a million Humanoid transitions, and a copy per kept checkpoint), and its cost does not grow with the buffer.
+
+On resume the buffer is refilled from the segments that end at the checkpoint's END, going back as far as the buffer
+holds. Segments past END (written after it, by a trainer that died before its checkpoint landed, or a newer
+checkpoint that did not load) are deleted: the run goes on from END and numbers what it collects from there.
+Segments older than a full buffer behind the latest checkpoint are pruned; resuming from an older kept checkpoint
+then refills the contiguous part that is left and says how much is missing.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+from pathlib import Path
+
+import numpy as np
+
+from tinker_atropos.state.checkpoints import write_atomically
+
+log = logging.getLogger(__name__)
+
+SEGMENT = re.compile(r"segment-(\d{15})-(\d{15})\.npz")
+
+
+class ReplayJournal:
+    """The segments of one run's replay buffer, in ``directory``."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def segments(self) -> list[tuple[int, int, Path]]:
+        """(start, end, path) of every segment, oldest first; other files are ignored."""
+        if not self.directory.is_dir():
+            return []
+        found = []
+        for path in self.directory.iterdir():
+            if match := SEGMENT.fullmatch(path.name):
+                found.append((int(match[1]), int(match[2]), path))
+        return sorted(found)
+
+    def append(self, start: int, columns: dict[str, np.ndarray]) -> None:
+        """Write the transitions numbered from ``start`` (oldest first) as one segment; none: nothing written."""
+        count = len(columns["rewards"])
+        if count == 0:
+            return
+        target = self.directory / f"segment-{start:015d}-{start + count:015d}.npz"
+        write_atomically(target, functools.partial(_save_columns, columns=columns))
+
+    def restore(self, end: int, capacity: int) -> dict[str, np.ndarray] | None:
+        """The contiguous transitions that end at ``end``, at most ``capacity`` of them, oldest first; segments past
+        ``end`` are deleted. None when none of them is on disk."""
+        parts: list[dict[str, np.ndarray]] = []
+        held, wanted = end, max(end - capacity, 0)  # walking back from end to wanted
+        for start, stop, path in reversed(self.segments()):
+            if start >= end:
+                path.unlink(missing_ok=True)
+                continue
+            if stop < held or held <= wanted:  # a gap (a pruned or lost segment), or enough
+                break
+            try:
+                columns = _load_columns(path, stop - start)
+            except Exception as error:  # any zip or format failure means the file is unusable
+                log.warning(
+                    "replay segment %s is unreadable (%s); restoring the transitions after it", path, error
+                )
+                break
+            first = max(start, wanted)
+            parts.append({name: rows[first - start : held - start] for name, rows in columns.items()})
+            if stop > end:  # it ran past the checkpoint: keep only its part up to end
+                self.append(start, {name: rows[: end - start] for name, rows in columns.items()})
+                path.unlink(missing_ok=True)
+            held = first
+        if not parts:
+            if end > 0:
+                log.warning("replay buffer: no segment on disk ends at transition %d; it starts empty", end)
+            return None
+        restored = {name: np.concatenate([part[name] for part in reversed(parts)]) for name in parts[0]}
+        if held > wanted:
+            log.warning("replay buffer: transitions %d to %d are no longer on disk; restoring the %d after them",
+                        wanted, held, end - held)  # fmt: skip
+        return restored
+
+    def prune(self, end: int, capacity: int) -> None:
+        """Delete the segments a buffer of ``capacity`` that has taken in ``end`` transitions no longer holds."""
+        for _, stop, path in self.segments():
+            if stop <= end - capacity:
+                path.unlink(missing_ok=True)
+
+
+def _save_columns(file: object, columns: dict[str, np.ndarray]) -> None:
+    np.savez(file, **columns)
+
+
+def _load_columns(path: Path, count: int) -> dict[str, np.ndarray]:
+    with np.load(path, allow_pickle=False) as data:
+        columns = {name: data[name] for name in data.files}
+    if "rewards" not in columns or any(len(rows) != count for rows in columns.values()):
+        raise ValueError(f"its columns do not hold the {count} transitions its name says")
+    return columns
