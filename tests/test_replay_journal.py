@@ -72,7 +72,7 @@ def test_a_resume_from_an_older_checkpoint_drops_the_later_segments(
         restored = journal.restore(96, CAPACITY)  # the fourth checkpoint's: the two newer ones did not load
     # its buffer held 46-95; the sixth checkpoint pruned what ended at 94 or before: 72-95 are left
     assert_same_columns(restored, span(history, 72, 96))
-    assert "transitions 46 to 72 are no longer on disk" in caplog.text
+    assert "26 of the latest 50 transitions are no longer on disk; restoring 24" in caplog.text
     assert journal.segments()[-1][1] == 96  # what was written after it is gone: the run goes on from there
 
 
@@ -85,7 +85,7 @@ def test_a_segment_past_the_checkpoint_is_cut_to_it(tmp_path: Path) -> None:
     assert_same_columns(journal.restore(62, CAPACITY), restored)
 
 
-def test_a_lost_or_unreadable_segment_restores_the_transitions_after_it(
+def test_a_lost_or_unreadable_segment_costs_only_its_own_transitions(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     journal = ReplayJournal(tmp_path)
@@ -95,8 +95,15 @@ def test_a_lost_or_unreadable_segment_restores_the_transitions_after_it(
     (tmp_path / "notes.txt").write_text("not a segment")  # other files are left alone
     with caplog.at_level(logging.WARNING):
         restored = journal.restore(96, CAPACITY)
-    assert_same_columns(restored, span(history, 72, 96))
-    assert "is unreadable" in caplog.text and "no longer on disk" in caplog.text
+    # it costs its own 24 transitions: the older segment fills in (the first was pruned: 48 of 50)
+    both = {
+        name: np.concatenate([span(history, 24, 48)[name], span(history, 72, 96)[name]]) for name in COLUMNS
+    }
+    assert_same_columns(restored, both)
+    assert (
+        "is unreadable" in caplog.text
+        and "2 of the latest 50 transitions are no longer on disk" in caplog.text
+    )
 
     middle.unlink()
     assert_same_columns(journal.restore(96, CAPACITY), restored)
@@ -109,5 +116,9 @@ def test_a_lost_or_unreadable_segment_restores_the_transitions_after_it(
     )  # ...under the full name
     caplog.clear()
     with caplog.at_level(logging.WARNING):
-        assert journal.restore(96, CAPACITY) is None
-    assert "do not hold the 24 transitions" in caplog.text and "starts empty" in caplog.text
+        assert_same_columns(journal.restore(96, CAPACITY), span(history, 24, 48))
+    assert "do not hold the 24 transitions" in caplog.text and "26 of the latest 50" in caplog.text
+    # and with nothing readable, nothing: the buffer starts empty
+    for *_, path in journal.segments():
+        path.write_bytes(b"")
+    assert journal.restore(96, CAPACITY) is None

@@ -5,11 +5,12 @@ buffer had taken in before them (``segment-START-END.npz``, START included, END 
 only END, how many the buffer had taken in. So a checkpoint writes megabytes, not the whole buffer (gigabytes for
 a million Humanoid transitions, and a copy per kept checkpoint), and its cost does not grow with the buffer.
 
-On resume the buffer is refilled from the segments that end at the checkpoint's END, going back as far as the buffer
+On resume the buffer is refilled with the latest transitions numbered below the checkpoint's END, as many as it
 holds. Segments past END (written after it, by a trainer that died before its checkpoint landed, or a newer
 checkpoint that did not load) are deleted: the run goes on from END and numbers what it collects from there.
-Segments older than a full buffer behind the latest checkpoint are pruned; resuming from an older kept checkpoint
-then refills the contiguous part that is left and says how much is missing.
+Segments a full buffer behind the latest checkpoint are pruned. A segment lost or unreadable costs its own
+transitions only (older ones fill in; a replay buffer is a set to sample from, not a sequence), and the log says
+how many are missing.
 """
 
 from __future__ import annotations
@@ -53,38 +54,34 @@ class ReplayJournal:
         write_atomically(target, functools.partial(_save_columns, columns=columns))
 
     def restore(self, end: int, capacity: int) -> dict[str, np.ndarray] | None:
-        """The contiguous transitions that end at ``end``, at most ``capacity`` of them, oldest first; segments past
-        ``end`` are deleted. None when none of them is on disk."""
-        parts: list[dict[str, np.ndarray]] = []
-        held, wanted = end, max(end - capacity, 0)  # walking back from end to wanted
+        """The latest transitions numbered below ``end``, at most ``capacity`` of them, oldest first; segments past
+        ``end`` are deleted, an unreadable one is skipped. None when none of them is on disk."""
+        parts: list[dict[str, np.ndarray]] = []  # newest first
+        wanted = remaining = min(end, capacity)
         for start, stop, path in reversed(self.segments()):
             if start >= end:
                 path.unlink(missing_ok=True)
                 continue
-            if stop < held or held <= wanted:  # a gap (a pruned or lost segment), or enough
+            if remaining == 0:
                 break
             try:
                 columns = _load_columns(path, stop - start)
             except Exception as error:  # any zip or format failure means the file is unusable
-                log.warning(
-                    "replay segment %s is unreadable (%s); restoring the transitions after it", path, error
-                )
-                break
-            first = max(start, wanted)
-            parts.append({name: rows[first - start : held - start] for name, rows in columns.items()})
+                log.warning("replay segment %s is unreadable (%s); skipping it", path, error)
+                continue
             if stop > end:  # it ran past the checkpoint: keep only its part up to end
-                self.append(start, {name: rows[: end - start] for name, rows in columns.items()})
+                columns = {name: rows[: end - start] for name, rows in columns.items()}
+                self.append(start, columns)
                 path.unlink(missing_ok=True)
-            held = first
+            taken = min(len(columns["rewards"]), remaining)
+            parts.append({name: rows[len(rows) - taken :] for name, rows in columns.items()})
+            remaining -= taken
+        if remaining:
+            log.warning("replay buffer: %d of the latest %d transitions are no longer on disk; restoring %d",
+                        remaining, wanted, wanted - remaining)  # fmt: skip
         if not parts:
-            if end > 0:
-                log.warning("replay buffer: no segment on disk ends at transition %d; it starts empty", end)
             return None
-        restored = {name: np.concatenate([part[name] for part in reversed(parts)]) for name in parts[0]}
-        if held > wanted:
-            log.warning("replay buffer: transitions %d to %d are no longer on disk; restoring the %d after them",
-                        wanted, held, end - held)  # fmt: skip
-        return restored
+        return {name: np.concatenate([part[name] for part in reversed(parts)]) for name in parts[0]}
 
     def prune(self, end: int, capacity: int) -> None:
         """Delete the segments a buffer of ``capacity`` that has taken in ``end`` transitions no longer holds."""
