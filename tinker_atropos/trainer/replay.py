@@ -54,7 +54,7 @@ class ReplayBuffer:
         self.terminated = np.zeros(capacity, bool)
         self.size = 0  # transitions held
         self.position = 0  # where the next one is written
-        self.added = 0  # transitions ever written: the latest held is the added-th (the journal's numbering)
+        self.added = 0  # transitions ever written: the journal numbers the next one from here
 
     @property
     def nbytes(self) -> int:
