@@ -7,7 +7,7 @@ SF_VENV := bench/.venv-sf
 RUN_CONFIG ?= configs/humanoid.yaml
 RUN_STEPS ?= 2000000
 
-.PHONY: run test lint proto deploy-configs bench bench-learn bench-tinker chaos demo-cluster clean
+.PHONY: run test lint proto deploy-configs compose-check bench bench-learn bench-tinker chaos demo-cluster clean
 
 $(VENV)/.installed: pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found: install Python 3.11 or pass PYTHON=..." >&2; exit 1; }
@@ -41,6 +41,9 @@ proto: $(VENV)/.installed  ## regenerate the gRPC/Protobuf stubs from tinker_atr
 deploy-configs: $(VENV)/.installed  ## inline configs/*.yaml into the Kubernetes ConfigMap generator (deploy/k8s/run-configs)
 	$(PY) deploy/k8s/run_configs.py
 
+compose-check: $(VENV)/.installed  ## compose.yaml on a real Docker engine, as root: image built, Pendulum stack up, containers crashed and scaled, hardening read back, `down -v` clean (installs and starts the engine where missing; README: Deployment)
+	$(PY) deploy/compose_check.py
+
 bench: $(VENV)/.installed $(SF_VENV)/.installed  ## throughput vs the physics limit (mujoco.rollout), the simulator alone, EnvPool, SB3 PPO (DummyVecEnv and SubprocVecEnv) and Sample Factory, each link protected and not, plus env-service scaling, then the Atropos trajectory API against its reference server, pulled and stalled (~20 min; 23 on a fresh clone with the installs)
 	$(UV_INSTALL) -e '.[dev,smollm2,export,sb3,video,wandb,atropos,bench]'
 	$(PY) -m bench throughput --out bench/out
@@ -57,7 +60,7 @@ $(SF_VENV)/.installed:
 	$(SF_VENV)/bin/pip install --quiet sample-factory==2.1.1 'gymnasium[mujoco]==0.29.1' mujoco==4.0.0
 	touch $@
 
-bench-tinker: $(VENV)/.installed  ## forward_backward + optim_step through the tinker SDK vs in-process, Humanoid policy and tiny LM (~1 min)
+bench-tinker: $(VENV)/.installed  ## forward_backward + optim_step through the tinker SDK vs in-process, Humanoid policy and tiny LM, then sampling tokens/s vs Hugging Face generate on SmolLM2 (~3 min)
 	$(PY) -m bench tinker --out bench/out
 
 chaos: $(VENV)/.installed  ## Pendulum undisturbed and with a random service SIGKILLed every 8 s: curves, recovery times (~5 min; CONFIG= for another algorithm, STEPS=)

@@ -51,6 +51,13 @@ def throughput(
     scaling_env_id: Annotated[str, typer.Option(help="Env behind the latency of the scaling curve.")] = (
         "Pendulum-v1"
     ),
+    scaling_rollouts: Annotated[
+        str, typer.Option(help="Rollout counts of the rollout-scaling curve (over the same env services).")
+    ] = "1,2,4",
+    scaling_inference_delay_ms: Annotated[
+        float,
+        typer.Option(min=0.0, help="Acting time per batch of each rollout on the rollout-scaling curve."),
+    ] = 20.0,
 ) -> None:
     """Measure env steps/s of the physics limit, the simulator alone, EnvPool, collection, training, Stable-Baselines3
     PPO and Sample Factory."""
@@ -72,6 +79,8 @@ def throughput(
             scaling_services=tuple(int(n) for n in scaling_services.split(",")),
             scaling_delay_s=scaling_delay_ms / 1000,
             scaling_env_id=scaling_env_id,
+            scaling_rollouts=tuple(int(n) for n in scaling_rollouts.split(",")),
+            scaling_inference_delay_s=scaling_inference_delay_ms / 1000,
         )
     except ValueError as error:  # a bad override or phase list; pydantic's errors are ValueErrors too
         typer.echo(str(error), err=True)
@@ -154,7 +163,8 @@ def tinker(
     iterations: Annotated[int, typer.Option(min=5, help="Measured round trips per case.")] = 60,
     out: Annotated[Path, typer.Option(help="Folder for bench-tinker.json.")] = Path("bench/out"),
 ) -> None:
-    """Latency of forward_backward + optim_step through the tinker SDK against the same update in-process."""
+    """Latency of forward_backward + optim_step through the tinker SDK against the same update in-process, then
+    sampling tokens/s against Hugging Face generate on the same model and prompt."""
     from bench.tinker_latency import run
 
     run(out, iterations)
@@ -176,6 +186,26 @@ def atropos(
     from bench.atropos_api import Load, run
 
     run(out, Load(seconds=seconds, rounds=rounds, posters=posters, stall_seconds=stall))
+
+
+@app.command()
+def charts(
+    result: Annotated[
+        Path, typer.Argument(help="A bench.json written by `throughput` (here or on another machine).")
+    ],
+    out: Annotated[Path | None, typer.Option(help="Folder for the PNGs (default: beside the JSON).")] = None,
+) -> None:
+    """Print the table and draw the charts of a throughput result again: for one measured where nothing draws."""
+    import json
+
+    from rich.console import Console
+
+    from bench.report import draw_charts, print_table
+
+    data = json.loads(result.read_text())
+    print_table(data, Console(soft_wrap=True))
+    for path in draw_charts(data, out or result.parent):
+        typer.echo(f"wrote {path}")
 
 
 if __name__ == "__main__":

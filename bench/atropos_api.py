@@ -16,6 +16,7 @@ from __future__ import annotations
 import gzip
 import json
 import multiprocessing
+import os
 import statistics
 import subprocess
 import sys
@@ -31,10 +32,13 @@ from rich.console import Console
 from rich.table import Table
 
 from bench import report
+from tinker_atropos.frontends.http import run_key
 from tinker_atropos.runtime import child_preexec, free_port
 from tinker_atropos.state.embedded import EmbeddedValkey
 
 SERVERS = ("tinker_atropos", "reference")
+TOKEN = "bench-atropos-token"
+KEY_HEADER = {"X-API-Key": run_key("atropos-api", TOKEN)}  # what ours asks; the reference ignores it
 
 
 @dataclass(frozen=True)
@@ -62,7 +66,7 @@ def _poster(url: str, poster: int, load: Load, deadline: float, out: Any) -> Non
     accepted = refused = 0
     latencies = []
     headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
-    with httpx.Client(base_url=url, timeout=30) as client:
+    with httpx.Client(base_url=url, timeout=30, headers=KEY_HEADER) as client:
         n = 0
         while time.monotonic() < deadline:
             body = _group(poster, n, load)
@@ -84,7 +88,7 @@ def _rss_mb(pid: int) -> float:
 
 def measure(url: str, load: Load, pid: int, seconds: float, pull: bool = True) -> dict[str, Any]:
     """``seconds`` of posting, the trainer pulling (or not); the server's RSS sampled about every second."""
-    with httpx.Client(base_url=url, timeout=30) as client:
+    with httpx.Client(base_url=url, timeout=30, headers=KEY_HEADER) as client:
         client.post("/register", json={"wandb_group": "bench", "wandb_project": "bench", "batch_size": load.batch_size,
                                        "max_token_len": load.tokens + 1, "checkpoint_dir": "", "starting_step": 0,
                                        "save_checkpoint_interval": 0, "num_steps": 10**6}).raise_for_status()  # fmt: skip
@@ -147,8 +151,11 @@ def one_round(server: str, load: Load, work: Path, stall: bool = False) -> dict[
         config.write_text(f"run: {{name: bench}}\natropos: {{port: {port}, max_queue_sequences: {bound}}}\n")
         command = [sys.executable, "-m", "tinker_atropos", "atropos-api", "--config", str(config), "--redis-url",
                    valkey.url, "--port", "0"]  # fmt: skip
-    with open(work / f"{server}-{port}.log", "w") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=child_preexec)
+    with open(
+        work / f"{server}-{port}.log", "w"
+    ) as log:  # ours asks the key of the run's token, as under `up`
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=child_preexec,
+                                   env={**os.environ, "TA_TOKEN": TOKEN})  # fmt: skip
     try:
         url = f"http://127.0.0.1:{port}"
         _wait_up(url, process)

@@ -330,12 +330,24 @@ def _drain(client: redis.Redis, run: str, stop: threading.Event, key: bytes | No
         reader.take(count=64, block_ms=200)
 
 
+Figures = Callable[
+    [str], dict[str, dict[str, Any]]
+]  # kind -> {service name: the figures of its registry entry}
+
+
 class ServicesMeter:
     """Service processes counted by the run's ``env_steps`` stat, paused with SIGSTOP between slices: paused,
-    they take no CPU from the other phases, and they resume with their connections and warm state intact."""
+    they take no CPU from the other phases, and they resume with their connections and warm state intact.
+    ``services`` reads the registry: the figures of the live services of a kind."""
 
-    def __init__(self, children: list[Child], steps: Callable[[], int]) -> None:
+    def __init__(
+        self, children: list[Child], steps: Callable[[], int], services: Figures | None = None
+    ) -> None:
         self._children, self.steps = children, steps
+        self.services: Figures = services or (lambda _kind: {})
+
+    def child(self, name: str) -> Child:
+        return next(c for c in self._children if c.name == name)
 
     @property
     def pids(self) -> dict[str, int]:
@@ -374,15 +386,79 @@ class ServicesMeter:
             self.pause()
 
 
+class GpuMonitor:
+    """Utilisation of one GPU, read by NVML (``nvidia-ml-py``: the bench extra, and the GPU image has it): the share
+    of the last sample period in which a kernel ran (nvidia-smi's GPU-Util) and the memory in use."""
+
+    def __init__(self, index: int) -> None:
+        import pynvml
+
+        self._nvml = pynvml
+        pynvml.nvmlInit()
+        self._handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        self.name = pynvml.nvmlDeviceGetName(self._handle)
+        self.index = index
+
+    def sample(self) -> dict[str, float]:
+        rates = self._nvml.nvmlDeviceGetUtilizationRates(self._handle)
+        memory = self._nvml.nvmlDeviceGetMemoryInfo(self._handle)
+        return {
+            "util": rates.gpu / 100,
+            "memory_util": rates.memory / 100,
+            "memory_used_mib": memory.used / 2**20,
+        }
+
+    def close(self) -> None:
+        self._nvml.nvmlShutdown()
+
+
+def gpu_monitor(device: str) -> GpuMonitor | str | None:
+    """The monitor of the GPU a trainer on ``device`` learns on; None on a CPU; the reason (a string) when NVML
+    cannot read it."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if not device.startswith("cuda"):
+        return None
+    try:
+        return GpuMonitor(int(device.partition(":")[2] or 0))
+    except ImportError:
+        return "nvidia-ml-py is not installed (the bench extra)"
+    except Exception as error:  # pynvml's NVMLError: no driver, no such device
+        return f"NVML: {type(error).__name__}: {error}"
+
+
+def gpu_figures(monitor: GpuMonitor | str | None, samples: list[dict[str, float]]) -> dict[str, Any] | None:
+    if monitor is None:
+        return None
+    if isinstance(monitor, str):
+        return {"unavailable": monitor}
+    return {
+        "name": monitor.name,
+        "index": monitor.index,
+        "util_mean": float(np.mean([s["util"] for s in samples])),
+        "util_max": max(s["util"] for s in samples),
+        "memory_util_mean": float(np.mean([s["memory_util"] for s in samples])),
+        "memory_used_mib_max": max(s["memory_used_mib"] for s in samples),
+    }
+
+
+def spread(values: list[float]) -> float | None:
+    """max / min of ``values`` (the rollouts' CPU per step: equal shares of work cost alike), None for fewer than 2."""
+    return max(values) / min(values) if len(values) >= 2 and min(values) > 0 else None
+
+
 class TrainMeter(ServicesMeter):
-    """The whole system learning; its trainer's figures and each service's CPU time are read in ``figures``,
-    a window in which nothing is paused."""
+    """The whole system learning; its trainer's figures, each service's CPU time and, with the trainer on a GPU,
+    the GPU's utilisation are read in ``figures``, a window in which nothing is paused."""
 
     def __init__(
-        self, children: list[Child], steps: Callable[[], int], trainer: Callable[[], dict[str, Any]]
+        self, children: list[Child], steps: Callable[[], int], services: Figures, gpu: GpuMonitor | str | None
     ) -> None:
-        super().__init__(children, steps)
-        self._trainer = trainer
+        super().__init__(children, steps, services)
+        self._gpu = gpu
+
+    def _trainer(self) -> dict[str, Any]:
+        return next(iter(self.services("trainer").values()), {})
 
     def figures(self, timing: Timing) -> dict[str, Any]:
         """Trainer busy fraction and policy lag (sampled each second from the registry), CPU seconds per
@@ -393,15 +469,21 @@ class TrainMeter(ServicesMeter):
             time.sleep(max(timing.warmup_s, timing.figures_run_in_s))
             pids = self.pids
             cpu_start = {name: cpu_seconds(pid) for name, pid in pids.items()}
-            start, steps_start, samples = time.monotonic(), self.steps(), []
+            start, steps_start, samples, gpu = time.monotonic(), self.steps(), [], []
             while time.monotonic() - start < timing.window_s:
                 time.sleep(min(1.0, timing.window_s))
                 samples.append(self._trainer())
+                if isinstance(self._gpu, GpuMonitor):
+                    gpu.append(self._gpu.sample())
             seconds, steps = time.monotonic() - start, self.steps() - steps_start
             cpu = {name: round(cpu_seconds(pid) - cpu_start[name], 2) for name, pid in pids.items()}
         finally:
             self.pause()
         last = samples[-1]
+        per_step = {
+            name: round(1e6 * seconds_ / steps, 1) if steps else None for name, seconds_ in cpu.items()
+        }
+        rollouts = [us for name, us in per_step.items() if name.startswith("rollout") and us is not None]
         return {
             "unpaused_env_steps_per_s": steps / seconds,
             "trainer_busy": float(np.mean([s.get("busy_fraction", 0.0) for s in samples])),
@@ -413,9 +495,9 @@ class TrainMeter(ServicesMeter):
             "policy_versions": [samples[0].get("policy_version"), last.get("policy_version")],
             "cpu_seconds_per_service": cpu,
             # where the time of an env step goes, service by service: the README's profile table, regenerated
-            "cpu_us_per_env_step": {
-                name: round(1e6 * seconds_ / steps, 1) if steps else None for name, seconds_ in cpu.items()
-            },  # fmt: skip
+            "cpu_us_per_env_step": per_step,
+            "rollout_cpu_spread": spread(rollouts),  # every rollout's share costs alike: near 1
+            "gpu": gpu_figures(self._gpu, gpu),
             "window_measured_s": round(seconds, 2),
         }
 
@@ -428,23 +510,24 @@ def services_meter(
     transport: Transport | None = None,
     learn: bool = False,
     secure: bool = False,
+    environment: dict[str, str] | None = None,
 ) -> Iterator[ServicesMeter]:
-    """The services as ``tinker-atropos up`` starts them, over the config's transport (or ``transport``).
+    """The services as ``tinker-atropos up`` starts them, over the config's transport (or ``transport``), with
+    ``environment`` added to theirs.
 
-    With ``learn``, the trainer too: a ``TrainMeter``. Without, collection only: env service(s) and one rollout
-    service with the real policy, chunks written to Redis and drained here. Without ``secure`` nothing is
-    protected (no token, no TLS, no Redis password, records unsigned); with it every link is, as in a
-    deployment (``secure_environment``), and the drain checks the records' signatures as a trainer does."""
+    With ``learn``, the trainer too: a ``TrainMeter``. Without, collection only: env services and rollouts with
+    the real policy, chunks written to Redis and drained here. Without ``secure`` nothing is protected (no token,
+    no TLS, no Redis password, records unsigned); with it every link is, as in a deployment
+    (``secure_environment``), and the drain checks the records' signatures as a trainer does."""
     config = config.model_copy(deep=True)
     config.rollout.transport = transport or config.rollout.transport
     if not learn:
         config.rollout.flow_control = "drop"
-        config.rollout.replicas = 1
     run = config.run.name
     work_dir.mkdir(parents=True, exist_ok=True)
     config_path = work_dir / "config.yaml"
     config_path.write_text(config.to_yaml())
-    environment = secure_environment(work_dir / "secrets") if secure else {}
+    environment = {**(environment or {}), **(secure_environment(work_dir / "secrets") if secure else {})}
     token = (work_dir / "secrets" / "token").read_text().strip() if secure else None
     password = (work_dir / "secrets" / "redis-password").read_text().strip() if secure else None
     server = EmbeddedValkey(work_dir / "valkey", password=password)
@@ -465,25 +548,44 @@ def services_meter(
             if not learn:
                 drainer.start()
             steps = lambda: read_stats(client, run).get("env_steps", 0)  # noqa: E731
+
+            def services(kind: str) -> dict[str, dict[str, Any]]:
+                return {record.name: record.figures for record in live_services(client, run, kind)}
+
             _wait_until(steps, STARTUP_TIMEOUT_S, "the first chunk", children)
+            _wait_until(lambda: _all_acting(config, services("rollout")), STARTUP_TIMEOUT_S,
+                        "every rollout to take its share of the env services", children)  # fmt: skip
             time.sleep(timing.warmup_s)
 
-            def trainer() -> dict[str, Any]:
-                trainers = live_services(client, run, "trainer")
-                return trainers[0].figures if trainers else {}
-
-            meter = TrainMeter(children, steps, trainer) if learn else ServicesMeter(children, steps)
+            gpu = gpu_monitor(config.trainer.device) if learn else None
+            meter = (
+                TrainMeter(children, steps, services, gpu)
+                if learn
+                else ServicesMeter(children, steps, services)
+            )
             meter.pause()
             try:
                 yield meter
             finally:
                 meter.resume()  # a stopped process would not act on the SIGTERM that stops it
+                if isinstance(gpu, GpuMonitor):
+                    gpu.close()
     finally:
         stop.set()
         if drainer.is_alive():
             drainer.join()
         client.close()
         server.stop()
+
+
+def _all_acting(config: Config, rollouts: dict[str, dict[str, Any]]) -> bool:
+    """Every instance held, by as many rollouts as there are (or as there are session slots)."""
+    env = config.env
+    slots = env.services * min(config.rollout.sessions_per_env, env.instances)
+    held = [f.get("instances_held", 0) for f in rollouts.values()]
+    return sum(held) == env.total_instances and sum(n > 0 for n in held) == min(
+        config.rollout.replicas, slots
+    )
 
 
 class ProcessGroupMeter(ServicesMeter):
@@ -796,3 +898,94 @@ def scaling_curve(
         "sessions_per_env": config.rollout.sessions_per_env,
         "points": points,
     }
+
+
+ROLLOUT_SCALING_SERVICES, ROLLOUT_SCALING_INSTANCES, ROLLOUT_SCALING_SLOTS, ROLLOUT_SCALING_CHUNK = (
+    4,
+    16,
+    2,
+    16,
+)
+TAKEOVER_POLL_S = 0.05
+
+
+def rollout_scaling_curve(
+    config: Config, timing: Timing, rollouts: list[int], delay_s: float, env_id: str, work_dir: Path
+) -> dict[str, Any]:
+    """Collection throughput with 1, 2, 4, … rollouts sharing the same env services, when acting is what limits it.
+
+    Each rollout acts with ``bench.slow_acting:SlowActingMLP``: ``delay_s`` per batch, one batch at a time per
+    process (a rollout whose policy fills its device), so one rollout acts ``1 / delay_s`` batches per second
+    whatever it holds, and only more rollouts make more steps. The env (``env_id``, cheap) runs in
+    ``ROLLOUT_SCALING_SERVICES`` env services of ``ROLLOUT_SCALING_INSTANCES``, ``ROLLOUT_SCALING_SLOTS`` session
+    slots each: enough slots for 4 rollouts. Besides the rate, each point has every rollout's share of the steps;
+    at 2 rollouts, one is SIGKILLed after the window (``takeover``)."""
+    from bench.slow_acting import DELAY_VARIABLE, NETWORK
+
+    base = config.model_copy(deep=True)
+    base.env.id, base.env.kwargs, base.env.backend = env_id, {}, "gymnasium"
+    base.env.services, base.env.instances = ROLLOUT_SCALING_SERVICES, ROLLOUT_SCALING_INSTANCES
+    base.rollout.sessions_per_env, base.trainer.model.network = ROLLOUT_SCALING_SLOTS, NETWORK
+    base.rollout.chunk_length = (
+        ROLLOUT_SCALING_CHUNK  # slow acting: short chunks, so the step counter moves often
+    )
+    points = []
+    for n in rollouts:
+        base.rollout.replicas = n
+        environment = {DELAY_VARIABLE: str(delay_s)}
+        with services_meter(base, timing, work_dir / f"rollouts-{n}", environment=environment) as meter:
+            before = {name: f.get("env_steps", 0) for name, f in meter.services("rollout").items()}
+            steps, seconds = meter.count(0.0, timing.window_s)
+            after = {
+                name: f.get("env_steps", 0) - before.get(name, 0)
+                for name, f in meter.services("rollout").items()
+            }
+            point = {"rollouts": n, "env_steps_per_s": steps / seconds, "shares": _shares(after)}
+            if n == 2:
+                point["takeover"] = takeover(meter, "rollout-1", "rollout-0")
+        points.append(point)
+    single = points[0]["env_steps_per_s"] / points[0]["rollouts"]
+    for point in points:
+        point["efficiency_vs_linear"] = (
+            point["env_steps_per_s"] / (single * point["rollouts"]) if single else None
+        )
+    return {
+        "env_id": env_id,
+        "inference_delay_s_per_batch": delay_s,
+        "env_services": ROLLOUT_SCALING_SERVICES,
+        "instances_per_service": ROLLOUT_SCALING_INSTANCES,
+        "sessions_per_env": ROLLOUT_SCALING_SLOTS,
+        "points": points,
+    }
+
+
+def _shares(steps: dict[str, int]) -> dict[str, float]:
+    total = sum(steps.values())
+    return {name: round(n / total, 3) for name, n in sorted(steps.items())} if total else {}
+
+
+def takeover(meter: ServicesMeter, victim: str, survivor: str, timeout_s: float = 30.0) -> dict[str, Any]:
+    """SIGKILL rollout ``victim`` while it collects: the seconds until ``survivor`` holds every instance (in its
+    registry entry, which lags by up to a heartbeat), and the longest time the run's env steps stood still."""
+    meter.resume()
+    try:
+        instances = sum(f.get("instances_held", 0) for f in meter.services("rollout").values())
+        killed_at = last_move = time.monotonic()
+        last_steps, longest_stall, taken_over_s = meter.steps(), 0.0, None
+        meter.child(victim).process.kill()
+        while (now := time.monotonic()) - killed_at < timeout_s:
+            time.sleep(TAKEOVER_POLL_S)
+            if (steps := meter.steps()) != last_steps:
+                longest_stall, last_move, last_steps = max(longest_stall, now - last_move), now, steps
+            held = meter.services("rollout").get(survivor, {}).get("instances_held", 0)
+            if taken_over_s is None and held == instances:
+                taken_over_s = now - killed_at
+            if taken_over_s is not None and now - killed_at > taken_over_s + 1.0:
+                break
+        return {
+            "taken_over_s": None if taken_over_s is None else round(taken_over_s, 2),
+            "longest_stall_s": round(max(longest_stall, time.monotonic() - last_move), 2),
+            "instances": instances,
+        }
+    finally:
+        meter.pause()

@@ -125,7 +125,20 @@ def print_table(result: dict[str, Any], console: Console) -> None:
             f"trainer busy {train['trainer_busy']:.0%}, policy lag min/mean/max "
             f"{lag['min']}/{lag['mean']:.2f}/{lag['max']}, CPU µs per env step by service "
             f"{train['cpu_us_per_env_step']}"
+            + (
+                ""
+                if train.get("rollout_cpu_spread") is None
+                else f", rollouts max/min {train['rollout_cpu_spread']:.2f}"
+            )
         )
+        gpu = train.get("gpu")
+        if gpu:
+            console.print(
+                f"GPU: {gpu['unavailable']}"
+                if "unavailable" in gpu
+                else f"GPU {gpu['index']} ({gpu['name']}): busy {gpu['util_mean']:.0%} on average, {gpu['util_max']:.0%} "
+                f"at most; memory {gpu['memory_used_mib_max']:,.0f} MiB at most"
+            )
     for phase, reason in (result.get("unavailable") or {}).items():
         console.print(f"{phase}: not measured, {reason}")
     scaling = result.get("scaling")
@@ -140,6 +153,26 @@ def print_table(result: dict[str, Any], console: Console) -> None:
                 f"{p['env_steps_per_s']:,.0f}",
                 f"{p['efficiency_vs_linear']:.0%}",
                 "-" if bound is None else f"{bound:.0%}",
+            )
+        console.print(table)
+    rollouts = result.get("rollout_scaling")
+    if rollouts:
+        table = Table(
+            title=f"rollout scaling, {rollouts['env_id']}, {rollouts['inference_delay_s_per_batch'] * 1000:g} ms "
+            f"acting per batch, {rollouts['env_services']} env services"
+        )
+        for column in ("rollouts", "env steps/s", "efficiency vs linear", "shares", "SIGKILL of one"):
+            table.add_column(column, justify="right")
+        for p in rollouts["points"]:
+            kill = p.get("takeover")
+            table.add_row(
+                str(p["rollouts"]),
+                f"{p['env_steps_per_s']:,.0f}",
+                f"{p['efficiency_vs_linear']:.0%}",
+                " ".join(f"{share:.0%}" for share in p["shares"].values()),
+                ""
+                if kill is None
+                else f"taken over {kill['taken_over_s']} s, longest stall {kill['longest_stall_s']} s",
             )
         console.print(table)
 
@@ -186,7 +219,29 @@ def draw_charts(result: dict[str, Any], out: Path) -> list[Path]:
         ax.legend()
         fig.tight_layout()
         paths.append(out / "scaling.png")
-        fig.savefig(paths[1], dpi=120)
+        fig.savefig(paths[-1], dpi=120)
+        plt.close(fig)
+    rollouts = result.get("rollout_scaling")
+    if rollouts:
+        points = rollouts["points"]
+        counts = [p["rollouts"] for p in points]
+        single = points[0]["env_steps_per_s"] / counts[0]
+        fig, ax = plt.subplots(figsize=(6, 4.5))
+        ax.plot(counts, [p["env_steps_per_s"] for p in points], "o-", label="measured")
+        ax.plot(counts, [single * n for n in counts], "--", color="gray", label="linear")
+        for p in points:
+            ax.annotate(f"{p['efficiency_vs_linear']:.0%}", (p["rollouts"], p["env_steps_per_s"]))
+        ax.set_xticks(counts, [str(n) for n in counts])
+        ax.set_xlabel("rollouts")
+        ax.set_ylabel("env steps/s")
+        ax.set_title(
+            f"{rollouts['env_id']}, {rollouts['inference_delay_s_per_batch'] * 1000:g} ms acting per batch, "
+            f"{rollouts['env_services']} env services"
+        )
+        ax.legend()
+        fig.tight_layout()
+        paths.append(out / "rollout-scaling.png")
+        fig.savefig(paths[-1], dpi=120)
         plt.close(fig)
     return paths
 

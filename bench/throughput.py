@@ -5,7 +5,7 @@ shared machine whose speed drifts by a third within minutes, a ratio of two phas
 says more about the drift than about the phases. Two groups alternate so: the env steppers (the physics
 limit, raw, envpool, collect, collect_grpc), then the learners (train, SB3 PPO on DummyVecEnv and on
 SubprocVecEnv, Sample Factory). The trainer's own figures come from a window after
-the rounds in which nothing is paused; the scaling curve runs last, alone.
+the rounds in which nothing is paused; the scaling curves (env services, then rollouts) run last, alone.
 """
 
 from __future__ import annotations
@@ -60,6 +60,8 @@ class BenchOptions:
     scaling_services: tuple[int, ...] = (1, 2, 4, 8)
     scaling_delay_s: float = 0.02  # a remote simulator's round trip, e.g. one 50 Hz game-engine tick
     scaling_env_id: str = "Pendulum-v1"
+    scaling_rollouts: tuple[int, ...] = (1, 2, 4)
+    scaling_inference_delay_s: float = 0.02  # a rollout's acting per batch: a big policy on its CPU core
     note: str = (
         "measured on a machine shared with other workloads: absolute figures are noisy, ratios less so"
     )
@@ -74,7 +76,7 @@ def run_benchmark(config: Config, options: BenchOptions, console: Console) -> di
     """Measure each selected phase; unselected or unavailable ones are null. Writes JSON and charts."""
     timing = options.timing
     result: dict[str, Any] = {key: None for key in report.RATE_KEYS}
-    result |= {"train": None, "scaling": None, "unavailable": {}}
+    result |= {"train": None, "scaling": None, "rollout_scaling": None, "unavailable": {}}
     options.out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench-", dir=options.out) as scratch:
@@ -101,6 +103,14 @@ def run_benchmark(config: Config, options: BenchOptions, console: Console) -> di
                 options.scaling_env_id,
                 work / "scaling",
             )
+            result["rollout_scaling"] = phases.rollout_scaling_curve(
+                config,
+                timing,
+                list(options.scaling_rollouts),
+                options.scaling_inference_delay_s,
+                options.scaling_env_id,
+                work / "rollout-scaling",
+            )
     result["ratios"] = report.ratios(result)
     per_round = {key: [steps / seconds for steps, seconds in measured] for key, measured in slices.items()}
     result["rounds"] = {"steps_per_s": per_round, "ratios": report.ratio_ranges(per_round)}
@@ -109,6 +119,7 @@ def run_benchmark(config: Config, options: BenchOptions, console: Console) -> di
         "instances": config.env.total_instances,
         "backend": config.env.backend,
         "env_services": config.env.services,
+        "rollout_replicas": config.rollout.replicas,
         "sessions_per_env": config.rollout.sessions_per_env,
         "transport": config.rollout.transport,
         "phases": [p for p in ALL_PHASES if p in options.phases],

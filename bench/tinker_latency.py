@@ -2,6 +2,7 @@
 Tinker API, beside the same update called in-process on the same model code, for the Humanoid control policy
 (a 512-step PPO minibatch) and the tiny LM (4 x 64 tokens of cross-entropy). The overhead is what the API adds:
 the SDK's serialisation, HTTP, the request and result kept in Redis, the snapshot after each step, the long poll.
+Then the sampler's tokens per second against Hugging Face ``generate`` (``bench/tinker_sampling.py``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from bench import tinker_sampling
 from tinker_atropos.config import parse_config
 from tinker_atropos.frontends.tinker import registry, wire
 from tinker_atropos.frontends.tinker.worker import adam_params, run_loss
@@ -150,7 +152,9 @@ def run(out: Path, iterations: int = 60, warmup: int = 10) -> dict:
         trainer.wait(timeout=30)
         log.close()
         valkey.stop()
-    result = {"iterations": iterations, "machine": os.uname().nodename, "cpus": os.cpu_count(), "rows": rows}
+    sampling = tinker_sampling.run()
+    result = {"iterations": iterations, "machine": os.uname().nodename, "cpus": os.cpu_count(), "rows": rows,
+              "torch_threads": torch.get_num_threads(), "sampling": sampling}  # fmt: skip
     (out / "bench-tinker.json").write_text(json.dumps(result, indent=2))
     table = Table(title=f"forward_backward + optim_step round trip (median of {iterations})")
     for column in (
@@ -169,5 +173,23 @@ def run(out: Path, iterations: int = 60, warmup: int = 10) -> dict:
         table.add_row(row["case"], f"{row['sdk_ms']:.2f}", f"{row['sdk_p90_ms']:.2f}",
                       f"{row['sdk_client_cpu_ms']:.2f}", f"{row['trainer_cpu_ms']:.2f}", f"{row['in_process_ms']:.2f}",
                       f"{overhead:.2f}", f"{row['sdk_ms'] / row['in_process_ms']:.2f}")  # fmt: skip
+    Console().print(table)
+    table = Table(title=f"sampling tokens/s, median of {sampling[0]['repeats'] if sampling else 0} (torch threads "
+                        f"{torch.get_num_threads()})")  # fmt: skip
+    for column in (
+        "model",
+        "device",
+        "prompt",
+        "samples x tokens",
+        "ours tok/s",
+        "peer",
+        "peer tok/s",
+        "ratio",
+    ):
+        table.add_column(column)
+    for row in sampling:
+        table.add_row(row["model"], row["device"], str(row["prompt_tokens"]), f"{row['num_samples']} x {row['max_tokens']}",
+                      f"{row['ours_tokens_per_s']:.1f}", row["peer"], f"{row['peer_tokens_per_s']:.1f}",
+                      f"{row['ratio']:.2f}")  # fmt: skip
     Console().print(table)
     return result

@@ -6,15 +6,16 @@ minutes of training through our services raise it past 0.6. It samples through a
 (exact tokens and log-probs from SGLang's ``/generate``, which the trainer's inference endpoint serves), and its
 tokenizer is the tiny LM's, written as a Hugging Face folder: nothing is downloaded.
 
-    python examples/atropos_env.py serve --env.rollout_server_url http://127.0.0.1:8000 \\
-        --openai.base_url http://127.0.0.1:8001/v1
+    python examples/atropos_env.py serve --config runs/atropos-toy/atropos_env.yaml
 
-(``configs/atropos-toy.yaml`` has ``up`` start it beside the trajectory API and the trainer.)
+(``configs/atropos-toy.yaml`` has ``up`` start it so beside the trajectory API and the trainer: that file, which
+``up`` writes with mode 0600, holds both URLs and the run's keys, as atroposlib's ``--config`` reads them.)
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import random
 import tempfile
@@ -23,6 +24,10 @@ from pathlib import Path
 from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig, ScoredDataGroup
 
 from tinker_atropos.models.tiny_lm import ByteTokenizer
+
+# atroposlib sets its env logger to DEBUG when imported, and its first logging.debug() call gives the root logger a
+# handler: every request's debug lines (and the merged config, keys included) would reach the log
+logging.getLogger("atroposlib.envs.base").setLevel(logging.INFO)
 
 PROMPTS = ("write lowercase:", "say it small:", "letters please:", "lower:")
 COMPLETION_TOKENS = 8

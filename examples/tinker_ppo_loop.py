@@ -1,13 +1,13 @@
 """PPO on Pendulum-v1 written only against the tinker SDK and ``tinker_atropos.client``: our env and rollout
 services collect with the policy this loop last saved, the trainer's Tinker API learns.
 
-    tinker-atropos up examples/tinker_pendulum.yaml &         # env, rollout, trainer serving the Tinker API
-    export TA_REDIS_PASSWORD_FILE=runs/tinker-pendulum/redis-password TA_TOKEN_FILE=runs/tinker-pendulum/token
-    TINKER_API_KEY=$(head -1 runs/tinker-pendulum/tinker_api_keys) \\
-        python examples/tinker_ppo_loop.py --base-url http://127.0.0.1:8000 --redis-url redis://127.0.0.1:PORT/0
+    tinker-atropos up examples/tinker_pendulum.yaml &     # env, rollout, trainer serving the Tinker API
+    source runs/tinker-pendulum/client.env                 # once up printed "Tinker API at ..."
+    python examples/tinker_ppo_loop.py
 
-(``up`` prints the embedded Valkey's URL; its password and the run's token, which signs the experience, are
-files of the run folder.)
+(``client.env``, which ``up`` writes to the run folder, exports what joining the run takes: ``TINKER_BASE_URL``
+and ``TINKER_API_KEY``, the Redis URL ``TA_REDIS_URL`` and the files of its password and of the run's token, which
+signs the experience. ``--base-url`` and ``--redis-url`` override the first and the third.)
 
 The maths is CleanRL's ``ppo_continuous_action.py``: GAE over each trajectory, advantages normalised per batch,
 the clipped surrogate (Tinker's ``ppo`` loss) plus the critic's squared error on the returns, several epochs of
@@ -31,8 +31,8 @@ from tinker_atropos.client import ExperienceSource, Trajectory
 
 @dataclass
 class Args:
-    base_url: str = "http://127.0.0.1:8000"
-    redis_url: str = "redis://127.0.0.1:6379/0"
+    base_url: str = os.environ.get("TINKER_BASE_URL", "http://127.0.0.1:8000")
+    redis_url: str = os.environ.get("TA_REDIS_URL", "redis://127.0.0.1:6379/0")
     run: str = "tinker-pendulum"
     env_id: str = "Pendulum-v1"
     steps_per_batch: int = 2048

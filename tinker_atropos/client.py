@@ -8,8 +8,9 @@ The env and rollout services collect; the loop learns through the Tinker API::
     source = ExperienceSource("redis://127.0.0.1:6379/0", run="pendulum")
     batch = source.batch(steps=2048, min_policy_version=version - 1)   # list[Trajectory], [T, N, …] arrays
 
-Records that are not trajectories of this run's spaces are skipped and counted (``source.skipped``), and so are
-trajectories acted by a policy older than ``min_policy_version`` (``source.stale``); nothing is retried.
+Records that are not trajectories of this run's spaces, or that this source has taken before (a copy written back
+into the stream), are skipped and counted by reason (``source.skipped``), and so are trajectories acted by a
+policy older than ``min_policy_version`` (``source.stale``); nothing is retried.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections import Counter
 
 import redis
 
+from tinker_atropos.protocol.freshness import Freshness
 from tinker_atropos.protocol.trajectory import RecordError, Trajectory, TrajectorySpec, decode_trajectory
 from tinker_atropos.security import signing_key
 from tinker_atropos.state.connection import connect
@@ -44,7 +46,8 @@ class ExperienceSource:
         self.run = run
         self._key = signing_key("weights")
         self._reader = ExperienceReader(self.client, run, signing_key("experience"))
-        self.skipped: Counter[str] = Counter()  # records that could not be decoded, by reason
+        self.skipped: Counter[str] = Counter()  # records not decoded or taken before, by reason
+        self._freshness = Freshness()
         self.stale = 0  # trajectories dropped for a policy older than asked
 
     def policy_version(self) -> int | None:
@@ -72,6 +75,8 @@ class ExperienceSource:
                     if isinstance(record, RecordError):
                         raise record
                     trajectory = decode_trajectory(record, spec)
+                    self._freshness.take(trajectory.rollout_incarnation, trajectory.sequence,
+                                         trajectory.policy_version)  # fmt: skip
                 except RecordError as error:
                     self.skipped[error.reason] += 1
                     continue

@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import re
 import reprlib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -19,6 +20,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ModelWrapValidatorHandler,
+    PrivateAttr,
     SerializeAsAny,
     SerializerFunctionWrapHandler,
     ValidationError,
@@ -37,6 +39,7 @@ def _device(value: str) -> str:
 
 Device = Annotated[str, AfterValidator(_device)]
 Transport = Literal["auto", "grpc"]  # how a rollout reaches an env service: see RolloutSection.transport
+Auto = Literal["auto"]  # a size the launcher computes from the machine (launcher/sizing.py)
 
 
 class Section(BaseModel):
@@ -50,6 +53,19 @@ class RunSection(Section):
     )
     seed: int = Field(1, ge=0, description="Seeds env instances, policy sampling and network initialisation.")
     report_interval_s: float = Field(2.0, gt=0, description="Seconds between progress reports of `up`.")
+    write_failure_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        description="How long writes into the run folder (checkpoints, metrics.jsonl, TensorBoard) may keep "
+        "failing (a full or read-only disk) before `up` stops the run with that reason; learning goes on "
+        "meanwhile and each write is retried every 10 s.",
+    )
+    log_max_bytes: int = Field(
+        20 * 1024 * 1024, ge=4096, description="A service's log under RUN_DIR/logs is rotated at this size."
+    )
+    log_backups: int = Field(
+        3, ge=1, description="Rotated logs kept per service (NAME.log.1 the newest ... NAME.log.N)."
+    )
 
 
 class RedisSection(Section):
@@ -95,15 +111,21 @@ class EnvSection(Section):
         "gymnasium",
         description="'gymnasium' steps gymnasium.make instances; 'mujoco' is the batched MuJoCo one.",
     )
-    instances: int = Field(16, ge=1, le=4096, description="Environment instances hosted by each env service.")
+    instances: Annotated[int, Field(ge=1, le=4096)] | Auto = Field(
+        16,
+        description="Environment instances hosted by each env service; 'auto': a batch step of about 4 ms of "
+        "the env's measured CPU time, within 4 and 64 (README: Sizing a run to the machine).",
+    )
     threads: int = Field(
         2,
         ge=1,
         le=256,
         description="Simulation threads per session ('mujoco' backend; MuJoCo releases the GIL).",
     )
-    services: int = Field(
-        1, ge=0, le=256, description="Environment services that `up` starts (0: none, as in an Atropos run)."
+    services: Annotated[int, Field(ge=0, le=256)] | Auto = Field(
+        1,
+        description="Environment services that `up` starts (0: none, as in an Atropos run); 'auto': one per core "
+        "left to the env services by the sizing rule.",
     )
     max_sessions: int | None = Field(
         None,
@@ -142,11 +164,17 @@ class EnvSection(Section):
 
 
 class RolloutSection(Section):
-    replicas: int = Field(
-        1, ge=0, le=256, description="Rollout services that `up` starts (0: none, as in an Atropos run)."
+    replicas: Annotated[int, Field(ge=0, le=256)] | Auto = Field(
+        1,
+        description="Rollout services that `up` starts (0: none, as in an Atropos run); they share the env "
+        "services' session slots. 'auto': enough for the acting the sizing rule expects.",
     )
     sessions_per_env: int = Field(
-        1, ge=1, le=64, description="Streams opened on each env service; its instances are split among them."
+        1,
+        ge=1,
+        le=64,
+        description="Session slots of each env service, its instances split among them: the units the rollouts "
+        "share out, each to one rollout (with more rollouts than slots, the extra ones stand by).",
     )
     chunk_length: int = Field(64, ge=1, le=4096, description="Steps per trajectory chunk.")
     device: Device = Field("cpu", description="Where policy inference runs: cpu, cuda, cuda:N or auto.")
@@ -159,6 +187,13 @@ class RolloutSection(Section):
         "in the stream, so no step goes stale; 'drop': collect flat out, the stream bound drops the excess.",
     )
     reconnect_backoff_s: float = Field(0.2, gt=0, description="First reconnect delay; doubles up to 5 s.")
+    lease_ttl_s: float = Field(
+        3.0,
+        ge=0.5,
+        le=60,
+        description="Life of a rollout's membership and session-slot leases in Redis, refreshed 3 times per TTL: "
+        "a rollout that dies has its share taken over by the others within about this long.",
+    )
     transport: Transport = Field(
         "auto",
         description="'auto': an env service on the same host (and network namespace) is stepped over its local "
@@ -242,7 +277,28 @@ class TinkerSection(Section):
     )
     max_models: int = Field(8, ge=1, description="Training models held at once; creating more is refused.")
     max_request_mb: float = Field(
-        64.0, gt=0, description="Largest request body accepted (MiB); a larger one is answered 413 unread."
+        64.0,
+        gt=0,
+        description="Largest request body accepted (MiB); a larger one is answered 413 unread. A request's arrays "
+        "may take as much once densified (a sparse tensor of a huge shape is refused with 400).",
+    )
+    max_request_tokens: int = Field(
+        65_536,
+        ge=1,
+        description="Token budget of one request: a forward_backward's tokens (steps, for a control policy), a "
+        "sample's num_samples x (prompt + max_tokens); a larger request is refused with 400.",
+    )
+    max_request_s: float = Field(
+        300.0,
+        gt=0,
+        description="Time budget of one request once it runs: a sample (checked between tokens) or a forward_backward "
+        "(checked before its backward pass) past it fails as the client's error, the model unchanged.",
+    )
+    max_samplers: int = Field(
+        4,
+        ge=1,
+        description="Sampler models (a base model or saved weights) kept loaded and sampled from at once, each in a "
+        "lane of its own beside the training models'; a request for another waits for a lane.",
     )
     long_poll_s: float = Field(
         20.0, gt=0, le=40, description="How long retrieve_future waits for a result before answering 408."
@@ -286,6 +342,11 @@ class AtroposTrainerSection(Section):
         ge=0,
         le=65535,
         description="Its port (OpenAI /v1/completions, /v1/chat/completions, SGLang /generate); 0: a free one.",
+    )
+    inference_api_keys_file: str | None = Field(
+        None,
+        description="File of the keys the inference endpoint accepts (Authorization: Bearer, as OpenAI clients send "
+        "it), one per line; null: the key derived from the run's token, which `up` hands its environments.",
     )
 
 
@@ -429,8 +490,9 @@ class AtroposSection(Section):
     )
     api_keys_file: str | None = Field(
         None,
-        description="File of allowed API keys, one per line, sent as X-API-Key; null: no key asked "
-        "(atroposlib's environments send none: set one behind a proxy that adds it).",
+        description="File of allowed API keys, one per line (X-API-Key, Authorization: Bearer, or the password of a "
+        "http://atropos:KEY@host URL, what atroposlib's environments send); null: the key derived from the run's "
+        "token, which `up` hands its environments. Without either, the service refuses to start unless --insecure.",
     )
     max_request_mb: float = Field(
         64.0,
@@ -439,8 +501,9 @@ class AtroposSection(Section):
     )
     environments: list[list[str]] = Field(
         default_factory=list,
-        description="Atropos environment programs `up` starts and restarts, one argv each; {python}, {api_url} "
-        "and {inference_url} are replaced by this Python, the trajectory API's URL and trainer.atropos's inference URL.",
+        description="Atropos environment programs `up` starts and restarts, one argv each; {python}, {api_url}, "
+        "{inference_url} and {atropos_config} are replaced by this Python, the trajectory API's URL, trainer.atropos's "
+        "inference URL, and an atroposlib --config file (mode 0600) holding both URLs with the run's keys.",
     )
 
     @field_validator("environments")
@@ -450,10 +513,15 @@ class AtroposSection(Section):
             if not argv:
                 raise ValueError("an environment command is empty")
             for arg in argv:
-                unknown = set(re.findall(r"{(\w*)}", arg)) - {"python", "api_url", "inference_url"}
+                unknown = set(re.findall(r"{(\w*)}", arg)) - {
+                    "python",
+                    "api_url",
+                    "inference_url",
+                    "atropos_config",
+                }
                 if unknown:
                     raise ValueError(f"unknown placeholder(s) {sorted(unknown)} in {arg!r}; allowed: {{python}}, "
-                                     "{api_url}, {inference_url}")  # fmt: skip
+                                     "{api_url}, {inference_url}, {atropos_config}")  # fmt: skip
         return commands
 
 
@@ -464,6 +532,12 @@ class Config(Section):
     rollout: RolloutSection = Field(default_factory=RolloutSection)
     trainer: TrainerSection = Field(default_factory=TrainerSection)
     atropos: AtroposSection = Field(default_factory=AtroposSection)
+    # what the launcher chose for the 'auto' sizes, and why (launcher/sizing.py); None: nothing was 'auto'
+    _sizing: str | None = PrivateAttr(None)
+
+    @property
+    def sizing(self) -> str | None:
+        return self._sizing
 
     @model_validator(mode="after")
     def _something_to_learn_from(self) -> Config:
@@ -525,9 +599,31 @@ _GOT.maxlevel, _GOT.maxstring, _GOT.maxother = 2, 100, 100
 _GOT.maxlist = _GOT.maxtuple = _GOT.maxdict = _GOT.maxset = 4
 
 
+def _union_tag(part: Any) -> bool:
+    """Whether a location part names a branch of a union (``constrained-int``, ``literal['auto']``), not a field."""
+    return isinstance(part, str) and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", part)
+
+
+def _merged_unions(items: list[Any]) -> list[Any]:
+    """One error per field of a union type (e.g. a size or 'auto'), its branches' wants joined by 'or'."""
+    merged: dict[tuple[Any, ...], Any] = {}
+    for item in items:
+        loc = tuple(item["loc"])
+        if item["type"] == "extra_forbidden" or len(loc) < 2 or not _union_tag(loc[-1]):
+            merged[loc] = item
+            continue
+        want = item["msg"].removeprefix("Value error, ")
+        if loc[:-1] in merged:
+            first = merged[loc[:-1]]
+            first["msg"] += ", or " + want.removeprefix("Input should be ")
+        else:
+            merged[loc[:-1]] = {**item, "loc": loc[:-1], "msg": want}
+    return list(merged.values())
+
+
 def _describe(error: ValidationError, source: str) -> str:
     lines = [f"invalid config {source}:" if source else "invalid config:"]
-    for item in error.errors():
+    for item in _merged_unions(error.errors()):
         field = ".".join(str(p) for p in item["loc"]) or "(top level)"
         message = item["msg"].removeprefix("Value error, ")
         got = "" if item["type"] in ("missing", *_SELF_EXPLAINED) else f" (got {_GOT.repr(item['input'])})"
@@ -548,8 +644,34 @@ def parse_config(data: dict[str, Any], source: str = "") -> Config:
         raise ConfigError(_describe(error, source)) from None
 
 
-def load_config(path: str | Path) -> Config:
-    """Read and validate a YAML run config."""
+def apply_settings(data: dict[str, Any], settings: Sequence[str]) -> None:
+    """Write ``KEY=VALUE`` settings (``up --set``) into a config's data, where the schema then validates them:
+    KEY is a dotted path of fields (``trainer.ppo.learning_rate``), VALUE is read as YAML (``3e-4``, ``true``,
+    ``[64, 64]``, ``null``; quote it to keep a number a string). ConfigError for a setting that is no
+    KEY=VALUE, whose VALUE is no YAML, or whose path goes through a value that is not a section."""
+    for setting in settings:
+        key, equals, text = setting.partition("=")
+        path = key.strip().split(".")
+        if not equals or not all(path):
+            raise ConfigError(f"--set {setting!r}: expected KEY=VALUE, KEY a dotted path such as "
+                              "trainer.ppo.learning_rate")  # fmt: skip
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError as error:
+            raise ConfigError(f"--set {setting!r}: the value is not valid YAML: {error}") from None
+        section = data
+        for depth, name in enumerate(path[:-1]):
+            if section.get(name) is None:  # absent, or an empty section in the YAML
+                section[name] = {}
+            section = section[name]
+            if not isinstance(section, dict):
+                raise ConfigError(f"--set {setting!r}: {'.'.join(path[: depth + 1])} is a value, not a section "
+                                  f"(it holds {_GOT.repr(section)})")  # fmt: skip
+        section[path[-1]] = value
+
+
+def load_config(path: str | Path, settings: Sequence[str] = ()) -> Config:
+    """Read and validate a YAML run config, with ``settings`` (``KEY=VALUE``, see ``apply_settings``) over it."""
     path = Path(path)
     try:
         data = yaml.safe_load(path.read_text()) or {}
@@ -564,4 +686,5 @@ def load_config(path: str | Path) -> Config:
         raise ConfigError(f"config {where} is not valid YAML: {problem}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config {path} must be a mapping of sections, got {type(data).__name__}")
-    return parse_config(data, str(path))
+    apply_settings(data, settings)
+    return parse_config(data, f"{path} with --set {' '.join(settings)}" if settings else str(path))

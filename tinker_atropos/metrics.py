@@ -24,10 +24,19 @@ from prometheus_client.registry import Collector, CollectorRegistry
 GAUGES = frozenset({
     "instances", "free_instances", "sessions", "streams", "connected_sessions", "policy_version", "busy_fraction",
     "policy_lag_min", "policy_lag_mean", "policy_lag_max", "episode_return_mean", "losses", "policy_lag_counts",
-    "eval_policy_version", "eval_return_mean", "eval_return_std",
-    "step", "queue_groups", "queue_sequences", "pending_batches", "envs_registered", "envs_connected",
+    "eval_policy_version", "eval_return_mean", "eval_return_std", "eval_best_policy_version", "eval_best_return_mean",
+    "write_failing_s", "step", "queue_groups", "queue_sequences", "pending_batches", "envs_registered", "envs_connected",
+    "instances_held", "instances_by_env", "units_assigned", "rollouts_seen",
 })  # fmt: skip
-MAP_LABELS = {"losses": "loss", "records_rejected": "reason", "policy_lag_counts": "lag"}
+MAP_LABELS = {
+    "losses": "loss",
+    "records_rejected": "reason",
+    "weights_refused": "reason",
+    "policy_lag_counts": "lag",
+    "writes_failed": "what",
+    "instances_by_env": "env",
+    "lease_records_skipped": "reason",
+}
 
 
 class CallCounter(grpc.ServerInterceptor):

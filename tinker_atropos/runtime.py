@@ -79,6 +79,21 @@ def new_incarnation() -> str:
     return uuid.uuid4().hex[:12]
 
 
+def local_host_id() -> str:
+    """Who can take this process's local fast path: the host (name and boot id) and the network namespace, whose
+    abstract Unix sockets are shared by its processes and no others. Written to the registry, so that a rollout
+    prefers env services it reaches without gRPC; empty where it cannot be read (not Linux)."""
+    import os
+
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as boot:
+            boot_id = boot.read().strip()[:8]
+        namespace = os.stat("/proc/self/ns/net").st_ino
+    except OSError:
+        return ""
+    return f"{socket.gethostname()}/{boot_id}/{namespace}"
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -127,7 +142,11 @@ def stop_on_signals() -> threading.Event:
 
 class CountedWarnings:
     """Events counted by reason and logged at most once per ``log_interval_s`` for each reason, with the count
-    since the last line: a flood of bad records or blown-up envs is visible without flooding the log."""
+    since the last line: a flood of bad records, blown-up envs or refused calls is visible without flooding the
+    log. A reason may name the peer (``peer_host``): beyond ``MAX_REASONS`` distinct ones, new ones count as
+    ``other``, so that no peer can make it grow without bound."""
+
+    MAX_REASONS = 1000
 
     def __init__(self, what: str, log_interval_s: float = 10.0) -> None:
         self.what, self.log_interval_s = what, log_interval_s
@@ -137,6 +156,8 @@ class CountedWarnings:
         self._logged_at: dict[str, float] = {}
 
     def add(self, reason: str, message: str, count: int = 1) -> None:
+        if reason not in self.totals and len(self.totals) >= self.MAX_REASONS:
+            reason = "other"
         self.totals[reason] += count
         self._unreported[reason] += count
         self._unlogged[reason] += count
@@ -155,6 +176,15 @@ class CountedWarnings:
         """The counts added since the last call: what a service still has to add to the run's counters."""
         counts, self._unreported = dict(self._unreported), Counter()
         return counts
+
+
+def peer_host(peer: str) -> str:
+    """A gRPC peer (``ipv4:127.0.0.1:53412``, ``ipv6:[::1]:53412``) without its port: who to count a refusal
+    against (a client reconnecting gets a new port every time)."""
+    kind, _, address = peer.partition(":")
+    if kind in ("ipv4", "ipv6") and ":" in address:
+        return f"{kind}:{address.rsplit(':', 1)[0]}"
+    return peer
 
 
 @dataclass(frozen=True)
@@ -255,6 +285,7 @@ class ServiceHost:
             config.redis.heartbeat_interval_s,
             config.redis.heartbeat_ttl_s,
             endpoint.name,
+            local_host_id(),
         )
 
     def calls_refused(self) -> int:

@@ -19,10 +19,10 @@ reveals nothing. Every other call without the token is refused with UNAUTHENTICA
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import ipaddress
-import logging
 import os
 import threading
 from collections.abc import Callable
@@ -31,9 +31,7 @@ from typing import Any
 
 import grpc
 
-from tinker_atropos.runtime import FatalError
-
-log = logging.getLogger(__name__)
+from tinker_atropos.runtime import CountedWarnings, FatalError, peer_host
 
 OPEN_METHODS = ("/grpc.health.v1.Health/",)  # prefixes of the methods served without the token
 
@@ -174,14 +172,15 @@ def signed_by(key: bytes, given: bytes | None, *parts: bytes) -> bool:
 
 
 class TokenCheck(grpc.ServerInterceptor):
-    """Refuses every call but health without ``authorization: Bearer <token>`` (compared in constant time)."""
+    """Refuses every call but health without ``authorization: Bearer <token>`` (compared in constant time). The
+    refusals are logged by peer and reason at most once every 10 s each, with their count: a client that retries
+    in a loop does not fill the disk with one line per call."""
 
     def __init__(self, token: str) -> None:
         self.expected = f"Bearer {token}".encode()
         self.refused = 0
+        self.warnings = CountedWarnings("calls refused for want of the run's token")
         self._lock = threading.Lock()
-        self._refuse = grpc.unary_unary_rpc_method_handler(self._abort)
-        self._refuse_stream = grpc.stream_stream_rpc_method_handler(self._abort_stream)
 
     def intercept_service(self, continuation: Callable[[Any], Any], details: grpc.HandlerCallDetails) -> Any:
         if details.method.startswith(OPEN_METHODS):
@@ -191,16 +190,16 @@ class TokenCheck(grpc.ServerInterceptor):
             return continuation(details)
         with self._lock:
             self.refused += 1
-        log.warning("refused %s: %s token", details.method, "no" if not given else "a wrong")
+        refuse = functools.partial(self._refuse, "no token" if not given else "a wrong token", details.method)
         handler = continuation(details)
-        return self._refuse_stream if handler is not None and handler.request_streaming else self._refuse
+        if handler is not None and handler.request_streaming:
+            return grpc.stream_stream_rpc_method_handler(refuse)
+        return grpc.unary_unary_rpc_method_handler(refuse)
 
-    @staticmethod
-    def _abort(request: Any, context: grpc.ServicerContext) -> None:
-        context.abort(grpc.StatusCode.UNAUTHENTICATED, "this service needs the run's token (TA_TOKEN_FILE)")
-
-    @staticmethod
-    def _abort_stream(requests: Any, context: grpc.ServicerContext) -> None:
+    def _refuse(self, why: str, method: str, request: Any, context: grpc.ServicerContext) -> None:
+        """Where the peer is known: count and (rate-limited) log the refusal, then answer it."""
+        with self._lock:
+            self.warnings.add(f"{why} from {peer_host(context.peer())}", method)
         context.abort(grpc.StatusCode.UNAUTHENTICATED, "this service needs the run's token (TA_TOKEN_FILE)")
 
 
@@ -233,3 +232,22 @@ class _Details(grpc.ClientCallDetails):
 def with_token(channel: grpc.Channel, token: str | None) -> grpc.Channel:
     """``channel`` sending ``token`` on every call (unchanged without one)."""
     return channel if token is None else grpc.intercept_channel(channel, _SendToken(token))
+
+
+def insecure() -> bool:
+    """Whether this process was told to serve without protection (``--insecure``, ``TA_INSECURE``): HTTP
+    endpoints without API keys, non-loopback binds without the token and TLS. For a local experiment."""
+    return os.environ.get("TA_INSECURE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def read_keys(path: Path, setting: str) -> list[str]:
+    """The keys of a keys file, one per line, ``#`` comments skipped; FatalError (naming ``setting``) for a file
+    that is missing or holds none."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as error:
+        raise FatalError(f"{setting} {path}: {error.strerror}") from None
+    keys = [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+    if not keys:
+        raise FatalError(f"{setting} {path} holds no key: nobody could use the endpoint")
+    return keys

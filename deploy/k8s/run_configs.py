@@ -3,7 +3,7 @@
 The Kubernetes pods mount every run config at /config, as Compose mounts ``configs/``. kustomize reads generator
 files only inside a kustomization's own folder, so the run configs are inlined here as literals of a
 configMapGenerator (which also names the ConfigMap after its content, so pods roll when a config changes).
-``tests/test_deploy.py`` fails when the written file is behind ``configs/``.
+``tests/deploy/test_kubernetes.py`` fails when the written file is behind ``configs/``.
 """
 
 from __future__ import annotations

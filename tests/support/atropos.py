@@ -1,8 +1,15 @@
-"""What the Atropos tests send: a trainer's registration and scored groups whose content is unique to a seed."""
+"""What the Atropos tests send: a trainer's registration and scored groups whose content is unique to a seed, and
+the key our API asks of a run whose token is ``TOKEN``."""
 
 from __future__ import annotations
 
 from typing import Any
+
+from tinker_atropos.frontends.http import run_key
+
+TOKEN = "atropos-test-token"  # the run's token our API services get (TA_TOKEN): the key is derived from it
+KEY = run_key("atropos-api", TOKEN)
+HEADERS = {"X-API-Key": KEY}
 
 
 def registration(batch_size: int, max_token_len: int = 64) -> dict[str, Any]:

@@ -1,11 +1,13 @@
-"""A multi-node run on one machine: a trainer node (Valkey, trainer, rollout) and env nodes (one env service
-each), every node a network namespace with its own address (see ``netns``).
+"""A multi-node run on one machine: a trainer node (Valkey, trainer, rollout), env nodes (one env service each) and
+optionally more rollout nodes (one rollout each, sharing the env services with the trainer node's), every node a
+network namespace with its own address (see ``netns``).
 
 Each service binds and advertises its node's address on the default port of its kind, as on separate machines,
 and is found through the registry. The links are secured as a deployment secures them, with the files of
 ``tinker-atropos secrets``: the token and mutual TLS on every gRPC call (certificates checked for the name
-``tinker-atropos``, since services advertise bare node addresses), Valkey's password. ``make demo-cluster`` runs this until Ctrl-C; ``tests/test_multinode.py``
-cuts an env node's link and restores it.
+``tinker-atropos``, since services advertise bare node addresses), Valkey's password. ``make demo-cluster`` runs
+this until Ctrl-C; ``tests/services/test_multinode.py`` cuts an env node's link and restores it, and kills a rollout node's
+rollout.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class Cluster:
     secrets: Path
     valkey: EmbeddedValkey | None = None
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
+    env_node_count: int = 0  # the nodes after the trainer's: env nodes, then rollout nodes
 
     @property
     def trainer_node(self) -> Node:
@@ -41,7 +44,11 @@ class Cluster:
 
     @property
     def env_nodes(self) -> list[Node]:
-        return self.network.nodes[1:]
+        return self.network.nodes[1 : 1 + self.env_node_count]
+
+    @property
+    def rollout_nodes(self) -> list[Node]:
+        return self.network.nodes[1 + self.env_node_count :]
 
     @property
     def redis_url(self) -> str:
@@ -87,16 +94,20 @@ class Cluster:
         self.network.close()
 
 
-def start_cluster(config_path: Path, work_dir: Path, env_nodes: int = 4, instances: int = 4) -> Cluster:
+def start_cluster(
+    config_path: Path, work_dir: Path, env_nodes: int = 4, instances: int = 4, rollout_nodes: int = 0
+) -> Cluster:
     """Create the nodes and start every service on its node; whatever was made is removed if a step fails."""
     log_dir = work_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    cluster = Cluster(Network(), log_dir, work_dir / "secrets")
+    cluster = Cluster(Network(), log_dir, work_dir / "secrets", env_node_count=env_nodes)
     write_secrets(cluster.secrets, force=True)
     try:
         trainer_node = cluster.network.add_node("trainer")
         for i in range(1, env_nodes + 1):
             cluster.network.add_node(f"env{i}")
+        for i in range(1, rollout_nodes + 1):
+            cluster.network.add_node(f"rollout{i}")
         with trainer_node.entered():
             password = (cluster.secrets / "redis-password").read_text().strip()
             cluster.valkey = EmbeddedValkey(
@@ -106,6 +117,8 @@ def start_cluster(config_path: Path, work_dir: Path, env_nodes: int = 4, instanc
         cluster.start_service(trainer_node, "rollout", config_path)
         for node in cluster.env_nodes:
             cluster.start_service(node, "env", config_path, "--instances", str(instances))
+        for node in cluster.rollout_nodes:
+            cluster.start_service(node, "rollout", config_path)
     except BaseException:
         cluster.close()
         raise
@@ -119,6 +132,9 @@ def main() -> int:
     parser.add_argument("--config", type=Path, default=Path("configs/pendulum.yaml"), help="Run config.")
     parser.add_argument("--env-nodes", type=int, default=4, help="Env nodes, one env service each.")
     parser.add_argument("--instances", type=int, default=4, help="Env instances per env service.")
+    parser.add_argument(
+        "--rollout-nodes", type=int, default=0, help="Rollout nodes besides the trainer node's."
+    )
     parser.add_argument("--work-dir", type=Path, default=Path("runs/demo-cluster"), help="Logs, checkpoints.")
     args = parser.parse_args()
     reason = unavailable_reason()
@@ -126,7 +142,7 @@ def main() -> int:
         print(f"demo-cluster needs network namespaces ({reason}); run it as root", file=sys.stderr)
         return 2
     stop = stop_on_signals()  # set before the start, so that a Ctrl-C during it still tears everything down
-    cluster = start_cluster(args.config, args.work_dir, args.env_nodes, args.instances)
+    cluster = start_cluster(args.config, args.work_dir, args.env_nodes, args.instances, args.rollout_nodes)
     try:
         hub = cluster.network.hub
         print(f"nodes: {', '.join(f'{n.name} {n.address}' for n in cluster.network.nodes)}")

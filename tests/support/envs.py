@@ -2,7 +2,8 @@
 
 ``NaNPendulum`` is Pendulum with a simulator that blows up now and then: a NaN reward, or a NaN observation,
 every so many steps of each instance. ``DictPendulum`` observes through a Dict space, which the protocol does
-not carry yet.
+not carry yet. ``pendulum_env`` is what an env service of Pendulum-v1 describes itself as, for a trainer built
+without one.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 from gymnasium.envs.classic_control.pendulum import PendulumEnv
+
+from tinker_atropos.environment.client import EnvDescription
 
 NAN_PENDULUM_ID = "TinkerAtroposTest/NaNPendulum-v0"
 
@@ -50,3 +53,9 @@ class DictPendulum(gym.ObservationWrapper):
 
 if NAN_PENDULUM_ID not in gym.registry:
     gym.register(NAN_PENDULUM_ID, entry_point=NaNPendulum, max_episode_steps=200)
+
+
+def pendulum_env() -> EnvDescription:
+    """What an env service of Pendulum-v1 describes itself as."""
+    env = gym.make("Pendulum-v1")
+    return EnvDescription("Pendulum-v1", env.observation_space, env.action_space, 8, 8, "e", "gymnasium", "")

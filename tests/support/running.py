@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -25,14 +26,18 @@ def config_file(directory: Path, base: str = "pendulum.yaml", **sections: dict[s
     return path
 
 
-def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    """``tinker-atropos ARGS`` from the repository (so ``tests.support`` imports), output captured."""
+def cli(
+    *args: str, timeout: float = 120, cwd: Path = REPO, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """``tinker-atropos ARGS`` from the repository (so ``tests.support`` imports), output captured; ``env`` is
+    added to this process's environment."""
     return subprocess.run(
         [sys.executable, "-m", "tinker_atropos", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
-        cwd=REPO,
+        cwd=cwd,
+        env={**os.environ, **env} if env else None,
     )
 
 
@@ -100,11 +105,12 @@ def leftovers(run_dir: Path) -> str:
 
 
 class Sidecar(threading.Thread):
-    """Work done beside a running `up`, every ``interval_s``, until the run ends (see ``run_up_with``)."""
+    """Work done beside a running `up`, every ``interval_s``, until the run ends (see ``run_up_with``); a sidecar
+    that sets ``done`` can end the run itself."""
 
     def __init__(self, interval_s: float) -> None:
         super().__init__(daemon=True)
-        self.interval_s, self.stop = interval_s, threading.Event()
+        self.interval_s, self.stop, self.done = interval_s, threading.Event(), threading.Event()
 
     def run(self) -> None:
         while not self.stop.wait(self.interval_s):
@@ -114,11 +120,22 @@ class Sidecar(threading.Thread):
         raise NotImplementedError
 
 
-def run_up_with(sidecar: Sidecar, config: Path, run_dir: Path, *options: str, timeout: float = 600) -> str:
-    """``up`` to its end with ``sidecar`` working beside it; its output, once it exited 0 leaving nothing."""
+def run_up_with(
+    sidecar: Sidecar,
+    config: Path,
+    run_dir: Path,
+    *options: str,
+    timeout: float = 600,
+    until_done: bool = False,
+) -> str:
+    """``up`` to its end with ``sidecar`` working beside it (``until_done``: until the sidecar is done, then
+    SIGTERM); its output, once it exited 0 leaving nothing."""
     up = start_up(config, run_dir, *options)
     sidecar.start()
     try:
+        if until_done:
+            sidecar.done.wait(timeout)
+            up.send_signal(signal.SIGTERM)
         output = up.communicate(timeout=timeout)[0]
     finally:
         sidecar.stop.set()

@@ -3,19 +3,22 @@ HTTP requests the SDK sends, for what the SDK itself never does (retrying a numb
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import tinker
 import yaml
 from tinker import types
 from tinker.proto.request_conv import forward_backward_request_to_proto
 from tinker.proto.response_conv import deserialize_forward_backward_output
 
-from tests.conftest import Processes, wait_for
+from tests.support.processes import Processes, wait_for
 from tinker_atropos.runtime import free_port
 
 KEY = "tml-test-key-0123456789abcdef"
@@ -88,6 +91,28 @@ class TinkerTrainer:
 
     def log(self) -> str:
         return self.processes.log(self.name)
+
+
+@contextlib.contextmanager
+def serving(directory: Path, redis_url: str, run: str, **tinker_section: Any) -> Iterator[TinkerTrainer]:
+    """A started ``TinkerTrainer`` (``trainer.tinker`` settings given), stopped at the end."""
+    processes = Processes(directory)
+    server = TinkerTrainer(processes, directory, redis_url, run, **tinker_section)
+    try:
+        server.start()
+        yield server
+    finally:
+        processes.stop_all()
+
+
+@contextlib.contextmanager
+def sdk_session(trainer: TinkerTrainer) -> Iterator[tinker.ServiceClient]:
+    """The SDK's service client of ``trainer``; closed at the end, which finishes its session (models unloaded)."""
+    client = tinker.ServiceClient(base_url=trainer.url, api_key=KEY)
+    try:
+        yield client
+    finally:
+        client.close("success").result(timeout=30)
 
 
 class Raw:

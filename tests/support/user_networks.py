@@ -1,4 +1,4 @@
-"""User networks for tests/test_networks.py, as a researcher would write them: ActorCritic subclasses that swap the
+"""User networks for tests/services/test_networks.py, as a researcher would write them: ActorCritic subclasses that swap the
 actor and critic modules, named in a config as ``trainer.model.network: tests.support.user_networks:Class``."""
 
 from __future__ import annotations

@@ -94,9 +94,10 @@ class EnvSession:
     def receive_step(self) -> StepBatch:
         return StepBatch.decode(self._stream.receive().step)
 
-    def close(self) -> None:
-        """End the session; the env service frees its instances."""
-        self._stream.close()
+    def close(self, wait_s: float = 0.0) -> None:
+        """End the session; the env service frees its instances (with ``wait_s``: waits that long at most for it
+        to have done so, as a rollout handing the session's slot to another one does)."""
+        self._stream.close(wait_s)
 
 
 class EnvClient:

@@ -17,6 +17,7 @@ import grpc
 
 from tinker_atropos.protocol import local_stream
 from tinker_atropos.protocol.v1 import environment_pb2
+from tinker_atropos.runtime import CountedWarnings
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,7 @@ class LocalSessionServer:
         self._acceptor = threading.Thread(target=self._accept_loop, name="local-accept", daemon=True)
         self.uid = os.getuid()
         self.peers_refused = 0
+        self.refusals = CountedWarnings("local socket connections refused")
 
     def start(self) -> None:
         self._acceptor.start()
@@ -112,7 +114,9 @@ class LocalSessionServer:
         try:
             if control.uid != self.uid:
                 self.peers_refused += 1
-                log.warning("local socket: refused %s (this service runs as uid %d)", control.peer, self.uid)
+                self.refusals.add(
+                    f"uid {control.uid}", f"{control.peer} (this service runs as uid {self.uid})"
+                )
                 self._send_status(connection, grpc.StatusCode.UNAUTHENTICATED, f"the local socket serves only "
                                   f"processes of uid {self.uid}, the service's user; connect over gRPC")  # fmt: skip
                 return

@@ -1,8 +1,8 @@
 """The environment service: hosts instances of one env and steps them over one bidi stream per session.
 
 A session claims some of the service's instances for as long as its stream lives. Careless or hostile clients
-harm only their own stream: a malformed request ends it (INVALID_ARGUMENT, one warning naming the peer, no
-traceback), a stream that does not open in time or an open session that goes quiet is ended and its
+harm only their own stream: a malformed request ends it (INVALID_ARGUMENT, a warning naming the peer, at most
+one every 10 s per peer and reason with the count, no traceback), a stream that does not open in time or an open session that goes quiet is ended and its
 instances freed, and past ``env.session_limit`` streams a new one is refused (RESOURCE_EXHAUSTED). Streams never
 take the last gRPC workers, so Describe and the health checks are always answered. The same session logic
 serves the gRPC stream and the local fast path for co-located rollouts (``local_server``).
@@ -95,7 +95,9 @@ class EnvironmentServicer(environment_pb2_grpc.EnvironmentServicer):
         self.cut_nonfinite = CountedWarnings("episodes cut and reset: the env returned NaN or infinity")
         self.bad_requests = 0
         self.streams_refused = 0
+        self.streams_ended = CountedWarnings("streams ended for what their client sent or did not send")
         self.streams_timed_out = 0
+        self.sessions_refused_busy = 0
 
     @property
     def free_instances(self) -> int:
@@ -115,6 +117,7 @@ class EnvironmentServicer(environment_pb2_grpc.EnvironmentServicer):
             bad_requests=self.bad_requests,
             streams_refused=self.streams_refused,
             streams_timed_out=self.streams_timed_out,
+            sessions_refused_busy=self.sessions_refused_busy,
         )
 
     def start(self) -> None:
@@ -171,10 +174,10 @@ class EnvironmentServicer(environment_pb2_grpc.EnvironmentServicer):
             self.refuse(control, grpc.StatusCode.INVALID_ARGUMENT, str(error))
 
     def refuse(self, control: StreamControl, code: grpc.StatusCode, message: str) -> NoReturn:
-        """End a stream for what its client did: one warning with the peer, no traceback."""
+        """End a stream for what its client did: a warning with the peer (rate-limited), no traceback."""
         if code == grpc.StatusCode.INVALID_ARGUMENT:
             self.bad_requests += 1
-        log.warning("stream from %s ended: %s: %s", control.peer, code.name, message)
+        self.streams_ended.add(f"{code.name} from {runtime.peer_host(control.peer)}", message)
         control.abort(code, message)
 
     def session(
@@ -257,6 +260,7 @@ class EnvironmentServicer(environment_pb2_grpc.EnvironmentServicer):
                 session_id = uuid.uuid4().hex
                 self._sessions[session_id] = n
                 return session_id, n
+        self.sessions_refused_busy += 1
         self.refuse(
             control,
             grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -296,7 +300,8 @@ class EnvironmentServicer(environment_pb2_grpc.EnvironmentServicer):
             stream.ended_by_watchdog = True
             self.streams_timed_out += 1
             what = "no step request" if stream.opened else "no 'open' request"
-            log.warning("stream from %s ended: %s for %.0f s", stream.control.peer, what, limit)
+            peer = runtime.peer_host(stream.control.peer)
+            self.streams_ended.add(f"{what} from {peer}", f"{what} for {limit:.0f} s")
             stream.control.cancel()
 
 

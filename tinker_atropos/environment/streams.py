@@ -7,6 +7,7 @@ with a status code), so the session loop and its reconnect logic do not know whi
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import select
@@ -30,7 +31,7 @@ class SessionStream(Protocol):
 
     def send(self, request: environment_pb2.SessionRequest) -> None: ...
     def receive(self) -> environment_pb2.SessionResponse: ...
-    def close(self) -> None: ...
+    def close(self, wait_s: float = 0.0) -> None: ...
 
 
 class LocalStreamError(grpc.RpcError):
@@ -62,8 +63,12 @@ class GrpcSessionStream:
     def receive(self) -> environment_pb2.SessionResponse:
         return next(self._responses)
 
-    def close(self) -> None:
+    def close(self, wait_s: float = 0.0) -> None:
         self._requests.put(None)  # half-close: the env service frees the session's instances
+        if wait_s:  # and ends the call once it has
+            ended = threading.Event()
+            self._responses.add_done_callback(lambda _: ended.set())
+            ended.wait(wait_s)
         self._responses.cancel()
 
 
@@ -115,8 +120,16 @@ class LocalSessionStream:
             raise LocalStreamError(code, frame.status.message)
         return frame.response
 
-    def close(self) -> None:
-        self._socket.close()  # the env service sees the end of the stream and frees the instances
+    def close(self, wait_s: float = 0.0) -> None:
+        """The env service sees the end of the stream and frees the instances; with ``wait_s``, until it closes
+        its end, which it does once they are free."""
+        if wait_s:
+            with contextlib.suppress(OSError):  # a timeout, or a socket already broken
+                self._socket.shutdown(socket.SHUT_WR)
+                self._socket.settimeout(wait_s)
+                while self._socket.recv(1 << 16):
+                    pass
+        self._socket.close()
 
 
 def open_stream(

@@ -1,9 +1,15 @@
 """What the HTTP front-ends share (Tinker API, Atropos trajectory API, inference endpoint): ASGI middleware for API
-keys, a bound on request bodies and gzip-encoded request bodies, and the uvicorn thread they run in. Plain ASGI, not Starlette's BaseHTTPMiddleware, which costs a task and a
-stream per request."""
+keys, a bound on request bodies and gzip-encoded request bodies, and the uvicorn thread they run in. Plain ASGI,
+not Starlette's BaseHTTPMiddleware, which costs a task and a stream per request.
+
+A request refused by the middleware (no key, a body too large) can be reported to the app with the first bytes of
+its body (``Refused``): the Tinker API answers a refused numbered request's number, so the model's later requests
+are not held back by it."""
 
 from __future__ import annotations
 
+import base64
+import binascii
 import functools
 import hmac
 import os
@@ -11,6 +17,8 @@ import socket
 import ssl
 import threading
 import zlib
+from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import httpx
 import uvicorn
@@ -18,23 +26,100 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tinker_atropos.runtime import FatalError
+from tinker_atropos.security import derive_key, insecure, read_keys, service_token
+
+# what a middleware that refused a request tells the app: the request, its body's first bytes (``PREFIX_BYTES``
+# at most, all of it when shorter), why
+Refused = Callable[[Scope, bytes, str], Awaitable[None]]
+PREFIX_BYTES = 64 << 10
+
+
+async def read_prefix(receive: Receive, limit: int = PREFIX_BYTES) -> bytes:
+    """The first ``limit`` bytes of a request's body (fewer when it is shorter), read from ``receive``."""
+    chunks, size, more = [], 0, True
+    while more and size < limit:
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        chunks.append(message.get("body", b""))
+        size += len(chunks[-1])
+        more = message.get("more_body", False)
+    return b"".join(chunks)[:limit]
+
+
+def presented_key(headers: list[tuple[bytes, bytes]]) -> bytes:
+    """The key a request presents: ``X-API-Key`` (the tinker SDK), ``Authorization: Bearer`` (OpenAI clients,
+    atroposlib's servers) or the password of ``Authorization: Basic`` (a URL ``http://user:KEY@host``, all an
+    atroposlib environment can send its trajectory API); empty without one."""
+    found = dict(headers)
+    if b"x-api-key" in found:
+        return found[b"x-api-key"]
+    scheme, _, value = found.get(b"authorization", b"").partition(b" ")
+    if scheme.lower() == b"bearer":
+        return value.strip()
+    if scheme.lower() == b"basic":
+        try:
+            return base64.b64decode(value.strip(), validate=True).partition(b":")[2]
+        except (binascii.Error, ValueError):
+            return b""
+    return b""
 
 
 class APIKeys:
-    """401 for any request without an allowed ``X-API-Key``, before routing (but on ``open_paths``, such as a
-    health check)."""
+    """401 for any request without an allowed key (``presented_key``), before routing (but on ``open_paths``,
+    such as a health check)."""
 
-    def __init__(self, app: ASGIApp, keys: list[bytes], open_paths: frozenset[str] = frozenset()) -> None:
-        self.app, self.keys, self.open_paths = app, keys, open_paths
+    def __init__(self, app: ASGIApp, keys: list[bytes], open_paths: frozenset[str] = frozenset(),
+                 refused: Refused | None = None) -> None:  # fmt: skip
+        self.app, self.keys, self.open_paths, self.refused = app, keys, open_paths, refused
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in self.open_paths:
             return await self.app(scope, receive, send)
-        given = next((value for name, value in scope["headers"] if name == b"x-api-key"), b"")
-        if any(hmac.compare_digest(given, key) for key in self.keys):
+        given = presented_key(scope["headers"])
+        if given and any(hmac.compare_digest(given, key) for key in self.keys):
             return await self.app(scope, receive, send)
-        reason = "an X-API-Key header is required" if not given else "the API key is not allowed here"
+        reason = (
+            "an API key is required (X-API-Key, or Authorization: Bearer)"
+            if not given
+            else "the API key is not allowed here"
+        )
+        if self.refused is not None:
+            await self.refused(scope, await read_prefix(receive), f"refused (401): {reason}")
         await JSONResponse({"detail": reason}, status_code=401)(scope, receive, send)
+
+
+def endpoint_keys(purpose: str, keys_file: str | None, setting: str, what: str) -> list[str]:
+    """The keys an HTTP endpoint of the run accepts: those of ``keys_file`` (the config field ``setting``), else
+    the one derived from the run's token for ``purpose`` (``run_key``), else none under ``--insecure``. FatalError
+    when there is neither file nor token nor ``--insecure``: the endpoint is never open by accident."""
+    if keys_file is not None:
+        return read_keys(Path(keys_file), setting)
+    if service_token() is not None:
+        return [run_key(purpose)]
+    if insecure():
+        return []
+    raise FatalError(f"the {what} asks an API key and there is none: set {setting}, or give the run's token "
+                     "(TA_TOKEN_FILE or TA_TOKEN, as `up` does: the key is derived from it), or pass --insecure "
+                     "(TA_INSECURE=1) to serve it open on a machine nobody else uses")  # fmt: skip
+
+
+def endpoint_key(purpose: str, keys_file: str | None) -> str | None:
+    """The key a client of the run's ``purpose`` endpoint presents: the first of ``keys_file``, else the one
+    derived from the run's token; None without either (an ``--insecure`` run's endpoint asks none)."""
+    if keys_file is not None:
+        return read_keys(Path(keys_file), "keys file")[0]
+    return run_key(purpose) if service_token() is not None else None
+
+
+def run_key(purpose: str, token: str | None = None) -> str:
+    """The API key of the run's ``purpose`` endpoint (``atropos-api``, ``inference``), derived from the run's
+    token (this process's, by default): every service that holds the token computes it, none can compute the
+    token from it."""
+    token = token if token is not None else service_token()
+    if token is None:
+        raise FatalError(f"no run token (TA_TOKEN_FILE or TA_TOKEN) to derive the {purpose} key from")
+    return derive_key(token, f"http/{purpose}").hex()
 
 
 class _TooLarge(Exception):
@@ -42,25 +127,28 @@ class _TooLarge(Exception):
 
 
 class BodyLimit:
-    """413 for a request body over ``limit`` bytes, unread when its Content-Length says so, as soon as the
-    bound is passed for a chunked one: a client cannot make the server hold an unbounded body. ``setting``
-    names the config field of the bound in the answer."""
+    """413 for a request body over ``limit`` bytes, unread (but for its first bytes) when its Content-Length
+    says so, as soon as the bound is passed for a chunked one: a client cannot make the server hold an unbounded
+    body. ``setting`` names the config field of the bound in the answer."""
 
-    def __init__(self, app: ASGIApp, limit: int, setting: str) -> None:
-        self.app, self.limit, self.setting = app, limit, setting
+    def __init__(self, app: ASGIApp, limit: int, setting: str, refused: Refused | None = None) -> None:
+        self.app, self.limit, self.setting, self.refused = app, limit, setting, refused
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         declared = next((value for name, value in scope["headers"] if name == b"content-length"), b"0")
         if declared.isdigit() and int(declared) > self.limit:
-            return await self._refuse(scope, receive, send)
-        received = 0
+            prefix = await read_prefix(receive) if self.refused is not None else b""
+            return await self._refuse(scope, receive, send, prefix)
+        received, head = 0, bytearray()
 
         async def bounded() -> Message:
             nonlocal received
             message = await receive()
-            received += len(message.get("body", b""))
+            body = message.get("body", b"")
+            received += len(body)
+            head.extend(body[: max(0, PREFIX_BYTES - len(head))])
             if received > self.limit:
                 raise _TooLarge
             return message
@@ -68,10 +156,12 @@ class BodyLimit:
         try:
             await self.app(scope, bounded, send)
         except _TooLarge:  # raised while a route read its body, before it answered
-            await self._refuse(scope, receive, send)
+            await self._refuse(scope, receive, send, bytes(head))
 
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, prefix: bytes) -> None:
         detail = f"request bodies are limited to {self.limit} bytes ({self.setting})"
+        if self.refused is not None:
+            await self.refused(scope, prefix, f"refused (413): {detail}")
         await JSONResponse({"detail": detail}, status_code=413)(scope, receive, send)
 
 
@@ -151,10 +241,10 @@ class BackgroundServer:
             self.thread.join(timeout=10)
 
 
-def service_client(base_url: str, timeout_s: float = 30.0) -> httpx.Client:
+def service_client(base_url: str, timeout_s: float = 30.0, key: str | None = None) -> httpx.Client:
     """A client of the run's own HTTP services, by the gRPC channels' rule (``security.open_channel``): with
     ``TA_TLS_CA`` their certificate is verified against it, and the name checked is ``TA_TLS_SERVER_NAME`` when set,
-    since services advertise pod IPs that no certificate lists."""
+    since services advertise pod IPs that no certificate lists; ``key`` goes in ``X-API-Key``."""
     ca, name = os.environ.get("TA_TLS_CA"), os.environ.get("TA_TLS_SERVER_NAME")
     verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=ca) if ca else True
 
@@ -162,4 +252,7 @@ def service_client(base_url: str, timeout_s: float = 30.0) -> httpx.Client:
         request.extensions["sni_hostname"] = name
 
     hooks = {"request": [server_name]} if name and ca else {}
-    return httpx.Client(base_url=base_url, timeout=timeout_s, verify=verify, event_hooks=hooks)
+    headers = {"X-API-Key": key} if key else {}
+    return httpx.Client(
+        base_url=base_url, timeout=timeout_s, verify=verify, event_hooks=hooks, headers=headers
+    )

@@ -5,6 +5,7 @@ policy (``eval``, ``export``)."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -55,7 +56,8 @@ InsecureOpt = Annotated[
     typer.Option(
         "--insecure",
         envvar="TA_INSECURE",
-        help="Serve on a non-loopback address without the token or TLS (refused otherwise).",
+        help="Serve without protection, for a local experiment: the HTTP endpoints (Tinker, Atropos, inference) "
+        "without API keys, a non-loopback address without the token or TLS (both refused otherwise).",
     ),
 ]
 RunDirOpt = Annotated[
@@ -63,13 +65,23 @@ RunDirOpt = Annotated[
 ]
 
 
-def read_config(path: Path) -> Config:
-    """The config at ``path``, or its errors on stderr and exit code 2 (for every command that reads one)."""
+def read_config(path: Path, settings: list[str] | None = None) -> Config:
+    """The config at ``path`` with ``settings`` (``--set KEY=VALUE``) over it, or its errors on stderr and exit
+    code 2 (for every command that reads one)."""
     try:
-        return load_config(path)
+        config = load_config(path, settings or ())
     except ConfigError as error:
         typer.echo(str(error), err=True)
         raise typer.Exit(2) from None
+    from tinker_atropos.environment.envs import EnvError
+    from tinker_atropos.launcher.sizing import resolve_auto
+
+    try:
+        resolve_auto(config)  # 'auto' sizes become numbers here, before anyone reads them
+    except EnvError as error:
+        typer.echo(f"cannot size env.* or rollout.replicas 'auto': {error}", err=True)
+        raise typer.Exit(2) from None
+    return config
 
 
 def _redis_url(config: Config, override: str | None) -> str:
@@ -106,15 +118,36 @@ def up(
             "--metrics", help="Every service serves Prometheus metrics on a free port (see status)."
         ),
     ] = False,
+    settings: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            metavar="KEY=VALUE",
+            help="Set a config field over the file's (repeatable): a dotted path, a YAML value, e.g. "
+            "--set trainer.ppo.learning_rate=3e-4 --set env.instances=4.",
+        ),
+    ] = None,
+    seed: Annotated[
+        int | None,
+        typer.Option(min=0, help="The run's seed (run.seed): envs, policy sampling, network init."),
+    ] = None,
+    insecure: Annotated[
+        bool,
+        typer.Option(
+            "--insecure",
+            help="A local experiment on a machine nobody else uses: the run's HTTP endpoints (Tinker API, Atropos "
+            "trajectory API, inference) take no API key.",
+        ),
+    ] = False,
 ) -> None:
     """Start Redis (embedded Valkey unless a URL is given) and every service as its own process.
 
     A run folder that holds a run is resumed: the counters and --total-steps go on from where it stopped."""
     from tinker_atropos.launcher.up import UpOptions, run_local
 
-    cfg = read_config(config)
+    cfg = read_config(config, [*(settings or ()), *(() if seed is None else (f"run.seed={seed}",))])
     run_dir = run_dir or Path("runs") / cfg.run.name
-    options = UpOptions(total_steps, target_return, max_seconds, fresh, metrics)
+    options = UpOptions(total_steps, target_return, max_seconds, fresh, metrics, insecure)
     raise typer.Exit(run_local(cfg, run_dir, redis_url, options))
 
 
@@ -146,6 +179,8 @@ def _serve(
     from tinker_atropos.state.connection import RedisUnreachable
 
     _serve_check(endpoint.host, insecure)
+    if insecure:  # what the HTTP front-ends read (security.insecure), as when TA_INSECURE is set
+        os.environ["TA_INSECURE"] = "1"
     try:
         _or_exit(serve, config, url, endpoint, *extra)
     except RedisUnreachable as error:
@@ -289,10 +324,22 @@ def atropos_api(
 
 @app.command()
 def status(
+    run_dir: Annotated[
+        Path | None,
+        typer.Argument(
+            help="Run folder of a running `up`: its Redis and password are read from there (default: this "
+            "folder if it is one, or the only run under ./runs)."
+        ),
+    ] = None,
     redis_url: Annotated[
-        str,
-        typer.Option(envvar="TA_REDIS_URL", callback=_checked_url, help="redis:// URL of the run's Redis."),
-    ] = ("redis://127.0.0.1:6379/0"),
+        str | None,
+        typer.Option(
+            envvar="TA_REDIS_URL",
+            callback=_checked_url,
+            help="redis:// URL of the run's Redis, instead of a run folder (default without either: "
+            "redis://127.0.0.1:6379/0).",
+        ),
+    ] = None,
     run: Annotated[str | None, typer.Option(help="Run name (default: every run found).")] = None,
     watch: Annotated[
         bool,
@@ -303,21 +350,58 @@ def status(
     interval: Annotated[float, typer.Option(min=0.1, help="Seconds between two views of --watch.")] = 1.0,
 ) -> None:
     """Print the live services of a run and its counters, from the Redis registry."""
-    from tinker_atropos.launcher.status import print_status, watch_status
+    from tinker_atropos.launcher.status import RunNotRunning, find_run, print_status, watch_status
 
-    raise typer.Exit(watch_status(redis_url, run, interval) if watch else print_status(redis_url, run))
+    try:
+        found = _or_exit(find_run, run_dir, redis_url, Path.cwd())
+    except RunNotRunning as error:
+        typer.echo(str(error), err=True)
+        raise typer.Exit(1) from None
+    run = run or found.run
+    if watch:
+        raise typer.Exit(watch_status(found.url, run, interval))
+    raise typer.Exit(print_status(found.url, run, found.hint))
 
 
 RunConfigOpt = Annotated[
     Path | None, typer.Option("--config", help="Run config (default RUN_DIR/config.yaml, written by `up`).")
 ]
 CheckpointOpt = Annotated[Path | None, typer.Option(help="Checkpoint file (default: the run's newest).")]
+BestOpt = Annotated[
+    bool,
+    typer.Option(
+        "--best", help="The policy of the run's best periodic evaluation (RUN_DIR/checkpoints/best.pt)."
+    ),
+]
+
+
+def _checkpoint(run_dir: Path, checkpoint: Path | None, best: bool) -> Path | None:
+    """The checkpoint ``--checkpoint`` or ``--best`` names (None: the run's newest); exit 2 when ``--best`` finds
+    none, or both are given."""
+    from tinker_atropos.runtime import EXIT_FATAL
+    from tinker_atropos.state.checkpoints import BEST
+
+    if not best:
+        return checkpoint
+    path = run_dir / "checkpoints" / BEST
+    if checkpoint is not None:
+        typer.echo("error: --best and --checkpoint name two checkpoints: give one", err=True)
+        raise typer.Exit(EXIT_FATAL)
+    if not path.exists():
+        typer.echo(f"error: {path} does not exist: the trainer keeps the best policy when trainer.evaluation."
+                   "every_updates is on (e.g. up --set trainer.evaluation.every_updates=10)", err=True)  # fmt: skip
+        raise typer.Exit(EXIT_FATAL)
+    return path
 
 
 def _run_config(run_dir: Path, config: Path | None) -> Config:
-    """The config of a run folder: ``config``, or the one ``up`` wrote there; exit 2 when there is none."""
+    """The config of a run folder: ``config``, or the one ``up`` wrote there; exit 2 when there is none, or no
+    such folder."""
     from tinker_atropos.runtime import EXIT_FATAL
 
+    if not run_dir.is_dir():
+        typer.echo(f"error: run folder {run_dir} does not exist (`up` makes runs/RUN_NAME)", err=True)
+        raise typer.Exit(EXIT_FATAL)
     config = config or run_dir / "config.yaml"
     if not config.exists():
         typer.echo(f"error: {config} does not exist: pass the run's config with --config", err=True)
@@ -330,6 +414,7 @@ def evaluate(
     run_dir: Annotated[Path, typer.Argument(help="Run folder (its config.yaml and checkpoints/).")],
     config: RunConfigOpt = None,
     checkpoint: CheckpointOpt = None,
+    best: BestOpt = False,
     episodes: Annotated[int, typer.Option(min=1, help="Whole episodes to play.")] = 10,
     stochastic: Annotated[
         bool,
@@ -354,6 +439,7 @@ def evaluate(
     from tinker_atropos.launcher.evaluate import evaluate as run_evaluation
 
     cfg = _run_config(run_dir, config)
+    checkpoint = _checkpoint(run_dir, checkpoint, best)
     result = _or_exit(run_evaluation, cfg, run_dir, episodes, not stochastic, seed, checkpoint)
     recorded = None
     if video is not None:
@@ -447,6 +533,7 @@ def export(
     ] = None,
     config: RunConfigOpt = None,
     checkpoint: CheckpointOpt = None,
+    best: BestOpt = False,
 ) -> None:
     """Write a run's deterministic policy, its observation normaliser folded in, for ONNX Runtime or torch."""
     from tinker_atropos.launcher.run_folder import run_policy
@@ -457,9 +544,12 @@ def export(
         typer.echo(f"error: --format {fmt!r} is not one of: {', '.join(FORMATS)}", err=True)
         raise typer.Exit(EXIT_FATAL)
     cfg = _run_config(run_dir, config)
-    found = _or_exit(run_policy, run_dir, checkpoint, cfg.trainer.model.network)
-    path = export_policy(found.model, out or run_dir / f"policy.{fmt}", fmt)
-    typer.echo(f"{path}: policy version {found.version} of {found.checkpoint}, observations in, actions out")
+    found = _or_exit(run_policy, run_dir, _checkpoint(run_dir, checkpoint, best), cfg.trainer.model.network)
+    paths = export_policy(found.model, out or run_dir / f"policy.{fmt}", fmt)
+    written = " and ".join(str(path) for path in paths)
+    typer.echo(
+        f"{written}: policy version {found.version} of {found.checkpoint}, observations in, actions out"
+    )
 
 
 @app.command("secrets")
@@ -490,6 +580,16 @@ def make_secrets(
         raise typer.Exit(2) from None
     for path in paths:
         typer.echo(f"{path}  {FILES[path.name]}")
+
+
+@app.command("api-keys")
+def api_keys() -> None:
+    """Print the API keys of the run's Atropos trajectory API and inference endpoint, derived from its token
+    (TA_TOKEN_FILE or TA_TOKEN): what an Atropos environment outside `up` needs (`up` writes them for its own)."""
+    from tinker_atropos.frontends.http import run_key
+
+    for purpose in ("atropos-api", "inference"):
+        typer.echo(f"{purpose}  {_or_exit(run_key, purpose)}")
 
 
 @app.command()

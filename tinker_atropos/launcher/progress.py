@@ -2,7 +2,10 @@
 
 It survives a Redis outage: one line when Redis goes, one when it is back, no rows meanwhile. Counters that
 come back lower than at the last report (a Redis restarted without persistence, or a new one) are restored from
-that report, so ``env_steps`` and ``--total-steps`` go on counting the whole run.
+that report, so ``env_steps`` and ``--total-steps`` go on counting the whole run; a resumed run's counters are
+put into its new Redis the same way, without an alarm. A metrics.jsonl that the disk refuses (full, read-only)
+keeps its rows in memory (the latest ``PENDING_ROWS``) until it takes them again; that, and the trainer's own
+write failures, are one line each, and ``write_failure`` says for how long.
 """
 
 from __future__ import annotations
@@ -10,7 +13,9 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +26,12 @@ from tinker_atropos.state import keys
 from tinker_atropos.state.connection import connect_fast, describe
 from tinker_atropos.state.experience import add_stats, queued_chunks, read_stats, recent_episodes
 from tinker_atropos.state.registry import live_services
+from tinker_atropos.state.run_dir import FolderWrites
 from tinker_atropos.state.weights import published_version
 
 RETURN_WINDOW = 10  # episode_return_mean is over the latest this many episodes
 PROGRESS_WIDTH = 20  # characters of the progress bar
+PENDING_ROWS = 10_000  # rows kept while metrics.jsonl cannot be written: 5.5 hours of reports every 2 s
 
 
 def _duration(seconds: float) -> str:
@@ -47,7 +54,12 @@ class ProgressReporter:
         policy_version: int = 0,
     ) -> None:
         self.client, self.run, self.console = connect_fast(url), run, console
-        self.metrics = open(metrics_path, "a")  # noqa: SIM115 - closed by close()
+        self.metrics_path = metrics_path
+        self.metrics_writes = FolderWrites("metrics rows", "they wait in memory",
+                                           report=lambda line: console.print(f"[yellow]{line}", highlight=False))  # fmt: skip
+        self._pending: deque[str] = deque(maxlen=PENDING_ROWS)  # rows not yet in metrics.jsonl
+        # the trainer's write_failure and write_failing_s at the last report
+        self.trainer_failure: tuple[str, float] = ("", 0.0)
         self.start, self.wall_offset_s = time.monotonic(), wall_offset_s
         self.counters = dict(counters or {})  # the run's counters at the last report
         self.last_time, self.last_steps = self.start, self.counters.get("env_steps", 0)
@@ -77,10 +89,11 @@ class ProgressReporter:
         lost = self.marked and not present
         if lost or read_stats(self.client, self.run).get("env_steps", 0) < self.counters.get("env_steps", 0):
             add_stats(self.client, self.run, **self.counters)
-            self.console.print(
-                "[yellow]the run's counters in Redis went back (Redis restarted empty, or a counter was "
-                "overwritten); restored them from the last report"
-            )
+            if self.marked or present:  # else a resumed run's first report: its new Redis started at 0
+                self.console.print(
+                    "[yellow]the run's counters in Redis went back (Redis restarted empty, or a counter was "
+                    "overwritten); restored them from the last report"
+                )
         if not present:
             self.client.set(marker, 1)
             self.marked = True
@@ -111,12 +124,53 @@ class ProgressReporter:
         if self.unreachable_since is not None:
             self.console.print(f"[green]Redis answers again after {self.outage_s():.1f} s")
             self.unreachable_since = None
-        self.metrics.write(json.dumps(row) + "\n")
-        self.metrics.flush()
+        self._pending.append(json.dumps(row) + "\n")
+        if self.metrics_writes.due():
+            self.metrics_writes.attempt(self.metrics_path, self._write_pending)
+        with contextlib.suppress(redis.RedisError):  # counted in the next report's row, not this one's
+            add_stats(self.client, self.run, metrics_writes_failed=self.metrics_writes.take_unreported())
         self.last_row = row
         if show:
             self._print(row)
         return row
+
+    def _write_pending(self) -> None:
+        """Append the rows waiting, all or none: a write the disk cuts short is cut back off, so that no half
+        row is left for a reader (or the next row) to trip on."""
+        data = memoryview("".join(self._pending).encode())
+        descriptor = os.open(self.metrics_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            end = os.lseek(descriptor, 0, os.SEEK_END)
+            try:
+                while data:
+                    data = data[os.write(descriptor, data) :]
+            except OSError:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(descriptor, end)
+                raise
+        finally:
+            os.close(descriptor)
+        self._pending.clear()
+
+    def write_failure(self) -> tuple[str, float]:
+        """What write into the run folder has been failing longest (metrics.jsonl, or the trainer's checkpoints or
+        TensorBoard events), and for how long; ("", 0.0) while every write succeeds."""
+        own = (self.metrics_writes.error, self.metrics_writes.failing_s)
+        return max(own, self.trainer_failure, key=lambda failure: failure[1])
+
+    def _note_trainer_failure(self, trainer: dict[str, Any]) -> None:
+        """One console line when the trainer's writes start failing (or fail otherwise), one when they work
+        again: the trainer's log has the same, the console is where the user looks."""
+        if not trainer:  # restarting: its last word stands
+            return
+        failure = (str(trainer.get("write_failure") or ""), float(trainer.get("write_failing_s") or 0.0))
+        if failure[0] and failure[0] != self.trainer_failure[0]:
+            self.console.print(f"[yellow]the trainer cannot write {failure[0]}; learning goes on, the run stops if "
+                               "it lasts run.write_failure_timeout_s", highlight=False)  # fmt: skip
+        elif self.trainer_failure[0] and not failure[0]:
+            self.console.print(f"[green]the trainer writes again (it could not write {self.trainer_failure[0]})",
+                               highlight=False)  # fmt: skip
+        self.trainer_failure = failure
 
     def _row(self) -> dict[str, Any]:
         now = time.monotonic()
@@ -125,6 +179,7 @@ class ProgressReporter:
         trainers = live_services(self.client, self.run, "trainer")
         trainer = trainers[0].figures if trainers else {}
         self.tinker_api = str(trainer.get("tinker_api") or self.tinker_api)
+        self._note_trainer_failure(trainer)
         # what the rollouts act with: it never goes back, also while a trainer restarts; a malformed weights
         # record (ValueError) is the trainer's to replace
         with contextlib.suppress(ValueError):
@@ -193,5 +248,8 @@ class ProgressReporter:
         return f"  {'█' * filled}{'░' * (PROGRESS_WIDTH - filled)} {done:4.0%} ETA {eta}"
 
     def close(self) -> None:
-        self.metrics.close()
+        """Close the Redis client; rows metrics.jsonl never took are said to be lost, in one line."""
+        if self._pending:
+            self.console.print(f"[yellow]{len(self._pending)} metrics rows never reached {self.metrics_path} "
+                               f"({self.metrics_writes.error})", highlight=False)  # fmt: skip
         self.client.close()

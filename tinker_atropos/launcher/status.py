@@ -1,4 +1,8 @@
-"""``tinker-atropos status``: the live services of a run and its counters, read from the Redis registry."""
+"""``tinker-atropos status``: the live services of a run and its counters, read from the Redis registry.
+
+Given a run folder (or run where one is: the current folder, or the only run under ``runs/``), it reads where that
+run's Redis is from the folder's lock and its password from the folder: no URL, no password to look up.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,9 @@ import itertools
 import sys
 import time
 from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import redis
 from rich.console import Console, Group, RenderableType
@@ -13,9 +20,11 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from tinker_atropos.state.connection import connect_fast, describe, masked
+from tinker_atropos.runtime import FatalError
+from tinker_atropos.state.connection import connect_fast, describe, login_refused, masked
 from tinker_atropos.state.experience import queued_chunks, read_stats
 from tinker_atropos.state.registry import live_services
+from tinker_atropos.state.run_dir import LOCK_NAME, is_locked, read_holder
 from tinker_atropos.state.weights import published_version
 
 SPARKS = "▁▂▃▄▅▆▇█"
@@ -34,6 +43,7 @@ SHOWN_FIGURES = {
         "bad_requests",
         "streams_refused",
         "streams_timed_out",
+        "sessions_refused_busy",
     ),
     "rollout": (
         "policy_version",
@@ -41,9 +51,15 @@ SHOWN_FIGURES = {
         "chunks_written",
         "partial_chunks_dropped",
         "connected_sessions",
-        "weights_rejected",
+        "instances_held",
+        "instances_by_env",
+        "units_assigned",
+        "weights_refused",
         "episode_return_mean",
         "sessions_lost",
+        "units_handed_over",
+        "leases_lost",
+        "lease_records_skipped",
     ),
     "trainer": (
         "policy_version",
@@ -57,6 +73,8 @@ SHOWN_FIGURES = {
         "updates_discarded_nonfinite",
         "eval_policy_version",
         "eval_return_mean",
+        "eval_best_policy_version",
+        "eval_best_return_mean",
     ),
     "atropos_api": (
         "url",
@@ -78,13 +96,90 @@ def runs_in(client: redis.Redis) -> list[str]:
 
 
 def _figure(value: object) -> str:
+    if isinstance(value, dict):  # a labelled figure: instances by env service, refusals by reason
+        return ",".join(f"{k}:{_figure(v)}" for k, v in sorted(value.items())) or "-"
     return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+DEFAULT_URL = "redis://127.0.0.1:6379/0"  # where `status` looks when neither a URL nor a run folder is given
+
+
+class RunNotRunning(Exception):
+    """The run folder's run has no live `up`: one line, exit code 1."""
+
+
+@dataclass(frozen=True)
+class RunAddress:
+    """Where ``status`` reads a run: the Redis URL (with the run's password when its folder has one) and the run."""
+
+    url: str
+    run: str | None
+    hint: str = ""  # added to a failure to reach it: how else to name the run
+
+
+def _is_run_folder(folder: Path) -> bool:
+    return (folder / LOCK_NAME).exists() or (folder / "config.yaml").exists()
+
+
+def find_run(run_dir: Path | None, url: str | None, here: Path) -> RunAddress:
+    """The Redis and run to show: ``url`` when given; else those of ``run_dir``, or of the run folder found
+    ``here`` (the folder itself, or the only run under ``here/runs`` — the only running one, if several); else
+    the default URL. FatalError (one line) for a folder that is none or a choice to make, RunNotRunning for a
+    run no ``up`` holds."""
+    if url is not None:
+        holder = read_holder(run_dir) if run_dir is not None else None
+        return RunAddress(url, holder.run if holder else None)
+    if run_dir is not None:
+        if not run_dir.is_dir():
+            raise FatalError(f"{run_dir} does not exist: pass a run folder (runs/NAME by default)")
+        if not _is_run_folder(run_dir):
+            raise FatalError(
+                f"{run_dir} is not a run folder: it has no {LOCK_NAME} nor config.yaml (`up` writes them)"
+            )
+        return _run_address(run_dir)
+    if _is_run_folder(here):
+        return _run_address(here)
+    found = sorted(d for d in (here / "runs").glob("*") if d.is_dir() and _is_run_folder(d))
+    running = [d for d in found if is_locked(d)]
+    if len(found) == 1 or len(running) == 1:
+        return _run_address(running[0] if running else found[0])
+    if found:
+        names = ", ".join(d.name for d in found)
+        raise FatalError(f"{len(found)} runs in {here / 'runs'} ({names}), {len(running)} of them running: pass "
+                         f"one, e.g. `tinker-atropos status {found[0]}`")  # fmt: skip
+    return RunAddress(
+        DEFAULT_URL, None, f" (no run folder in {here} nor under {here / 'runs'}: pass one, or --redis-url)"
+    )
+
+
+def _run_address(run_dir: Path) -> RunAddress:
+    holder = read_holder(run_dir)
+    if not is_locked(run_dir):
+        last = f"; it was held by {holder}" if holder else ""
+        raise RunNotRunning(f"the run in {run_dir} is not running: no `up` holds it{last}. Its figures: "
+                            f"{run_dir / 'metrics.jsonl'} (or `tinker-atropos report {run_dir}`)")  # fmt: skip
+    if holder is None or not holder.redis_url:
+        who = holder or "a process that did not say who it is"
+        raise FatalError(f"the run in {run_dir} is held by {who}, which does not say where its Redis is (only "
+                         "`up` does): pass --redis-url")  # fmt: skip
+    url, password_file = holder.redis_url, run_dir / "redis-password"
+    parts = urlsplit(url)
+    embedded = not parts.username and parts.password is None and password_file.exists()  # its password, 0600
+    if embedded:
+        try:
+            password = password_file.read_text().strip()
+        except OSError as error:
+            raise FatalError(
+                f"{password_file}: {error.strerror}: run `status` as the user who ran `up`"
+            ) from None
+        url = urlunsplit(parts._replace(netloc=f":{quote(password, safe='')}@{parts.netloc}"))
+    return RunAddress(url, holder.run or None)
 
 
 def _redis_failure(error: redis.RedisError, redis_url: str, run: str | None) -> str:
     """One line on why Redis did not give the figures."""
     if isinstance(error, redis.AuthenticationError):  # a subclass of ConnectionError: before it
-        return f"Redis at {masked(redis_url)} refused the login: {error}"
+        return login_refused(redis_url, error) + "; or pass the run folder: `tinker-atropos status RUN_DIR`"
     if isinstance(error, redis.ConnectionError):
         return f"cannot reach Redis at {masked(redis_url)}: {describe(error)}"
     # reached, and refused a command (an ACL user without a run's keys)
@@ -92,7 +187,7 @@ def _redis_failure(error: redis.RedisError, redis_url: str, run: str | None) -> 
     return f"Redis at {masked(redis_url)} refused: {error}{hint}"
 
 
-def print_status(redis_url: str, run: str | None) -> int:
+def print_status(redis_url: str, run: str | None, hint: str = "") -> int:
     """Print each run's services and counters; 1, with one line, when Redis does not answer within seconds."""
     # piped output (logs, scripts) gets full-width rows instead of wrapped, truncated cells
     console = Console() if sys.stdout.isatty() else Console(width=250)
@@ -101,7 +196,7 @@ def print_status(redis_url: str, run: str | None) -> int:
         console.print(status_view(client, redis_url, run))
         return 0
     except redis.RedisError as error:
-        console.print(f"[red]{_redis_failure(error, redis_url, run)}", highlight=False)
+        console.print(f"[red]{_redis_failure(error, redis_url, run)}{hint}", highlight=False)
         return 1
     finally:
         client.close()

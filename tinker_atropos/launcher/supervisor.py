@@ -4,13 +4,15 @@ A child that dies is restarted with exponential backoff. Its restart budget deca
 of running it starts again from a clean slate (as Kubernetes resets its crash-loop backoff), so rare crashes
 never add up to giving up on a run; ``MAX_RESTARTS`` failures in a row do. A child that exits with EXIT_FATAL
 (a bad env, a diverged training run) is not restarted: the run stops. Whenever a child is restarted or given
-up on, the console shows the last lines of its log.
+up on, the console shows the last lines of its log. Logs are rotated by size (``rotate_logs``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -90,6 +92,30 @@ def log_tail(path: Path, lines: int = TAIL_LINES) -> list[str]:
 def _print_tail(console: Console, child: Child) -> None:
     for line in log_tail(child.log_path):
         console.print(f"    {escape(line)}", style="dim", highlight=False)
+
+
+def rotate_logs(children: list[Child], max_bytes: int, backups: int) -> None:
+    """Rotate each log past ``max_bytes``: NAME.log to NAME.log.1 (the older ones one up, ``backups`` kept).
+
+    Copy, then truncate, as logrotate's ``copytruncate``: the child keeps its descriptor, opened for appending,
+    so its next line goes to the start of the emptied file; a line written between the copy and the truncation
+    (microseconds) is lost. A disk too full for the copy still gets the log truncated: a bounded log is the
+    promise, and the space is what the run's checkpoints need."""
+    for child in children:
+        path = child.log_path
+        try:
+            if path.stat().st_size < max_bytes:
+                continue
+        except OSError:
+            continue
+        rotated = [path.with_name(f"{path.name}.{i}") for i in range(1, backups + 1)]
+        with contextlib.suppress(OSError):
+            for older, newer in zip(reversed(rotated[:-1]), reversed(rotated[1:]), strict=True):
+                if older.exists():
+                    older.replace(newer)
+            shutil.copyfile(path, rotated[0])
+        with contextlib.suppress(OSError):
+            os.truncate(path, 0)
 
 
 @dataclass(frozen=True)

@@ -3,26 +3,32 @@
 Before anything starts, the env is resolved and built once (a bad one is one line and exit code 2). The
 embedded Valkey is supervised like the services: restarted on the same port and data folder when it dies.
 Each child gets its own session and a parent-death signal, so Ctrl-C drains them through the launcher and
-even a killed launcher leaves no orphan. A re-used run folder resumes its run; ``--fresh`` starts over. The
-run ends with a summary of where it got to and where its files are.
+even a killed launcher leaves no orphan. A re-used run folder resumes its run; ``--fresh`` starts over; a folder
+another live ``up`` holds is refused (``state.run_dir``). Writes into the folder that a full or read-only disk
+refuses are retried while learning goes on, for ``run.write_failure_timeout_s`` at most. The run ends with a
+summary of where it got to, what went wrong on the way and where its files are.
 """
 
 from __future__ import annotations
 
 import os
 import secrets
+import shlex
 import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import redis
+import yaml
 from rich.console import Console
 
 from tinker_atropos.config import Config
 from tinker_atropos.environment.envs import EnvError, check_env
+from tinker_atropos.frontends.http import run_key
 from tinker_atropos.launcher.progress import RETURN_WINDOW, ProgressReporter
 from tinker_atropos.launcher.run_folder import (
     PreviousRun,
@@ -31,8 +37,9 @@ from tinker_atropos.launcher.run_folder import (
     mark_resume,
     previous_run,
 )
-from tinker_atropos.launcher.supervisor import Child, supervise
-from tinker_atropos.runtime import EXIT_FATAL
+from tinker_atropos.launcher.supervisor import Child, rotate_logs, supervise
+from tinker_atropos.runtime import EXIT_FATAL, FatalError
+from tinker_atropos.security import read_keys, service_token
 from tinker_atropos.state import keys
 from tinker_atropos.state.connection import (
     RedisUnreachable,
@@ -40,11 +47,14 @@ from tinker_atropos.state.connection import (
     describe,
     masked,
     wait_until_reachable,
+    without_password,
 )
 from tinker_atropos.state.embedded import EmbeddedValkey
+from tinker_atropos.state.run_dir import OWNER_VARIABLE, RunFolderInUse, RunFolderLock, describe_os_error
 
 STOP_TIMEOUT_S = 10.0
 VALKEY_RETRY_S = 1.0
+LOG_CHECK_INTERVAL_S = 1.0  # between two looks at the size of the services' logs
 
 
 @dataclass(frozen=True)
@@ -57,6 +67,7 @@ class UpOptions:
     max_seconds: float | None = None
     fresh: bool = False
     metrics: bool = False  # every service serves Prometheus metrics on a free port (in `status`)
+    insecure: bool = False  # the HTTP endpoints take no API key (TA_INSECURE for every child)
 
 
 _LISTENERS: list[socket.socket] = []  # sockets up holds for its children's lifetime
@@ -93,14 +104,15 @@ def service_children(
             child.pass_fds = (listener.fileno(),)
         child.environment["TA_REDIS_URL"] = redis_url
         children.append(child)
-    return children + atropos_environments(config, logs)  # last: the trajectory API starts first
+    return children + atropos_environments(config, logs, run_dir)  # last: the trajectory API starts first
 
 
-def atropos_environments(config: Config, logs: Path) -> list[Child]:
+def atropos_environments(config: Config, logs: Path, run_dir: Path) -> list[Child]:
     """The Atropos environment programs of ``atropos.environments``, their placeholders filled in."""
     trainer = config.trainer.atropos
     values = {"python": sys.executable, "api_url": f"http://{config.atropos.host}:{config.atropos.port}",
-              "inference_url": f"http://{trainer.inference_host}:{trainer.inference_port}/v1"}  # fmt: skip
+              "inference_url": f"http://{trainer.inference_host}:{trainer.inference_port}/v1",
+              "atropos_config": str(run_dir / ATROPOS_CONFIG)}  # fmt: skip
     children = []
     for i, argv in enumerate(config.atropos.environments):
         filled = [arg.format(**values) for arg in argv]
@@ -108,6 +120,75 @@ def atropos_environments(config: Config, logs: Path) -> list[Child]:
             Child(f"atropos-env-{i}", filled[1:], logs / f"atropos-env-{i}.log", program=filled[:1])
         )
     return children
+
+
+ATROPOS_CONFIG = "atropos_env.yaml"
+
+
+def write_atropos_config(config: Config, run_dir: Path, token: str | None) -> Path:
+    """The atroposlib ``--config`` file of the run's environments (``{atropos_config}``), mode 0600: the trajectory
+    API's URL with the run's key as its password (atroposlib's environments send no header; aiohttp sends a URL's
+    password as Basic auth) and the inference endpoint's URL and key. Without keys (``--insecure``), plain URLs."""
+    trainer = config.trainer.atropos
+    api_key = inference_key = None
+    if token is not None:
+        api_key = (read_keys(Path(config.atropos.api_keys_file), "atropos.api_keys_file")[0]
+                   if config.atropos.api_keys_file else run_key("atropos-api", token))  # fmt: skip
+        inference_key = (read_keys(Path(trainer.inference_api_keys_file), "trainer.atropos.inference_api_keys_file")[0]
+                         if trainer.inference_api_keys_file else run_key("inference", token))  # fmt: skip
+    credentials = f"atropos:{api_key}@" if api_key else ""
+    fields = {"env": {"rollout_server_url": f"http://{credentials}{config.atropos.host}:{config.atropos.port}"},
+              "openai": {"base_url": f"http://{trainer.inference_host}:{trainer.inference_port}/v1",
+                         "api_key": inference_key or "none"}}  # fmt: skip
+    path = run_dir / ATROPOS_CONFIG
+    path.unlink(missing_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as file:
+        file.write(
+            "# written by `tinker-atropos up` for the run's Atropos environments (--config): it holds keys\n"
+        )
+        yaml.safe_dump(fields, file)
+    return path
+
+
+CLIENT_ENV = "client.env"
+
+
+def write_client_env(run_dir: Path, variables: dict[str, str], tinker_keys: Path | None) -> Path:
+    """``<run folder>/client.env`` (mode 0600), what a client process of the run needs, to ``source``: the Redis
+    URL (no password in it), the files of the run's secrets, the Tinker API's URL and key. Rewritten once the
+    Tinker API's URL is known (its port may be a free one)."""
+    lines = ["# written by `tinker-atropos up`: what a client process of this run needs (source it)"]
+    lines += [f"export {name}={shlex.quote(value)}" for name, value in variables.items()]
+    if tinker_keys is not None:  # read when sourced: the trainer writes a fresh key when it starts
+        lines.append(f'export TINKER_API_KEY="$(head -1 {shlex.quote(str(tinker_keys))} 2>/dev/null)"')
+    path = run_dir / CLIENT_ENV
+    partial = path.with_suffix(".partial")
+    partial.unlink(missing_ok=True)
+    descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as file:
+        file.write("\n".join(lines) + "\n")
+    partial.replace(path)
+    return path
+
+
+def _client_variables(config: Config, run_dir: Path, url: str, password_file: Path | None,
+                      options: UpOptions) -> tuple[dict[str, str], Path | None]:  # fmt: skip
+    """What ``client.env`` exports (the run's token file only when up made it: else the shell has it already),
+    and the Tinker API's keys file, when it has one."""
+    variables = {"TA_REDIS_URL": url}
+    if password_file is not None:
+        variables["TA_REDIS_PASSWORD_FILE"] = str(password_file.resolve())
+    if os.environ.get("TA_TOKEN_FILE"):
+        variables["TA_TOKEN_FILE"] = os.environ["TA_TOKEN_FILE"]
+    elif not os.environ.get("TA_TOKEN"):
+        variables["TA_TOKEN_FILE"] = str(run_secret(run_dir, "token").resolve())
+    tinker = config.trainer.tinker
+    if not tinker.enabled or options.insecure:
+        return variables, None
+    return variables, Path(
+        tinker.api_keys_file
+    ) if tinker.api_keys_file else run_dir.resolve() / "tinker_api_keys"
 
 
 def run_secret(run_dir: Path, name: str) -> Path:
@@ -141,26 +222,64 @@ class _Stop(Exception):
 
 
 def run_local(config: Config, run_dir: Path, redis_url: str | None, options: UpOptions) -> int:
-    """Run until a stop condition of ``options``, Ctrl-C, or a failure; returns the exit code."""
+    """Run until a stop condition of ``options``, Ctrl-C, or a failure; returns the exit code. The run folder is
+    locked for the whole of it: a second ``up`` on it says who holds it and exits with EXIT_FATAL."""
     console = Console(soft_wrap=True)
-    run = config.run.name
-    console.print(f"[bold]tinker-atropos up[/] run {run!r} in {run_dir}\n{config.to_yaml()}")
+    failure = _config_failure(config)  # before the resolved config: the one line is what the user must see
+    if failure is not None:
+        console.print(f"[red]error: {' '.join(failure.split())}", highlight=False)
+        return EXIT_FATAL
+    lock = RunFolderLock(run_dir, "up", config.run.name)
+    try:
+        stale = lock.acquire()
+    except RunFolderInUse as error:
+        console.print(f"[red]error: {error}", highlight=False)
+        return EXIT_FATAL
+    except OSError as error:
+        console.print(
+            f"[red]error: cannot lock the run folder: {_os_failure(error, run_dir)}", highlight=False
+        )
+        return 1
+    try:
+        console.print(f"[bold]tinker-atropos up[/] run {config.run.name!r} in {run_dir}\n{config.to_yaml()}")
+        if config.sizing:
+            console.print(f"auto: {config.sizing}", highlight=False)
+        if stale is not None:
+            console.print(f"took over the run folder's lock from {stale}, which is gone")
+        return _run_locked(config, run_dir, redis_url, options, console, lock)
+    finally:
+        lock.release()
+
+
+def _config_failure(config: Config) -> str | None:
+    """Why the config cannot run here (its env does not build, the Atropos API's port is taken), or None."""
     try:
         if config.env.services:  # an Atropos run has no env service: its environments are Atropos programs
             check_env(config.env)
     except EnvError as error:
-        console.print(f"[red]error: {error}", highlight=False)
-        return EXIT_FATAL
-    if (
-        config.atropos.enabled
-    ):  # up holds the API's listening socket (service_children): free, before anything starts
+        return str(error)
+    if config.atropos.enabled:  # up holds the API's socket (service_children): free, before anything starts
         try:
             socket.create_server((config.atropos.host, config.atropos.port)).close()
         except OSError as error:
-            console.print(f"[red]error: the Atropos trajectory API cannot bind atropos.host:atropos.port "
-                          f"{config.atropos.host}:{config.atropos.port}: {error.strerror}", highlight=False)  # fmt: skip
-            return EXIT_FATAL
+            return (f"the Atropos trajectory API cannot bind atropos.host:atropos.port "
+                    f"{config.atropos.host}:{config.atropos.port}: {error.strerror}")  # fmt: skip
+    return None
 
+
+def _os_failure(error: OSError, path: Path) -> str:
+    return f"{error.filename or path}: {describe_os_error(error)}"
+
+
+def _run_locked(
+    config: Config,
+    run_dir: Path,
+    redis_url: str | None,
+    options: UpOptions,
+    console: Console,
+    lock: RunFolderLock,
+) -> int:
+    run = config.run.name
     url = redis_url or config.redis.url
     if options.fresh:
         removed = clear_run_folder(run_dir)
@@ -184,40 +303,66 @@ def run_local(config: Config, run_dir: Path, redis_url: str | None, options: UpO
                           f"{options.total_steps:,}): nothing to do")  # fmt: skip
             return 0
 
-    run_dir.mkdir(parents=True, exist_ok=True)
-    config_path = run_dir / "config.yaml"
-    config_path.write_text(config.to_yaml())
-    if previous is not None:
-        mark_resume(run_dir / "metrics.jsonl", run, previous)
-
     stopping: list[str] = []
     signal.signal(signal.SIGINT, lambda *_: stopping.append("Ctrl-C"))
     signal.signal(signal.SIGTERM, lambda *_: stopping.append("SIGTERM"))
 
     server = None
-    if url is None:
-        password_file = run_secret(run_dir, "redis-password")
-        server = EmbeddedValkey(
-            run_dir / "valkey",
-            append_only=config.redis.append_only,
-            password=password_file.read_text().strip(),
+    try:  # what up writes before the services start: a folder that takes nothing is one line, now
+        config_path = run_dir / "config.yaml"
+        config_path.write_text(config.to_yaml())
+        if previous is not None:
+            mark_resume(run_dir / "metrics.jsonl", run, previous)
+        if url is None:
+            password_file = run_secret(run_dir, "redis-password")
+            server = EmbeddedValkey(
+                run_dir / "valkey",
+                append_only=config.redis.append_only,
+                password=password_file.read_text().strip(),
+            )
+            url = server.url
+            console.print(f"embedded Valkey at {url} (its password: {password_file})")
+        children = service_children(config, config_path, url, run_dir, options.metrics)
+        for child in children:  # the run's secrets by file name, never on a command line
+            if not (
+                os.environ.get("TA_TOKEN_FILE") or os.environ.get("TA_TOKEN")
+            ):  # else the children inherit it
+                child.environment["TA_TOKEN_FILE"] = str(run_secret(run_dir, "token"))
+            if server is not None:
+                child.environment["TA_REDIS_PASSWORD_FILE"] = str(password_file)
+            child.environment[OWNER_VARIABLE] = lock.holder.id  # checked before they write in the folder
+            if options.insecure:
+                child.environment["TA_INSECURE"] = "1"
+        if config.atropos.environments:
+            token = (
+                None
+                if options.insecure
+                else (service_token() or run_secret(run_dir, "token").read_text().strip())
+            )
+            write_atropos_config(config, run_dir, token)
+        client, tinker_keys = _client_variables(
+            config, run_dir, url, password_file if server else None, options
         )
-        url = server.url
-        console.print(f"embedded Valkey at {url} (its password: {password_file})")
-    else:
+        write_client_env(run_dir, client, tinker_keys)
+    except OSError as error:
+        console.print(f"[red]error: {_os_failure(error, run_dir)}", highlight=False)
+        if server is not None:
+            server.stop()
+        return 1
+    lock.update(without_password(url))  # where `status RUN_DIR` finds the run
+    if options.insecure:
+        console.print(
+            "[yellow]--insecure: the run's HTTP endpoints take no API key; anyone on this machine can use them"
+        )
+    if server is None:
         try:
             wait_until_reachable(url, config.redis.unreachable_timeout_s)
         except RedisUnreachable as error:
-            console.print(f"[red]{error}")
+            console.print(f"[red]{error}", highlight=False)
             return 1
-    children = service_children(config, config_path, url, run_dir, options.metrics)
-    for child in children:  # the run's secrets by file name, never on a command line
-        if not (
-            os.environ.get("TA_TOKEN_FILE") or os.environ.get("TA_TOKEN")
-        ):  # else the children inherit it
-            child.environment["TA_TOKEN_FILE"] = str(run_secret(run_dir, "token"))
-        if server is not None:
-            child.environment["TA_REDIS_PASSWORD_FILE"] = str(password_file)
+        except FatalError as error:  # it refused the login: the password to set is named
+            console.print(f"[red]error: {error}", highlight=False)
+            return EXIT_FATAL
     reporter = ProgressReporter(
         server.client_url if server is not None else url,
         run,
@@ -231,23 +376,35 @@ def run_local(config: Config, run_dir: Path, redis_url: str | None, options: UpO
     started = time.monotonic()
     outcome = _Stop("stopped")
     try:
-        _supervise_run(config, options, children, server, reporter, stopping, started, run_dir)
+        _supervise_run(config, options, children, server, reporter, stopping, started, run_dir,
+                       lambda tinker_url: write_client_env(run_dir, {**client, "TINKER_BASE_URL": tinker_url},
+                                                           tinker_keys))  # fmt: skip
     except _Stop as stop:
         outcome = stop
     finally:
-        for child in children:
-            child.terminate()
-        deadline = time.monotonic() + STOP_TIMEOUT_S
-        for child in children:
-            child.wait(deadline)
+        _stop_children(children)
         reporter.report(
             show=False
         )  # the final figures, all services stopped: the summary and a resume read them
         reporter.close()
         if server is not None:
             server.stop()
-    _summary(console, config, run_dir, outcome.reason, time.monotonic() - started, reporter, previous)
+    _summary(
+        console, config, run_dir, outcome.reason, time.monotonic() - started, reporter, previous, children
+    )
     return outcome.code
+
+
+def _stop_children(children: list[Child]) -> None:
+    """The rollouts (and Atropos environments) first, then the rest: every chunk they write is written before the
+    trainer stops, so its last look (TensorBoard, counters) sees the whole run."""
+    producers = [c for c in children if c.name.startswith(("rollout-", "atropos-env-"))]
+    for group in (producers, [c for c in children if c not in producers]):
+        for child in group:
+            child.terminate()
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        for child in group:
+            child.wait(deadline)
 
 
 def _supervise_run(
@@ -259,11 +416,14 @@ def _supervise_run(
     stopping: list[str],
     started: float,
     run_dir: Path,
+    tinker_found: Callable[[str], object],
 ) -> None:
-    """The loop of ``up``: supervision, progress and stop conditions, until it raises _Stop."""
+    """The loop of ``up``: supervision, progress and stop conditions, until it raises _Stop. ``tinker_found``
+    gets the Tinker API's URL once the trainer serves it."""
     console = reporter.console
     next_report = time.monotonic() + config.run.report_interval_s
     next_valkey_start = 0.0
+    next_rotation = 0.0
     tinker_announced = not config.trainer.tinker.enabled
     while not stopping:
         time.sleep(0.1)
@@ -279,6 +439,9 @@ def _supervise_run(
                 next_valkey_start = now + VALKEY_RETRY_S
         if give_up := supervise(children, console):
             raise _Stop(give_up.reason, give_up.exit_code)
+        if now >= next_rotation:
+            rotate_logs(children, config.run.log_max_bytes, config.run.log_backups)
+            next_rotation = now + LOG_CHECK_INTERVAL_S
         # --total-steps is checked every tick, not every report: a fast run would overshoot by an interval's steps
         steps = reporter.env_steps() if options.total_steps is not None else None
         if now < next_report and (steps is None or steps < options.total_steps):
@@ -289,9 +452,13 @@ def _supervise_run(
             tinker = config.trainer.tinker
             keys_file = tinker.api_keys_file or run_dir / "tinker_api_keys"
             console.print(f"Tinker API at {reporter.tinker_api} (TINKER_BASE_URL); its API keys: {keys_file}")
+            tinker_found(reporter.tinker_api)
             tinker_announced = True
         if reporter.outage_s() > config.redis.unreachable_timeout_s:
             raise _Stop(f"Redis unreachable for {reporter.outage_s():.0f} s (redis.unreachable_timeout_s)", 1)
+        failure, failing_s = reporter.write_failure()
+        if failing_s > config.run.write_failure_timeout_s:
+            raise _Stop(f"cannot write {failure} for {failing_s:.0f} s (run.write_failure_timeout_s)", 1)
         if options.max_seconds is not None and now - started >= options.max_seconds:
             raise _Stop(f"{options.max_seconds:g} s of wall time spent")
         if row is None:
@@ -312,18 +479,37 @@ def _summary(
     seconds: float,
     reporter: ProgressReporter,
     previous: PreviousRun | None,
+    children: list[Child],
 ) -> None:
-    """Where the run got to and where its files are: the last thing `up` prints."""
+    """Where the run got to, what went wrong on the way and where its files are: the last thing `up` prints."""
     row = reporter.last_row or {}
     steps = row.get("env_steps", previous.env_steps if previous else 0)
     this_session = steps - (previous.env_steps if previous else 0)
     mean = row.get("episode_return_mean")
     checkpoint = latest_checkpoint(run_dir)
+    restarts = ", ".join(f"{c.name} {c.restarts}" for c in children if c.restarts) or "none"
+    where, latest = run_dir / "checkpoints", checkpoint.name if checkpoint else "none"
+    if config.trainer.atropos.enabled:  # the Atropos trainer's model, optimizer and step: one file
+        state = run_dir / "atropos" / "state.pt"
+        where, latest = state.parent, state.name if state.exists() else "none"
     console.print(
         f"[bold]run {config.run.name!r} stopped ({reason})[/] after {seconds:.1f} s: {steps:,} env steps "
         f"({this_session:,} in this session), policy version {row.get('policy_version', '-')}, mean return "
         f"{'-' if mean is None else f'{mean:.1f}'} (last {RETURN_WINDOW} episodes)\n"
+        f"  restarts     {restarts}\n"
+        f"  problems     {_incidents(reporter.counters) or 'none counted'}\n"
         f"  metrics      {run_dir / 'metrics.jsonl'}\n"
         f"  logs         {run_dir / 'logs'}/\n"
-        f"  checkpoints  {run_dir / 'checkpoints'}/ (latest: {checkpoint.name if checkpoint else 'none'})"
+        f"  checkpoints  {where}/ (latest: {latest})",
+        highlight=False,
     )
+
+
+INCIDENT_WORDS = ("rejected", "refused", "failed", "nonfinite", "repaired")
+
+
+def _incidents(counters: dict[str, int]) -> str:
+    """Every run counter of something refused, rejected, failed or not finite (whatever counts it, by name), with
+    its count: a bad record, a refused weights version, a checkpoint the disk did not take."""
+    named = {name: n for name, n in counters.items() if n and any(word in name for word in INCIDENT_WORDS)}
+    return ", ".join(f"{name} {n:,}" for name, n in sorted(named.items()))

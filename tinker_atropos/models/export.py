@@ -5,6 +5,10 @@ What is exported is the deterministic policy (the distribution's mode, as ``eval
 normaliser folded in: raw observations in (a batch of the env's flat observations), env actions out. A robot
 controller or a game engine runs it with ONNX Runtime, or torch (``torch.export.load``, or AOTInductor for C++),
 and nothing of ours.
+
+An ONNX file holds its weights inline, so that it is the one file to copy; only a network too big for one
+Protobuf message (2 GiB, far above any policy here) gets them in a ``.data`` file beside it, and the caller is
+told of both files.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from tinker_atropos.models.mlp import ActorCritic
 
 FORMATS = ("onnx", "pt2")
 Format = Literal["onnx", "pt2"]
+INLINE_LIMIT_BYTES = 1 << 30  # weights above this go beside the .onnx (Protobuf caps a message at 2 GiB)
 
 
 class ModePolicy(nn.Module):
@@ -32,17 +37,22 @@ class ModePolicy(nn.Module):
         return self.model.mode(self.model.normalize_obs(observations))
 
 
-def export_policy(model: ActorCritic, path: Path, fmt: Format) -> Path:
-    """Write ``model``'s deterministic policy to ``path`` in ``fmt``; any batch size is accepted."""
+def export_policy(model: ActorCritic, path: Path, fmt: Format) -> list[Path]:
+    """Write ``model``'s deterministic policy to ``path`` in ``fmt``; any batch size is accepted. Every file
+    written, ``path`` first."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown export format {fmt!r}; allowed: {', '.join(FORMATS)}")
     policy = ModePolicy(model)
     example = torch.zeros((2, *model.spec["obs_shape"]), dtype=torch.float32)
     batch = {"observations": {0: torch.export.Dim("batch")}}
+    weights_bytes = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+    external = fmt == "onnx" and weights_bytes > INLINE_LIMIT_BYTES
+    data = path.with_name(path.name + ".data")  # where torch's exporter puts external weights
     with torch.no_grad():
         if fmt == "pt2":
             torch.export.save(torch.export.export(policy, (example,), dynamic_shapes=batch), str(path))
         else:
+            data.unlink(missing_ok=True)  # an older export's: the new file does not use it
             torch.onnx.export(
                 policy,
                 (example,),
@@ -51,6 +61,7 @@ def export_policy(model: ActorCritic, path: Path, fmt: Format) -> Path:
                 output_names=["actions"],
                 dynamic_shapes=batch,
                 dynamo=True,
+                external_data=external,
                 verbose=False,
             )
-    return path
+    return [path, data] if external and data.exists() else [path]

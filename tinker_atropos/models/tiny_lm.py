@@ -2,16 +2,16 @@
 
 It gives the Tinker-compatible training API (forward_backward / optim_step / sample) a real token path that
 runs in milliseconds on a CPU: a byte tokenizer, a pre-LayerNorm GPT, LoRA adapters, and the token-level
-functions the API needs (log-probs of targets, of a prompt, and sampling).
+functions the API needs (log-probs of targets, of a prompt, and sampling with a KV cache).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -81,6 +81,25 @@ class TinyLMConfig:
     seed: int = 0  # the initial weights are a function of the config alone
 
 
+class KVCache:
+    """The keys and values of every layer at the positions seen so far, in buffers sized for the whole sequence
+    (prompt and every token to sample), so a decoding step appends in place."""
+
+    def __init__(self, config: TinyLMConfig, batch: int, length: int, device: torch.device, dtype: torch.dtype) -> None:  # fmt: skip
+        shape = (config.n_layers, batch, config.n_heads, length, config.d_model // config.n_heads)
+        self.keys = torch.empty(shape, device=device, dtype=dtype)
+        self.values = torch.empty(shape, device=device, dtype=dtype)
+        self.length = 0  # positions filled
+
+    def repeat(self, n: int) -> KVCache:
+        """The cache of a batch of one, for ``n`` sequences that go on from it."""
+        copy = KVCache.__new__(KVCache)
+        copy.keys = self.keys.expand(-1, n, -1, -1, -1).clone()
+        copy.values = self.values.expand(-1, n, -1, -1, -1).clone()
+        copy.length = self.length
+        return copy
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: TinyLMConfig) -> None:
         super().__init__()
@@ -90,10 +109,21 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(config.d_model, 3 * config.d_model)
         self.proj = nn.Linear(config.d_model, config.d_model)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, C // self.n_heads).permute(2, 0, 3, 1, 4)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [B, heads, T, head_dim]
+        causal = True
+        if (
+            cache is not None
+        ):  # a prompt from position 0 (causal), or one new token that sees every earlier one
+            start = cache.length
+            if start and T > 1:
+                raise ValueError("the KV cache takes one token at a time after the prompt")
+            cache.keys[layer, :, :, start : start + T] = k
+            cache.values[layer, :, :, start : start + T] = v
+            k, v = cache.keys[layer, :, :, : start + T], cache.values[layer, :, :, : start + T]
+            causal = start == 0
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=causal)  # [B, heads, T, head_dim]
         return self.proj(y.transpose(1, 2).reshape(B, T, C))
 
 
@@ -115,8 +145,8 @@ class Block(nn.Module):
         self.ln2 = nn.LayerNorm(config.d_model)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln1(x))
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x), cache, layer)
         return x + self.mlp(self.ln2(x))
 
 
@@ -152,19 +182,37 @@ class TinyCausalLM(nn.Module):
             for proj in (block.attn.proj, block.mlp.proj):
                 proj.weight.mul_(1 / math.sqrt(2 * self.config.n_layers))
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Logits [B, T, vocab] of the next token at every position of ``tokens`` [B, T]."""
+    def forward(self, tokens: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """Logits [B, T, vocab] of the next token at every position of ``tokens`` [B, T]; with ``cache``, the
+        tokens follow the positions it holds, and it takes theirs."""
+        start = 0 if cache is None else cache.length
         seq_len = tokens.shape[1]
-        if seq_len > self.config.max_seq_len:
+        if start + seq_len > self.config.max_seq_len:
             raise ValueError(
-                f"sequence of {seq_len} tokens is longer than max_seq_len {self.config.max_seq_len}"
+                f"sequence of {start + seq_len} tokens is longer than max_seq_len {self.config.max_seq_len}"
             )
         if tokens.numel() and (tokens.min() < 0 or tokens.max() >= self.config.vocab_size):
             raise ValueError(f"token ids must be in [0, {self.config.vocab_size})")
-        x = self.tok_emb(tokens) + self.pos_emb(torch.arange(seq_len, device=tokens.device))
-        for block in self.blocks:
-            x = block(x)
+        x = self.tok_emb(tokens) + self.pos_emb(torch.arange(start, start + seq_len, device=tokens.device))
+        for layer, block in enumerate(self.blocks):
+            x = block(x, cache, layer)
+        if cache is not None:
+            cache.length += seq_len
         return self.lm_head(self.ln_f(x))
+
+    def decode(
+        self, tokens: torch.Tensor, cache: KVCache | None, length: int = 0
+    ) -> tuple[torch.Tensor, KVCache]:
+        """``Decoder.decode``: a new cache of ``length`` positions when ``cache`` is None."""
+        if cache is None:
+            weight = self.tok_emb.weight  # never wrapped in LoRA
+            cache = KVCache(self.config, tokens.shape[0], length or self.config.max_seq_len, weight.device,
+                            weight.dtype)  # fmt: skip
+        return self(tokens, cache)[:, -1], cache
+
+    @staticmethod
+    def repeat_cache(cache: KVCache, n: int) -> KVCache:
+        return cache.repeat(n)
 
 
 # ---- LoRA ---------------------------------------------------------------------------------------------------
@@ -289,28 +337,47 @@ class SampledTokens:
     stop_reason: Literal["length", "stop"]
 
 
-@torch.no_grad()
+class Decoder(Protocol):
+    """What ``sample`` decodes with: a causal LM that keeps its keys and values (the tiny LM, SmolLM2)."""
+
+    config: Any  # max_seq_len, vocab_size
+    eos_id: int
+
+    def decode(self, tokens: torch.Tensor, cache: Any | None, length: int = 0) -> tuple[torch.Tensor, Any]:
+        """Logits [B, vocab] of the token after ``tokens`` [B, T] and the cache to decode the next one with:
+        ``tokens`` are a prompt when ``cache`` is None (``length``: the positions the cache will hold at most),
+        else one new token per sequence."""
+        ...
+
+    def repeat_cache(self, cache: Any, n: int) -> Any:
+        """The cache of one sequence for ``n`` that go on from it."""
+        ...
+
+
+@torch.inference_mode()
 def sample(
-    model: TinyCausalLM,
+    model: Decoder,
     prompt: Sequence[int],
     *,
     max_tokens: int,
     temperature: float = 1.0,
     top_k: int = -1,
     top_p: float = 1.0,
-    stop_tokens: Sequence[int] = (),
+    stop_tokens: Sequence[int] | None = None,
     seed: int | None = None,
     num_samples: int = 1,
+    check: Callable[[], None] | None = None,
 ) -> list[SampledTokens]:
     """``num_samples`` continuations of ``prompt``, sampled together in one batch.
 
-    Each ends after ``max_tokens`` tokens ("length"), or at the first token that is in ``stop_tokens`` or is
-    the model's ``eos_id`` ("stop"; that token is included). ``logprobs`` are those of the distribution actually sampled
-    from: the model's logits divided by ``temperature``, cut to ``top_k`` / ``top_p`` and renormalised (what an
-    importance ratio needs). ``temperature == 0`` is greedy, its logprobs those of temperature 1.
-    ``top_k <= 0`` and ``top_p == 1`` keep every token. A given ``seed`` reproduces the samples exactly.
+    Each ends after ``max_tokens`` tokens ("length"), or at the first token in ``stop_tokens`` ("stop"; that
+    token is included); ``None`` stops at the model's ``eos_id``, ``()`` never stops early. ``logprobs`` are those
+    of the distribution actually sampled from: the model's logits divided by ``temperature``, cut to ``top_k`` /
+    ``top_p`` and renormalised (what an importance ratio needs). ``temperature == 0`` is greedy, its logprobs those
+    of temperature 1. ``top_k <= 0`` and ``top_p == 1`` keep every token. A given ``seed`` reproduces the samples
+    exactly. ``check`` is called before each token: what it raises ends the sampling (a time budget).
 
-    Every step re-runs the whole sequence: at these sizes a KV cache would save little and add much.
+    The prompt is read once, its keys and values then shared by every sample: each new token costs one position.
     """
     limit = model.config.max_seq_len
     if not prompt:
@@ -329,26 +396,30 @@ def sample(
         generator.seed()
     else:
         generator.manual_seed(seed)
-    stops = torch.tensor([model.eos_id, *stop_tokens], device=device)
+    stop_set = {model.eos_id} if stop_tokens is None else set(stop_tokens)
+    stops = torch.tensor(sorted(stop_set), dtype=torch.long, device=device)
 
-    tokens = torch.tensor(prompt, device=device).repeat(num_samples, 1)
+    logits, cache = model.decode(torch.tensor([prompt], device=device), None, len(prompt) + max_tokens)
+    if num_samples > 1:
+        logits, cache = logits.expand(num_samples, -1), model.repeat_cache(cache, num_samples)
     done = torch.zeros(num_samples, dtype=torch.bool, device=device)
     new_tokens, new_logprobs = [], []
-    for _ in range(max_tokens):
-        logprobs = _sampling_logprobs(model(tokens)[:, -1].float(), temperature, top_k, top_p)
+    for step in range(max_tokens):
+        if check is not None:
+            check()
+        logprobs = _sampling_logprobs(logits.float(), temperature, top_k, top_p)
         if temperature == 0:
             token = logprobs.argmax(-1, keepdim=True)
         else:
             token = torch.multinomial(logprobs.exp(), 1, generator=generator)
-        tokens = torch.cat([tokens, token], dim=1)
         new_tokens.append(token.squeeze(1))
         new_logprobs.append(logprobs.gather(-1, token).squeeze(1))
         done |= torch.isin(token.squeeze(1), stops)
-        if done.all():
+        if done.all() or step == max_tokens - 1:
             break
+        logits, cache = model.decode(token, cache)
 
     results = []
-    stop_set = set(stops.tolist())
     for row_tokens, row_logprobs in zip(
         torch.stack(new_tokens, 1).tolist(), torch.stack(new_logprobs, 1).tolist(), strict=True
     ):

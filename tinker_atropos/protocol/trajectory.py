@@ -4,7 +4,9 @@ one encode / decode pair over the experience stream (an ``ExperienceRecord`` env
 
 Whatever is read from the stream is untrusted: a record that does not decode, carries another schema version,
 lacks a tensor, does not fit the run's spaces or holds a NaN raises ``RecordError`` with the reason it is
-counted under. None of them reaches a learner.
+counted under. None of them reaches a learner. Each record names its writer (the rollout's incarnation) and its
+place among that writer's records (``sequence``), so that a reader can refuse one it has taken before
+(``protocol/freshness.py``): a signature proves who wrote a record, not that it is new.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from google.protobuf.message import DecodeError
 from tinker_atropos.protocol import tensors
 from tinker_atropos.protocol.v1 import environment_pb2, experience_pb2
 
-SCHEMA_VERSION = 2  # 2: truncated_observations
+SCHEMA_VERSION = 3  # 3: sequence; 2: truncated_observations
 
 # Tensors every trajectory carries, and those only a policy with a critic fills in (all three or none).
 REQUIRED = (
@@ -58,6 +60,9 @@ class RecordError(ValueError):
         "non_finite",
         "unsigned",
         "bad_signature",
+        "replayed",
+        "out_of_order",
+        "before_restart",
     )
 
     def __init__(self, reason: str, message: str) -> None:
@@ -90,6 +95,7 @@ class Trajectory:
     bootstrap_values: np.ndarray | None = None  # [N] value of the bootstrap observations
     env_incarnation: str = ""
     rollout_incarnation: str = ""
+    sequence: int = 0  # 1, 2, 3, ... among the records of ``rollout_incarnation``
     session_id: str = ""
     episodes: Sequence[environment_pb2.EpisodeEnd] = field(default=(), repr=False)
     created_at: float = 0.0  # unix time
@@ -131,6 +137,7 @@ def encode_trajectory(trajectory: Trajectory) -> bytes:
         env_incarnation=trajectory.env_incarnation,
         session_id=trajectory.session_id,
         policy_version=trajectory.policy_version,
+        sequence=trajectory.sequence,
         episodes=trajectory.episodes,
         created_at=trajectory.created_at or time.time(),
         **tensor_fields,
@@ -156,6 +163,7 @@ def decode_trajectory(data: bytes, spec: TrajectorySpec) -> Trajectory:
     missing = [name for name in REQUIRED if not chunk.HasField(name)]
     if critic and len(critic) < len(CRITIC):
         missing += [name for name in CRITIC if name not in critic]
+    missing += [name for name in ("rollout_incarnation", "sequence") if not getattr(chunk, name)]
     if missing:
         raise RecordError("missing_field", f"a chunk without {', '.join(missing)}")
     try:
@@ -170,6 +178,7 @@ def decode_trajectory(data: bytes, spec: TrajectorySpec) -> Trajectory:
         policy_version=chunk.policy_version,
         env_incarnation=chunk.env_incarnation,
         rollout_incarnation=chunk.rollout_incarnation,
+        sequence=chunk.sequence,
         session_id=chunk.session_id,
         episodes=chunk.episodes,
         created_at=chunk.created_at,

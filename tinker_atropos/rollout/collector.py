@@ -1,5 +1,5 @@
-"""Where experience is collected: one env session, SEED RL style — one stream, one loop, one reconnect with
-backoff.
+"""Where experience is collected: one env session on one unit of work (a session slot of an env service whose lease
+this rollout holds), SEED RL style — one stream, one loop, one reconnect with backoff.
 
 The loop acts on the latest observations with the current policy, sends the actions of every instance in one
 message (``environment/client.py``, over the local fast path or gRPC), and appends the answer to the trajectory
@@ -21,6 +21,7 @@ import redis
 from tinker_atropos.config import Transport
 from tinker_atropos.environment.client import EnvClient, EnvDescription, EnvSession
 from tinker_atropos.protocol.steps import StepBatch
+from tinker_atropos.rollout.assignment import Unit
 from tinker_atropos.rollout.policy import PolicySource, VersionedPolicy
 from tinker_atropos.rollout.trajectory_builder import TrajectoryBuilder
 from tinker_atropos.state.experience import ExperienceWriter
@@ -28,6 +29,8 @@ from tinker_atropos.state.experience import ExperienceWriter
 log = logging.getLogger(__name__)
 
 MAX_BACKOFF_S = 5.0
+BUSY_RETRY_S = 0.2
+HANDOVER_WAIT_S = 2.0
 PAUSE_POLL_S = 0.005
 
 
@@ -61,68 +64,81 @@ class SessionCounters:
         self.chunks_written = 0
         self.partial_chunks_dropped = 0
         self.episodes = 0
-        self.connected = 0
         self.sessions_lost = 0
         self.recent_returns: collections.deque[float] = collections.deque(maxlen=100)
+        self.open: dict[
+            str, tuple[str, int]
+        ] = {}  # unit key -> (env service name, instances) of open sessions
+
+    @property
+    def connected(self) -> int:
+        return len(self.open)
+
+    def instances_by_env(self) -> dict[str, int]:
+        held: collections.Counter[str] = collections.Counter()
+        for env, n in list(self.open.values()):
+            held[env] += n
+        return dict(held)
 
 
 class Collector(threading.Thread):
-    """Keeps one session open on the env service at ``address``, turning its steps into trajectories, until
-    ``stop`` is set or the address leaves the registry."""
+    """Keeps one session open on ``unit``'s env service, turning its steps into trajectories, until ``halt``
+    (at once: the service stops or the unit's lease was lost), ``release`` (once the chunk in progress is
+    written: the unit goes to another rollout), or the unit's env service is gone."""
 
     def __init__(
         self,
-        address: str,
-        slot: int,
-        slots: int,
+        unit: Unit,
         seed: int,
         chunk_length: int,
         policy: PolicySource,
         writer: ExperienceWriter,
         rollout_incarnation: str,
         counters: SessionCounters,
-        still_registered: Callable[[str], bool],
-        stop: threading.Event,
+        in_view: Callable[[str], bool],
         backoff_s: float,
         pause_at_samples: int | None,
         transport: Transport,
     ) -> None:
-        super().__init__(name=f"session-{address}-{slot}", daemon=True)
-        self.address, self.slot, self.slots, self.seed = address, slot, slots, seed
+        super().__init__(name=f"session-{unit.address}-{unit.slot}", daemon=True)
+        self.unit, self.seed = unit, seed
         self.chunk_length, self.policy, self.writer = chunk_length, policy, writer
         self.rollout_incarnation, self.counters = rollout_incarnation, counters
-        self.still_registered, self.stop, self.first_backoff_s = still_registered, stop, backoff_s
+        self.in_view, self.first_backoff_s = in_view, backoff_s
         self.pause_at_samples, self.transport = pause_at_samples, transport
+        self.halt, self.release = threading.Event(), threading.Event()
         self.opened_once = False
+        self.env_replaced = False  # the env service at the address is another incarnation: the unit is gone
+
+    def _ending(self) -> bool:
+        return self.halt.is_set() or self.release.is_set()
 
     def run(self) -> None:
-        backoff, attempt = self.first_backoff_s, 0
-        while not self.stop.is_set():
+        backoff, attempt, where = self.first_backoff_s, 0, f"{self.unit.address}/{self.unit.slot}"
+        while not self._ending():
             try:
-                with EnvClient(self.address, self.transport, self.stop) as client:
+                with EnvClient(self.unit.address, self.transport, self.halt) as client:
                     # a new seed per attempt: a reconnect does not replay the same initial states
                     self._serve(client, self.seed + attempt * 1000)
-                return  # stopped cleanly
+                return  # stopped cleanly, or the env service there is another incarnation: the unit is gone
             except (grpc.RpcError, redis.RedisError) as error:
-                if self.stop.is_set():  # our own drain ended the stream: not a loss to report
+                if self._ending():  # our own drain ended the stream: not a loss to report
                     return
                 # env service gone or Redis away: the partial chunk is dropped, never stitched
                 self.counters.sessions_lost += 1
                 if self.opened_once:
                     backoff, self.opened_once = self.first_backoff_s, False
-                log.warning(
-                    "session %s/%d lost: %s; retrying in %.1fs",
-                    self.address,
-                    self.slot,
-                    _reason(error),
-                    backoff,
-                )
+                log.warning("session %s lost: %s; retrying in %.1fs", where, _reason(error), backoff)
                 busy = _status(error) == grpc.StatusCode.RESOURCE_EXHAUSTED
-                if isinstance(error, grpc.RpcError) and not busy and not self.still_registered(self.address):
-                    log.info("env service %s left the registry; session %d ends", self.address, self.slot)
+                if isinstance(error, grpc.RpcError) and not busy and not self.in_view(self.unit.key):
+                    log.info(
+                        "env service %s left the registry; session %d ends", self.unit.address, self.unit.slot
+                    )
                     return
+                if busy:  # its instances are being freed by the session before (a hand-over): soon free
+                    backoff = min(backoff, BUSY_RETRY_S)
             attempt += 1
-            if self.stop.wait(backoff):
+            if self.halt.wait(backoff) or self.release.is_set():
                 return
             backoff = min(backoff * 2, MAX_BACKOFF_S)
 
@@ -131,41 +147,41 @@ class Collector(threading.Thread):
         queued chunks are counted as ``chunk_size`` env steps each, this session's."""
         if self.pause_at_samples is None:
             return
-        while queued * chunk_size >= self.pause_at_samples and not self.stop.wait(PAUSE_POLL_S):
+        while queued * chunk_size >= self.pause_at_samples and not self.halt.wait(PAUSE_POLL_S):
+            if self.release.is_set():
+                return
             queued = self.writer.queued()
 
     def _wait_for_policy(self) -> VersionedPolicy | None:
-        while not self.stop.is_set():
+        while not self._ending():
             policy = self.policy.refresh()
             if policy is not None:
                 return policy
-            self.stop.wait(0.5)
+            self.halt.wait(0.5)
         return None
 
     def _serve(self, client: EnvClient, seed: int) -> None:
-        env = client.describe()
+        env, unit = client.describe(), self.unit
+        if env.incarnation != unit.env_incarnation:  # restarted: its slots are new units, leased anew
+            self.env_replaced = True
+            log.info("env service %s is now incarnation %s; slot %d of %s ends", unit.address, env.incarnation,
+                     unit.slot, unit.env_incarnation)  # fmt: skip
+            return
         policy = self._wait_for_policy()
         if policy is None:
             return
-        n = env.num_instances // self.slots + (self.slot < env.num_instances % self.slots)
-        session = client.open(n, seed)
+        session = client.open(unit.instances, seed)
         try:
-            self.counters.connected += 1
+            self.counters.open[unit.key] = (unit.env_name, session.num_instances)
             self.opened_once = True
-            log.info(
-                "session %s/%d open over %s: %d instances of env incarnation %s",
-                self.address,
-                self.slot,
-                session.carrier,
-                session.num_instances,
-                session.incarnation,
-            )
+            log.info("session %s/%d open over %s: %d instances of env incarnation %s", unit.address, unit.slot,
+                     session.carrier, session.num_instances, session.incarnation)  # fmt: skip
             try:
                 self._collect(session, env, policy)
             finally:
-                self.counters.connected -= 1
-        finally:
-            session.close()
+                del self.counters.open[unit.key]
+        finally:  # handing over: the instances freed before the lease is, so the next holder finds them free
+            session.close(HANDOVER_WAIT_S if self.release.is_set() else 0.0)
 
     def _builder(self, env: EnvDescription, n: int, policy: VersionedPolicy) -> TrajectoryBuilder:
         return TrajectoryBuilder(self.chunk_length, n, env.observation_space.shape, env.action_space.shape,
@@ -176,7 +192,7 @@ class Collector(threading.Thread):
         builder = self._builder(env, n, policy)
         observations = session.observations
         try:
-            while not self.stop.is_set():
+            while not self.halt.is_set():
                 actions, log_probs, values = policy.act(observations)
                 actions = actions.astype(action_dtype, copy=False)
                 step = session.step(actions)
@@ -192,6 +208,7 @@ class Collector(threading.Thread):
                         policy.value(observations) if policy.has_critic else None,
                         policy.version,
                         self.rollout_incarnation,
+                        self.writer.next_sequence(),
                         session.incarnation,
                         session.session_id,
                     )
@@ -205,6 +222,8 @@ class Collector(threading.Thread):
                     if refreshed.has_critic != policy.has_critic:  # another kind of policy: values or none
                         builder = self._builder(env, n, refreshed)
                     policy = refreshed
+                    if self.release.is_set():  # handed over between chunks: nothing is lost
+                        return
         finally:
             if builder.steps:
                 self.counters.partial_chunks_dropped += 1

@@ -1,8 +1,10 @@
-"""The rollout service: discovers env services in the registry and keeps collectors (one session each) open on
-every one of them; acts with the latest published policy, whatever algorithm learned it."""
+"""The rollout service: discovers env services in the registry, takes its share of their session slots beside the
+run's other rollouts (leases in Redis, ``rollout/assignment.py``) and keeps a collector (one session each) open on
+every slot it holds; acts with the latest published policy, whatever algorithm learned it."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -15,15 +17,18 @@ import redis
 from tinker_atropos import runtime
 from tinker_atropos.config import Config
 from tinker_atropos.protocol.v1 import services_pb2
+from tinker_atropos.rollout.assignment import Unit, assign, units_of
 from tinker_atropos.rollout.collector import Collector, SessionCounters
 from tinker_atropos.rollout.policy import PolicySource
-from tinker_atropos.runtime import Endpoint, resolve_device
+from tinker_atropos.runtime import Endpoint, local_host_id, resolve_device
 from tinker_atropos.security import signing_key
 from tinker_atropos.state.experience import ExperienceWriter
-from tinker_atropos.state.registry import live_services
+from tinker_atropos.state.leases import Leases, Member
+from tinker_atropos.state.registry import ServiceRecord, live_services
 
 log = logging.getLogger(__name__)
 
+BALANCE_INTERVAL_S = 0.25
 DISCOVERY_INTERVAL_S = 0.5
 DRAIN_TIMEOUT_S = 5.0
 
@@ -38,8 +43,17 @@ class RolloutService:
         self.writer = ExperienceWriter(
             client, config.run.name, config.rollout.max_queued_chunks, signing_key("experience")
         )
-        self.sessions: dict[tuple[str, int], Collector] = {}
-        self._env_addresses: set[str] = set()
+        self.leases = Leases(
+            client, config.run.name, incarnation, local_host_id(), config.rollout.lease_ttl_s
+        )
+        self.sessions: dict[str, Collector] = {}  # unit key -> the collector acting on it, its lease held
+        self._units: dict[str, Unit] = {}  # the units in the latest view
+        self._replaced: set[str] = set()  # env incarnations found restarted while still in the registry
+        self._assigned = 0
+        self._rollouts = 1
+        self.units_handed_over = 0
+        self.leases_lost = 0
+        self._next_refresh = self._next_discovery = 0.0
         pausing = config.rollout.flow_control == "pause"
         self.pause_at_samples = config.trainer.samples_per_update if pausing else None
         self._sessions_started = 0  # numbers the sessions, so seeds are reproducible
@@ -55,55 +69,131 @@ class RolloutService:
             connected_sessions=c.connected,
             episodes=c.episodes,
             weights_rejected=self.policy.rejected,
+            weights_refused=self.policy.refused,
             episode_return_mean=float(np.mean(c.recent_returns)) if c.recent_returns else 0.0,
             sessions_lost=c.sessions_lost,
+            instances_held=sum(n for _, n in list(c.open.values())),
+            instances_by_env=c.instances_by_env(),
+            units_assigned=self._assigned,
+            rollouts_seen=self._rollouts,
+            units_handed_over=self.units_handed_over,
+            leases_lost=self.leases_lost,
+            lease_records_skipped=dict(self.leases.skipped),
         )
 
     def add_to(self, server: grpc.Server) -> None:
         """No RPCs of its own besides health and status."""
 
     def run(self, stop: threading.Event) -> None:
-        while not stop.wait(DISCOVERY_INTERVAL_S):
-            self.discover(stop)
-        deadline = (
-            time.monotonic() + DRAIN_TIMEOUT_S
-        )  # collectors finish their step; one waiting on Redis is left
+        while not stop.wait(BALANCE_INTERVAL_S):
+            self.balance()
+        for session in self.sessions.values():
+            session.halt.set()  # collectors finish their step; one waiting on Redis is left
+        deadline = time.monotonic() + DRAIN_TIMEOUT_S
         for session in self.sessions.values():
             session.join(timeout=max(0.0, deadline - time.monotonic()))
+        with contextlib.suppress(
+            redis.RedisError
+        ):  # Redis away: the leases expire, only these counts are lost
+            self.leases.leave(self.sessions)
+            self.policy.report_refusals()
 
-    def discover(self, stop: threading.Event) -> None:
-        """Open the missing sessions: one per (env service, slot), restarted when its thread ended."""
+    def balance(self) -> None:
+        """One round of sharing the work: keep the leases alive, read who is there, and act on this rollout's
+        part of the assignment (``rollout/assignment.py``): open sessions on the units it gains once their lease
+        is taken, hand over the units it loses once their chunk is written."""
+        now = time.monotonic()
         try:
-            self._env_addresses = {s.address for s in live_services(self.client, self.config.run.name, "env")}
+            if (
+                self.policy.refresh() is None
+            ):  # no weights yet (or still loading them): take no share, leave it
+                return  # to those that can act; a rollout becomes a member with its first refresh
+            if now >= self._next_refresh:
+                self._next_refresh = now + self.leases.ttl_ms / 3000
+                for unit in self.leases.refresh(self.sessions):
+                    log.warning("lease of %s taken by another rollout; its session stops", unit)
+                    self.leases_lost += 1
+                    self.sessions.pop(unit).halt.set()
+            if now >= self._next_discovery:  # the registry is SCANned, so twice a second as before
+                self._next_discovery = now + DISCOVERY_INTERVAL_S
+                self._units = self._units_of(live_services(self.client, self.config.run.name, "env"))
+            members = self.leases.members()
         except redis.RedisError as error:
-            log.warning("registry unreadable (%s); keeping current sessions", error)
+            if time.monotonic() > self.leases.held_until and self.sessions:
+                log.warning("Redis unreachable past the lease TTL (%s): this rollout's %d sessions stop, since "
+                            "another rollout may take their slots", error, len(self.sessions))  # fmt: skip
+                self.leases_lost += len(self.sessions)
+                for session in self.sessions.values():
+                    session.halt.set()
+                self.sessions.clear()
+            else:
+                log.warning("registry unreadable (%s); keeping current sessions", error)
             return
-        slots = self.config.rollout.sessions_per_env
-        for address in sorted(self._env_addresses):
-            for slot in range(slots):
-                session = self.sessions.get((address, slot))
-                if session is not None and session.is_alive():
-                    continue
-                self._sessions_started += 1
-                seed = self.config.run.seed * 1_000_000 + self._sessions_started * 10_000
-                session = Collector(
-                    address,
-                    slot,
-                    slots,
-                    seed,
-                    self.config.rollout.chunk_length,
-                    self.policy,
-                    self.writer,
-                    self.incarnation,
-                    self.counters,
-                    lambda a: a in self._env_addresses,
-                    stop,
-                    self.config.rollout.reconnect_backoff_s,
-                    self.pause_at_samples,
-                    self.config.rollout.transport,
-                )
-                self.sessions[(address, slot)] = session
-                session.start()
+        try:
+            self._act_on(members)
+        except redis.RedisError as error:
+            log.warning("cannot take or give back leases (%s); trying again", error)
+
+    def _units_of(self, envs: list[ServiceRecord]) -> dict[str, Unit]:
+        """The session slots of the live env services; one whose instance count is no number is skipped and
+        counted (``lease_records_skipped``: malformed)."""
+        self._replaced &= {e.incarnation for e in envs}
+        units = {}
+        for env in envs:
+            instances = env.figures.get("instances", 0)
+            if not isinstance(instances, int) or isinstance(instances, bool) or instances < 0:
+                self.leases.skipped["malformed"] += 1
+                continue
+            if env.incarnation not in self._replaced:
+                slots = self.config.rollout.sessions_per_env
+                units |= {
+                    u.key: u
+                    for u in units_of(env.incarnation, env.name, env.address, env.host, instances, slots)
+                }
+        return units
+
+    def _act_on(self, members: list[Member]) -> None:
+        for key, session in list(self.sessions.items()):
+            if (
+                not session.is_alive()
+            ):  # ended by itself (env gone or restarted) or handed over: free its slot
+                del self.sessions[key]
+                self.leases.release(key)
+                if session.env_replaced:
+                    self._replaced.add(session.unit.env_incarnation)
+                if session.release.is_set():
+                    self.units_handed_over += 1
+        view = self.leases.read(self._units, {m.incarnation for m in members})
+        held = {**view.held, **dict.fromkeys(self.sessions, self.incarnation)}
+        mine = {key for key, holder in assign(list(self._units.values()), members, held).items()
+                if holder == self.incarnation}  # fmt: skip
+        self._assigned, self._rollouts = len(mine), len(members)
+        for key, session in self.sessions.items():
+            if key in self._units and key not in mine and not session.release.is_set():
+                log.info("slot %s goes to another rollout: handing it over after the chunk in progress", key)
+                session.release.set()
+        for key in sorted(mine - self.sessions.keys()):
+            if view.held.get(key, self.incarnation) != self.incarnation:
+                continue  # its holder hands it over first
+            if not self.leases.claim(key, view.stale.get(key)):
+                continue  # taken meanwhile: the next round reads who has it
+            self._sessions_started += 1
+            seed = self.config.run.seed * 1_000_000 + self._sessions_started * 10_000
+            session = Collector(
+                self._units[key],
+                seed,
+                self.config.rollout.chunk_length,
+                self.policy,
+                self.writer,
+                self.incarnation,
+                self.counters,
+                lambda unit: unit in self._units,
+                self.config.rollout.reconnect_backoff_s,
+                self.pause_at_samples,
+                self.config.rollout.transport,
+            )
+            self.sessions[key] = session
+            session.start()
 
 
 def serve(config: Config, redis_url: str, endpoint: Endpoint) -> None:

@@ -85,6 +85,7 @@ class TrajectoryBuilder:
         bootstrap_values: np.ndarray | None,
         policy_version: int,
         rollout_incarnation: str,
+        sequence: int,
         env_incarnation: str,
         session_id: str,
     ) -> bytes:
@@ -106,6 +107,7 @@ class TrajectoryBuilder:
             bootstrap_values=bootstrap_values if self.values is not None else None,
             env_incarnation=env_incarnation,
             rollout_incarnation=rollout_incarnation,
+            sequence=sequence,
             session_id=session_id,
             episodes=self.episodes,
             created_at=time.time(),

@@ -2,12 +2,14 @@
 
 A checkpoint is one ``torch.save`` of everything needed to resume (parameters, optimizer, normaliser
 statistics, counters, policy version, RNG states). Writing goes to a temporary file that is renamed into place,
-so a crash mid-write leaves the previous checkpoint intact.
+so a crash mid-write leaves the previous checkpoint intact. Beside the latest ones, ``best.pt`` holds the policy of
+the best periodic evaluation so far (``trainer.evaluation``): what ``eval --best`` and ``export --best`` load; it
+is no resume point (no optimizer), and no retention count deletes it.
 """
 
 from __future__ import annotations
 
-import functools
+import io
 import logging
 import os
 import tempfile
@@ -18,6 +20,7 @@ from typing import Any, BinaryIO
 log = logging.getLogger(__name__)
 
 PREFIX = "checkpoint-"
+BEST = "best.pt"
 
 
 def checkpoint_path(directory: Path, version: int) -> Path:
@@ -40,13 +43,29 @@ def write_atomically(target: Path, write: Callable[[BinaryIO], object]) -> None:
         raise
 
 
-def save_checkpoint(directory: Path, version: int, state: dict[str, Any], keep: int) -> Path:
-    target = checkpoint_path(directory, version)
+def save_torch(target: Path, state: dict[str, Any]) -> None:
+    """``torch.save`` of ``state`` to ``target``, atomically. Serialised in memory first: torch's file writer turns
+    a full disk's OSError into a RuntimeError that names neither the file nor the cause, where a plain write of
+    the bytes raises the OSError (ENOSPC, EROFS) that callers count and retry (``run_dir.FolderWrites``)."""
     import torch  # here, not at the top: readers of checkpoint names (``up``) need not load torch
 
-    write_atomically(target, functools.partial(torch.save, state))
+    serialised = io.BytesIO()
+    torch.save(state, serialised)
+    write_atomically(target, lambda file: file.write(serialised.getbuffer()))
+
+
+def save_checkpoint(directory: Path, version: int, state: dict[str, Any], keep: int) -> Path:
+    target = checkpoint_path(directory, version)
+    save_torch(target, state)
     for old in sorted(directory.glob(f"{PREFIX}*.pt"))[:-keep]:
         old.unlink(missing_ok=True)
+    return target
+
+
+def save_best(directory: Path, state: dict[str, Any]) -> Path:
+    """Replace ``best.pt`` with ``state``: {"policy": as in a checkpoint, "evaluation": its figures}."""
+    target = directory / BEST
+    save_torch(target, state)
     return target
 
 

@@ -63,6 +63,16 @@ def masked(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
+def without_password(url: str) -> str:
+    """``url`` with no password: what may be written down (``run.lock``) for others to connect with their own."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    userinfo, _, address = parts.netloc.rpartition("@")
+    user = userinfo.partition(":")[0]
+    return urlunsplit(parts._replace(netloc=f"{user}@{address}" if user else address))
+
+
 def credentials(url: str) -> dict[str, Any]:
     """What a client for ``url`` needs beyond the URL: the password of ``TA_REDIS_PASSWORD_FILE`` when the URL
     has none, the CA of ``TA_REDIS_CA`` for ``rediss://``."""
@@ -111,12 +121,34 @@ def connect_fast(url: str) -> redis.Redis:
 
 def describe(error: Exception) -> str:
     """A Redis error as one line."""
-    return f"{type(error).__name__}: {error}".rstrip(".")
+    return " ".join(f"{type(error).__name__}: {error}".split()).rstrip(".")
+
+
+def login_refused(url: str, error: redis.AuthenticationError) -> str:
+    """One line on a login Redis refused, naming what to set: the password file of ``TA_REDIS_PASSWORD_FILE``
+    (``up`` writes one per run, RUN_DIR/redis-password) or the URL's."""
+    path = os.environ.get("TA_REDIS_PASSWORD_FILE")
+    if urlsplit(url).password is not None:
+        given = "the password in the URL"
+    elif path:
+        given = f"the password of TA_REDIS_PASSWORD_FILE {path}"
+    else:
+        return (
+            f"Redis at {masked(url)} wants a password: set TA_REDIS_PASSWORD_FILE to the file that holds it "
+            "(a run of `up` keeps it in RUN_DIR/redis-password) or put it in the URL (redis://:PASSWORD@HOST:PORT)"
+        )
+    return (
+        f"Redis at {masked(url)} refused {given} ({describe(error)}): set TA_REDIS_PASSWORD_FILE to the run's "
+        "password file (RUN_DIR/redis-password for a run of `up`)"
+    )
 
 
 def wait_until_reachable(url: str, timeout_s: float, stop: threading.Event | None = None) -> bool:
     """True once Redis at ``url`` answers a PING, False if ``stop`` is set first. The first failure is logged
-    in one line at once; after ``timeout_s`` RedisUnreachable is raised."""
+    in one line at once; after ``timeout_s`` RedisUnreachable is raised. A refused login is no outage: waiting
+    would not help, so it raises FatalError at once, naming the password to set."""
+    from tinker_atropos.runtime import FatalError
+
     probe = connect_fast(url)
     stop = stop or threading.Event()
     deadline = time.monotonic() + timeout_s
@@ -128,6 +160,8 @@ def wait_until_reachable(url: str, timeout_s: float, stop: threading.Event | Non
                 if reported:
                     log.info("Redis at %s answers", masked(url))
                 return True
+            except redis.AuthenticationError as error:
+                raise FatalError(login_refused(url, error)) from None
             except redis.RedisError as error:
                 cause = describe(error)
             if time.monotonic() >= deadline:

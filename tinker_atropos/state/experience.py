@@ -11,6 +11,7 @@ rejects an entry without it or with a wrong one, so a process with Redis access 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -80,7 +81,8 @@ end
 
 
 class ExperienceWriter:
-    """Appends records, signed with ``key`` (the run's ``security.signing_key("experience")``) when given."""
+    """Appends records, signed with ``key`` (the run's ``security.signing_key("experience")``) when given, and
+    numbers them (``next_sequence``) for the records' ``sequence``: a reader takes each number once."""
 
     def __init__(
         self, client: redis.Redis, run: str, max_queued_chunks: int, key: bytes | None = None
@@ -90,6 +92,11 @@ class ExperienceWriter:
         self._client = client
         self._append = client.register_script(_APPEND)
         self._key = key
+        self._sequence = itertools.count(1)
+
+    def next_sequence(self) -> int:
+        """The number of the next record, for any of the threads that share this writer (atomic under the GIL)."""
+        return next(self._sequence)
 
     def queued(self) -> int:
         return int(self._client.xlen(self._keys[0]))

@@ -52,3 +52,21 @@ def episodes(run: str) -> str:
 def reporter_marker(run: str) -> str:
     """Set by `up`'s reporter: gone after a restart of Redis that lost its data, so the counters are restored."""
     return f"ta:{run}:reporter"
+
+
+def member(run: str, kind: str, incarnation: str) -> str:
+    """String with a short TTL (``rollout.lease_ttl_s``): one live member of the group that shares work, as JSON
+    {run, incarnation, host}. Its expiry, faster than the registry's, is how the others learn of a death."""
+    return f"ta:{run}:member:{kind}:{incarnation}"
+
+
+def members(run: str, kind: str) -> str:
+    """Set of the incarnations that wrote a ``member`` record: read without SCAN, pruned of those whose record
+    expired."""
+    return f"ta:{run}:members:{kind}"
+
+
+def lease(run: str, unit: str) -> str:
+    """String with a short TTL: the one rollout that may act on a unit of work (an env service's session slot,
+    ``{env incarnation}:{slot}``), as JSON {run, unit, holder}."""
+    return f"ta:{run}:lease:{unit}"

@@ -36,6 +36,7 @@ class ServiceRecord:
     name: str = ""
     starts: int = 1
     figures: dict[str, Any] = field(default_factory=dict)
+    host: str = ""  # ``runtime.local_host_id``: equal for services that reach each other's local fast path
 
     @property
     def restarts(self) -> int:
@@ -60,6 +61,7 @@ class Registration:
         interval_s: float,
         ttl_s: float,
         name: str | None = None,
+        host: str = "",
     ) -> None:
         self._client, self._figures = client, figures
         self._key = keys.service(run, kind, incarnation)
@@ -69,6 +71,7 @@ class Registration:
             "name": name or f"{kind}@{address}",
             "address": address,
             "incarnation": incarnation,
+            "host": host,
             "started_at": time.time(),
             "layout": keys.LAYOUT_VERSION,  # lets a reader tell entries of another key-layout version
         }
@@ -148,4 +151,5 @@ def _parse_entry(entry: dict[bytes, bytes]) -> ServiceRecord:
         name=e.get("name", ""),
         starts=int(e.get("starts", 1)),
         figures=figures,
+        host=e.get("host", ""),
     )

@@ -10,7 +10,7 @@ holds. Segments past END (written after it, by a trainer that died before its ch
 checkpoint that did not load) are deleted: the run goes on from END and numbers what it collects from there.
 Segments a full buffer behind the latest checkpoint are pruned. A segment lost or unreadable costs its own
 transitions only (older ones fill in; a replay buffer is a set to sample from, not a sequence), and the log says
-how many are missing.
+how many are missing. A read-only disk costs a resume only the deletions and trims it cannot make (a warning).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from tinker_atropos.state.checkpoints import write_atomically
+from tinker_atropos.state.run_dir import tolerated
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,8 @@ class ReplayJournal:
         wanted = remaining = min(end, capacity)
         for start, stop, path in reversed(self.segments()):
             if start >= end:
-                path.unlink(missing_ok=True)
+                with tolerated("delete the replay segment past the checkpoint", path):
+                    path.unlink(missing_ok=True)
                 continue
             if remaining == 0:
                 break
@@ -71,8 +73,9 @@ class ReplayJournal:
                 continue
             if stop > end:  # it ran past the checkpoint: keep only its part up to end
                 columns = {name: rows[: end - start] for name, rows in columns.items()}
-                self.append(start, columns)
-                path.unlink(missing_ok=True)
+                with tolerated("trim the replay segment to the checkpoint", path):
+                    self.append(start, columns)
+                    path.unlink(missing_ok=True)
             taken = min(len(columns["rewards"]), remaining)
             parts.append({name: rows[len(rows) - taken :] for name, rows in columns.items()})
             remaining -= taken

@@ -3,7 +3,8 @@
 Version, blob and model spec are written in one HSET so a reader never sees a blob of another version. The
 record carries the blob's SHA-256 (``digest``), checked before anything loads it, and in a run with a token an
 HMAC of version, spec and digest under a key derived from the token (``sig``): a process with Redis access alone
-cannot replace the weights the rollouts act with.
+cannot replace the weights the rollouts act with. The version is signed with the rest, so an older record written
+back is still the trainer's: a rollout refuses any version below the one it acts with (``rollout/policy.py``).
 """
 
 from __future__ import annotations
@@ -47,7 +48,15 @@ def publish_weights(
 
 class WeightsRecordError(ValueError):
     """The weights hash holds something the trainer did not write (a version that is no integer, a spec that
-    is no JSON object, no blob)."""
+    is no JSON object, no blob, no or another signature), or an older version than the reader holds; ``reason``
+    names what it is counted under."""
+
+    REASONS = ("malformed", "unsigned", "bad_signature", "rolled_back")
+
+    def __init__(self, message: str, reason: str = "malformed") -> None:
+        assert reason in self.REASONS, reason
+        super().__init__(message)
+        self.reason = reason
 
 
 def _version(raw: bytes) -> int:
@@ -72,10 +81,9 @@ def _check_signature(
     if spec is None or digest is None:
         raise WeightsRecordError("a weights record without its spec or digest")
     if key is not None and not signed_by(key, sig, version, spec, digest):
-        raise WeightsRecordError(
-            "a weights record "
-            + ("without the run's signature" if sig is None else "signed with another token")
-        )
+        if sig is None:
+            raise WeightsRecordError("a weights record without the run's signature", "unsigned")
+        raise WeightsRecordError("a weights record signed with another token", "bad_signature")
 
 
 def verified_version(client: redis.Redis, run: str, key: bytes | None = None) -> int | None:

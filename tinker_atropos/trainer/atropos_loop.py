@@ -7,10 +7,16 @@ Each scored sequence counts as an episode of the run (its score the return, its 
 its tokens as env steps, so ``up``'s progress, ``metrics.jsonl``, TensorBoard and ``status`` follow an Atropos run
 as they follow a control one. The model, its optimizer and the step are checkpointed to ``RUN_DIR/atropos``; a
 restarted trainer registers again with the step it reached.
+
+A group it cannot learn from (malformed, a NaN score, a token outside the vocabulary, past the context) is skipped
+and counted (``groups_invalid``) and the batch's sound groups are learned from; nothing in a batch ends the loop.
+The trajectory API and the inference endpoint take the run's keys (``frontends.http.endpoint_keys``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import logging
 import threading
@@ -24,16 +30,20 @@ import redis
 import torch
 
 from tinker_atropos.config import Config
-from tinker_atropos.frontends.atropos.datums import BatchError, batch_datums
-from tinker_atropos.frontends.http import BackgroundServer, service_client
+from tinker_atropos.frontends.atropos.datums import batch_datums
+from tinker_atropos.frontends.http import BackgroundServer, endpoint_key, endpoint_keys, service_client
 from tinker_atropos.frontends.inference.app import build_app
 from tinker_atropos.frontends.inference.sampler import Sampler
+from tinker_atropos.frontends.tinker.losses import LossError
 from tinker_atropos.frontends.tinker.registry import TINY_LM, LanguageModel
+from tinker_atropos.frontends.tinker.wire import WireError
 from tinker_atropos.frontends.tinker.worker import run_loss
 from tinker_atropos.protocol.v1 import services_pb2
 from tinker_atropos.state import keys
+from tinker_atropos.state.checkpoints import save_torch
 from tinker_atropos.state.experience import MAX_EPISODES_KEPT, add_stats
 from tinker_atropos.state.registry import live_services
+from tinker_atropos.state.run_dir import FolderWrites
 from tinker_atropos.trainer.core import AdamParams
 from tinker_atropos.trainer.metrics import BusyMeter
 
@@ -49,16 +59,21 @@ class AtroposLoop:
         self.checkpoint_every = config.trainer.checkpoint.every_updates
         self.model = LanguageModel(TINY_LM, {"rank": self.section.lora_rank}, device)
         self.folder = run_dir / "atropos"
+        self.checkpoint_writes = FolderWrites("checkpoint", "learning goes on without checkpoints")
         self.step = 0
         self.figures: dict[str, float] = {}
         self.busy = BusyMeter()
-        self.counters = {"sequences_trained": 0, "groups_skipped_equal": 0, "batches_malformed": 0}
+        self.counters = {"sequences_trained": 0, "groups_skipped_equal": 0, "groups_invalid": 0,
+                         "batches_malformed": 0}  # fmt: skip
         self._restore()
         self.sampler = Sampler(self.model.core.model, self.model.core.version)
-        app = build_app(self.sampler, TINY_LM)
+        keys = endpoint_keys("inference", self.section.inference_api_keys_file,
+                             "trainer.atropos.inference_api_keys_file", "inference endpoint")  # fmt: skip
+        app = build_app(self.sampler, TINY_LM, keys)
         self.inference = BackgroundServer(app, self.section.inference_host, self.section.inference_port,
                                           "inference endpoint")  # fmt: skip
         self.api_url = ""
+        self.api_key = endpoint_key("atropos-api", config.atropos.api_keys_file)  # None: an API without keys
 
     # state ------------------------------------------------------------------------------------------------
     def _restore(self) -> None:
@@ -66,7 +81,8 @@ class AtroposLoop:
         if path.exists():
             state = torch.load(path, map_location=self.model.core.device, weights_only=False)
             self.model.core.load_state_dict(state["core"])
-            self.step, self.counters = state["step"], state["counters"]
+            self.step = state["step"]
+            self.counters |= state["counters"]
             log.info(
                 "resumed the Atropos trainer at step %d (policy version %d)",
                 self.step,
@@ -74,17 +90,20 @@ class AtroposLoop:
             )
 
     def _checkpoint(self) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
-        partial = self.folder / "state.pt.partial"
-        torch.save(
-            {"core": self.model.core.state_dict(), "step": self.step, "counters": self.counters}, partial
-        )
-        partial.replace(self.folder / "state.pt")
+        """A disk that refuses it (full, read-only) costs this checkpoint only: said once, counted, retried."""
+        state = {"core": self.model.core.state_dict(), "step": self.step, "counters": self.counters}
+        write = functools.partial(save_torch, self.folder / "state.pt", state)
+        if not self.checkpoint_writes.attempt(self.folder, write):
+            failed = self.checkpoint_writes.take_unreported()
+            with contextlib.suppress(redis.RedisError):  # Redis away: counted in the status only
+                add_stats(self.client, self.run_name, checkpoints_failed=failed)
 
     def status(self, incarnation: str) -> services_pb2.TrainerStatus:
+        writes = self.checkpoint_writes
         return services_pb2.TrainerStatus(incarnation=incarnation, policy_version=self.model.core.version,
-                                          updates=self.step, losses=self.figures,
-                                          busy_fraction=self.busy.fraction())  # fmt: skip
+                                          updates=self.step, losses=self.figures, busy_fraction=self.busy.fraction(),
+                                          writes_failed={writes.what: writes.failed}, write_failure=writes.error,
+                                          write_failing_s=writes.failing_s)  # fmt: skip
 
     # the loop ---------------------------------------------------------------------------------------------
     def _find_api(self, stop: threading.Event) -> str | None:
@@ -117,7 +136,7 @@ class AtroposLoop:
         try:
             log.info("inference endpoint at %s (OpenAI /v1, SGLang /generate)", self.inference.url)
             self.api_url = self._find_api(stop) or ""
-            with service_client(self.api_url) as http:
+            with service_client(self.api_url, key=self.api_key) as http:
                 if self.api_url and self._register(http, stop):
                     log.info("learning from the trajectory API at %s", self.api_url)
                     self._learn(http, stop)
@@ -140,24 +159,33 @@ class AtroposLoop:
             self.learn(batch)
 
     def learn(self, batch: list[dict[str, Any]]) -> None:
-        """One optimizer step on ``batch`` (a malformed one is skipped and counted), then serve the new weights."""
+        """One optimizer step on ``batch``'s sound groups (each other one skipped and counted), then serve the new
+        weights."""
         started = time.monotonic()
-        try:
-            datums = batch_datums(batch)
-        except (BatchError, KeyError, TypeError, ValueError) as error:
+        if not isinstance(batch, list):
             self.counters["batches_malformed"] += 1
-            log.warning("skipped a malformed batch: %s", error)
+            log.warning("skipped a batch that is not a list of groups: %.200r", batch)
             return
+        datums = batch_datums(batch, self.model.schema)
+        for problem in datums.groups_invalid:
+            log.warning("skipped a group the model cannot learn from: %s", problem)
+        self.counters["groups_invalid"] += len(datums.groups_invalid)
         self.counters["groups_skipped_equal"] += datums.groups_skipped_equal
         core = self.model.core
         if datums.data:
-            for (
-                datum
-            ) in datums.data:  # a sequence without behaviour log-probs: the current policy's (ratio 1)
-                if "logprobs" not in datum.inputs:
-                    outputs, _ = run_loss(self.model, [datum], "cross_entropy", {}, forward_only=True)
-                    datum.inputs["logprobs"] = outputs[0]["logprobs"].astype(np.float32)
-            _, metrics = run_loss(self.model, datums.data, self.section.loss, {}, forward_only=False)
+            try:
+                for (
+                    datum
+                ) in datums.data:  # a sequence without behaviour log-probs: the current policy's (ratio 1)
+                    if "logprobs" not in datum.inputs:
+                        outputs, _ = run_loss(self.model, [datum], "cross_entropy", {}, forward_only=True)
+                        datum.inputs["logprobs"] = outputs[0]["logprobs"].astype(np.float32)
+                _, metrics = run_loss(self.model, datums.data, self.section.loss, {}, forward_only=False)
+            except (WireError, LossError) as error:  # checked per group already: a batch no loss can take
+                core.optimizer.zero_grad(set_to_none=True)
+                self.counters["batches_malformed"] += 1
+                log.warning("skipped a batch the loss cannot take: %s", error)
+                return
             core.optim_step(AdamParams(learning_rate=self.section.learning_rate, grad_clip_norm=1.0))
             core.version += 1
             self.sampler.update(core.model, core.version)
@@ -167,20 +195,21 @@ class AtroposLoop:
         self.figures |= {"score_mean": float(np.mean(datums.scores)) if datums.scores else 0.0,
                          "step_seconds": time.monotonic() - started,
                          **{k: float(v) for k, v in self.counters.items()}}  # fmt: skip
-        self._record_episodes(batch)
-        if self.checkpoint_every and self.step % self.checkpoint_every == 0:
+        self._record_episodes(datums.episodes)
+        retry = self.checkpoint_writes.error != ""  # a failed checkpoint: again once due, whatever the step
+        due = retry or (self.checkpoint_every and self.step % self.checkpoint_every == 0)
+        if due and self.checkpoint_writes.due():
             self._checkpoint()
         self.busy.record(started, time.monotonic())
 
-    def _record_episodes(self, batch: list[dict[str, Any]]) -> None:
-        """Each sequence as an episode of the run (score, trained tokens), its tokens as env steps."""
-        episodes = []
-        for group in batch:
-            for score, mask in zip(group["scores"], group["masks"], strict=True):
-                episodes.append(json.dumps({"return": float(score), "length": sum(m != -100 for m in mask)}))
+    def _record_episodes(self, sequences: list[tuple[float, int]]) -> None:
+        """Each sound sequence as an episode of the run (score, trained tokens), its tokens as env steps."""
+        if not sequences:
+            return
+        episodes = [json.dumps({"return": score, "length": length}) for score, length in sequences]
         with self.client.pipeline(transaction=True) as pipe:
             pipe.lpush(keys.episodes(self.run_name), *episodes)
             pipe.ltrim(keys.episodes(self.run_name), 0, MAX_EPISODES_KEPT - 1)
             pipe.execute()
-        tokens = sum(json.loads(e)["length"] for e in episodes)
+        tokens = sum(length for _, length in sequences)
         add_stats(self.client, self.run_name, env_steps=tokens, episodes=len(episodes), chunks_consumed=1)

@@ -65,6 +65,10 @@ class TrainingCore:
         self.optimizer.zero_grad(set_to_none=True)
         return metrics
 
+    def discard_gradients(self) -> None:
+        """Clear the accumulated gradients without a step (an update that stops before it)."""
+        self.optimizer.zero_grad(set_to_none=True)
+
     def nonfinite(self) -> list[str]:
         """The trained parameters and the buffers that hold a NaN or an infinity (none after a sound update);
         frozen parameters (a LoRA model's base) cannot have changed."""

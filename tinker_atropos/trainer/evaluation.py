@@ -2,14 +2,19 @@
 whole episodes on the run's evaluation env service (``env --role eval``: registered as ``eval_env``, which the
 rollouts never use, so evaluation episodes never reach the experience stream), in a thread of its own while
 learning goes on. The mean and spread of the returns go to the trainer's log, its status (``eval_return_mean``,
-for ``status`` and Prometheus) and TensorBoard (``eval/episodic_return``).
+for ``status`` and Prometheus) and TensorBoard (``eval/episodic_return``). A policy whose mean return is above
+every earlier evaluation's of the run (a resumed one included) is kept as ``checkpoints/best.pt``, beside the
+latest checkpoints: a run whose policy got worse later still has its best one, for ``eval --best`` and
+``export --best``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import threading
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -20,6 +25,7 @@ from tinker_atropos.config import EvaluationSection
 from tinker_atropos.environment.client import EnvClient
 from tinker_atropos.environment.episodes import equal_shares
 from tinker_atropos.models.acting import InferencePolicy, load_policy
+from tinker_atropos.state.checkpoints import BEST, read_checkpoint, save_best
 from tinker_atropos.state.registry import live_services
 from tinker_atropos.trainer.core import TrainingCore
 from tinker_atropos.trainer.tensorboard import TensorBoardLog
@@ -29,12 +35,27 @@ log = logging.getLogger(__name__)
 
 class PeriodicEvaluation:
     def __init__(self, section: EvaluationSection, client: redis.Redis, run: str, network: str, seed: int,
-                 tensorboard: TensorBoardLog | None) -> None:  # fmt: skip
+                 tensorboard: TensorBoardLog | None, checkpoint_dir: Path) -> None:  # fmt: skip
         self.section, self.client, self.run, self.network = section, client, run, network
-        self.tensorboard, self.seed = tensorboard, seed
+        self.tensorboard, self.seed, self.checkpoint_dir = tensorboard, seed, checkpoint_dir
         self.version, self.return_mean, self.return_std = 0, 0.0, 0.0  # of the latest evaluation
+        self.best_version, self.best_return = 0, -math.inf  # of the best one, kept in best.pt
         self._thread: threading.Thread | None = None
         self._missing_logged = False
+        if section.every_updates:
+            self._read_best()
+
+    def _read_best(self) -> None:
+        """The best evaluation of the run so far, from its best.pt: a resumed run keeps it unless it beats it."""
+        path = self.checkpoint_dir / BEST
+        if not path.exists():
+            return
+        try:
+            state = read_checkpoint(path)
+            self.best_version = int(state["policy"]["version"])
+            self.best_return = float(state["evaluation"]["return_mean"])
+        except Exception as error:  # any unpickling failure, or a file of something else
+            log.warning("%s is unreadable (%s); the next evaluation replaces it", path, error)
 
     def after_update(self, updates: int, core: TrainingCore) -> None:
         """Start an evaluation of the core's version when one is due and none is running (a slow one is not
@@ -78,9 +99,24 @@ class PeriodicEvaluation:
         )
         log.info("evaluation of policy version %d: mean return %.1f ± %.1f over %d episodes", version,
                  self.return_mean, self.return_std, len(returns))  # fmt: skip
+        if self.return_mean > self.best_return:
+            self._keep_best(version, spec, weights, returns)
         if self.tensorboard is not None:
             with contextlib.suppress(redis.RedisError):
                 self.tensorboard.add_evaluation(self.return_mean, self.return_std)
+
+    def _keep_best(self, version: int, spec: dict[str, Any], weights: bytes, returns: list[float]) -> None:
+        evaluation = {"return_mean": self.return_mean, "return_std": self.return_std, "episodes": len(returns),
+                      "deterministic": self.section.deterministic}  # fmt: skip
+        try:
+            path = save_best(self.checkpoint_dir,
+                             {"policy": {"spec": spec, "version": version, "weights": weights},
+                              "evaluation": evaluation})  # fmt: skip
+        except OSError as error:  # a full or read-only disk: the best stays the one before, tried again later
+            log.warning("cannot write the best checkpoint (%s: %s)", error.filename, error.strerror)
+            return
+        self.best_version, self.best_return = version, self.return_mean
+        log.info("%s: policy version %d, the best evaluation so far", path, version)
 
     def _play(self, address: str, policy: InferencePolicy, version: int) -> list[float]:
         """Whole episodes on every free instance of the eval env service, an equal share each."""

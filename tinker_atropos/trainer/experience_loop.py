@@ -8,11 +8,15 @@ publishes each new version for the rollouts. An update that leaves a NaN or an i
 parameters is undone, so non-finite weights are never published; ``trainer.max_nonfinite_updates`` of them in a
 row stop the trainer with an error. The policy version only goes up: on start the loop resumes from the latest
 checkpoint and never publishes a version below the one already in Redis, nor adopts weights from Redis that do
-not load or are not finite.
+not load or are not finite. No record is learned from twice: each names its writer and its number among that
+writer's records, and the loop refuses (counts) one it has taken before (``protocol/freshness.py``); what it has
+taken is checkpointed with the rest. A checkpoint that the disk refuses (full, read-only) is counted and retried
+while learning goes on; before each one the loop checks that the run folder is still its run's (``RunFolderOwner``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import logging
@@ -30,13 +34,16 @@ from tinker_atropos.algorithms.core import Learner, LearnerSetup
 from tinker_atropos.config import Config
 from tinker_atropos.environment.client import EnvDescription
 from tinker_atropos.models.weights import load_weights
+from tinker_atropos.protocol.freshness import Freshness
 from tinker_atropos.protocol.trajectory import RecordError, Trajectory, TrajectorySpec, decode_trajectory
 from tinker_atropos.protocol.v1 import services_pb2
 from tinker_atropos.runtime import CountedWarnings, FatalError, resolve_device
 from tinker_atropos.security import signing_key
 from tinker_atropos.state.checkpoints import load_latest_checkpoint, save_checkpoint
 from tinker_atropos.state.experience import ExperienceReader, add_stats
+from tinker_atropos.state.registry import live_services
 from tinker_atropos.state.replay_journal import ReplayJournal
+from tinker_atropos.state.run_dir import FolderWrites, RunFolderOwner, oldest_failure
 from tinker_atropos.state.weights import fetch_weights, publish_weights, verified_version
 from tinker_atropos.trainer.evaluation import PeriodicEvaluation
 from tinker_atropos.trainer.metrics import BusyMeter, LagMeter
@@ -45,9 +52,10 @@ from tinker_atropos.trainer.tensorboard import TensorBoardLog
 log = logging.getLogger(__name__)
 
 SYNC_INTERVAL_S = 1.0
-# {"format", "algorithm", "learner": Learner.state_dict(), "replay", "policy", "counters"}; "replay" is None or
-# {"added": N}, the buffer's transitions being in the journal's segments (format 2 held them in the file)
-CHECKPOINT_FORMAT = 3
+# {"format", "algorithm", "learner": Learner.state_dict(), "replay", "policy", "counters", "freshness"}; "replay" is
+# None or {"added": N}, the buffer's transitions being in the journal's segments (format 2 held them in the file);
+# "freshness": Freshness.state_dict(), the records taken (format 4 on)
+CHECKPOINT_FORMAT = 4
 
 
 class TrainingDiverged(FatalError):
@@ -55,8 +63,12 @@ class TrainingDiverged(FatalError):
 
 
 class ExperienceLoop:
-    def __init__(self, config: Config, client: redis.Redis, run_dir: Path) -> None:
+    def __init__(
+        self, config: Config, client: redis.Redis, run_dir: Path, owner: RunFolderOwner | None = None
+    ) -> None:
         self.config, self.client, self.run = config, client, config.run.name
+        self.owner = owner
+        self.checkpoint_writes = FolderWrites("checkpoint", "learning goes on without checkpoints")
         self.weights_key = signing_key("weights")  # what the rollouts check the published weights against
         self.checkpoint_dir = run_dir / "checkpoints"
         self.journal = ReplayJournal(self.checkpoint_dir / "replay")  # used by an off-policy learner only
@@ -73,6 +85,8 @@ class ExperienceLoop:
         self.updates_discarded_nonfinite = 0
         self.nonfinite_in_a_row = 0
         self.rejected = CountedWarnings("experience records skipped")
+        self.freshness = Freshness()
+        self._ahead = 0  # the highest version of a chunk acted above this trainer's (it lost newer weights)
         self.losses: dict[str, float] = {}
         # run counters not yet added in Redis: stale chunks, and accepted chunks by policy lag (chunks_lag_N)
         self._unreported: Counter[str] = Counter()
@@ -91,8 +105,8 @@ class ExperienceLoop:
             if config.trainer.tensorboard
             else None
         )
-        self.evaluation = PeriodicEvaluation(config.trainer.evaluation, client, self.run,
-                                             config.trainer.model.network, config.run.seed, self.tensorboard)  # fmt: skip
+        self.evaluation = PeriodicEvaluation(config.trainer.evaluation, client, self.run, config.trainer.model.network,
+                                             config.run.seed, self.tensorboard, self.checkpoint_dir)  # fmt: skip
 
     @property
     def version(self) -> int:
@@ -123,7 +137,16 @@ class ExperienceLoop:
             eval_policy_version=self.evaluation.version,
             eval_return_mean=self.evaluation.return_mean,
             eval_return_std=self.evaluation.return_std,
+            eval_best_policy_version=self.evaluation.best_version,
+            eval_best_return_mean=self.evaluation.best_return if self.evaluation.best_version else 0.0,
+            writes_failed={w.what: w.failed for w in self._folder_writes()},
+            write_failure=failing.error if (failing := oldest_failure(self._folder_writes())) else "",
+            write_failing_s=failing.failing_s if failing else 0.0,
         )
+
+    def _folder_writes(self) -> list[FolderWrites]:
+        tensorboard = [self.tensorboard.writes] if self.tensorboard is not None else []
+        return [self.checkpoint_writes, *tensorboard]
 
     # -- state ---------------------------------------------------------------------------------------
     def setup(self, env: EnvDescription) -> None:
@@ -138,7 +161,10 @@ class ExperienceLoop:
             raise FatalError(f"trainer.algorithm {self.algorithm.name!r} cannot learn {self.config.env.id}: "
                              f"{error}") from None  # fmt: skip
         self._resume()
+        resumed = self.version
         self.adopt_newer_weights()
+        if self.version > resumed:  # what it learned past its checkpoint is in these weights, not freshness's
+            self.freshness.restarted_at(self.version)
         self.publish()
 
     def _resume(self) -> None:
@@ -158,6 +184,8 @@ class ExperienceLoop:
             return
         self.learner.load_state_dict(state["learner"])
         self._restore_replay(state.get("replay"))
+        if "freshness" in state:  # format 4 on; before, the stream held records of schema 2, refused anyway
+            self.freshness = Freshness(state["freshness"])
         counters = state["counters"]
         self.updates, self.env_steps_trained = counters["updates"], counters["env_steps_trained"]
         log.info("resumed from %s at policy version %d", path, self.version)
@@ -220,19 +248,31 @@ class ExperienceLoop:
             # the acting policy as the rollouts receive it: what `tinker-atropos eval` and `export` load
             "policy": {"spec": core.spec, "version": core.version, "weights": core.weights()},
             "counters": {"updates": self.updates, "env_steps_trained": self.env_steps_trained},
+            "freshness": self.freshness.state_dict(),
         }
 
-    def checkpoint(self) -> None:
+    def checkpoint(self) -> bool:
+        """Write a checkpoint, unless the run folder now belongs to another run (RunFolderInUse). A disk that
+        refuses it costs this checkpoint only: counted, said once, retried (``checkpoint_writes``). Whether it
+        was written."""
+        if self.owner is not None:
+            self.owner.check()
+        written = self.checkpoint_writes.attempt(self.checkpoint_dir, self._write_checkpoint)
+        if written:
+            self._last_checkpoint = time.monotonic()
+        return written
+
+    def _write_checkpoint(self) -> None:
         """The journal's new segment first, then the checkpoint that counts it: a crash between the two leaves a
         segment past the latest checkpoint, which the next resume deletes."""
         replay = self.learner.replay if self.learner is not None else None
         if replay is not None:
-            self.journal.append(self._journaled, replay.since(self._journaled))
+            columns = replay.since(self._journaled)  # fewer than asked when the journal fell a buffer behind
+            self.journal.append(replay.added - len(columns["rewards"]), columns)
             self._journaled = replay.added
         path = save_checkpoint(
             self.checkpoint_dir, self.version, self.checkpoint_state(), self.config.trainer.checkpoint.keep
         )
-        self._last_checkpoint = time.monotonic()
         if replay is not None:
             self.journal.prune(replay.added, replay.capacity)
         log.info("checkpoint %s", path.name)
@@ -244,9 +284,12 @@ class ExperienceLoop:
         )
 
     def close(self) -> None:
-        """Let an evaluation in flight finish (seconds), flush what is buffered for TensorBoard."""
+        """Let an evaluation in flight finish (seconds); TensorBoard gets the episodes that ended since its last
+        look (the rollouts stopped first: those of every chunk they wrote), then its buffer is flushed."""
         self.evaluation.join(timeout_s=10.0)
         if self.tensorboard is not None:
+            with contextlib.suppress(redis.RedisError):  # Redis away: only these last episodes are missing
+                self._look()
             self.tensorboard.close()
 
     def report_counters(self) -> None:
@@ -255,6 +298,9 @@ class ExperienceLoop:
         self._unreported.update(
             {f"records_rejected_{k}": n for k, n in self.rejected.take_unreported().items()}
         )
+        self._unreported["checkpoints_failed"] += self.checkpoint_writes.take_unreported()
+        if self.tensorboard is not None:
+            self._unreported["tensorboard_writes_failed"] += self.tensorboard.writes.take_unreported()
         add_stats(self.client, self.run, **self._unreported)
         self._unreported.clear()
 
@@ -265,20 +311,43 @@ class ExperienceLoop:
         if now - self._last_sync < SYNC_INTERVAL_S:
             return
         self.report_counters()
-        if self.tensorboard is not None:
-            self.tensorboard.look(
-                self.version, self.updates, self.busy.fraction(), self.lag.summary()[1], self.losses
-            )
+        self._look()
         try:
             published = verified_version(self.client, self.run, self.weights_key)
         except ValueError as error:  # a malformed record, or one this trainer did not sign: replace it
             log.warning("the weights in Redis are not this run's (%s); publishing version %d over them",
                         error, self.version)  # fmt: skip
             published = None
+        if self._ahead > self.version:
+            self.continue_above_rollouts()
         if published is None or published < self.version:
             log.info("Redis lacks policy version %d; publishing it again", self.version)
             self.publish()
         self._last_sync = now
+
+    def _look(self) -> None:
+        if self.tensorboard is not None:
+            self.tensorboard.look(
+                self.version, self.updates, self.busy.fraction(), self.lag.summary()[1], self.losses
+            )
+
+    def continue_above_rollouts(self) -> None:
+        """Rollouts refuse weights older than those they act with. Chunks acted by a version above this
+        trainer's, which a live rollout reports holding, mean that it resumed from a checkpoint while Redis had
+        lost the newer weights: it continues above that version, so that the rollouts take its next one. (The
+        version of a chunk alone is not enough: a holder of the token may write any.)"""
+        try:
+            rollouts = live_services(self.client, self.run, "rollout")
+            held = max((int(r.figures.get("policy_version") or 0) for r in rollouts), default=0)
+        except redis.RedisError:
+            return  # the next sync tries again
+        except (ValueError, TypeError):  # a registry entry written by something else
+            held = 0
+        ahead, self._ahead = min(self._ahead, held), 0
+        if ahead > self.version:
+            log.warning("rollouts act with policy version %d, above this trainer's %d (its newer weights were "
+                        "lost with Redis's data); continuing at version %d", ahead, self.version, ahead + 1)  # fmt: skip
+            self.version = ahead + 1
 
     # -- learning ------------------------------------------------------------------------------------
     def accept(self, entry: bytes | RecordError) -> Trajectory | None:
@@ -289,10 +358,14 @@ class ExperienceLoop:
                 raise entry
             trajectory = decode_trajectory(entry, self.spec)
             if trajectory.policy_version > self.version:
+                self._ahead = max(self._ahead, trajectory.policy_version)
                 raise RecordError(
                     "impossible_version",
                     f"a chunk of policy version {trajectory.policy_version}, above the trainer's {self.version}",
                 )
+            self.freshness.take(
+                trajectory.rollout_incarnation, trajectory.sequence, trajectory.policy_version
+            )
             if self.learner.needs_values and not trajectory.has_values:
                 raise RecordError(
                     "missing_field", f"a chunk without the values {self.algorithm.name} learns from"
@@ -374,5 +447,5 @@ class ExperienceLoop:
             self.evaluation.after_update(self.updates, self.learner.core)
             policy = self.config.trainer.checkpoint
             overdue = time.monotonic() - self._last_checkpoint >= policy.every_seconds
-            if overdue or self.updates % policy.every_updates == 0:
+            if (overdue or self.updates % policy.every_updates == 0) and self.checkpoint_writes.due():
                 self.checkpoint()

@@ -18,6 +18,7 @@ from tinker_atropos.environment.client import EnvClient, EnvDescription
 from tinker_atropos.protocol.v1 import services_pb2
 from tinker_atropos.runtime import Endpoint
 from tinker_atropos.state.registry import live_services
+from tinker_atropos.state.run_dir import RunFolderInUse, RunFolderOwner
 from tinker_atropos.trainer.experience_loop import ExperienceLoop
 
 log = logging.getLogger(__name__)
@@ -48,7 +49,11 @@ class TrainerService:
 
     def __init__(self, config: Config, client: redis.Redis, run_dir: Path, incarnation: str) -> None:
         self.incarnation = incarnation
-        self.loop = ExperienceLoop(config, client, run_dir) if config.trainer.experience_loop else None
+        # before anything is written there: RunFolderInUse (exit 2, one line) when it is another run's
+        self.owner = RunFolderOwner(run_dir, "trainer", config.run.name)
+        self.loop = (
+            ExperienceLoop(config, client, run_dir, self.owner) if config.trainer.experience_loop else None
+        )
         if self.loop is not None:
             self.loop.incarnation = incarnation
         self.tinker = None
@@ -92,13 +97,17 @@ class TrainerService:
             try:
                 self.loop.train(stop)
             finally:  # also when it diverged: the parameters are the last finite ones
-                self.loop.checkpoint()
+                try:
+                    self.loop.checkpoint()
+                except RunFolderInUse as error:
+                    log.warning("no final checkpoint: %s", error)
+                self.loop.close()
                 with contextlib.suppress(redis.RedisError):  # Redis away: only these last counts are lost
                     self.loop.report_counters()
-                self.loop.close()
         finally:
             if self.tinker is not None:
                 self.tinker.close()
+            self.owner.close()
 
 
 def serve(config: Config, redis_url: str, endpoint: Endpoint, run_dir: Path) -> None:

@@ -7,19 +7,29 @@
     charts/policy_version, charts/trainer_busy, charts/policy_lag_mean, charts/updates
     losses/<name>                                    the algorithm's latest losses (policy_loss, value_loss, …)
     eval/episodic_return, eval/episodic_return_std   each periodic evaluation (``trainer.evaluation``)
+
+A disk that refuses the event file (full, read-only) pauses it: said once, counted, retried every
+``run_dir.RETRY_S`` with a new event file, the episodes finished meanwhile written then (the run's list keeps the
+latest 1,000); learning never waits for it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 
 from tinker_atropos.config import WandbSection
 from tinker_atropos.runtime import FatalError
 from tinker_atropos.state.experience import read_stats, recent_episodes
+from tinker_atropos.state.run_dir import FolderWrites
+
+if TYPE_CHECKING:
+    from torch.utils.tensorboard import SummaryWriter
 
 CHARTS_INTERVAL_S = 5.0  # between two points of the charts other than the episodes
 MAX_EPISODES_PER_LOOK = 1000  # beyond, the oldest of a burst are skipped (the run's list keeps fewer anyway)
@@ -31,15 +41,50 @@ class TensorBoardLog:
 
     def __init__(self, log_dir: Path, client: redis.Redis, run: str, wandb: WandbSection | None = None,
                  config: dict[str, Any] | None = None) -> None:  # fmt: skip
-        from torch.utils.tensorboard import SummaryWriter
-
         self._wandb_run = (
             _start_wandb(wandb, log_dir.parent, run, config) if wandb and wandb.enabled else None
         )
-        self.writer = SummaryWriter(str(log_dir), flush_secs=10)
+        _quiet_writer_threads()
+        self.log_dir = log_dir
+        self.writes = FolderWrites("TensorBoard events", "learning goes on without them")
+        self.writer: SummaryWriter | None = None
+        self._lock = threading.Lock()  # evaluations write from their own thread
         self.client, self.run = client, run
-        self._episodes_seen: int | None = None  # the run's episode count at the last look
+        self._episodes_seen: int | None = None  # the run's episode count at the last look written
         self._last_chart: tuple[float, int] | None = None  # (time, env steps) of the last charts point
+        with self._lock:
+            self._open()
+
+    def _open(self) -> SummaryWriter | None:
+        """The event file's writer, a new one if the last one died of a disk error and a retry is due; None
+        meanwhile. Called with the lock held."""
+        from torch.utils.tensorboard import SummaryWriter
+
+        def open_writer() -> None:
+            self.writer = SummaryWriter(str(self.log_dir), flush_secs=10)
+
+        if self.writer is None and self.writes.due():
+            self.writes.attempt(self.log_dir, open_writer)
+        return self.writer
+
+    def _add(self, points: list[tuple[str, float, int]]) -> bool:
+        """Write (tag, value, step) points; False (said, counted, the file dropped, a new one tried after
+        ``writes.retry_s``) when the disk refuses them."""
+        with self._lock:
+            writer = self._open()
+            if writer is None:
+                return False
+
+            def add() -> None:
+                for tag, value, step in points:
+                    writer.add_scalar(tag, value, step)
+
+            if self.writes.attempt(self.log_dir, add):
+                return True
+            with contextlib.suppress(OSError):  # its writer thread died of the same error
+                writer.close()
+            self.writer = None
+            return False
 
     def look(
         self, version: int, updates: int, busy: float, lag_mean: float, losses: dict[str, float]
@@ -53,16 +98,19 @@ class TensorBoardLog:
             new = recent_episodes(
                 self.client, self.run, min(episodes - self._episodes_seen, MAX_EPISODES_PER_LOOK)
             )
+            points = []
             for episode in reversed(new):  # oldest first
-                self.writer.add_scalar("charts/episodic_return", episode["return"], steps)
-                self.writer.add_scalar("charts/episodic_length", episode["length"], steps)
+                points.append(("charts/episodic_return", episode["return"], steps))
+                points.append(("charts/episodic_length", episode["length"], steps))
+            if not self._add(points):
+                return  # the same episodes again at the next look that writes
         self._episodes_seen = episodes
         now = time.monotonic()
         if self._last_chart is not None and now - self._last_chart[0] < CHARTS_INTERVAL_S:
             return
         if self._last_chart is not None:
             then, steps_then = self._last_chart
-            self.writer.add_scalar("charts/SPS", (steps - steps_then) / (now - then), steps)
+            self._add([("charts/SPS", (steps - steps_then) / (now - then), steps)])
         self._last_chart = (now, steps)
         charts = {
             "policy_version": version,
@@ -70,19 +118,19 @@ class TensorBoardLog:
             "trainer_busy": busy,
             "policy_lag_mean": lag_mean,
         }
-        for name, value in charts.items():
-            self.writer.add_scalar(f"charts/{name}", value, steps)
-        for name, value in losses.items():
-            self.writer.add_scalar(f"losses/{name}", value, steps)
+        points = [(f"charts/{name}", value, steps) for name, value in charts.items()]
+        self._add(points + [(f"losses/{name}", value, steps) for name, value in losses.items()])
 
     def add_evaluation(self, return_mean: float, return_std: float) -> None:
         """A periodic evaluation's result, at the run's env steps now."""
         steps = int(read_stats(self.client, self.run).get("env_steps", 0))
-        self.writer.add_scalar("eval/episodic_return", return_mean, steps)
-        self.writer.add_scalar("eval/episodic_return_std", return_std, steps)
+        self._add(
+            [("eval/episodic_return", return_mean, steps), ("eval/episodic_return_std", return_std, steps)]
+        )
 
     def close(self) -> None:
-        self.writer.close()
+        if self.writer is not None:
+            self.writes.attempt(self.log_dir, self.writer.close)
         if self._wandb_run is not None:
             import wandb
 
@@ -100,3 +148,20 @@ def _start_wandb(section: WandbSection, run_dir: Path, run: str, config: dict[st
         raise FatalError("trainer.wandb.enabled needs wandb: pip install 'tinker-atropos[wandb]'") from None
     return wandb.init(project=section.project, entity=section.entity, mode=section.mode, dir=str(run_dir),
                       name=run, config=config, sync_tensorboard=True)  # fmt: skip
+
+
+def _quiet_writer_threads() -> None:
+    """An event file's writer thread that dies of a disk error would print its traceback to the log; the error
+    is said once, in one line, by ``TensorBoardLog.writes`` (the writer re-raises it to the next write)."""
+    from tensorboard.summary.writer.event_file_writer import _AsyncWriterThread
+
+    previous = threading.excepthook
+    if getattr(previous, "quiets_tensorboard", False):
+        return
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        if not (isinstance(args.thread, _AsyncWriterThread) and isinstance(args.exc_value, OSError)):
+            previous(args)
+
+    hook.quiets_tensorboard = True  # type: ignore[attr-defined]
+    threading.excepthook = hook

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from tinker_atropos.algorithms.core import Experience, LearnerSetup
-from tinker_atropos.algorithms.ppo.learning import Batch, compute_gae, ppo_update
+from tinker_atropos.algorithms.ppo.learning import Batch, compute_gae, learning_rate, ppo_update
 from tinker_atropos.models.mlp import mlp_spec
 from tinker_atropos.models.networks import build_network
 from tinker_atropos.protocol.trajectory import Trajectory
@@ -49,6 +49,7 @@ class PPOLearner:
         torch.manual_seed(setup.seed)
         self.core = TrainingCore(build_network(spec), spec, setup.device)
         self.generator = torch.Generator().manual_seed(setup.seed)
+        self.env_steps = 0  # learned from so far: where the learning-rate annealing is
 
     def batch(self, trajectories: list[Trajectory]) -> Batch:
         """Advantages over each run of contiguous trajectories (``advantages``), then everything flattened to
@@ -91,11 +92,15 @@ class PPOLearner:
         )
 
     def learn(self, trajectories: list[Trajectory]) -> dict[str, float]:
-        return ppo_update(self.core, self.batch(trajectories), self.hp, self.generator)
+        step_size = learning_rate(self.hp, self.env_steps)
+        figures = ppo_update(self.core, self.batch(trajectories), self.hp, self.generator, step_size)
+        self.env_steps += sum(t.num_steps for t in trajectories)
+        return figures
 
     def state_dict(self) -> dict[str, Any]:
         return {
             "core": self.core.state_dict(),
+            "env_steps": self.env_steps,
             "rng": {
                 "generator": self.generator.get_state(),
                 "torch": torch.get_rng_state(),
@@ -106,6 +111,7 @@ class PPOLearner:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.core.load_state_dict(state["core"])
+        self.env_steps = state.get("env_steps", 0)  # checkpoints before annealing: from the start
         rng = state["rng"]
         self.generator.set_state(rng["generator"])
         torch.set_rng_state(rng["torch"])

@@ -1,5 +1,6 @@
-"""PPO learning, top to bottom: advantages with GAE, then clipped-objective epochs over minibatches, each a
-``forward_backward`` and an ``optim_step`` of the training core."""
+"""PPO learning, top to bottom: advantages with GAE, the step size of this update, then clipped-objective epochs
+over minibatches, each a ``forward_backward`` and an ``optim_step`` of the training core, until the epochs are done
+or the policy has moved ``target_kl`` from where the update began."""
 
 from __future__ import annotations
 
@@ -47,16 +48,18 @@ class Batch:
 
     observations: torch.Tensor
     actions: torch.Tensor
-    log_probs: torch.Tensor
+    log_probs: torch.Tensor  # of the behaviour policy, that acted
     advantages: torch.Tensor
     returns: torch.Tensor
+    start_log_probs: torch.Tensor | None = None  # of the policy the update began from (with target_kl)
 
     def rows(self, index: torch.Tensor | slice) -> Batch:
         """The same rows of every field: gathered for an index tensor, views for a slice."""
+        tensors = [getattr(self, f.name) for f in fields(self)]
         if isinstance(index, slice):
-            return Batch(*(getattr(self, f.name)[index] for f in fields(self)))
+            return Batch(*(None if t is None else t[index] for t in tensors))
         # index_select, not advanced indexing: 5x faster for these [4096, 348] float rows on a CPU
-        return Batch(*(getattr(self, f.name).index_select(0, index) for f in fields(self)))
+        return Batch(*(None if t is None else t.index_select(0, index) for t in tensors))
 
 
 def ppo_loss(
@@ -89,18 +92,37 @@ def ppo_loss(
         "approx_kl": approx_kl,
         "clip_fraction": clip_fraction,
     }
+    if minibatch.start_log_probs is not None:  # how far the update has moved the policy, before this step
+        with torch.no_grad():
+            moved = new_log_probs - minibatch.start_log_probs
+            stats["update_kl"] = ((moved.exp() - 1) - moved).mean().item()
     return loss, stats
 
 
-def adam_params(hp: ClippedObjectiveConfig) -> AdamParams:
+def adam_params(hp: ClippedObjectiveConfig, step_size: float) -> AdamParams:
     """Adam as CleanRL's PPO sets it: eps 1e-5, the global gradient norm clipped first."""
-    return AdamParams(learning_rate=hp.learning_rate, eps=1e-5, grad_clip_norm=hp.max_grad_norm)
+    return AdamParams(learning_rate=step_size, eps=1e-5, grad_clip_norm=hp.max_grad_norm)
+
+
+def learning_rate(hp: ClippedObjectiveConfig, env_steps_learned: int) -> float:
+    """The step size of an update after ``env_steps_learned``: constant, or annealed linearly to 0 over
+    ``anneal_env_steps`` (CleanRL's ``frac * learning_rate``)."""
+    if not hp.anneal_lr:
+        return hp.learning_rate
+    return hp.learning_rate * max(0.0, 1.0 - env_steps_learned / hp.anneal_env_steps)
 
 
 def ppo_update(
-    core: TrainingCore, batch: Batch, hp: ClippedObjectiveConfig, generator: torch.Generator
+    core: TrainingCore,
+    batch: Batch,
+    hp: ClippedObjectiveConfig,
+    generator: torch.Generator,
+    step_size: float,
 ) -> dict[str, float]:
-    """Update the normalisers on the new batch, then ``update_epochs`` passes of minibatch gradient steps."""
+    """Update the normalisers on the new batch, then ``update_epochs`` passes of minibatch gradient steps of
+    ``step_size`` (``learning_rate``'s), stopped at the first minibatch where the policy has moved
+    more than ``hp.target_kl`` since the update began. Its figures: the losses averaged over the steps taken,
+    the step size, and the epochs done (fractional when stopped)."""
     model: ActorCritic = core.model
     if model.spec["normalize_observations"]:
         model.obs_rms.update(batch.observations.flatten(1))
@@ -113,21 +135,29 @@ def ppo_update(
         observations=model.normalize_obs(batch.observations),
         returns=model.normalize_return(batch.returns),
     )
+    if hp.target_kl is not None:  # the policy the update begins from (an APPO batch was acted by older ones)
+        with torch.no_grad():
+            batch = replace(batch, start_log_probs=model.evaluate(batch.observations, batch.actions)[0])
     size = batch.observations.shape[0]
     minibatch = max(1, size // hp.num_minibatches)
-    adam = adam_params(hp)
+    adam = adam_params(hp, step_size)
     totals: dict[str, float] = {}
-    count = 0
+    count, moved_too_far = 0, False
     for _epoch in range(hp.update_epochs):
         # One gather per epoch; its minibatches are then contiguous views.
         shuffled = batch.rows(torch.randperm(size, generator=generator).to(batch.observations.device))
         for start in range(0, size - minibatch + 1, minibatch):
             rows = shuffled.rows(slice(start, start + minibatch))
             stats = core.forward_backward(lambda m, rows=rows: ppo_loss(m, rows, hp))
+            moved_too_far = hp.target_kl is not None and stats["update_kl"] > hp.target_kl
+            if moved_too_far:  # this step and the rest of the update are not taken
+                core.discard_gradients()
+                break
             core.optim_step(adam)
             for k, v in stats.items():
                 totals[k] = totals.get(k, 0.0) + v
             count += 1
-        if hp.target_kl is not None and stats["approx_kl"] > hp.target_kl:
+        if moved_too_far:
             break
-    return {k: v / count for k, v in totals.items()}
+    figures = {k: v / max(count, 1) for k, v in totals.items()}
+    return figures | {"learning_rate": step_size, "epochs": count / (size // minibatch)}

@@ -2,10 +2,12 @@
 and trainers call them unmodified), answered from ``TrajectoryStore``.
 
 Where it differs, it is on purpose: a full queue answers 503 with ``Retry-After`` (an atroposlib environment
-retries a 5xx, then drops the group with a log line: never a crash); ``/status-env`` for an env never registered
-is a 404 with a message instead of a 500; Redis away is a 503 and the state is read back from Redis when it
-returns; an optional ``X-API-Key``. Handlers run one at a time on the event loop (the store is not shared with
-any thread), which makes each request's change atomic in the mirror as in Redis.
+retries a 5xx, then drops the group with a log line: never a crash); a group a trainer could not learn from (fields
+that do not line up, a NaN score, a token id below 0, a sequence past the registered ``max_token_len``) is a 422,
+counted, where the reference queues it and the trainer fails on its batch; ``/status-env`` for an env never
+registered is a 404 with a message instead of a 500; Redis away is a 503 and the state is read back from Redis
+when it returns; an API key on every route but ``/`` and ``/healthz``. Handlers run one at a time on the event loop
+(the store is not shared with any thread), which makes each request's change atomic in the mirror as in Redis.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 
 import redis
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.gzip import GZipMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
@@ -48,6 +51,18 @@ class RegisterEnv(BaseModel):
     min_batch_allocation: float | None = None
 
 
+MAX_TOKEN_ID = 2**31  # token ids travel as int32 to a Tinker trainer
+
+
+class _Refused(Exception):
+    """A scored group the trainer could not learn from: 422 with the message."""
+
+
+def _posted_groups(body: Any) -> int:
+    """How many groups a refused scored-data post held (a list's length, else one)."""
+    return len(body) if isinstance(body, list) and body else 1
+
+
 class EnvIdentifier(BaseModel):
     env_id: int
 
@@ -55,7 +70,9 @@ class EnvIdentifier(BaseModel):
 class ScoredData(BaseModel):
     """One scored group: a sequence per member (tokens, masks, score), and what a trainer may use besides."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(
+        extra="ignore", allow_inf_nan=False
+    )  # a NaN score would reach the trainer's loss
 
     tokens: list[list[int]]
     masks: list[list[int]]
@@ -79,6 +96,9 @@ class ScoredData(BaseModel):
         if not len(self.tokens) == len(self.masks) == len(self.scores) or not self.tokens:
             raise ValueError(f"tokens, masks and scores need one entry per sequence, at least one: got "
                              f"{len(self.tokens)}, {len(self.masks)} and {len(self.scores)}")  # fmt: skip
+        for i, row in enumerate(self.tokens):
+            if row and not 0 <= min(row) <= max(row) < MAX_TOKEN_ID:
+                raise ValueError(f"tokens[{i}] holds an id outside [0, {MAX_TOKEN_ID})")
         for name in ("masks", "inference_logprobs", "advantages"):
             for i, row in enumerate(getattr(self, name) or []):
                 if row is not None and len(row) != len(self.tokens[i]):
@@ -95,9 +115,13 @@ class ScoredData(BaseModel):
         return messages
 
 
+SCORED_ROUTES = ("/scored_data", "/scored_data_list")
+
+
 def build_app(
     store: TrajectoryStore, api_keys: list[str], max_request_bytes: int, retry_after_s: int = 1
 ) -> FastAPI:
+    """The API; ``api_keys`` empty: no key asked (an ``--insecure`` run)."""
     app = FastAPI(
         title="tinker-atropos Atropos trajectory API", docs_url=None, redoc_url=None, openapi_url=None
     )
@@ -117,6 +141,30 @@ def build_app(
         log.warning("Redis unavailable during %s: %s", request.url.path, error)
         return JSONResponse({"detail": f"the state store (Redis) is unavailable: {error}"}, status_code=503,
                             headers={"Retry-After": str(retry_after_s)})  # fmt: skip
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, error: RequestValidationError) -> JSONResponse:
+        """422 as FastAPI answers it (without the values given: a NaN is no JSON), the refused groups of a
+        scored-data post counted."""
+        if request.url.path in SCORED_ROUTES:
+            store.refuse_invalid(_posted_groups(error.body))
+        detail = [{"type": e["type"], "loc": list(e["loc"]), "msg": e["msg"]} for e in error.errors()]
+        return JSONResponse({"detail": detail}, status_code=422)
+
+    def within_token_length(groups: list[ScoredData]) -> None:
+        """422 (counted) for a sequence past the ``max_token_len`` the trainer registered: it could not learn it."""
+        limit = store.info()["max_token_len"]
+        for g, group in enumerate(groups):
+            for i, tokens in enumerate(group.tokens):
+                if 0 < limit < len(tokens):
+                    store.refuse_invalid(len(groups))
+                    where = f"[{g}]" if len(groups) > 1 else ""
+                    raise _Refused(f"body{where}.tokens[{i}] has {len(tokens)} tokens; the trainer registered "
+                                   f"max_token_len {limit}")  # fmt: skip
+
+    @app.exception_handler(_Refused)
+    async def refused(request: Request, error: _Refused) -> JSONResponse:
+        return JSONResponse({"detail": str(error)}, status_code=422)
 
     @app.exception_handler(QueueFull)
     async def queue_full(request: Request, error: QueueFull) -> JSONResponse:
@@ -162,10 +210,12 @@ def build_app(
 
     @app.post("/scored_data")
     async def scored_data(group: ScoredData) -> dict[str, Any]:
+        within_token_length([group])
         return store.post([group.model_dump()])[0]
 
     @app.post("/scored_data_list")
     async def scored_data_list(groups: list[ScoredData]) -> dict[str, Any]:
+        within_token_length(groups)
         answers = store.post([g.model_dump() for g in groups])
         buffered = [a for a in answers if a["status"] == "buffered"]
         answer: dict[str, Any] = {"status": "received", "groups_processed": len(groups)}

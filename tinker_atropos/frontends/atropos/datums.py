@@ -7,15 +7,21 @@ inputs ``tokens[:-1]``, targets ``tokens[1:]``; positions whose ``masks`` entry 
 nothing; the behaviour log-probs are ``inference_logprobs[1:]``, whose prompt positions hold atroposlib's
 sentinel 1.0 and are zeroed here (their weight is 0 anyway). Advantages are divided by the batch's count of
 trained tokens, so the summed Tinker loss is a per-token mean whatever the batch's lengths.
+
+A group the model cannot learn from (fields that do not line up, a score that is not a finite number, a token
+outside the model's vocabulary, a sequence past its context: ``checks.check_datum``) is skipped and counted with
+its reason, and the batch's sound groups are learned from all the same.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from tinker_atropos.frontends.tinker.checks import DatumError, Schema, check_datum
 from tinker_atropos.frontends.tinker.wire import Datum
 
 MASKED = -100  # atroposlib's mask value for a position not to train on
@@ -30,7 +36,13 @@ class BatchError(ValueError):
 class BatchDatums:
     data: list[Datum] = field(default_factory=list)
     groups_skipped_equal: int = 0  # every score the same: no signal
+    groups_invalid: list[str] = field(
+        default_factory=list
+    )  # why each group that could not be learned was skipped
     scores: list[float] = field(default_factory=list)
+    episodes: list[tuple[float, int]] = field(
+        default_factory=list
+    )  # (score, trained tokens) of each sound sequence
     has_behaviour_logprobs: bool = True  # False when a sequence came without inference_logprobs
 
 
@@ -46,50 +58,65 @@ def group_advantages(scores: list[float], overrides: list[dict[str, Any]] | None
     return advantages
 
 
-def batch_datums(batch: list[dict[str, Any]]) -> BatchDatums:
-    """The datums of a batch from ``/batch``; BatchError for a malformed group."""
+def batch_datums(batch: list[Any], schema: Schema | None = None) -> BatchDatums:
+    """The datums of a batch from ``/batch``; a group that is malformed or that ``schema`` (the model's) refuses is
+    skipped, its reason kept."""
     out = BatchDatums()
-    rows: list[tuple[list[int], np.ndarray, np.ndarray, np.ndarray | None]] = []
+    rows: list[Datum] = []
     for g, group in enumerate(batch):
-        tokens, masks, scores = group["tokens"], group["masks"], group["scores"]
-        if not len(tokens) == len(masks) == len(scores):
-            raise BatchError(f"group {g}: {len(tokens)} sequences, {len(masks)} masks, {len(scores)} scores")
+        try:
+            data, scores, equal = _group(group, schema)
+        except (BatchError, DatumError, KeyError, TypeError, ValueError, OverflowError) as error:
+            out.groups_invalid.append(f"group {g}: {error}")
+            continue
         out.scores += scores
-        given = group.get("advantages")
-        advantages = None if given else group_advantages(scores, group.get("overrides"))
-        if given is None and advantages is None:
+        trained = [sum(m != MASKED for m in mask) for mask in group["masks"]]
+        out.episodes += list(zip(scores, trained, strict=True))
+        if equal:
             out.groups_skipped_equal += 1
             continue
-        logprobs = group.get("inference_logprobs")
-        for i, sequence in enumerate(tokens):
-            if len(sequence) < 2 or len(masks[i]) != len(sequence):
-                raise BatchError(
-                    f"group {g} sequence {i}: {len(sequence)} tokens, {len(masks[i])} mask entries"
-                )
-            weights = (np.asarray(masks[i][1:]) != MASKED).astype(np.float32)
-            if given is not None:
-                if len(given[i]) != len(sequence):
-                    raise BatchError(
-                        f"group {g} sequence {i}: {len(given[i])} advantages for {len(sequence)} tokens"
-                    )
-                per_token = np.asarray(given[i][1:], np.float32) * weights
-            else:
-                per_token = np.float32(advantages[i]) * weights
-            behaviour = None
-            if logprobs is not None and logprobs[i] is not None:
-                if len(logprobs[i]) != len(sequence):
-                    raise BatchError(
-                        f"group {g} sequence {i}: {len(logprobs[i])} log-probs for {len(sequence)} tokens"
-                    )
-                behaviour = np.where(weights > 0, np.asarray(logprobs[i][1:], np.float32), np.float32(0.0))
-            rows.append((sequence, weights, per_token, behaviour))
-    trained = max(1.0, float(sum(w.sum() for _, w, _, _ in rows)))
-    for sequence, weights, per_token, behaviour in rows:
-        inputs = {"target_tokens": np.asarray(sequence[1:], np.int64), "weights": weights,
-                  "advantages": (per_token / trained).astype(np.float32)}  # fmt: skip
-        if behaviour is not None:
-            inputs["logprobs"] = behaviour.astype(np.float32)
-        else:
+        rows += data
+    trained = max(1.0, float(sum(d.inputs["weights"].sum() for d in rows)))
+    for datum in rows:
+        datum.inputs["advantages"] = (datum.inputs["advantages"] / trained).astype(np.float32)
+        if "logprobs" not in datum.inputs:
             out.has_behaviour_logprobs = False
-        out.data.append(Datum(tokens=np.asarray(sequence[:-1], np.int64), inputs=inputs))
+    out.data = rows
     return out
+
+
+def _group(group: Any, schema: Schema | None) -> tuple[list[Datum], list[float], bool]:
+    """A group's datums (advantages not yet divided by the batch's trained tokens), its scores, and whether they
+    are all equal (no signal); BatchError or DatumError for a group no model could learn from."""
+    tokens, masks, scores = group["tokens"], group["masks"], group["scores"]
+    if not len(tokens) == len(masks) == len(scores) or not tokens:
+        raise BatchError(f"{len(tokens)} sequences, {len(masks)} masks, {len(scores)} scores")
+    scores = [float(s) for s in scores]
+    if not all(math.isfinite(s) for s in scores):
+        raise BatchError(f"scores {scores} are not all finite numbers")
+    given = group.get("advantages")
+    advantages = None if given else group_advantages(scores, group.get("overrides"))
+    logprobs = group.get("inference_logprobs")
+    data = []
+    for i, sequence in enumerate(tokens):
+        if len(sequence) < 2 or len(masks[i]) != len(sequence):
+            raise BatchError(f"sequence {i}: {len(sequence)} tokens, {len(masks[i])} mask entries")
+        weights = (np.asarray(masks[i][1:]) != MASKED).astype(np.float32)
+        if given is not None:
+            if len(given[i]) != len(sequence):
+                raise BatchError(f"sequence {i}: {len(given[i])} advantages for {len(sequence)} tokens")
+            per_token = np.asarray(given[i][1:], np.float32) * weights
+        else:
+            per_token = np.float32(0.0 if advantages is None else advantages[i]) * weights
+        inputs = {"target_tokens": np.asarray(sequence[1:], np.int64), "weights": weights,
+                  "advantages": per_token.astype(np.float32)}  # fmt: skip
+        if logprobs is not None and logprobs[i] is not None:
+            if len(logprobs[i]) != len(sequence):
+                raise BatchError(f"sequence {i}: {len(logprobs[i])} log-probs for {len(sequence)} tokens")
+            behaviour = np.asarray(logprobs[i][1:], np.float32)
+            inputs["logprobs"] = np.where(weights > 0, behaviour, np.float32(0.0)).astype(np.float32)
+        datum = Datum(tokens=np.asarray(sequence[:-1], np.int64), inputs=inputs)
+        if schema is not None:
+            check_datum(schema, datum, i)
+        data.append(datum)
+    return data, scores, given is None and advantages is None

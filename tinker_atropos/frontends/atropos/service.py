@@ -6,34 +6,18 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-from pathlib import Path
 
 import redis
 
 from tinker_atropos.config import Config
 from tinker_atropos.frontends.atropos.app import build_app
 from tinker_atropos.frontends.atropos.store import TrajectoryStore
-from tinker_atropos.frontends.http import BackgroundServer
+from tinker_atropos.frontends.http import BackgroundServer, endpoint_keys
 from tinker_atropos.protocol.v1 import services_pb2
-from tinker_atropos.runtime import Endpoint, FatalError
+from tinker_atropos.runtime import Endpoint
 from tinker_atropos.runtime import serve as serve_service
 
 log = logging.getLogger(__name__)
-
-
-def api_keys(path: str | None) -> list[str]:
-    """The allowed keys of ``atropos.api_keys_file`` (none asked without one); FatalError for a file that is
-    missing or empty, since it was set to protect the API."""
-    if path is None:
-        return []
-    try:
-        lines = Path(path).read_text().splitlines()
-    except OSError as error:
-        raise FatalError(f"atropos.api_keys_file {path}: {error.strerror}") from None
-    keys = [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
-    if not keys:
-        raise FatalError(f"atropos.api_keys_file {path} holds no key: nobody could use the trajectory API")
-    return keys
 
 
 class AtroposAPI:
@@ -46,7 +30,11 @@ class AtroposAPI:
         self.store = TrajectoryStore(
             client, config.run.name, section.max_queue_sequences, section.dedup_window
         )
-        app = build_app(self.store, api_keys(section.api_keys_file), int(section.max_request_mb * 2**20))
+        keys = endpoint_keys(
+            "atropos-api", section.api_keys_file, "atropos.api_keys_file", "Atropos trajectory API"
+        )
+        self.open = not keys
+        app = build_app(self.store, keys, int(section.max_request_mb * 2**20))
         # a listening socket inherited from ``up``: while this process restarts, environments' connections wait in
         # its backlog instead of being refused
         sock = socket.socket(fileno=http_fd) if http_fd is not None else None
@@ -72,6 +60,9 @@ class AtroposAPI:
     def run(self, stop: threading.Event) -> None:
         self.http.start(stop)
         log.info("Atropos trajectory API at %s (state in Redis, %s)", self.url, self.store.prefix)
+        if self.open:
+            log.warning("the Atropos trajectory API takes no API key (--insecure): anyone who reaches it can post "
+                        "groups and reset its data")  # fmt: skip
         stop.wait()
         self.http.close()
 

@@ -30,7 +30,7 @@ from tinker_atropos.state.records import parse_json
 log = logging.getLogger(__name__)
 
 COUNTERS = ("groups_received", "groups_buffered", "groups_refused_full", "groups_duplicate",
-            "batches_served", "sequences_served", "records_skipped")  # fmt: skip
+            "batches_served", "sequences_served", "records_skipped", "groups_refused_invalid")  # fmt: skip
 
 
 class QueueFull(Exception):
@@ -316,6 +316,11 @@ class TrajectoryStore:
         m.counters["groups_buffered"] += buffered
         m.counters["groups_duplicate"] += duplicates
         return answers
+
+    def refuse_invalid(self, groups: int) -> None:
+        """Count ``groups`` refused with 422 (a trainer could not have learned from them)."""
+        self.client.hincrby(self._key("meta"), "groups_refused_invalid", groups)
+        self.fresh().counters["groups_refused_invalid"] += groups
 
     # batches -----------------------------------------------------------------------------------------------
     def batch(self) -> dict[str, Any]:

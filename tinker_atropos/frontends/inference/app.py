@@ -8,7 +8,9 @@
 - ``GET /v1/models``, ``/health``.
 
 Every answer carries ``policy_version``, the trainer's version of the weights that sampled it. A request the
-model cannot serve (a prompt past the context, a bad parameter) is a 400 with a message.
+model cannot serve (a prompt past the context, a bad parameter) is a 400 with a message. Every route but
+``/health`` asks the run's key, as OpenAI clients send it (``Authorization: Bearer``; atroposlib's servers send
+their ``api_key`` so).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel, ConfigDict, Field
 
-from tinker_atropos.frontends.http import BodyLimit
+from tinker_atropos.frontends.http import APIKeys, BodyLimit
 from tinker_atropos.frontends.inference.sampler import Completion, Sampler
 from tinker_atropos.models.tiny_lm import chat_prompt
 
@@ -67,9 +69,14 @@ def _stops(stop: str | list[str] | None) -> list[str]:
     return [stop] if isinstance(stop, str) else list(stop or [])
 
 
-def build_app(sampler: Sampler, model_name: str, max_request_bytes: int = 8 << 20) -> FastAPI:
+def build_app(
+    sampler: Sampler, model_name: str, api_keys: list[str], max_request_bytes: int = 8 << 20
+) -> FastAPI:
+    """The endpoint; ``api_keys`` empty: no key asked (an ``--insecure`` run)."""
     app = FastAPI(title="tinker-atropos inference", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(BodyLimit, limit=max_request_bytes, setting="the inference endpoint's 8 MiB")
+    if api_keys:
+        app.add_middleware(APIKeys, keys=[k.encode() for k in api_keys], open_paths=frozenset({"/health"}))
     tokenizer = sampler.tokenizer
 
     def generate(prompt: list[int], request: _Sampling, max_tokens: int, stop_ids: list[int] = ()) -> list[Completion]:  # fmt: skip

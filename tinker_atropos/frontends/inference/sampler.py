@@ -43,15 +43,16 @@ class Sampler:
 
     def generate(self, prompt: Sequence[int], *, n: int, max_tokens: int, temperature: float, top_p: float,
                  top_k: int, stop_tokens: Sequence[int], stop_strings: Sequence[str], seed: int | None) -> list[Completion]:  # fmt: skip
-        """``n`` continuations of ``prompt``; ValueError for a request the model cannot serve. A stop string
-        ends a completion where its text first contains it (included, as a stop token is)."""
+        """``n`` continuations of ``prompt``; ValueError for a request the model cannot serve. A completion ends
+        at the end-of-sequence token (as an OpenAI server's always does) or one of ``stop_tokens``; a stop string
+        ends it where its text first contains it (included, as a stop token is)."""
         with self._lock:
             model, version = self._model, self.version
         room = self.max_seq_len - len(prompt)
         if room < 1:
             raise ValueError(f"the prompt has {len(prompt)} tokens; the context is {self.max_seq_len}")
-        samples = tiny_lm.sample(model, prompt, max_tokens=min(max_tokens, room), temperature=temperature,
-                                 top_k=top_k, top_p=top_p, stop_tokens=stop_tokens, seed=seed, num_samples=n)  # fmt: skip
+        samples = tiny_lm.sample(model, prompt, max_tokens=min(max_tokens, room), temperature=temperature, top_k=top_k,
+                                 top_p=top_p, stop_tokens=[model.eos_id, *stop_tokens], seed=seed, num_samples=n)  # fmt: skip
         completions = []
         for s in samples:
             tokens, logprobs, reason = s.tokens, s.logprobs, s.stop_reason

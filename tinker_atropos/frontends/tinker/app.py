@@ -1,6 +1,10 @@
 """The Tinker HTTP API: what the official SDK calls, answered from the store, with the work queued for the
-worker. Every route needs an allowed API key in ``X-API-Key``; a request the SDK would not send gets a status and
-a message, and the server goes on serving everyone else.
+worker. Every route needs an allowed API key in ``X-API-Key`` (unless the run is ``--insecure``); a request the SDK
+would not send gets a status and a message, and the server goes on serving everyone else.
+
+A numbered request (``forward_backward``, ``optim_step``, ``save_weights[_for_sampler]``, ``load_weights``) refused
+here, by its body, its size or its key, is noted as refused with its number (``Store.refuse``): the SDK has used
+that number, so once its next one arrives the worker answers the refused one as failed and the model goes on.
 """
 
 from __future__ import annotations
@@ -15,12 +19,15 @@ from typing import Any
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
+from starlette.types import Scope
 from tinker import types
 
 from tinker_atropos.frontends.http import APIKeys, BodyLimit
 from tinker_atropos.frontends.tinker import registry, wire
-from tinker_atropos.frontends.tinker.store import PENDING, Store
+from tinker_atropos.frontends.tinker.store import PENDING, Store, sampler_lane
 from tinker_atropos.frontends.tinker.worker import Worker
+
+NUMBERED = ("forward_backward", "optim_step", "save_weights", "save_weights_for_sampler", "load_weights")
 
 
 class HTTPError(Exception):
@@ -56,13 +63,45 @@ def _parse(model: type[BaseModel], body: bytes) -> Any:
         raise HTTPError(400, f"invalid {model.__name__}: {problems}") from None
 
 
+def numbered(route: str, body: bytes) -> tuple[str, int] | None:
+    """The (model, number) a numbered request's body names, as far as it (or its first bytes) tells; None for
+    another route, or a body that does not say."""
+    if route == "forward_backward":
+        model_id, seq = wire.leading_fields(body)
+    elif route in NUMBERED:
+        try:
+            fields = json.loads(body)  # Python's parser: a NaN in AdamParams does not hide the number
+        except ValueError:
+            return None
+        model_id, seq = (
+            (fields.get("model_id"), fields.get("seq_id")) if isinstance(fields, dict) else (None, None)
+        )
+    else:
+        return None
+    if isinstance(model_id, str) and type(seq) is int and seq >= 1:
+        return model_id, seq
+    return None
+
+
 def build_app(store: Store, worker: Worker, api_keys: list[str], capabilities: list[registry.Capability],
-              long_poll_s: float = 20.0, max_request_bytes: int = 64 << 20) -> FastAPI:  # fmt: skip
+              long_poll_s: float = 20.0, max_request_bytes: int = 64 << 20,
+              max_request_tokens: int = 65_536) -> FastAPI:  # fmt: skip
+    """The API; ``api_keys`` empty: no key asked (an ``--insecure`` run)."""
     app = FastAPI(title="tinker-atropos Tinker API", docs_url=None, redoc_url=None, openapi_url=None)
     waiters = Waiters()
     worker.on_done = waiters.done
-    app.add_middleware(BodyLimit, limit=max_request_bytes, setting="trainer.tinker.max_request_mb")
-    app.add_middleware(APIKeys, keys=[key.encode() for key in api_keys])  # outermost: keys checked first
+
+    async def refused(scope: Scope, body: bytes, reason: str) -> None:
+        """A numbered request refused before it was queued: its number noted, to be answered as failed."""
+        found = numbered(scope["path"].removeprefix("/api/v1/"), body)
+        if found is not None and store.refuse(*found, reason):
+            worker.wake.set()
+
+    app.add_middleware(
+        BodyLimit, limit=max_request_bytes, setting="trainer.tinker.max_request_mb", refused=refused
+    )
+    if api_keys:  # outermost: keys checked first
+        app.add_middleware(APIKeys, keys=[key.encode() for key in api_keys], refused=refused)
 
     @app.exception_handler(HTTPError)
     async def http_error(request: Request, error: HTTPError) -> JSONResponse:
@@ -97,6 +136,9 @@ def build_app(store: Store, worker: Worker, api_keys: list[str], capabilities: l
             "sample_use_retrieve_futures": False,
             "custom_loss_server_side": False,
             "use_pyqwest_transport": False,
+            # the SDK splits a forward_backward's data into requests of at most this many (estimated) bytes:
+            # below the body limit, with room for what its estimate leaves out
+            "fwdbwd_max_chunk_bytes_count": max_request_bytes * 3 // 4,
         }
 
     @app.post("/api/v1/client/dynamic_config")
@@ -174,41 +216,56 @@ def build_app(store: Store, worker: Worker, api_keys: list[str], capabilities: l
                 "model_data": {"arch": record["base_model"].split("/")[0], "model_name": record["base_model"]},
                 "is_lora": is_lora, "lora_rank": rank if is_lora else None}  # fmt: skip
 
-    @app.post("/api/v1/forward_backward")
-    async def forward_backward(request: Request) -> dict[str, Any]:
-        body = await request.body()
+    def numbered_route(kind: str) -> Callable[[Callable[[Request, bytes], Awaitable[dict[str, Any]]]], None]:
+        """Register a numbered route; its refusals (HTTPError) note the request's number as refused."""
+
+        def register(handler: Callable[[Request, bytes], Awaitable[dict[str, Any]]]) -> None:
+            async def route(request: Request) -> dict[str, Any]:
+                raw = await request.body()
+                try:
+                    return await handler(request, raw)
+                except HTTPError as error:
+                    await refused(request.scope, raw, f"refused ({error.status}): {error}")
+                    raise
+
+            app.post(f"/api/v1/{kind}")(route)
+
+        return register
+
+    @numbered_route("forward_backward")
+    async def forward_backward(request: Request, body: bytes) -> dict[str, Any]:
         if "protobuf" not in request.headers.get("content-type", ""):
             raise HTTPError(415, "forward_backward takes a Protobuf body (application/x-protobuf)")
         try:
-            parsed = wire.parse_forward_backward(body)
+            parsed = wire.parse_forward_backward(body, worker.budget())
         except wire.WireError as error:
             raise HTTPError(400, str(error)) from None
         known_model(parsed.model_id)
         if parsed.seq_id < 1:
             raise HTTPError(400, f"seq_id must be 1 or more, got {parsed.seq_id}")
+        tokens = sum(len(d.tokens) for d in parsed.data)
+        if tokens > max_request_tokens:
+            raise HTTPError(400, f"the request holds {tokens} tokens; a request may hold {max_request_tokens} "
+                                 "(trainer.tinker.max_request_tokens): send fewer data per forward_backward")  # fmt: skip
         return queued(
             store.submit("forward_backward", body, parsed.model_id, seq=parsed.seq_id), parsed.model_id
         )
 
-    def sequenced(kind: str, model: type[BaseModel]) -> Callable[[Request], Awaitable[dict[str, Any]]]:
-        async def route(request: Request) -> dict[str, Any]:
-            raw = await request.body()
+    def sequenced(kind: str, model: type[BaseModel]) -> None:
+        @numbered_route(kind)
+        async def route(request: Request, raw: bytes) -> dict[str, Any]:
             body = _parse(model, raw)
             known_model(body.model_id)
             if body.seq_id is None or body.seq_id < 1:
                 raise HTTPError(400, f"{kind} needs a seq_id of 1 or more")
             return queued(store.submit(kind, raw, body.model_id, seq=body.seq_id), body.model_id)
 
-        return route
+    sequenced("optim_step", types.OptimStepRequest)
+    sequenced("save_weights", types.SaveWeightsRequest)
+    sequenced("save_weights_for_sampler", types.SaveWeightsForSamplerRequest)
 
-    app.post("/api/v1/optim_step")(sequenced("optim_step", types.OptimStepRequest))
-    app.post("/api/v1/save_weights")(sequenced("save_weights", types.SaveWeightsRequest))
-    app.post("/api/v1/save_weights_for_sampler")(sequenced("save_weights_for_sampler",
-                                                           types.SaveWeightsForSamplerRequest))  # fmt: skip
-
-    @app.post("/api/v1/load_weights")
-    async def load_weights(request: Request) -> dict[str, Any]:
-        raw = await request.body()
+    @numbered_route("load_weights")
+    async def load_weights(request: Request, raw: bytes) -> dict[str, Any]:
         body = _parse(types.LoadWeightsRequest, raw)
         try:
             worker.file_of(body.path)
@@ -283,12 +340,17 @@ def build_app(store: Store, worker: Worker, api_keys: list[str], capabilities: l
     async def asample(request: Request) -> dict[str, Any]:
         raw = await request.body()
         body = _parse(types.SampleRequest, raw)
-        if body.sampling_session_id is None or store.sampler(body.sampling_session_id) is None:
+        found = store.sampler(body.sampling_session_id) if body.sampling_session_id is not None else None
+        if found is None:
             raise HTTPError(404, f"no sampling session {body.sampling_session_id!r}")
         if not 1 <= body.num_samples <= 64:
             raise HTTPError(400, f"num_samples must lie in [1, 64], got {body.num_samples}")
+        tokens = body.num_samples * (body.prompt.length + (body.sampling_params.max_tokens or 16))
+        if tokens > max_request_tokens:
+            raise HTTPError(400, f"num_samples x (prompt + max_tokens) is {tokens} tokens; a request may take "
+                                 f"{max_request_tokens} (trainer.tinker.max_request_tokens)")  # fmt: skip
         dedup = f"sample:{body.sampling_session_id}:{body.seq_id}" if body.seq_id is not None else None
-        request_id = store.submit("sample", raw, dedup=dedup)
+        request_id = store.submit("sample", raw, dedup=dedup, lane=sampler_lane(*found))
         return queued(request_id, sample_sequence_ids=[f"{request_id}:{i}" for i in range(body.num_samples)])
 
     return app

@@ -23,12 +23,6 @@ class LossError(ValueError):
     """An unknown loss, or inputs it cannot be computed from: the client's error."""
 
 
-def _need(inputs: Inputs, name: str, loss: str) -> torch.Tensor:
-    if name not in inputs:
-        raise LossError(f"loss {loss!r} needs loss_fn_inputs[{name!r}]; got {sorted(inputs)}")
-    return inputs[name]
-
-
 def _bound(inputs: Inputs, config: Config, name: str, default: float) -> torch.Tensor | float:
     if name in inputs:
         return inputs[name]
@@ -44,13 +38,13 @@ def cross_entropy(logprobs: torch.Tensor, inputs: Inputs, config: Config) -> tor
 
 
 def importance_sampling(logprobs: torch.Tensor, inputs: Inputs, config: Config) -> torch.Tensor:
-    ratio = torch.exp(logprobs - _need(inputs, "logprobs", "importance_sampling"))
-    return -(ratio * _need(inputs, "advantages", "importance_sampling")).sum()
+    ratio = torch.exp(logprobs - inputs["logprobs"])
+    return -(ratio * inputs["advantages"]).sum()
 
 
 def ppo(logprobs: torch.Tensor, inputs: Inputs, config: Config) -> torch.Tensor:
-    ratio = torch.exp(logprobs - _need(inputs, "logprobs", "ppo"))
-    advantages = _need(inputs, "advantages", "ppo")
+    ratio = torch.exp(logprobs - inputs["logprobs"])
+    advantages = inputs["advantages"]
     low = _bound(inputs, config, "clip_low_threshold", 0.8)
     high = _bound(inputs, config, "clip_high_threshold", 1.2)
     clipped = torch.minimum(torch.maximum(ratio, torch.as_tensor(low)), torch.as_tensor(high))
@@ -64,7 +58,21 @@ LOSSES: dict[str, Callable[[torch.Tensor, Inputs, Config], torch.Tensor]] = {
 }
 
 
+# the loss_fn_inputs each loss reads besides the targets' (checked before the model runs: ``checks.check_data``)
+INPUTS: dict[str, tuple[str, ...]] = {
+    "cross_entropy": (),
+    "importance_sampling": ("logprobs", "advantages"),
+    "ppo": ("logprobs", "advantages"),
+}
+
+
 def loss_fn(name: str) -> Callable[[torch.Tensor, Inputs, Config], torch.Tensor]:
+    inputs_of(name)
+    return LOSSES[name]
+
+
+def inputs_of(name: str) -> tuple[str, ...]:
+    """The inputs loss ``name`` needs; LossError for a loss this server does not compute."""
     if name not in LOSSES:
         raise LossError(f"unknown loss {name!r}; this server computes {', '.join(LOSSES)}")
-    return LOSSES[name]
+    return INPUTS[name]

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -27,6 +28,7 @@ from torch import nn
 
 from tinker_atropos.config import ModelSection
 from tinker_atropos.environment.envs import env_maker
+from tinker_atropos.frontends.tinker import checks
 from tinker_atropos.frontends.tinker.wire import Datum, WireError
 from tinker_atropos.models import smollm2, tiny_lm
 from tinker_atropos.models.mlp import ActorCritic, mlp_spec
@@ -51,6 +53,7 @@ class ServedModel(Protocol):
     base_model: str
     core: TrainingCore
     sampleable: bool
+    schema: checks.Schema  # what its data must be: checked before ``forward``
 
     def forward(self, data: list[Datum], config: dict[str, float | str]) -> Forward: ...
 
@@ -82,16 +85,9 @@ def checkpoint(model: ServedModel, record: dict[str, Any] | None, optimizer: boo
     return state
 
 
-def _tensor(datum: Datum, index: int, name: str, length: int, dtype: torch.dtype,
-            trailing: tuple[int, ...] = ()) -> torch.Tensor:  # fmt: skip
-    """``loss_fn_inputs[name]`` of one datum, which must have the shape [T, *trailing] (T: its model_input)."""
-    if name not in datum.inputs:
-        raise WireError(f"datum {index}: loss_fn_inputs[{name!r}] is required for this model")
-    value = torch.as_tensor(datum.inputs[name], dtype=dtype)
-    if tuple(value.shape) != (length, *trailing):
-        raise WireError(f"datum {index}: loss_fn_inputs[{name!r}] has shape {list(value.shape)}; this model takes "
-                        f"{[length, *trailing]} (T = the model_input length {length})")  # fmt: skip
-    return value
+def _tensor(datum: Datum, name: str, dtype: torch.dtype) -> torch.Tensor:
+    """``loss_fn_inputs[name]`` of a datum ``checks.check_data`` passed."""
+    return torch.as_tensor(datum.inputs[name], dtype=dtype)
 
 
 def _number(config: dict[str, float | str], name: str, default: float) -> float:
@@ -101,13 +97,14 @@ def _number(config: dict[str, float | str], name: str, default: float) -> float:
     return float(value)
 
 
-def loss_inputs(data: list[Datum], names: tuple[str, ...] = ("logprobs", "advantages", "weights", "clip_low_threshold",
-                "clip_high_threshold")) -> list[dict[str, torch.Tensor]]:  # fmt: skip
-    """The per-target inputs of the losses, as float tensors of each datum's length."""
-    return [
-        {n: _tensor(d, i, n, len(d.tokens), torch.float32) for n in names if n in d.inputs}
-        for i, d in enumerate(data)
-    ]
+# what the losses read per target (finite numbers), which any model's data may carry
+LOSS_INPUT_NAMES = ("logprobs", "advantages", "weights", "clip_low_threshold", "clip_high_threshold")
+_LOSS_INPUTS = {name: checks.Input() for name in LOSS_INPUT_NAMES}
+
+
+def loss_inputs(data: list[Datum]) -> list[dict[str, torch.Tensor]]:
+    """The per-target inputs of the losses, as float tensors."""
+    return [{n: _tensor(d, n, torch.float32) for n in LOSS_INPUT_NAMES if n in d.inputs} for d in data]
 
 
 class PolicyModel:
@@ -119,6 +116,14 @@ class PolicyModel:
         self.base_model = base_model
         torch.manual_seed(seed)
         self.core = TrainingCore(build_network(spec), spec, device)
+        model: ActorCritic = self.core.model
+        if model.discrete:
+            low = model.action_start
+            actions = checks.Input(integers=(low, low + model.spec["action"]["n"]), required=True)
+        else:
+            actions = checks.Input(tuple(model.spec["action"]["shape"]), required=True)
+        self.schema = checks.Schema({"observations": checks.Input(tuple(model.spec["obs_shape"]), required=True),
+                                     "actions": actions, "returns": checks.Input(), **_LOSS_INPUTS})  # fmt: skip
 
     def model_state(self) -> dict[str, torch.Tensor]:
         return self.core.model.state_dict()
@@ -129,30 +134,16 @@ class PolicyModel:
     def forward(self, data: list[Datum], config: dict[str, float | str]) -> Forward:
         model: ActorCritic = self.core.model
         lengths = [len(d.tokens) for d in data]
-        obs_shape = tuple(model.spec["obs_shape"])
-        action_shape = () if model.discrete else tuple(model.spec["action"]["shape"])
+        obs = torch.cat([_tensor(d, "observations", torch.float32) for d in data]).to(self.core.device)
         action_dtype = torch.int64 if model.discrete else torch.float32
-        obs = torch.cat([_tensor(d, i, "observations", len(d.tokens), torch.float32, obs_shape)
-                         for i, d in enumerate(data)])  # fmt: skip
-        actions = torch.cat([_tensor(d, i, "actions", len(d.tokens), action_dtype, action_shape)
-                             for i, d in enumerate(data)])  # fmt: skip
-        if model.discrete and len(actions):
-            low, n = model.action_start, model.spec["action"]["n"]
-            if int(actions.min()) < low or int(actions.max()) >= low + n:
-                raise WireError(f"actions must lie in [{low}, {low + n}) for this categorical policy")
-        obs, actions = obs.to(self.core.device), actions.to(self.core.device)
+        actions = torch.cat([_tensor(d, "actions", action_dtype) for d in data]).to(self.core.device)
         norm_obs = model.normalize_obs(obs)
         dist = model.distribution(norm_obs)
         logprobs = model.log_prob(dist, actions)
         values = model.denormalize_value(model.normalized_value(norm_obs))
         extra = None
         if all("returns" in d.inputs for d in data):
-            returns = torch.cat(
-                [
-                    _tensor(d, i, "returns", n, torch.float32)
-                    for i, (d, n) in enumerate(zip(data, lengths, strict=True))
-                ]
-            )
+            returns = torch.cat([_tensor(d, "returns", torch.float32) for d in data])
             value_coef = _number(config, "value_coef", 0.5)
             extra = value_coef * 0.5 * (values - returns.to(values.device)).square().sum()
         entropy_coef = _number(config, "entropy_coef", 0.0)
@@ -198,7 +189,11 @@ class LanguageModel:
                 raise WireError("LoRA needs at least one target: attention, MLP or unembedding")
             tiny_lm.wrap_lora(model, chosen, rank, seed=lora.get("seed"))
         self.core = TrainingCore(model, {"model": base_model, "lora": lora}, device)
-        self.limits = model.config  # max_seq_len, vocab_size
+        limits = model.config  # max_seq_len, vocab_size
+        tokens = checks.Input(integers=(0, limits.vocab_size), required=True)
+        self.schema = checks.Schema(
+            {"target_tokens": tokens, **_LOSS_INPUTS}, limits.vocab_size, limits.max_seq_len
+        )
         self.lora = rank > 0
 
     def model_state(self) -> dict[str, torch.Tensor]:
@@ -216,22 +211,9 @@ class LanguageModel:
                             f"unexpected {sorted(unexpected)[:3]})")  # fmt: skip
 
     def forward(self, data: list[Datum], config: dict[str, float | str]) -> Forward:
-        inputs, targets = [], []
-        context, vocab = self.limits.max_seq_len, self.limits.vocab_size
-        for i, d in enumerate(data):
-            if len(d.tokens) == 0:
-                raise WireError(f"datum {i}: empty model_input")
-            if len(d.tokens) > context:
-                raise WireError(f"datum {i}: {len(d.tokens)} tokens, the context is {context}")
-            target = _tensor(d, i, "target_tokens", len(d.tokens), torch.int64)
-            for name, values in (
-                (f"datum {i}: model_input", d.tokens),
-                (f"datum {i}: target_tokens", target),
-            ):
-                if int(values.min()) < 0 or int(values.max()) >= vocab:
-                    raise WireError(f"{name}: tokens must lie in [0, {vocab})")
-            inputs.append(torch.as_tensor(d.tokens, device=self.core.device))
-            targets.append(target.to(self.core.device))
+        device = self.core.device
+        inputs = [torch.as_tensor(d.tokens, device=device) for d in data]
+        targets = [_tensor(d, "target_tokens", torch.int64).to(device) for d in data]
         logprobs = tiny_lm.batch_target_logprobs(self.core.model, inputs, targets)
         outputs = [{"logprobs": lp.detach().cpu().numpy()} for lp in logprobs]
         return Forward(logprobs, None, outputs)
@@ -267,6 +249,11 @@ def policy_spec(base_model: str, model: ModelSection) -> dict[str, Any]:
     )
 
 
+# models are built one at a time: their initial weights come from torch's global RNG (seeded for a policy, the
+# tiny LM's own seed under fork_rng, LoRA's A without a seed), which two lanes building at once would interleave
+_BUILDING = threading.Lock()
+
+
 def build(
     base_model: str, lora: dict[str, Any], model: ModelSection, device: torch.device, seed: int
 ) -> ServedModel:
@@ -276,8 +263,11 @@ def build(
             raise WireError(
                 f"{base_model} is not installed on this trainer (see the README's Tinker API section)"
             )
-        return LanguageModel(base_model, lora, device)
-    return PolicyModel(base_model, policy_spec(base_model, model), device, seed)
+        with _BUILDING:
+            return LanguageModel(base_model, lora, device)
+    spec = policy_spec(base_model, model)
+    with _BUILDING:
+        return PolicyModel(base_model, spec, device, seed)
 
 
 def capabilities(env_id: str, action_space: gym.Space | None) -> list[Capability]:

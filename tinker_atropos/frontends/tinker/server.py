@@ -20,31 +20,29 @@ from tinker_atropos.frontends.tinker.app import build_app
 from tinker_atropos.frontends.tinker.store import Store
 from tinker_atropos.frontends.tinker.worker import Worker
 from tinker_atropos.runtime import FatalError
+from tinker_atropos.security import insecure, read_keys
 
 log = logging.getLogger(__name__)
 
 
-def api_keys(config: Config, run_dir: Path) -> tuple[list[str], Path]:
+def api_keys(config: Config, run_dir: Path) -> tuple[list[str], Path | None]:
     """The allowed keys and the file they come from; without ``api_keys_file``, a fresh key written (0600) to
-    the run folder on first use. FatalError for a file that is missing or holds a key the SDK would refuse."""
+    the run folder on first use; none under ``--insecure`` without a file. FatalError for a file that is missing
+    or holds a key the SDK would refuse."""
     configured = config.trainer.tinker.api_keys_file
+    if configured is None and insecure():
+        return [], None
     path = Path(configured) if configured else run_dir / "tinker_api_keys"
     if configured is None and not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(descriptor, "w") as file:
             file.write(f"tml-{secrets.token_urlsafe(32)}\n")
-    try:
-        lines = path.read_text().splitlines()
-    except OSError as error:
-        raise FatalError(f"trainer.tinker.api_keys_file {path}: {error.strerror}") from None
-    keys = [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+    keys = read_keys(path, "trainer.tinker.api_keys_file")
     for number, key in enumerate(keys, 1):
         if not key.startswith("tml-") or len(key) < 20:
             raise FatalError(f"{path}: key {number} must start with 'tml-' and be at least 20 characters long "
                              "(the tinker SDK refuses other keys)")  # fmt: skip
-    if not keys:
-        raise FatalError(f"{path} holds no API key: nobody could use the Tinker API")
     return keys, path
 
 
@@ -69,7 +67,7 @@ class TinkerAPI:
         self.worker = Worker(store, client, config, checkpoints, device)
         capabilities = registry.capabilities(config.env.id, _run_env_action_space(config))
         app = build_app(store, self.worker, keys, capabilities, section.long_poll_s,
-                        int(section.max_request_mb * 2**20))  # fmt: skip
+                        int(section.max_request_mb * 2**20), section.max_request_tokens)  # fmt: skip
         self.http = BackgroundServer(app, section.host, section.port, "Tinker API")
         self.worker_thread: threading.Thread | None = None
 
@@ -83,10 +81,16 @@ class TinkerAPI:
         )
         self.worker_thread.start()
         self.http.start(stop)
-        log.info("Tinker API at %s (keys in %s)", self.url, self.keys_file)
+        if self.keys_file is None:
+            log.warning(
+                "Tinker API at %s WITHOUT API keys (--insecure): anyone who reaches it can use it", self.url
+            )
+        else:
+            log.info("Tinker API at %s (keys in %s)", self.url, self.keys_file)
 
     def close(self) -> None:
         self.http.close()
+        self.worker.stopping.set()  # a sample in progress stops at its next token, to run again after a restart
         self.worker.wake.set()
         if self.worker_thread is not None:
-            self.worker_thread.join(timeout=10)
+            self.worker_thread.join(timeout=15)

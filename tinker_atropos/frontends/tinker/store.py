@@ -3,7 +3,9 @@ models, sampling sessions and every request as a future. A restarted trainer fin
 had not finished are still queued.
 
 A model's requests are numbered by the client (``seq_id``); the number is the request's identity: a retried POST
-with a number already taken gets the first request's future back, never a second application.
+with a number already taken gets the first request's future back, never a second application. A numbered request
+refused before it was queued (a bad body, one too large, a wrong key) is noted as refused: once a later number of
+the model arrives, the worker answers the refused one as failed, so that the model's order moves on.
 """
 
 from __future__ import annotations
@@ -17,6 +19,25 @@ from typing import Any
 import redis
 
 PENDING, DONE, FAILED = b"pending", b"done", b"failed"
+MAX_REFUSALS = (
+    1024  # refused numbers noted per model and not yet answered: what a client without a key can add
+)
+QUEUE_WINDOW = 256  # queued requests the worker looks at for one it can start
+SAMPLER_LANE = "sampler:"  # the lane of the requests that sample from one model: this and its weights' path
+
+
+def sampler_lane(base_model: str, model_path: str | None) -> str:
+    return f"{SAMPLER_LANE}{model_path or base_model}"
+
+
+@dataclass(frozen=True)
+class Upcoming:
+    """What the worker could start: each loaded model's next request, the reason of a model's next number when
+    it was refused and a later one came (answer it as failed), and the head of the queue as (request, lane)."""
+
+    requests: dict[str, str]
+    refused: dict[str, str]
+    queued: list[tuple[str, str]]
 
 
 @dataclass(frozen=True)
@@ -115,13 +136,16 @@ class Store:
 
     # requests ------------------------------------------------------------------------------------------
     def submit(self, kind: str, body: bytes, model_id: str = "", seq: int | None = None,
-               dedup: str | None = None) -> str:  # fmt: skip
+               dedup: str | None = None, lane: str = "") -> str:  # fmt: skip
         """Queue a request and return its future's id. With ``seq`` it is the model's request of that number,
-        with ``dedup`` the request of that key; when it is taken, the existing future's id."""
+        with ``dedup`` the request of that key; when it is taken, the existing future's id. A request outside
+        any model's numbers runs in ``lane`` (the model it changes, or the sampler it samples from), after the
+        lane's earlier ones and beside other lanes'."""
         request_id = f"req-{uuid.uuid4().hex}"
         future = self._key("future", request_id)
         self.client.hset(future, mapping={"kind": kind, "model_id": model_id, "seq": -1 if seq is None else seq,
-                                          "status": PENDING, "body": body, "created_at": time.time()})  # fmt: skip
+                                          "status": PENDING, "body": body, "created_at": time.time(),
+                                          "lane": lane or model_id})  # fmt: skip
         if seq is not None:
             claimed = self.client.hsetnx(self._key("model", model_id, "ops"), str(seq), request_id)
             existing = None if claimed else self.client.hget(self._key("model", model_id, "ops"), str(seq))
@@ -137,42 +161,74 @@ class Store:
             self.client.rpush(self._key("queue"), request_id)
         return request_id
 
-    def next_requests(self, applied: dict[str, int]) -> tuple[dict[str, str | None], str | None]:
-        """The request each loaded model would run next and the queue's head, in two round trips. ``applied``:
-        the last applied number of the models the caller knows (the worker, their only writer); the others'
-        are read and added to it."""
+    def refuse(self, model_id: str, seq: int, reason: str) -> bool:
+        """Note that the model's request ``seq`` was refused before it was queued (``reason``); whether it was
+        noted: not for an unknown model, a number taken or applied, nor past ``MAX_REFUSALS`` pending."""
+        key = self._key("model", model_id)
         with self.client.pipeline(transaction=False) as pipe:
-            pipe.smembers(self._key("models")).lindex(self._key("queue"), 0)
-            members, head = pipe.execute()
+            pipe.hget(key, "applied_seq").hexists(self._key("model", model_id, "ops"), str(seq))
+            pipe.hlen(self._key("model", model_id, "refused"))
+            applied, taken, pending = pipe.execute()
+        if applied is None or seq <= int(applied) or taken or pending >= MAX_REFUSALS:
+            return False
+        self.client.hset(self._key("model", model_id, "refused"), str(seq), reason)
+        return True
+
+    def take_refusal(self, model_id: str, seq: int, reason: str) -> str:
+        """The model's request ``seq`` as one that fails with ``reason`` (or the request that took the number
+        first): what the worker answers a refused number with."""
+        return self.submit("refused", reason.encode(), model_id, seq=seq)
+
+    def next_requests(self, applied: dict[str, int]) -> Upcoming:
+        """What could run next, in three round trips. ``applied``: the last applied number of the models the
+        caller knows (the worker, their only writer); the others' are read and added to it, and the models no
+        longer loaded are removed from it."""
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.smembers(self._key("models")).lrange(self._key("queue"), 0, QUEUE_WINDOW - 1)
+            members, queue = pipe.execute()
         models = sorted(m.decode() for m in members)
         unknown = [m for m in models if m not in applied]
+        queued = [q.decode() for q in queue]
         with self.client.pipeline(transaction=False) as pipe:
             for model_id in unknown:
                 pipe.hget(self._key("model", model_id), "applied_seq")
-            for model_id in models:
-                if model_id in applied:
-                    pipe.hget(self._key("model", model_id, "ops"), str(applied[model_id] + 1))
+            for request_id in queued:
+                pipe.hget(self._key("future", request_id), "lane")
             replies = pipe.execute()
         for model_id, raw in zip(unknown, replies, strict=False):
             applied[model_id] = int(raw or -1)
-        known = iter(replies[len(unknown) :])
-        upcoming = {m: (None if m in unknown else next(known)) for m in models}
-        for model_id in unknown:  # their next request: one more round trip, the first time only
-            upcoming[model_id] = self.client.hget(
-                self._key("model", model_id, "ops"), str(applied[model_id] + 1)
-            )
-        for model_id in [m for m in applied if m not in upcoming]:
+        for model_id in [m for m in applied if m not in set(models)]:
             del applied[model_id]  # unloaded
-        decoded = {m: (raw.decode() if raw is not None else None) for m, raw in upcoming.items()}
-        return decoded, head.decode() if head is not None else None
+        lanes = [(raw or b"").decode() for raw in replies[len(unknown) :]]
+        with self.client.pipeline(transaction=False) as pipe:
+            for model_id in models:
+                ops, refused, following = (self._key("model", model_id, "ops"), self._key("model", model_id, "refused"),
+                                           str(applied[model_id] + 2))  # fmt: skip
+                pipe.hget(ops, str(applied[model_id] + 1)).hget(refused, str(applied[model_id] + 1))
+                pipe.hexists(ops, following).hexists(refused, following)
+            replies = pipe.execute()
+        requests, refusals = {}, {}
+        for i, model_id in enumerate(models):
+            request, refused, later, later_refused = replies[4 * i : 4 * i + 4]
+            if request is not None:
+                requests[model_id] = request.decode()
+            elif refused is not None and (later or later_refused):
+                refusals[model_id] = refused.decode(errors="replace")
+        return Upcoming(requests, refusals, list(zip(queued, lanes, strict=True)))
+
+    def waiting(self, model_id: str, after: int) -> list[str]:
+        """The model's requests numbered past ``after`` and still pending."""
+        numbered = [(int(seq), request_id.decode())
+                    for seq, request_id in self.client.hgetall(self._key("model", model_id, "ops")).items()]  # fmt: skip
+        later = [request_id for seq, request_id in sorted(numbered) if seq > after]
+        with self.client.pipeline(transaction=False) as pipe:
+            for request_id in later:
+                pipe.hget(self._key("future", request_id), "status")
+            statuses = pipe.execute()
+        return [request_id for request_id, status in zip(later, statuses, strict=True) if status == PENDING]
 
     def op(self, model_id: str, seq: int) -> str | None:
         raw = self.client.hget(self._key("model", model_id, "ops"), str(seq))
-        return None if raw is None else raw.decode()
-
-    def queued(self) -> str | None:
-        """The oldest queued request that belongs to no model's sequence (sampling)."""
-        raw = self.client.lindex(self._key("queue"), 0)
         return None if raw is None else raw.decode()
 
     def request(self, request_id: str) -> tuple[str, bytes, str, int] | None:
@@ -193,6 +249,7 @@ class Store:
             pipe.expire(future, self.future_ttl_s)
             if applied is not None:
                 pipe.hset(self._key("model", applied[0]), "applied_seq", applied[1])
+                pipe.hdel(self._key("model", applied[0], "refused"), str(applied[1]))
                 if snapshot is not None:
                     pipe.hset(self._key("model", applied[0]),
                               mapping={"snapshot_seq": snapshot[0], "snapshot_path": snapshot[1]})  # fmt: skip

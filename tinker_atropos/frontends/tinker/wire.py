@@ -3,6 +3,7 @@ cannot drift: ``forward_backward`` bodies in, ``ForwardBackwardOutput`` and ``Sa
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -35,57 +36,139 @@ class ForwardBackward:
     data: list[Datum]
 
 
-def _tensor(name: str, msg: pb.Tensor) -> np.ndarray:
+class Budget:
+    """The bytes a request's arrays may take once densified, counted down before each is allocated: a sparse
+    tensor of a huge shape is refused while it is still a few bytes, and so is a shape whose product overflows."""
+
+    def __init__(self, limit: int, setting: str) -> None:
+        self.limit, self.left, self.setting = limit, limit, setting
+
+    def take(self, what: str, nbytes: int) -> None:
+        if nbytes > self.left:
+            raise WireError(f"{what}: densified, the request's arrays would take {_mib(self.limit - self.left + nbytes)}; "
+                            f"a request's may take at most {_mib(self.limit)} ({self.setting})")  # fmt: skip
+        self.left -= nbytes
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / 2**20:,.1f} MiB"
+
+
+def _frombuffer(what: str, data: bytes, dtype: type) -> np.ndarray:
+    if len(data) % np.dtype(dtype).itemsize:
+        raise WireError(f"{what}: {len(data)} bytes is no whole number of {np.dtype(dtype).name} values")
+    return np.frombuffer(data, dtype=dtype)
+
+
+def _tensor(name: str, msg: pb.Tensor, budget: Budget) -> np.ndarray:
+    """A loss_fn_inputs tensor as a dense int64 or float32 array, its size checked against ``budget`` before
+    anything of that size is allocated."""
+    what = f"loss_fn_inputs[{name!r}]"
     dtype = _DTYPES.get(msg.dtype)
     if dtype is None:
-        raise WireError(f"loss_fn_inputs[{name!r}]: unsupported dtype {msg.dtype}")
+        raise WireError(f"{what}: unsupported dtype {pb.DType.Name(msg.dtype) if msg.dtype in pb.DType.values() else msg.dtype}"
+                        " (float32, int64 or int32)")  # fmt: skip
     shape = list(msg.shape)
+    if any(n < 0 for n in shape):
+        raise WireError(f"{what}: negative dimension in shape {shape}")
+    out_dtype = np.float32 if dtype is np.float32 else np.int64
+    budget.take(what, math.prod(shape) * np.dtype(out_dtype).itemsize)  # Python ints: no overflow
     if msg.HasField("sparse_csr"):
         csr = msg.sparse_csr
         if len(shape) != 2:
-            raise WireError(f"loss_fn_inputs[{name!r}]: a sparse tensor needs a 2-D shape, got {shape}")
-        values = np.frombuffer(csr.values, dtype=dtype)
-        crow = np.frombuffer(csr.crow_indices, dtype=np.int64)
-        col = np.frombuffer(csr.col_indices, dtype=np.int64)
-        if len(crow) != shape[0] + 1 or len(col) != len(values) or (len(col) and col.max() >= shape[1]):
-            raise WireError(f"loss_fn_inputs[{name!r}]: inconsistent sparse CSR indices")
-        dense = np.zeros(shape, dtype=dtype)
-        rows = np.repeat(np.arange(shape[0]), np.diff(crow))
-        dense[rows, col] = values
+            raise WireError(f"{what}: a sparse tensor needs a 2-D shape, got {shape}")
+        values = _frombuffer(f"{what} values", csr.values, dtype)
+        crow = _frombuffer(f"{what} crow_indices", csr.crow_indices, np.int64)
+        col = _frombuffer(f"{what} col_indices", csr.col_indices, np.int64)
+        if (len(crow) != shape[0] + 1 or len(col) != len(values) or crow[0] != 0 or crow[-1] != len(values)
+                or np.any(np.diff(crow) < 0) or (len(col) and (col.min() < 0 or col.max() >= shape[1]))):  # fmt: skip
+            raise WireError(f"{what}: inconsistent sparse CSR indices")
+        dense = np.zeros(shape, dtype=out_dtype)
+        dense[np.repeat(np.arange(shape[0]), np.diff(crow)), col] = values
         return dense
-    array = np.frombuffer(msg.dense, dtype=dtype)
+    array = _frombuffer(what, msg.dense, dtype)
     if shape:
-        if int(np.prod(shape)) != array.size:
-            raise WireError(f"loss_fn_inputs[{name!r}]: {array.size} values for shape {shape}")
+        if math.prod(shape) != array.size:
+            raise WireError(f"{what}: {array.size} values for shape {shape}")
         array = array.reshape(shape)
-    return array.astype(np.int64 if dtype != np.float32 else np.float32, copy=True)
+    return array.astype(out_dtype, copy=True)
 
 
-def _tokens(datum: pb.Datum, index: int) -> np.ndarray:
+def _tokens(datum: pb.Datum, index: int, budget: Budget) -> np.ndarray:
     parts = []
     for chunk in datum.model_input:
         if chunk.WhichOneof("chunk") != "encoded_text":
             raise WireError(
                 f"datum {index}: only token chunks are served here, not {chunk.WhichOneof('chunk')}"
             )
-        parts.append(np.frombuffer(chunk.encoded_text.tokens, dtype=np.int32))
+        parts.append(_frombuffer(f"datum {index}: model_input", chunk.encoded_text.tokens, np.int32))
+    budget.take(f"datum {index}: model_input", 8 * sum(len(p) for p in parts))
     return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
 
 
-def parse_forward_backward(body: bytes) -> ForwardBackward:
+def read_forward_backward(body: bytes) -> pb.ForwardBackwardRequest:
+    """The Protobuf message of a ``forward_backward`` body; nothing is densified."""
     msg = pb.ForwardBackwardRequest()
     try:
         msg.ParseFromString(body)
     except Exception as error:  # protobuf's DecodeError, or worse for garbage
         raise WireError(f"the body is not a ForwardBackwardRequest: {error}") from None
+    return msg
+
+
+def request_tokens(msg: pb.ForwardBackwardRequest) -> int:
+    """The tokens (steps, for a control policy) of a request's data, counted without reading them."""
+    return sum(len(chunk.encoded_text.tokens) // 4 for d in msg.data for chunk in d.model_input)
+
+
+def parse_forward_backward(body: bytes, budget: Budget) -> ForwardBackward:
+    """The request with its arrays densified within ``budget``; WireError for anything the SDK would not send."""
+    msg = read_forward_backward(body)
     config: dict[str, float | str] = {k: float(v) for k, v in msg.loss_fn_config.items()}
     for key, value in msg.loss_fn_config_v2.items():
         config[key] = value.text if value.WhichOneof("value") == "text" else float(value.number)
-    data = [
-        Datum(_tokens(d, i), {name: _tensor(name, t) for name, t in d.loss_fn_inputs.items()})
-        for i, d in enumerate(msg.data)
-    ]
+    for key, value in config.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise WireError(f"loss_fn_config[{key!r}] is {value}: a number must be finite")
+    data = [Datum(_tokens(d, i, budget), {name: _tensor(name, t, budget) for name, t in d.loss_fn_inputs.items()})
+            for i, d in enumerate(msg.data)]  # fmt: skip
     return ForwardBackward(msg.model_id, msg.seq_id, msg.loss_fn, config, msg.forward_only, data)
+
+
+def leading_fields(prefix: bytes) -> tuple[str | None, int | None]:
+    """``model_id`` and ``seq_id`` of a ``forward_backward`` body from its first bytes only (the SDK writes fields
+    1 and 2 first): what a request refused before it was read, for its size or its key, still tells."""
+    model_id, seq_id, at = None, None, 0
+    try:
+        while at < len(prefix) and (model_id is None or seq_id is None):
+            key, at = _varint(prefix, at)
+            number, kind = key >> 3, key & 7
+            if kind == 0:
+                value, at = _varint(prefix, at)
+                if number == 2:
+                    seq_id = value if value < 2**31 else None
+            elif kind == 2:
+                length, at = _varint(prefix, at)
+                if at + length > len(prefix):
+                    break
+                if number == 1:
+                    model_id = prefix[at : at + length].decode()
+                at += length
+            else:
+                break
+    except (IndexError, UnicodeDecodeError):
+        pass
+    return model_id, seq_id
+
+
+def _varint(data: bytes, at: int) -> tuple[int, int]:
+    value, shift = 0, 0
+    while True:
+        byte = data[at]
+        value |= (byte & 0x7F) << shift
+        at, shift = at + 1, shift + 7
+        if byte < 0x80 or shift > 63:
+            return value, at
 
 
 def forward_backward_output(outputs: Sequence[dict[str, np.ndarray]], metrics: dict[str, float]) -> bytes:

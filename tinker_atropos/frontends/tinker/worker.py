@@ -1,13 +1,20 @@
-"""Applies the Tinker API's requests: each model's in the order of their numbers, sampling in arrival order, one
-at a time (the training core is not shared between threads). What it applies it records in the store, and a model's
-state is snapshotted after every request that changes it, before that request counts as applied; a restarted
-worker rebuilds each model from its snapshot and replays the gradient accumulations applied since.
+"""Applies the Tinker API's requests in lanes: each training model is a lane (its requests in the order of their
+numbers), and so is each sampler (a base model or saved weights; its requests in arrival order). Lanes run in
+threads of their own, one request at a time each, so one model's long request never holds another model back; a
+model is only ever touched by its lane's thread. What it applies it records in the store, and a model's state is
+snapshotted after every request that changes it, before that request counts as applied; a restarted worker
+rebuilds each model from its snapshot and replays the gradient accumulations applied since.
+
+Each request has a budget: at most ``trainer.tinker.max_request_tokens`` tokens (checked by the API before it is
+queued) and ``trainer.tinker.max_request_s`` seconds of work, past which it fails as the client's error.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import math
 import os
 import re
 import threading
@@ -22,10 +29,10 @@ import redis
 import torch
 
 from tinker_atropos.config import Config
-from tinker_atropos.frontends.tinker import registry, wire
+from tinker_atropos.frontends.tinker import checks, registry, wire
 from tinker_atropos.frontends.tinker.losses import LossError, loss_fn
-from tinker_atropos.frontends.tinker.store import DONE, FAILED, Store
-from tinker_atropos.models import tiny_lm
+from tinker_atropos.frontends.tinker.sampling import Interrupted, Job, SamplingProcess, Settings
+from tinker_atropos.frontends.tinker.store import DONE, FAILED, SAMPLER_LANE, Store
 from tinker_atropos.security import signing_key
 from tinker_atropos.state.weights import publish_weights, published_version
 from tinker_atropos.trainer.core import AdamParams
@@ -36,6 +43,7 @@ PROTOBUF = "application/x-protobuf"
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 _STATE_CHANGING = {"create_model", "create_from_state", "optim_step", "load_weights"}
 _USER_ERRORS = (wire.WireError, LossError)
+FINISH_RETRY_S = 1.0  # between two tries to record an applied request's outcome while Redis is away
 
 
 def _json(**fields: Any) -> bytes:
@@ -49,13 +57,18 @@ class Worker:
         self.device, self.on_done = device, on_done
         self.models: dict[str, registry.ServedModel] = {}
         self.since_snapshot: dict[str, list[str]] = {}  # requests a replay needs, per model
-        self.samplers: dict[str, registry.LanguageModel] = {}  # sampler weights by file, a few kept
+        section = config.trainer
+        self.sampling = SamplingProcess(Settings(section.model, str(device), config.run.seed, section.torch_threads,
+                                                 section.tinker.max_samplers))  # fmt: skip
         self.wake = threading.Event()
-        self.last_lane = ""  # the lane (model, or "" for the queue) served last
+        self.stopping = threading.Event()
         self.snapshots: dict[str, str] = {}  # the snapshot file the store points at, per model
-        self.applied: dict[
-            str, int
-        ] = {}  # the last request number applied, per model (this worker writes it)
+        # the dispatcher's state, shared with the lanes' threads under ``lock``: the last request number applied
+        # per model (this worker is its only writer) and the lanes running a request (lane -> request id)
+        self.lock = threading.Lock()
+        self.applied: dict[str, int] = {}
+        self.busy: dict[str, str] = {}
+        self.threads: set[threading.Thread] = set()
         self.started = time.time()
         self.next_expiry_check = 0.0
 
@@ -142,26 +155,102 @@ class Worker:
                 request = self.store.request(request_id) if request_id else None
                 if request is None or request[0] != "forward_backward" or not request[1]:
                     continue
-                parsed = wire.parse_forward_backward(request[1])
+                parsed = wire.parse_forward_backward(request[1], self.budget())
                 if not parsed.forward_only:
-                    self._forward_backward(model, parsed)
+                    self._forward_backward(model, parsed, deadline=None)
                 replayed.append(request_id)
             self.since_snapshot[model_id] = replayed
             log.info("Tinker model %s restored (applied %d, %d accumulations replayed)", model_id, applied,
                      len(replayed))  # fmt: skip
 
     def run(self, stop: threading.Event) -> None:
+        """Dispatch requests to their lanes until ``stop``; then let the lanes finish (a sample is interrupted
+        and left pending)."""
         self.recover()
         while not stop.is_set():
+            self.wake.clear()  # before reading the store: a request or a lane's end after it wakes the next wait
             try:
                 self.expire_sessions()
-                busy = self.step()
+                self.dispatch(threaded=True)
             except redis.RedisError as error:
                 log.warning("Tinker requests unreadable (%s); retrying", error)
-                busy = False
-            if not busy:
-                self.wake.wait(0.5)
-                self.wake.clear()
+            self.wake.wait(0.5)
+        self.close()
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Stop: the samples in progress are interrupted (they run again after a restart), other requests end."""
+        self.stopping.set()
+        self.sampling.close()
+        deadline = time.monotonic() + timeout_s
+        for thread in list(self.threads):
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+
+    def step(self) -> bool:
+        """Apply, in this thread, the next request of every lane that has one; whether any ran (how the tests
+        drive the worker)."""
+        return self.dispatch(threaded=False)
+
+    def dispatch(self, threaded: bool) -> bool:
+        """Start the next request of every idle lane: a model's next number (or the failure a refused number is
+        answered with), a sampler's oldest queued request. Whether one started."""
+        with self.lock:
+            applied, busy = dict(self.applied), set(self.busy)
+        upcoming = self.store.next_requests(applied)
+        with self.lock:
+            for model_id, seq in applied.items():
+                self.applied.setdefault(model_id, seq)
+            for model_id in [m for m in self.applied if m not in applied and m not in self.busy]:
+                del self.applied[model_id]  # unloaded
+        jobs: list[tuple[str, str, tuple[str, int] | None]] = []
+        for model_id in sorted({*upcoming.requests, *upcoming.refused} - busy):
+            seq = applied[model_id] + 1
+            request_id = upcoming.requests.get(model_id)
+            if request_id is None:
+                request_id = self.store.take_refusal(model_id, seq, upcoming.refused[model_id])
+            jobs.append((model_id, request_id, (model_id, seq)))
+        # a lane's requests run one at a time, oldest first: a model's numbered one goes before its unload
+        seen = busy | {lane for lane, _, _ in jobs}
+        samplers = sum(lane.startswith(SAMPLER_LANE) for lane in busy)
+        for request_id, lane in upcoming.queued:
+            if lane in seen:
+                continue
+            seen.add(lane)
+            if lane.startswith(SAMPLER_LANE):
+                if samplers >= self.config.trainer.tinker.max_samplers:
+                    continue
+                samplers += 1
+                self.sampling.ensure_started()  # from this long-lived thread: see SamplingProcess
+            jobs.append((lane, request_id, None))
+        for lane, request_id, position in jobs:
+            with self.lock:
+                self.busy[lane] = request_id
+            if threaded:
+                thread = threading.Thread(target=self._run_lane, args=(lane, request_id, position),
+                                          name=f"tinker-lane {lane}", daemon=True)  # fmt: skip
+                self.threads.add(thread)
+                thread.start()
+            else:
+                self._run_lane(lane, request_id, position)
+        return bool(jobs)
+
+    def _run_lane(self, lane: str, request_id: str, position: tuple[str, int] | None) -> None:
+        training = (
+            contextlib.nullcontext() if lane.startswith(SAMPLER_LANE) else self.sampling.training_request()
+        )
+        try:
+            with training:
+                self._apply(request_id, position)
+        except Interrupted:
+            log.info(
+                "Tinker request %s interrupted by the shutdown; it runs again after the restart", request_id
+            )
+        except Exception:  # Redis away before the request was applied: it stays queued, tried again
+            log.exception("Tinker request %s could not be applied; it stays queued", request_id)
+        finally:
+            with self.lock:
+                self.busy.pop(lane, None)
+            self.threads.discard(threading.current_thread())
+            self.wake.set()
 
     def expire_sessions(self) -> None:
         """Finish the sessions whose client stopped heart-beating (it died without closing), unloading their
@@ -171,63 +260,63 @@ class Worker:
         if now < self.next_expiry_check or now - self.started < timeout:
             return
         self.next_expiry_check = now + min(10.0, timeout / 2)
-        sessions = {model_id.split(":")[0] for model_id in self.models}
+        sessions = {model_id.split(":")[0] for model_id in list(self.models)}
         for session in self.store.stale_sessions(sessions, older_than=now - timeout):
             log.warning("Tinker session %s sent no heartbeat for %.0f s: finished, its models unloaded",
                         session, timeout)  # fmt: skip
             for model_id in self.store.finish_session(session, "heartbeat_expired"):
                 self.store.submit("unload_model", b"", model_id=model_id)
 
-    def step(self) -> bool:
-        """Apply one request if one can run; whether one did. Models and the sampling queue take turns, so that
-        a client that queued hundreds of requests does not hold the others back."""
-        upcoming, queued = self.store.next_requests(self.applied)
-        lanes = [*upcoming, ""]  # "": the queue of requests outside any model's sequence
-        start = lanes.index(self.last_lane) + 1 if self.last_lane in lanes else 0
-        for lane in lanes[start:] + lanes[:start]:
-            request_id = queued if lane == "" else upcoming[lane]
-            if request_id is not None:
-                self.last_lane = lane
-                self._apply(request_id, None if lane == "" else (lane, self.applied[lane] + 1))
-                return True
-        return False
-
     def _apply(self, request_id: str, position: tuple[str, int] | None) -> None:
         request = self.store.request(request_id)
         if request is None:  # expired or never written: nothing to answer, but the sequence goes on
             log.warning("Tinker request %s has no payload; skipped", request_id)
-            self.store.finish(
-                request_id, FAILED, _json(error="request lost", category="server"), applied=position
-            )
-            if position is not None:
-                self.applied[position[0]] = position[1]
+            self._finish(request_id, FAILED, _json(error="request lost", category="server"), "application/json",
+                         position, None)  # fmt: skip
             return
         kind, body, model_id, seq = request
         snapshot = None
+        deadline = time.monotonic() + self.config.trainer.tinker.max_request_s
         try:
-            result, content_type = getattr(self, f"_do_{kind}")(model_id, seq, body)
+            result, content_type = getattr(self, f"_do_{kind}")(model_id, seq, body, deadline)
             if position is not None and kind in _STATE_CHANGING and model_id in self.models:
                 snapshot = self._write_snapshot(model_id, seq)
             status = DONE
+        except Interrupted:
+            raise
         except _USER_ERRORS as error:
-            result, content_type, status = (
-                _json(error=str(error), category="user"),
-                "application/json",
-                FAILED,
-            )
+            result, content_type = _json(error=str(error), category="user"), "application/json"
+            status = FAILED
         except Exception as error:
             log.exception("Tinker request %s (%s) failed", request_id, kind)
             message = f"{type(error).__name__}: {error}"
             result, content_type, status = _json(error=message, category="server"), "application/json", FAILED
         if kind == "forward_backward" and status == DONE:
             self.since_snapshot.setdefault(model_id, []).append(request_id)
-        self.store.finish(request_id, status, result, content_type, applied=position, snapshot=snapshot)
-        if position is not None:
-            self.applied[position[0]] = position[1]
+        self._finish(request_id, status, result, content_type, position, snapshot)
         if snapshot is not None:
             self._snapshot_taken(model_id, snapshot[1])
         if status == FAILED and kind in ("create_model", "create_from_state"):
             self.store.unload_model(model_id)  # no model came of it: its later requests are refused at once
+
+    def _finish(self, request_id: str, status: bytes, result: bytes, content_type: str,
+                position: tuple[str, int] | None, snapshot: tuple[int, str] | None) -> None:  # fmt: skip
+        """Record an applied request's outcome, retrying while Redis is away: applied once, it must not be
+        applied again (a gradient accumulated twice)."""
+        while True:
+            try:
+                self.store.finish(
+                    request_id, status, result, content_type, applied=position, snapshot=snapshot
+                )
+                break
+            except redis.RedisError as error:
+                if self.stopping.is_set():
+                    raise
+                log.warning("cannot record Tinker request %s (%s); retrying", request_id, error)
+                time.sleep(FINISH_RETRY_S)
+        if position is not None:
+            with self.lock:
+                self.applied[position[0]] = position[1]
         self.on_done(request_id)
 
     def _model(self, model_id: str) -> registry.ServedModel:
@@ -237,7 +326,7 @@ class Worker:
         return model
 
     # requests ------------------------------------------------------------------------------------------
-    def _do_create_model(self, model_id: str, seq: int, body: bytes) -> tuple[bytes, str]:
+    def _do_create_model(self, model_id: str, seq: int, body: bytes, deadline: float) -> tuple[bytes, str]:
         if len(self.models) >= self.config.trainer.tinker.max_models:
             raise wire.WireError(f"{len(self.models)} models are loaded, the most this server holds "
                                  "(trainer.tinker.max_models); finish a session or unload a model")  # fmt: skip
@@ -253,11 +342,13 @@ class Worker:
             raise wire.WireError(f"{path} holds no optimizer state (it was saved for sampling)")
         registry.restore(model, state, optimizer)
 
-    def _do_create_from_state(self, model_id: str, seq: int, body: bytes) -> tuple[bytes, str]:
+    def _do_create_from_state(
+        self, model_id: str, seq: int, body: bytes, deadline: float
+    ) -> tuple[bytes, str]:
         request = json.loads(body)
         record = {**self.checkpoint_record(request["path"]), "session": model_id.split(":")[0]}
         self.store.update_model(model_id, record)
-        self._do_create_model(model_id, seq, b"")
+        self._do_create_model(model_id, seq, b"", deadline)
         try:
             self._load(model_id, request["path"], bool(request.get("optimizer")))
         except Exception:
@@ -265,22 +356,49 @@ class Worker:
             raise
         return _json(path=request["path"], model_id=model_id, type="load_weights"), "application/json"
 
-    def _do_load_weights(self, model_id: str, seq: int, body: bytes) -> tuple[bytes, str]:
+    def _do_load_weights(self, model_id: str, seq: int, body: bytes, deadline: float) -> tuple[bytes, str]:
         request = json.loads(body)
         self._model(model_id)
         self._load(model_id, request["path"], bool(request.get("optimizer")))
         return _json(path=request["path"], model_id=model_id, type="load_weights"), "application/json"
 
-    def _forward_backward(self, model: registry.ServedModel, request: wire.ForwardBackward) -> bytes:
+    def budget(self) -> wire.Budget:
+        """What a request's arrays may take once densified: as much as its body may (a sparse tensor is only
+        a compression of what a dense one would have sent)."""
+        return wire.Budget(
+            int(self.config.trainer.tinker.max_request_mb * 2**20), "trainer.tinker.max_request_mb"
+        )
+
+    def _forward_backward(self, model: registry.ServedModel, request: wire.ForwardBackward,
+                          deadline: float | None) -> bytes:  # fmt: skip
         outputs, metrics = run_loss(model, request.data, request.loss_fn, request.loss_fn_config,
-                                    request.forward_only)  # fmt: skip
+                                    request.forward_only, self._time_check(deadline))  # fmt: skip
         return wire.forward_backward_output(outputs, metrics)
 
-    def _do_forward_backward(self, model_id: str, seq: int, body: bytes) -> tuple[bytes, str]:
-        request = wire.parse_forward_backward(body)
-        return self._forward_backward(self._model(model_id), request), PROTOBUF
+    def _do_forward_backward(
+        self, model_id: str, seq: int, body: bytes, deadline: float
+    ) -> tuple[bytes, str]:
+        request = wire.parse_forward_backward(body, self.budget())
+        return self._forward_backward(self._model(model_id), request, deadline), PROTOBUF
 
-    def _do_optim_step(self, model_id: str, seq: int, body: bytes) -> tuple[bytes, str]:
+    def _do_refused(self, model_id: str, seq: int, body: bytes, deadline: float) -> tuple[bytes, str]:
+        raise wire.WireError(body.decode(errors="replace"))
+
+    def _time_check(self, deadline: float | None) -> Callable[[], None]:
+        """What a request calls between its steps: it ends the request past its time budget, or when the
+        worker stops (the request then runs again after the restart)."""
+        limit = self.config.trainer.tinker.max_request_s
+
+        def check() -> None:
+            if self.stopping.is_set():
+                raise Interrupted
+            if deadline is not None and time.monotonic() > deadline:
+                raise wire.WireError(f"the request ran past its time budget of {limit:g} s "
+                                     "(trainer.tinker.max_request_s); ask for less work per request")  # fmt: skip
+
+        return check
+
+    def _do_optim_step(self, model_id: str, seq: int, body: bytes, deadline: float) -> tuple[bytes, str]:
         model = self._model(model_id)
         metrics = model.core.optim_step(adam_params(json.loads(body).get("adam_params")))
         bad = model.core.nonfinite()
@@ -301,7 +419,7 @@ class Worker:
             )
         return request, name
 
-    def _do_save_weights(self, model_id: str, seq: int, body: bytes) -> tuple[bytes, str]:
+    def _do_save_weights(self, model_id: str, seq: int, body: bytes, deadline: float) -> tuple[bytes, str]:
         self._model(model_id)
         request, name = self._named(body)
         name = name or f"step-{seq}"
@@ -315,7 +433,9 @@ class Worker:
             path=self.tinker_path(model_id, "weights", name), type="save_weights"
         ), "application/json"
 
-    def _do_save_weights_for_sampler(self, model_id: str, seq: int, body: bytes) -> tuple[bytes, str]:
+    def _do_save_weights_for_sampler(
+        self, model_id: str, seq: int, body: bytes, deadline: float
+    ) -> tuple[bytes, str]:
         model = self._model(model_id)
         request, name = self._named(body)
         stored = name or f"ephemeral-{seq}"
@@ -336,12 +456,22 @@ class Worker:
             path=path, sampling_session_id=sampler, type="save_weights_for_sampler"
         ), "application/json"
 
-    def _do_unload_model(self, model_id: str, seq: int, body: bytes) -> tuple[bytes, str]:
+    def _do_unload_model(self, model_id: str, seq: int, body: bytes, deadline: float) -> tuple[bytes, str]:
+        """Unload the model; a request of it still waiting (behind a number that never came) fails, saying so."""
         self.models.pop(model_id, None)
         self.store.unload_model(model_id)
+        with self.lock:
+            applied = self.applied.get(model_id, self.store.progress(model_id)[0])
+        reason = _json(error=f"model {model_id!r} was unloaded (unload_model, or its session finished) before this "
+                             "request could run", category="user")  # fmt: skip
+        for request_id in self.store.waiting(model_id, after=applied):
+            self.store.finish(request_id, FAILED, reason, "application/json")
+            self.on_done(request_id)
         return _json(model_id=model_id, type="unload_model"), "application/json"
 
-    def _sampler(self, sampler_id: str) -> registry.LanguageModel:
+    def _do_sample(self, model_id: str, seq: int, body: bytes, deadline: float) -> tuple[bytes, str]:
+        """Sampled in the sampling process, from the sampler this request's session names."""
+        sampler_id = json.loads(body).get("sampling_session_id") or ""
         found = self.store.sampler(sampler_id)
         if found is None:
             raise wire.WireError(f"no sampling session {sampler_id!r}")
@@ -349,70 +479,26 @@ class Worker:
         if base_model not in registry.LANGUAGE_MODELS:
             raise wire.WireError(f"{base_model} is a control policy: it acts through the rollout services, and "
                                  "sample() only returns tokens")  # fmt: skip
-        key = path or base_model
-        if key not in self.samplers:
-            if len(self.samplers) >= 4:
-                self.samplers.pop(next(iter(self.samplers)))
-            if path is None:
-                model = registry.build(
-                    base_model, {}, self.config.trainer.model, self.device, self.config.run.seed
-                )
-            else:
-                state = torch.load(self.file_of(path), map_location=self.device, weights_only=False)
-                model = registry.build(base_model, state["record"].get("lora") or {}, self.config.trainer.model,
-                                       self.device, self.config.run.seed)  # fmt: skip
-                model.load_model_state(state["model"])
-            assert isinstance(model, registry.LanguageModel)
-            self.samplers[key] = model
-        return self.samplers[key]
-
-    def _do_sample(self, model_id: str, seq: int, body: bytes) -> tuple[bytes, str]:
-        request = json.loads(body)
-        model = self._sampler(request.get("sampling_session_id") or "")
-        prompt = [t for chunk in request["prompt"]["chunks"] for t in chunk.get("tokens", [])]
-        params = request.get("sampling_params") or {}
-        stop_tokens = _stop_tokens(params.get("stop"), model)
-        try:
-            sequences = tiny_lm.sample(
-                model.core.model, prompt, max_tokens=int(params.get("max_tokens") or 16),
-                temperature=float(params.get("temperature", 1.0)), top_k=int(params.get("top_k", -1)),
-                top_p=float(params.get("top_p", 1.0)), stop_tokens=stop_tokens, seed=params.get("seed"),
-                num_samples=int(request.get("num_samples", 1)))  # fmt: skip
-        except ValueError as error:
-            raise wire.WireError(str(error)) from None
-        prompt_logprobs = (
-            tiny_lm.prompt_logprobs(model.core.model, prompt) if request.get("prompt_logprobs") else None
-        )
-        return wire.sample_response(sequences, prompt_logprobs), PROTOBUF
-
-
-def _stop_tokens(stop: Any, model: registry.LanguageModel) -> list[int]:
-    """SamplingParams.stop as token ids: None keeps the end-of-sequence token; for the byte-level LM a one-byte
-    string is that byte."""
-    if stop is None:
-        return [model.core.model.eos_id]
-    stops = [stop] if isinstance(stop, str) else list(stop)
-    if all(isinstance(s, int) for s in stops):
-        return stops
-    encoded = [tiny_lm.ByteTokenizer().encode(s) for s in stops if isinstance(s, str)]
-    if (
-        model.base_model != registry.TINY_LM
-        or len(encoded) != len(stops)
-        or any(len(e) != 1 for e in encoded)
-    ):
-        raise wire.WireError(
-            "stop strings are served for the byte-level LM, one byte each; pass token ids instead"
-        )
-    return [e[0] for e in encoded]
+        file = str(self.file_of(path)) if path is not None else None
+        if self.stopping.is_set():
+            raise Interrupted
+        budget = self.config.trainer.tinker.max_request_s
+        outcome = self.sampling.run(Job(path or base_model, base_model, file, body, deadline, budget))
+        if outcome.status == "done":
+            return outcome.body, outcome.content_type
+        error = json.loads(outcome.body)["error"]
+        raise wire.WireError(error) if outcome.status == "user" else RuntimeError(error)
 
 
 def run_loss(model: registry.ServedModel, data: list[wire.Datum], loss_name: str, config: dict[str, float | str],
-             forward_only: bool) -> tuple[list[dict[str, np.ndarray]], dict[str, float]]:  # fmt: skip
+             forward_only: bool, check: Callable[[], None] | None = None,
+             ) -> tuple[list[dict[str, np.ndarray]], dict[str, float]]:  # fmt: skip
     """Tinker's ``forward`` / ``forward_backward`` on a model: the loss summed over the data (its gradients added
-    to the parameters' unless ``forward_only``), each datum's outputs and the loss metric."""
+    to the parameters' unless ``forward_only``), each datum's outputs and the loss metric. The data are checked
+    against the model's schema first (DatumError); ``check`` runs between the forward and the backward pass,
+    and what it raises leaves the gradients untouched (a time budget)."""
+    checks.check_data(model.schema, data, loss_name)
     compute = loss_fn(loss_name)
-    if not data:
-        raise wire.WireError("forward_backward with no data")
     with torch.set_grad_enabled(not forward_only):
         forward = model.forward(data, config)
         per_datum = registry.loss_inputs(data)
@@ -420,16 +506,33 @@ def run_loss(model: registry.ServedModel, data: list[wire.Datum], loss_name: str
                    for lp, inputs in zip(forward.logprobs, per_datum, strict=True))  # fmt: skip
         if forward.extra_loss is not None:
             loss = loss + forward.extra_loss
+        if check is not None:
+            check()
         if not forward_only:
             loss.backward()
     return forward.outputs, {"loss:sum": float(loss.detach())}
 
 
 def adam_params(adam: Any) -> AdamParams:
-    """The SDK's AdamParams (its defaults where a field is absent) as the training core's."""
+    """The SDK's AdamParams (its defaults where a field is absent) as the training core's; WireError for a value
+    no step can be taken with (a NaN learning rate, a beta of 1)."""
     if not isinstance(adam, dict):
         raise wire.WireError("optim_step: this server runs Adam(W) only; send AdamParams")
-    clip = float(adam.get("grad_clip_norm", 0.0))
-    return AdamParams(learning_rate=float(adam.get("learning_rate", 1e-4)), beta1=float(adam.get("beta1", 0.9)),
-                      beta2=float(adam.get("beta2", 0.95)), eps=float(adam.get("eps", 1e-12)),
-                      weight_decay=float(adam.get("weight_decay", 0.0)), grad_clip_norm=clip if clip > 0 else None)  # fmt: skip
+    defaults = {"learning_rate": 1e-4, "beta1": 0.9, "beta2": 0.95, "eps": 1e-12, "weight_decay": 0.0,
+                "grad_clip_norm": 0.0}  # fmt: skip
+    values = {}
+    for name, default in defaults.items():
+        value = adam.get(name, default)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise wire.WireError(f"AdamParams.{name} must be a finite number, got {value!r}")
+        values[name] = float(value)
+    bounds = {"learning_rate": values["learning_rate"] >= 0, "beta1": 0 <= values["beta1"] < 1,
+              "beta2": 0 <= values["beta2"] < 1, "eps": values["eps"] > 0, "weight_decay": values["weight_decay"] >= 0,
+              "grad_clip_norm": values["grad_clip_norm"] >= 0}  # fmt: skip
+    wrong = [name for name, holds in bounds.items() if not holds]
+    if wrong:
+        raise wire.WireError(f"AdamParams out of range: {', '.join(f'{n}={values[n]}' for n in wrong)} (learning "
+                             "rate, weight decay and clip norm >= 0, betas in [0, 1), eps > 0)")  # fmt: skip
+    clip = values["grad_clip_norm"]
+    return AdamParams(learning_rate=values["learning_rate"], beta1=values["beta1"], beta2=values["beta2"],
+                      eps=values["eps"], weight_decay=values["weight_decay"], grad_clip_norm=clip if clip > 0 else None)  # fmt: skip

@@ -17,7 +17,7 @@ class ExperienceRecord(_message.Message):
     def __init__(self, schema_version: _Optional[int] = ..., trajectory_chunk: _Optional[_Union[TrajectoryChunk, _Mapping]] = ...) -> None: ...
 
 class TrajectoryChunk(_message.Message):
-    __slots__ = ("rollout_incarnation", "env_incarnation", "session_id", "policy_version", "observations", "actions", "log_probs", "values", "rewards", "terminated", "truncated", "truncation_values", "bootstrap_observations", "bootstrap_values", "episodes", "created_at", "truncated_observations")
+    __slots__ = ("rollout_incarnation", "env_incarnation", "session_id", "policy_version", "observations", "actions", "log_probs", "values", "rewards", "terminated", "truncated", "truncation_values", "bootstrap_observations", "bootstrap_values", "episodes", "created_at", "truncated_observations", "sequence")
     ROLLOUT_INCARNATION_FIELD_NUMBER: _ClassVar[int]
     ENV_INCARNATION_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
@@ -35,6 +35,7 @@ class TrajectoryChunk(_message.Message):
     EPISODES_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
     TRUNCATED_OBSERVATIONS_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     rollout_incarnation: str
     env_incarnation: str
     session_id: str
@@ -52,4 +53,5 @@ class TrajectoryChunk(_message.Message):
     episodes: _containers.RepeatedCompositeFieldContainer[_environment_pb2.EpisodeEnd]
     created_at: float
     truncated_observations: _tensor_pb2.Tensor
-    def __init__(self, rollout_incarnation: _Optional[str] = ..., env_incarnation: _Optional[str] = ..., session_id: _Optional[str] = ..., policy_version: _Optional[int] = ..., observations: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., actions: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., log_probs: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., values: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., rewards: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., terminated: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., truncated: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., truncation_values: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., bootstrap_observations: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., bootstrap_values: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., episodes: _Optional[_Iterable[_Union[_environment_pb2.EpisodeEnd, _Mapping]]] = ..., created_at: _Optional[float] = ..., truncated_observations: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ...) -> None: ...
+    sequence: int
+    def __init__(self, rollout_incarnation: _Optional[str] = ..., env_incarnation: _Optional[str] = ..., session_id: _Optional[str] = ..., policy_version: _Optional[int] = ..., observations: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., actions: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., log_probs: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., values: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., rewards: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., terminated: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., truncated: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., truncation_values: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., bootstrap_observations: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., bootstrap_values: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., episodes: _Optional[_Iterable[_Union[_environment_pb2.EpisodeEnd, _Mapping]]] = ..., created_at: _Optional[float] = ..., truncated_observations: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., sequence: _Optional[int] = ...) -> None: ...

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n)tinker_atropos/protocol/v1/services.proto\x12\x11tinker_atropos.v1\"\x0f\n\rStatusRequest\"\xfa\x01\n\rServiceStatus\x12;\n\x0b\x65nvironment\x18\x01 \x01(\x0b\x32$.tinker_atropos.v1.EnvironmentStatusH\x00\x12\x33\n\x07rollout\x18\x02 \x01(\x0b\x32 .tinker_atropos.v1.RolloutStatusH\x00\x12\x33\n\x07trainer\x18\x03 \x01(\x0b\x32 .tinker_atropos.v1.TrainerStatusH\x00\x12:\n\x0b\x61tropos_api\x18\x04 \x01(\x0b\x32#.tinker_atropos.v1.AtroposApiStatusH\x00\x42\x06\n\x04kind\"\xae\x02\n\x11\x45nvironmentStatus\x12\x13\n\x0bincarnation\x18\x01 \x01(\t\x12\x0e\n\x06\x65nv_id\x18\x02 \x01(\t\x12\x11\n\tinstances\x18\x03 \x01(\r\x12\x16\n\x0e\x66ree_instances\x18\x04 \x01(\r\x12\x10\n\x08sessions\x18\x05 \x01(\r\x12\x0f\n\x07streams\x18\x06 \x01(\r\x12\r\n\x05steps\x18\x07 \x01(\x04\x12\x10\n\x08\x65pisodes\x18\x08 \x01(\x04\x12\x1e\n\x16\x65pisodes_cut_nonfinite\x18\t \x01(\x04\x12\x14\n\x0c\x62\x61\x64_requests\x18\n \x01(\x04\x12\x17\n\x0fstreams_refused\x18\x0b \x01(\x04\x12\x19\n\x11streams_timed_out\x18\x0c \x01(\x04\x12\x1b\n\x13local_peers_refused\x18\r \x01(\x04\"\x89\x06\n\rTrainerStatus\x12\x13\n\x0bincarnation\x18\x01 \x01(\t\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x04\x12\x0f\n\x07updates\x18\x03 \x01(\x04\x12\x19\n\x11\x65nv_steps_trained\x18\x04 \x01(\x04\x12\x17\n\x0f\x63hunks_consumed\x18\x05 \x01(\x04\x12\x1d\n\x15\x63hunks_rejected_stale\x18\x06 \x01(\x04\x12\x15\n\rbusy_fraction\x18\x07 \x01(\x01\x12\x16\n\x0epolicy_lag_min\x18\x08 \x01(\x01\x12\x17\n\x0fpolicy_lag_mean\x18\t \x01(\x01\x12\x16\n\x0epolicy_lag_max\x18\n \x01(\x01\x12<\n\x06losses\x18\x0b \x03(\x0b\x32,.tinker_atropos.v1.TrainerStatus.LossesEntry\x12O\n\x10records_rejected\x18\x0c \x03(\x0b\x32\x35.tinker_atropos.v1.TrainerStatus.RecordsRejectedEntry\x12#\n\x1bupdates_discarded_nonfinite\x18\r \x01(\x04\x12\x12\n\ntinker_api\x18\x0e \x01(\t\x12P\n\x11policy_lag_counts\x18\x0f \x03(\x0b\x32\x35.tinker_atropos.v1.TrainerStatus.PolicyLagCountsEntry\x12\x1b\n\x13\x65val_policy_version\x18\x10 \x01(\x04\x12\x18\n\x10\x65val_return_mean\x18\x11 \x01(\x01\x12\x17\n\x0f\x65val_return_std\x18\x12 \x01(\x01\x1a-\n\x0bLossesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a\x36\n\x14RecordsRejectedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x1a\x36\n\x14PolicyLagCountsEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\x83\x02\n\rRolloutStatus\x12\x13\n\x0bincarnation\x18\x01 \x01(\t\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x04\x12\x11\n\tenv_steps\x18\x03 \x01(\x04\x12\x16\n\x0e\x63hunks_written\x18\x04 \x01(\x04\x12\x1e\n\x16partial_chunks_dropped\x18\x05 \x01(\x04\x12\x1a\n\x12\x63onnected_sessions\x18\x06 \x01(\r\x12\x10\n\x08\x65pisodes\x18\x07 \x01(\x04\x12\x18\n\x10weights_rejected\x18\x08 \x01(\x04\x12\x1b\n\x13\x65pisode_return_mean\x18\t \x01(\x01\x12\x15\n\rsessions_lost\x18\n \x01(\x04\"\xef\x02\n\x10\x41troposApiStatus\x12\x13\n\x0bincarnation\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\x0c\n\x04step\x18\x03 \x01(\x04\x12\x14\n\x0cqueue_groups\x18\x04 \x01(\x04\x12\x17\n\x0fqueue_sequences\x18\x05 \x01(\x04\x12\x17\n\x0fpending_batches\x18\x06 \x01(\x04\x12\x17\n\x0f\x65nvs_registered\x18\x07 \x01(\r\x12\x16\n\x0e\x65nvs_connected\x18\x08 \x01(\r\x12\x17\n\x0fgroups_received\x18\t \x01(\x04\x12\x17\n\x0fgroups_buffered\x18\n \x01(\x04\x12\x1b\n\x13groups_refused_full\x18\x0b \x01(\x04\x12\x18\n\x10groups_duplicate\x18\x0c \x01(\x04\x12\x16\n\x0e\x62\x61tches_served\x18\r \x01(\x04\x12\x18\n\x10sequences_served\x18\x0e \x01(\x04\x12\x17\n\x0frecords_skipped\x18\x0f \x01(\x04\x32Y\n\x06Status\x12O\n\tGetStatus\x12 .tinker_atropos.v1.StatusRequest\x1a .tinker_atropos.v1.ServiceStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n)tinker_atropos/protocol/v1/services.proto\x12\x11tinker_atropos.v1\"\x0f\n\rStatusRequest\"\xfa\x01\n\rServiceStatus\x12;\n\x0b\x65nvironment\x18\x01 \x01(\x0b\x32$.tinker_atropos.v1.EnvironmentStatusH\x00\x12\x33\n\x07rollout\x18\x02 \x01(\x0b\x32 .tinker_atropos.v1.RolloutStatusH\x00\x12\x33\n\x07trainer\x18\x03 \x01(\x0b\x32 .tinker_atropos.v1.TrainerStatusH\x00\x12:\n\x0b\x61tropos_api\x18\x04 \x01(\x0b\x32#.tinker_atropos.v1.AtroposApiStatusH\x00\x42\x06\n\x04kind\"\xcd\x02\n\x11\x45nvironmentStatus\x12\x13\n\x0bincarnation\x18\x01 \x01(\t\x12\x0e\n\x06\x65nv_id\x18\x02 \x01(\t\x12\x11\n\tinstances\x18\x03 \x01(\r\x12\x16\n\x0e\x66ree_instances\x18\x04 \x01(\r\x12\x10\n\x08sessions\x18\x05 \x01(\r\x12\x0f\n\x07streams\x18\x06 \x01(\r\x12\r\n\x05steps\x18\x07 \x01(\x04\x12\x10\n\x08\x65pisodes\x18\x08 \x01(\x04\x12\x1e\n\x16\x65pisodes_cut_nonfinite\x18\t \x01(\x04\x12\x14\n\x0c\x62\x61\x64_requests\x18\n \x01(\x04\x12\x17\n\x0fstreams_refused\x18\x0b \x01(\x04\x12\x19\n\x11streams_timed_out\x18\x0c \x01(\x04\x12\x1b\n\x13local_peers_refused\x18\r \x01(\x04\x12\x1d\n\x15sessions_refused_busy\x18\x0e \x01(\x04\"\xfa\x07\n\rTrainerStatus\x12\x13\n\x0bincarnation\x18\x01 \x01(\t\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x04\x12\x0f\n\x07updates\x18\x03 \x01(\x04\x12\x19\n\x11\x65nv_steps_trained\x18\x04 \x01(\x04\x12\x17\n\x0f\x63hunks_consumed\x18\x05 \x01(\x04\x12\x1d\n\x15\x63hunks_rejected_stale\x18\x06 \x01(\x04\x12\x15\n\rbusy_fraction\x18\x07 \x01(\x01\x12\x16\n\x0epolicy_lag_min\x18\x08 \x01(\x01\x12\x17\n\x0fpolicy_lag_mean\x18\t \x01(\x01\x12\x16\n\x0epolicy_lag_max\x18\n \x01(\x01\x12<\n\x06losses\x18\x0b \x03(\x0b\x32,.tinker_atropos.v1.TrainerStatus.LossesEntry\x12O\n\x10records_rejected\x18\x0c \x03(\x0b\x32\x35.tinker_atropos.v1.TrainerStatus.RecordsRejectedEntry\x12#\n\x1bupdates_discarded_nonfinite\x18\r \x01(\x04\x12\x12\n\ntinker_api\x18\x0e \x01(\t\x12P\n\x11policy_lag_counts\x18\x0f \x03(\x0b\x32\x35.tinker_atropos.v1.TrainerStatus.PolicyLagCountsEntry\x12\x1b\n\x13\x65val_policy_version\x18\x10 \x01(\x04\x12\x18\n\x10\x65val_return_mean\x18\x11 \x01(\x01\x12\x17\n\x0f\x65val_return_std\x18\x12 \x01(\x01\x12 \n\x18\x65val_best_policy_version\x18\x13 \x01(\x04\x12\x1d\n\x15\x65val_best_return_mean\x18\x14 \x01(\x01\x12I\n\rwrites_failed\x18\x15 \x03(\x0b\x32\x32.tinker_atropos.v1.TrainerStatus.WritesFailedEntry\x12\x15\n\rwrite_failure\x18\x16 \x01(\t\x12\x17\n\x0fwrite_failing_s\x18\x17 \x01(\x01\x1a-\n\x0bLossesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a\x36\n\x14RecordsRejectedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x1a\x36\n\x14PolicyLagCountsEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x1a\x33\n\x11WritesFailedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\x9d\x06\n\rRolloutStatus\x12\x13\n\x0bincarnation\x18\x01 \x01(\t\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x04\x12\x11\n\tenv_steps\x18\x03 \x01(\x04\x12\x16\n\x0e\x63hunks_written\x18\x04 \x01(\x04\x12\x1e\n\x16partial_chunks_dropped\x18\x05 \x01(\x04\x12\x1a\n\x12\x63onnected_sessions\x18\x06 \x01(\r\x12\x10\n\x08\x65pisodes\x18\x07 \x01(\x04\x12\x18\n\x10weights_rejected\x18\x08 \x01(\x04\x12\x1b\n\x13\x65pisode_return_mean\x18\t \x01(\x01\x12\x15\n\rsessions_lost\x18\n \x01(\x04\x12M\n\x0fweights_refused\x18\x0b \x03(\x0b\x32\x34.tinker_atropos.v1.RolloutStatus.WeightsRefusedEntry\x12\x16\n\x0einstances_held\x18\x0c \x01(\r\x12N\n\x10instances_by_env\x18\r \x03(\x0b\x32\x34.tinker_atropos.v1.RolloutStatus.InstancesByEnvEntry\x12\x16\n\x0eunits_assigned\x18\x0e \x01(\r\x12\x15\n\rrollouts_seen\x18\x0f \x01(\r\x12\x19\n\x11units_handed_over\x18\x10 \x01(\x04\x12\x13\n\x0bleases_lost\x18\x11 \x01(\x04\x12X\n\x15lease_records_skipped\x18\x12 \x03(\x0b\x32\x39.tinker_atropos.v1.RolloutStatus.LeaseRecordsSkippedEntry\x1a\x35\n\x13WeightsRefusedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x1a\x35\n\x13InstancesByEnvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\x1a:\n\x18LeaseRecordsSkippedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\x8f\x03\n\x10\x41troposApiStatus\x12\x13\n\x0bincarnation\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\x0c\n\x04step\x18\x03 \x01(\x04\x12\x14\n\x0cqueue_groups\x18\x04 \x01(\x04\x12\x17\n\x0fqueue_sequences\x18\x05 \x01(\x04\x12\x17\n\x0fpending_batches\x18\x06 \x01(\x04\x12\x17\n\x0f\x65nvs_registered\x18\x07 \x01(\r\x12\x16\n\x0e\x65nvs_connected\x18\x08 \x01(\r\x12\x17\n\x0fgroups_received\x18\t \x01(\x04\x12\x17\n\x0fgroups_buffered\x18\n \x01(\x04\x12\x1b\n\x13groups_refused_full\x18\x0b \x01(\x04\x12\x18\n\x10groups_duplicate\x18\x0c \x01(\x04\x12\x16\n\x0e\x62\x61tches_served\x18\r \x01(\x04\x12\x18\n\x10sequences_served\x18\x0e \x01(\x04\x12\x17\n\x0frecords_skipped\x18\x0f \x01(\x04\x12\x1e\n\x16groups_refused_invalid\x18\x10 \x01(\x04\x32Y\n\x06Status\x12O\n\tGetStatus\x12 .tinker_atropos.v1.StatusRequest\x1a .tinker_atropos.v1.ServiceStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,24 +37,40 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TRAINERSTATUS_RECORDSREJECTEDENTRY']._serialized_options = b'8\001'
   _globals['_TRAINERSTATUS_POLICYLAGCOUNTSENTRY']._loaded_options = None
   _globals['_TRAINERSTATUS_POLICYLAGCOUNTSENTRY']._serialized_options = b'8\001'
+  _globals['_TRAINERSTATUS_WRITESFAILEDENTRY']._loaded_options = None
+  _globals['_TRAINERSTATUS_WRITESFAILEDENTRY']._serialized_options = b'8\001'
+  _globals['_ROLLOUTSTATUS_WEIGHTSREFUSEDENTRY']._loaded_options = None
+  _globals['_ROLLOUTSTATUS_WEIGHTSREFUSEDENTRY']._serialized_options = b'8\001'
+  _globals['_ROLLOUTSTATUS_INSTANCESBYENVENTRY']._loaded_options = None
+  _globals['_ROLLOUTSTATUS_INSTANCESBYENVENTRY']._serialized_options = b'8\001'
+  _globals['_ROLLOUTSTATUS_LEASERECORDSSKIPPEDENTRY']._loaded_options = None
+  _globals['_ROLLOUTSTATUS_LEASERECORDSSKIPPEDENTRY']._serialized_options = b'8\001'
   _globals['_STATUSREQUEST']._serialized_start=64
   _globals['_STATUSREQUEST']._serialized_end=79
   _globals['_SERVICESTATUS']._serialized_start=82
   _globals['_SERVICESTATUS']._serialized_end=332
   _globals['_ENVIRONMENTSTATUS']._serialized_start=335
-  _globals['_ENVIRONMENTSTATUS']._serialized_end=637
-  _globals['_TRAINERSTATUS']._serialized_start=640
-  _globals['_TRAINERSTATUS']._serialized_end=1417
-  _globals['_TRAINERSTATUS_LOSSESENTRY']._serialized_start=1260
-  _globals['_TRAINERSTATUS_LOSSESENTRY']._serialized_end=1305
-  _globals['_TRAINERSTATUS_RECORDSREJECTEDENTRY']._serialized_start=1307
-  _globals['_TRAINERSTATUS_RECORDSREJECTEDENTRY']._serialized_end=1361
-  _globals['_TRAINERSTATUS_POLICYLAGCOUNTSENTRY']._serialized_start=1363
-  _globals['_TRAINERSTATUS_POLICYLAGCOUNTSENTRY']._serialized_end=1417
-  _globals['_ROLLOUTSTATUS']._serialized_start=1420
-  _globals['_ROLLOUTSTATUS']._serialized_end=1679
-  _globals['_ATROPOSAPISTATUS']._serialized_start=1682
-  _globals['_ATROPOSAPISTATUS']._serialized_end=2049
-  _globals['_STATUS']._serialized_start=2051
-  _globals['_STATUS']._serialized_end=2140
+  _globals['_ENVIRONMENTSTATUS']._serialized_end=668
+  _globals['_TRAINERSTATUS']._serialized_start=671
+  _globals['_TRAINERSTATUS']._serialized_end=1689
+  _globals['_TRAINERSTATUS_LOSSESENTRY']._serialized_start=1479
+  _globals['_TRAINERSTATUS_LOSSESENTRY']._serialized_end=1524
+  _globals['_TRAINERSTATUS_RECORDSREJECTEDENTRY']._serialized_start=1526
+  _globals['_TRAINERSTATUS_RECORDSREJECTEDENTRY']._serialized_end=1580
+  _globals['_TRAINERSTATUS_POLICYLAGCOUNTSENTRY']._serialized_start=1582
+  _globals['_TRAINERSTATUS_POLICYLAGCOUNTSENTRY']._serialized_end=1636
+  _globals['_TRAINERSTATUS_WRITESFAILEDENTRY']._serialized_start=1638
+  _globals['_TRAINERSTATUS_WRITESFAILEDENTRY']._serialized_end=1689
+  _globals['_ROLLOUTSTATUS']._serialized_start=1692
+  _globals['_ROLLOUTSTATUS']._serialized_end=2489
+  _globals['_ROLLOUTSTATUS_WEIGHTSREFUSEDENTRY']._serialized_start=2321
+  _globals['_ROLLOUTSTATUS_WEIGHTSREFUSEDENTRY']._serialized_end=2374
+  _globals['_ROLLOUTSTATUS_INSTANCESBYENVENTRY']._serialized_start=2376
+  _globals['_ROLLOUTSTATUS_INSTANCESBYENVENTRY']._serialized_end=2429
+  _globals['_ROLLOUTSTATUS_LEASERECORDSSKIPPEDENTRY']._serialized_start=2431
+  _globals['_ROLLOUTSTATUS_LEASERECORDSSKIPPEDENTRY']._serialized_end=2489
+  _globals['_ATROPOSAPISTATUS']._serialized_start=2492
+  _globals['_ATROPOSAPISTATUS']._serialized_end=2891
+  _globals['_STATUS']._serialized_start=2893
+  _globals['_STATUS']._serialized_end=2982
 # @@protoc_insertion_point(module_scope)

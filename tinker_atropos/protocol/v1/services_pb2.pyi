@@ -23,7 +23,7 @@ class ServiceStatus(_message.Message):
     def __init__(self, environment: _Optional[_Union[EnvironmentStatus, _Mapping]] = ..., rollout: _Optional[_Union[RolloutStatus, _Mapping]] = ..., trainer: _Optional[_Union[TrainerStatus, _Mapping]] = ..., atropos_api: _Optional[_Union[AtroposApiStatus, _Mapping]] = ...) -> None: ...
 
 class EnvironmentStatus(_message.Message):
-    __slots__ = ("incarnation", "env_id", "instances", "free_instances", "sessions", "streams", "steps", "episodes", "episodes_cut_nonfinite", "bad_requests", "streams_refused", "streams_timed_out", "local_peers_refused")
+    __slots__ = ("incarnation", "env_id", "instances", "free_instances", "sessions", "streams", "steps", "episodes", "episodes_cut_nonfinite", "bad_requests", "streams_refused", "streams_timed_out", "local_peers_refused", "sessions_refused_busy")
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     ENV_ID_FIELD_NUMBER: _ClassVar[int]
     INSTANCES_FIELD_NUMBER: _ClassVar[int]
@@ -37,6 +37,7 @@ class EnvironmentStatus(_message.Message):
     STREAMS_REFUSED_FIELD_NUMBER: _ClassVar[int]
     STREAMS_TIMED_OUT_FIELD_NUMBER: _ClassVar[int]
     LOCAL_PEERS_REFUSED_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_REFUSED_BUSY_FIELD_NUMBER: _ClassVar[int]
     incarnation: str
     env_id: str
     instances: int
@@ -50,10 +51,11 @@ class EnvironmentStatus(_message.Message):
     streams_refused: int
     streams_timed_out: int
     local_peers_refused: int
-    def __init__(self, incarnation: _Optional[str] = ..., env_id: _Optional[str] = ..., instances: _Optional[int] = ..., free_instances: _Optional[int] = ..., sessions: _Optional[int] = ..., streams: _Optional[int] = ..., steps: _Optional[int] = ..., episodes: _Optional[int] = ..., episodes_cut_nonfinite: _Optional[int] = ..., bad_requests: _Optional[int] = ..., streams_refused: _Optional[int] = ..., streams_timed_out: _Optional[int] = ..., local_peers_refused: _Optional[int] = ...) -> None: ...
+    sessions_refused_busy: int
+    def __init__(self, incarnation: _Optional[str] = ..., env_id: _Optional[str] = ..., instances: _Optional[int] = ..., free_instances: _Optional[int] = ..., sessions: _Optional[int] = ..., streams: _Optional[int] = ..., steps: _Optional[int] = ..., episodes: _Optional[int] = ..., episodes_cut_nonfinite: _Optional[int] = ..., bad_requests: _Optional[int] = ..., streams_refused: _Optional[int] = ..., streams_timed_out: _Optional[int] = ..., local_peers_refused: _Optional[int] = ..., sessions_refused_busy: _Optional[int] = ...) -> None: ...
 
 class TrainerStatus(_message.Message):
-    __slots__ = ("incarnation", "policy_version", "updates", "env_steps_trained", "chunks_consumed", "chunks_rejected_stale", "busy_fraction", "policy_lag_min", "policy_lag_mean", "policy_lag_max", "losses", "records_rejected", "updates_discarded_nonfinite", "tinker_api", "policy_lag_counts", "eval_policy_version", "eval_return_mean", "eval_return_std")
+    __slots__ = ("incarnation", "policy_version", "updates", "env_steps_trained", "chunks_consumed", "chunks_rejected_stale", "busy_fraction", "policy_lag_min", "policy_lag_mean", "policy_lag_max", "losses", "records_rejected", "updates_discarded_nonfinite", "tinker_api", "policy_lag_counts", "eval_policy_version", "eval_return_mean", "eval_return_std", "eval_best_policy_version", "eval_best_return_mean", "writes_failed", "write_failure", "write_failing_s")
     class LossesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -75,6 +77,13 @@ class TrainerStatus(_message.Message):
         key: int
         value: int
         def __init__(self, key: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
+    class WritesFailedEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     UPDATES_FIELD_NUMBER: _ClassVar[int]
@@ -93,6 +102,11 @@ class TrainerStatus(_message.Message):
     EVAL_POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     EVAL_RETURN_MEAN_FIELD_NUMBER: _ClassVar[int]
     EVAL_RETURN_STD_FIELD_NUMBER: _ClassVar[int]
+    EVAL_BEST_POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    EVAL_BEST_RETURN_MEAN_FIELD_NUMBER: _ClassVar[int]
+    WRITES_FAILED_FIELD_NUMBER: _ClassVar[int]
+    WRITE_FAILURE_FIELD_NUMBER: _ClassVar[int]
+    WRITE_FAILING_S_FIELD_NUMBER: _ClassVar[int]
     incarnation: str
     policy_version: int
     updates: int
@@ -111,10 +125,36 @@ class TrainerStatus(_message.Message):
     eval_policy_version: int
     eval_return_mean: float
     eval_return_std: float
-    def __init__(self, incarnation: _Optional[str] = ..., policy_version: _Optional[int] = ..., updates: _Optional[int] = ..., env_steps_trained: _Optional[int] = ..., chunks_consumed: _Optional[int] = ..., chunks_rejected_stale: _Optional[int] = ..., busy_fraction: _Optional[float] = ..., policy_lag_min: _Optional[float] = ..., policy_lag_mean: _Optional[float] = ..., policy_lag_max: _Optional[float] = ..., losses: _Optional[_Mapping[str, float]] = ..., records_rejected: _Optional[_Mapping[str, int]] = ..., updates_discarded_nonfinite: _Optional[int] = ..., tinker_api: _Optional[str] = ..., policy_lag_counts: _Optional[_Mapping[int, int]] = ..., eval_policy_version: _Optional[int] = ..., eval_return_mean: _Optional[float] = ..., eval_return_std: _Optional[float] = ...) -> None: ...
+    eval_best_policy_version: int
+    eval_best_return_mean: float
+    writes_failed: _containers.ScalarMap[str, int]
+    write_failure: str
+    write_failing_s: float
+    def __init__(self, incarnation: _Optional[str] = ..., policy_version: _Optional[int] = ..., updates: _Optional[int] = ..., env_steps_trained: _Optional[int] = ..., chunks_consumed: _Optional[int] = ..., chunks_rejected_stale: _Optional[int] = ..., busy_fraction: _Optional[float] = ..., policy_lag_min: _Optional[float] = ..., policy_lag_mean: _Optional[float] = ..., policy_lag_max: _Optional[float] = ..., losses: _Optional[_Mapping[str, float]] = ..., records_rejected: _Optional[_Mapping[str, int]] = ..., updates_discarded_nonfinite: _Optional[int] = ..., tinker_api: _Optional[str] = ..., policy_lag_counts: _Optional[_Mapping[int, int]] = ..., eval_policy_version: _Optional[int] = ..., eval_return_mean: _Optional[float] = ..., eval_return_std: _Optional[float] = ..., eval_best_policy_version: _Optional[int] = ..., eval_best_return_mean: _Optional[float] = ..., writes_failed: _Optional[_Mapping[str, int]] = ..., write_failure: _Optional[str] = ..., write_failing_s: _Optional[float] = ...) -> None: ...
 
 class RolloutStatus(_message.Message):
-    __slots__ = ("incarnation", "policy_version", "env_steps", "chunks_written", "partial_chunks_dropped", "connected_sessions", "episodes", "weights_rejected", "episode_return_mean", "sessions_lost")
+    __slots__ = ("incarnation", "policy_version", "env_steps", "chunks_written", "partial_chunks_dropped", "connected_sessions", "episodes", "weights_rejected", "episode_return_mean", "sessions_lost", "weights_refused", "instances_held", "instances_by_env", "units_assigned", "rollouts_seen", "units_handed_over", "leases_lost", "lease_records_skipped")
+    class WeightsRefusedEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class InstancesByEnvEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class LeaseRecordsSkippedEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     ENV_STEPS_FIELD_NUMBER: _ClassVar[int]
@@ -125,6 +165,14 @@ class RolloutStatus(_message.Message):
     WEIGHTS_REJECTED_FIELD_NUMBER: _ClassVar[int]
     EPISODE_RETURN_MEAN_FIELD_NUMBER: _ClassVar[int]
     SESSIONS_LOST_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_REFUSED_FIELD_NUMBER: _ClassVar[int]
+    INSTANCES_HELD_FIELD_NUMBER: _ClassVar[int]
+    INSTANCES_BY_ENV_FIELD_NUMBER: _ClassVar[int]
+    UNITS_ASSIGNED_FIELD_NUMBER: _ClassVar[int]
+    ROLLOUTS_SEEN_FIELD_NUMBER: _ClassVar[int]
+    UNITS_HANDED_OVER_FIELD_NUMBER: _ClassVar[int]
+    LEASES_LOST_FIELD_NUMBER: _ClassVar[int]
+    LEASE_RECORDS_SKIPPED_FIELD_NUMBER: _ClassVar[int]
     incarnation: str
     policy_version: int
     env_steps: int
@@ -135,10 +183,18 @@ class RolloutStatus(_message.Message):
     weights_rejected: int
     episode_return_mean: float
     sessions_lost: int
-    def __init__(self, incarnation: _Optional[str] = ..., policy_version: _Optional[int] = ..., env_steps: _Optional[int] = ..., chunks_written: _Optional[int] = ..., partial_chunks_dropped: _Optional[int] = ..., connected_sessions: _Optional[int] = ..., episodes: _Optional[int] = ..., weights_rejected: _Optional[int] = ..., episode_return_mean: _Optional[float] = ..., sessions_lost: _Optional[int] = ...) -> None: ...
+    weights_refused: _containers.ScalarMap[str, int]
+    instances_held: int
+    instances_by_env: _containers.ScalarMap[str, int]
+    units_assigned: int
+    rollouts_seen: int
+    units_handed_over: int
+    leases_lost: int
+    lease_records_skipped: _containers.ScalarMap[str, int]
+    def __init__(self, incarnation: _Optional[str] = ..., policy_version: _Optional[int] = ..., env_steps: _Optional[int] = ..., chunks_written: _Optional[int] = ..., partial_chunks_dropped: _Optional[int] = ..., connected_sessions: _Optional[int] = ..., episodes: _Optional[int] = ..., weights_rejected: _Optional[int] = ..., episode_return_mean: _Optional[float] = ..., sessions_lost: _Optional[int] = ..., weights_refused: _Optional[_Mapping[str, int]] = ..., instances_held: _Optional[int] = ..., instances_by_env: _Optional[_Mapping[str, int]] = ..., units_assigned: _Optional[int] = ..., rollouts_seen: _Optional[int] = ..., units_handed_over: _Optional[int] = ..., leases_lost: _Optional[int] = ..., lease_records_skipped: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class AtroposApiStatus(_message.Message):
-    __slots__ = ("incarnation", "url", "step", "queue_groups", "queue_sequences", "pending_batches", "envs_registered", "envs_connected", "groups_received", "groups_buffered", "groups_refused_full", "groups_duplicate", "batches_served", "sequences_served", "records_skipped")
+    __slots__ = ("incarnation", "url", "step", "queue_groups", "queue_sequences", "pending_batches", "envs_registered", "envs_connected", "groups_received", "groups_buffered", "groups_refused_full", "groups_duplicate", "batches_served", "sequences_served", "records_skipped", "groups_refused_invalid")
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     URL_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
@@ -154,6 +210,7 @@ class AtroposApiStatus(_message.Message):
     BATCHES_SERVED_FIELD_NUMBER: _ClassVar[int]
     SEQUENCES_SERVED_FIELD_NUMBER: _ClassVar[int]
     RECORDS_SKIPPED_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_REFUSED_INVALID_FIELD_NUMBER: _ClassVar[int]
     incarnation: str
     url: str
     step: int
@@ -169,4 +226,5 @@ class AtroposApiStatus(_message.Message):
     batches_served: int
     sequences_served: int
     records_skipped: int
-    def __init__(self, incarnation: _Optional[str] = ..., url: _Optional[str] = ..., step: _Optional[int] = ..., queue_groups: _Optional[int] = ..., queue_sequences: _Optional[int] = ..., pending_batches: _Optional[int] = ..., envs_registered: _Optional[int] = ..., envs_connected: _Optional[int] = ..., groups_received: _Optional[int] = ..., groups_buffered: _Optional[int] = ..., groups_refused_full: _Optional[int] = ..., groups_duplicate: _Optional[int] = ..., batches_served: _Optional[int] = ..., sequences_served: _Optional[int] = ..., records_skipped: _Optional[int] = ...) -> None: ...
+    groups_refused_invalid: int
+    def __init__(self, incarnation: _Optional[str] = ..., url: _Optional[str] = ..., step: _Optional[int] = ..., queue_groups: _Optional[int] = ..., queue_sequences: _Optional[int] = ..., pending_batches: _Optional[int] = ..., envs_registered: _Optional[int] = ..., envs_connected: _Optional[int] = ..., groups_received: _Optional[int] = ..., groups_buffered: _Optional[int] = ..., groups_refused_full: _Optional[int] = ..., groups_duplicate: _Optional[int] = ..., batches_served: _Optional[int] = ..., sequences_served: _Optional[int] = ..., records_skipped: _Optional[int] = ..., groups_refused_invalid: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,98 @@
+"""The full Atropos loop through ``up`` (configs/atropos-toy.yaml): an atroposlib environment, the library
+unmodified (examples/atropos_env.py), samples from the trainer's inference endpoint, posts scored groups to our
+trajectory API, and the trainer learns from its exact-size batches until the score rises far above the untrained
+model's; the API service is SIGKILLed on the way, up restarts it and the environment carries on."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import yaml
+
+from examples.atropos_env import COMPLETION_TOKENS, PROMPTS, lowercase_fraction
+from tests.support.processes import wait_for
+from tests.support.running import REPO, cli, leftovers, report_rows, start_up, stop_up
+from tinker_atropos.frontends.tinker.registry import LANGUAGE_MODELS, TINY_LM
+from tinker_atropos.models import tiny_lm
+from tinker_atropos.runtime import free_port
+
+pytestmark = pytest.mark.integration
+
+TARGET = 0.6
+
+
+def untrained_score() -> float:
+    """The toy task's mean score under the weights the trainer starts from (the tiny LM's fixed seed)."""
+    model, tokenizer = LANGUAGE_MODELS[TINY_LM][0](), tiny_lm.ByteTokenizer()
+    scores = [lowercase_fraction(s.tokens) for prompt in PROMPTS
+              for s in tiny_lm.sample(model, tokenizer.encode(prompt), max_tokens=COMPLETION_TOKENS, num_samples=16,
+                                      seed=1)]  # fmt: skip
+    return float(np.mean(scores))
+
+
+def test_the_toy_environment_learns_through_our_api_and_trainer_across_a_killed_api(tmp_path: Path) -> None:
+    baseline = untrained_score()
+    assert baseline < 0.2, baseline  # about 26 lowercase bytes among 258 tokens
+    config = yaml.safe_load((REPO / "configs" / "atropos-toy.yaml").read_text())
+    api_port, inference_port = free_port(), free_port()
+    config["atropos"]["port"] = api_port
+    config["trainer"]["atropos"]["inference_port"] = inference_port
+    config["run"]["report_interval_s"] = 1.0
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
+    run_dir = tmp_path / "run"
+    up = start_up(tmp_path / "run.yaml", run_dir, "--max-seconds", "300")
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(up.stdout), daemon=True)
+    reader.start()
+    api = f"http://127.0.0.1:{api_port}"
+
+    def figures() -> dict:
+        try:
+            return httpx.get(f"{api}/healthz", timeout=2).json()
+        except (httpx.HTTPError, ValueError):
+            return {}
+
+    try:
+        wait_for(lambda: figures().get("batches_served", 0) >= 2, 180, "the trainer's first batches")
+        pid = int(subprocess.run(["pgrep", "-f", f"atropos-api --config {tmp_path}"], capture_output=True,
+                                 text=True).stdout.split()[0])  # fmt: skip
+        served_before = figures()["batches_served"]
+        os.kill(pid, signal.SIGKILL)  # up restarts it; the environment's posts and status calls retry
+        wait_for(
+            lambda: figures().get("batches_served", 0) > served_before, 120, "batches after the API's restart"
+        )
+
+        def learned() -> bool:
+            rows = [r for r in report_rows(run_dir) if r.get("episode_return_mean") is not None]
+            return len(rows) >= 3 and min(r["episode_return_mean"] for r in rows[-3:]) >= TARGET
+
+        wait_for(learned, 180, f"a mean score of {TARGET}")
+    finally:
+        stop_up(up)
+    reader.join(timeout=5)
+    output = "".join(lines)
+    assert up.returncode == 0, output[-4000:]
+    assert "atropos-api exited" in output, output[-3000:]  # the SIGKILL, seen and restarted by up
+    env_log = (run_dir / "logs" / "atropos-env-0.log").read_text()
+    assert "Traceback" not in env_log, env_log[-3000:]
+    assert (run_dir / "logs" / "atropos-env-0.log").exists() and leftovers(run_dir) == ""
+    assert subprocess.run(["pgrep", "-f", f"atropos_env.py serve --config {run_dir}"]).returncode == 1
+    # the environment reached the API and the endpoint with the run's keys, from a file only its user reads
+    assert (run_dir / "atropos_env.yaml").stat().st_mode & 0o777 == 0o600
+    assert env_log.count("DEBUG") == 0 and len(env_log) < 200_000, len(
+        env_log
+    )  # atroposlib's debug lines: off
+    assert f"checkpoints  {run_dir / 'atropos'}/ (latest: state.pt)" in output, output[-2000:]
+    trainer = (run_dir / "logs" / "trainer.log").read_text()
+    assert "learning from the trajectory API" in trainer
+    shown = cli("report", str(run_dir))  # the score curve from metrics.jsonl, as a PNG
+    assert shown.returncode == 0 and (run_dir / "report.png").stat().st_size > 10_000, (
+        shown.stdout + shown.stderr
+    )

@@ -1,0 +1,254 @@
+"""The trainer's side of Atropos: batches as Tinker datums (group-relative advantages, masks, behaviour
+log-probs), the tiny LM's tokenizer as a Hugging Face folder, the inference endpoint as atroposlib's own clients
+call it, and the Atropos loop's optimizer steps raising the score of a toy preference."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import torch
+import uvicorn
+import yaml
+from atroposlib.envs.server_handling.openai_server import OpenAIServer
+from atroposlib.envs.server_handling.server_baseline import APIServerConfig
+from atroposlib.envs.server_handling.sglang_server import SGLangServer
+from transformers import AutoTokenizer
+
+from tests.support.processes import wait_for
+from tinker_atropos.config import parse_config
+from tinker_atropos.frontends.atropos.datums import batch_datums, group_advantages
+from tinker_atropos.frontends.inference.app import build_app
+from tinker_atropos.frontends.inference.sampler import Sampler
+from tinker_atropos.models import tiny_lm
+from tinker_atropos.runtime import child_preexec, free_port
+from tinker_atropos.state.registry import live_services
+from tinker_atropos.trainer.atropos_loop import AtroposLoop
+
+TOKENIZER = tiny_lm.ByteTokenizer()
+KEY = "inference-key-of-the-test"
+
+
+def test_advantages_are_relative_to_the_group_and_an_all_equal_group_teaches_nothing() -> None:
+    assert group_advantages([1.0, 0.0, 0.0, 1.0], None) == [0.5, -0.5, -0.5, 0.5]
+    assert group_advantages([1.0, 0.0], [{}, {"set_advantage_to_zero": True}]) == [0.5, 0.0]
+    assert group_advantages([0.3, 0.3, 0.3], None) is None
+
+
+def test_a_batch_becomes_shifted_token_datums_weighted_by_the_mask_with_the_sentinel_zeroed() -> None:
+    prompt, a, b = [256, 104, 105], [97, 257], [98, 98, 257]
+    group = {"tokens": [prompt + a, prompt + b], "masks": [[-100] * 3 + a, [-100] * 3 + b], "scores": [1.0, 0.0],
+             "inference_logprobs": [[1.0] * 3 + [-0.5, -0.1], [1.0] * 3 + [-2.0, -1.0, -0.2]]}  # fmt: skip
+    equal = {"tokens": [prompt + a, prompt + a], "masks": [[-100] * 3 + a] * 2, "scores": [1.0, 1.0]}
+    out = batch_datums([group, equal])
+    assert out.groups_skipped_equal == 1 and len(out.data) == 2 and out.scores == [1.0, 0.0, 1.0, 1.0]
+    first, second = out.data
+    np.testing.assert_array_equal(first.tokens, prompt + a[:-1])
+    np.testing.assert_array_equal(first.inputs["target_tokens"], prompt[1:] + a)
+    np.testing.assert_array_equal(
+        first.inputs["weights"], [0, 0, 1, 1]
+    )  # targets in the prompt weigh nothing
+    np.testing.assert_allclose(
+        first.inputs["logprobs"], [0, 0, -0.5, -0.1]
+    )  # the sentinel 1.0 never reaches a loss
+    trained = 2 + 3  # the batch's trained tokens: advantages are a per-token mean
+    np.testing.assert_allclose(first.inputs["advantages"], np.array([0, 0, 0.5, 0.5]) / trained)
+    np.testing.assert_allclose(second.inputs["advantages"], np.array([0, 0, -0.5, -0.5, -0.5]) / trained)
+    given = {
+        **group,
+        "advantages": [[0, 0, 0, 2.0, 2.0], [0, 0, 0, 1.0, 1.0, 1.0]],
+    }  # an env's own, per token
+    np.testing.assert_allclose(
+        batch_datums([given]).data[0].inputs["advantages"], np.array([0, 0, 2, 2]) / trained
+    )
+    # a malformed group is skipped with its reason; the batch's sound group is learned all the same
+    mixed = batch_datums([{**group, "inference_logprobs": [[1.0] * 3, None]}, given])
+    assert [p.split(":")[0] for p in mixed.groups_invalid] == ["group 0"], mixed.groups_invalid
+    assert "3 log-probs for 5 tokens" in mixed.groups_invalid[0] and len(mixed.data) == 2
+
+
+def test_the_tokenizer_folder_loads_offline_and_encodes_and_chats_as_the_tiny_lm(tmp_path: Path) -> None:
+    hf = AutoTokenizer.from_pretrained(str(TOKENIZER.save_pretrained(tmp_path / "tok")))
+    text = "héllo, wörld"
+    assert hf.encode(text, add_special_tokens=False) == TOKENIZER.encode(text)
+    assert (hf.bos_token_id, hf.eos_token_id) == (TOKENIZER.bos_id, TOKENIZER.eos_id)
+    messages = [("system", "be brief"), ("user", "hi")]
+    rendered = hf.apply_chat_template([{"role": r, "content": c} for r, c in messages], tokenize=False,
+                                      add_generation_prompt=True)  # fmt: skip
+    assert rendered == tiny_lm.chat_prompt(messages)
+
+
+class Endpoint:
+    """The inference app on a free port in a thread of the test process."""
+
+    def __init__(self, sampler: Sampler) -> None:
+        self.port = free_port()
+        config = uvicorn.Config(build_app(sampler, "tiny-byte-lm", [KEY]), host="127.0.0.1", port=self.port,
+                                log_level="warning", lifespan="off")  # fmt: skip
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> str:
+        self.thread.start()
+        while not self.server.started:
+            self.thread.join(0.05)
+        return f"http://127.0.0.1:{self.port}"
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+def test_atroposlibs_own_clients_sample_tokens_and_logprobs_of_the_served_version(tmp_path: Path) -> None:
+    model = tiny_lm.TinyCausalLM(tiny_lm.TinyLMConfig())
+    sampler = Sampler(model, version=3)
+    tokenizer_dir = str(TOKENIZER.save_pretrained(tmp_path / "tok"))
+    with Endpoint(sampler) as url:
+        config = APIServerConfig(model_name="tiny-byte-lm", base_url=f"{url}/v1", api_key=KEY, tokenizer_name=tokenizer_dir,
+                                 timeout=30, health_check=False)  # fmt: skip
+        prompt = TOKENIZER.encode("ab", add_bos=True)
+
+        async def calls() -> tuple:
+            sglang, openai_server = SGLangServer(config), OpenAIServer(config)
+            sampled = await sglang._tokens_and_logprobs_completion_wrapper(
+                model="tiny-byte-lm", input_ids=prompt, n=3, max_tokens=5, temperature=1.0)  # fmt: skip
+            completion = await openai_server._completion_wrapper(model="tiny-byte-lm", prompt="ab", n=2, max_tokens=4,
+                                                                 logprobs=1)  # fmt: skip
+            chat = await openai_server._chat_completion_wrapper(model="tiny-byte-lm", max_tokens=4,
+                                                                messages=[{"role": "user", "content": "hi"}])  # fmt: skip
+            return sampled, completion, chat
+
+        (_, tokens, logprobs, reasons), completion, chat = asyncio.run(calls())
+        assert len(tokens) == 3 and all(1 <= len(t) <= 5 for t in tokens)
+        assert all(r["type"] in ("length", "stop") for r in reasons)
+        # the log-probs are the model's for exactly these tokens
+        for t, lps in zip(tokens, logprobs, strict=True):
+            expected = tiny_lm.target_logprobs(model, *_shifted(prompt + t)).detach().numpy()[-len(t) :]
+            np.testing.assert_allclose(lps, expected, atol=1e-4)
+        assert len(completion.choices) == 2 and len(completion.choices[0].logprobs.token_logprobs) >= 1
+        assert chat.choices[0].message.role == "assistant"
+        sampler.update(model, 4)
+        http = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {KEY}"})
+        assert http.post("/generate", json={"input_ids": prompt, "sampling_params": {"max_new_tokens": 1}}).json()[
+            "meta_info"]["policy_version"] == 4  # fmt: skip
+        too_long = http.post("/generate", json={"input_ids": [1] * 600, "sampling_params": {}})
+        assert too_long.status_code == 400 and "context" in too_long.json()["detail"]
+        # the run's key is asked on every route but the health check
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"X-API-Key": "wrong"}):
+            refused = httpx.post(f"{url}/generate", json={"input_ids": prompt}, headers=headers)
+            assert refused.status_code == 401, (headers, refused.text)
+        assert httpx.get(f"{url}/health").status_code == 200
+
+
+def _shifted(tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    t = torch.tensor(tokens)
+    return t[:-1], t[1:]
+
+
+def test_the_atropos_loop_raises_the_score_of_the_preferred_completion(
+    tmp_path: Path, valkey, redis_client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Groups where the completion 'a' scores 1 and 'b' scores 0, with the served policy's log-probs of each: a
+    few importance-sampling steps make 'a' the likelier reply, and every step serves a new version."""
+    monkeypatch.setenv("TA_TOKEN", "the-run-token")  # the inference endpoint's key is derived from it
+    config = parse_config({"run": {"name": "atropos-loop"}, "trainer": {
+        "experience_loop": False, "atropos": {"enabled": True, "learning_rate": 1e-2, "batch_size": 8}}})  # fmt: skip
+    loop = AtroposLoop(config, redis_client, tmp_path / "run", torch.device("cpu"))
+    prompt = TOKENIZER.encode("pick:", add_bos=True)
+    a, b = TOKENIZER.encode("a")[0], TOKENIZER.encode("b")[0]
+
+    def served_logprobs() -> torch.Tensor:
+        with torch.no_grad():
+            return loop.sampler._model(torch.tensor([prompt]))[0, -1].log_softmax(-1)
+
+    def p_a() -> float:
+        probs = served_logprobs().exp()
+        return float(probs[a] / (probs[a] + probs[b]))
+
+    before = p_a()
+    for step in range(1, 13):
+        logprobs = served_logprobs()
+        replies = [a, b] * 4
+        group = {"tokens": [prompt + [r] for r in replies], "masks": [[-100] * len(prompt) + [r] for r in replies],
+                 "scores": [1.0 if r == a else 0.0 for r in replies],
+                 "inference_logprobs": [[1.0] * len(prompt) + [float(logprobs[r])] for r in replies]}  # fmt: skip
+        loop.learn([group])
+        assert loop.sampler.version == step and np.isfinite(loop.figures["loss"])
+    assert p_a() > max(0.9, before + 0.3), (before, p_a())
+    assert loop.counters["sequences_trained"] == 12 * 8
+    assert int(redis_client.hget("ta:atropos-loop:stats", "episodes")) == 12 * 8
+    loop._checkpoint()
+    resumed = AtroposLoop(config, redis_client, tmp_path / "run", torch.device("cpu"))
+    assert (resumed.step, resumed.sampler.version) == (12, 12)
+
+
+@pytest.mark.integration
+def test_groups_the_model_cannot_read_are_skipped_and_counted_and_the_trainer_learns_on(
+    tmp_path: Path, valkey, redis_client, processes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Our trainer process learning from atroposlib's own run-api, which queues whatever it is sent: in one batch,
+    a sound group, one with a token outside the tiny LM's vocabulary and one past its context. The two are skipped
+    and counted, the sound one learned from (a trainer used to exit on such a batch, its sound groups lost), and
+    the next batch is learned from as well."""
+    api_port, inference_port = free_port(), free_port()
+    with open(tmp_path / "reference.log", "w") as log:
+        reference = subprocess.Popen([sys.executable, "-m", "atroposlib.cli.run_api", "--host", "127.0.0.1", "--port",
+                                      str(api_port)], stdout=log, stderr=subprocess.STDOUT, preexec_fn=child_preexec)  # fmt: skip
+    try:
+        config = {"run": {"name": "atropos-hostile"}, "env": {"services": 0}, "rollout": {"replicas": 0},
+                  "trainer": {"experience_loop": False, "atropos": {
+                      "enabled": True, "api_url": f"http://127.0.0.1:{api_port}", "batch_size": 12,
+                      "max_token_len": 1024, "inference_port": inference_port}}}  # fmt: skip
+        (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
+        monkeypatch.setenv("TA_TOKEN", "the-run-token")  # the inference endpoint's key is derived from it
+        trainer = processes.start("trainer", "--config", str(tmp_path / "run.yaml"), "--redis-url", valkey.url,
+                                  "--port", "0", "--run-dir", str(tmp_path / "run"), name="trainer")  # fmt: skip
+        api = httpx.Client(base_url=f"http://127.0.0.1:{api_port}", timeout=30)
+
+        def registered() -> bool:
+            assert trainer.poll() is None, processes.log("trainer")[-3000:]
+            try:
+                return api.get("/info").json()["batch_size"] == 12
+            except (httpx.HTTPError, ValueError):
+                return False
+
+        wait_for(registered, 120, "the trainer's registration with run-api")
+        api.get("/batch")  # as a trainer would: the reference lets environments register once it pulled
+        api.post("/register-env", json={"max_token_length": 1024, "desired_name": "hostile", "weight": 1.0,
+                                         "group_size": 4}).raise_for_status()  # fmt: skip
+
+        def group(tokens: list[int], seed: int) -> dict:
+            rows = [[256, seed, k, *tokens] for k in range(4)]
+            return {"tokens": rows, "masks": [[-100, -100, *r[2:]] for r in rows], "scores": [0.0, 1.0, 0.0, 1.0],
+                    "env_id": 0}  # fmt: skip
+
+        def trainer_figures() -> dict:
+            services = live_services(redis_client, "atropos-hostile", "trainer")
+            return services[0].figures if services else {}
+
+        for posted in (group([97, 98], 1), group([97, 300], 2), group([97] * 600, 3)):
+            api.post("/scored_data", json=posted).raise_for_status()
+        wait_for(lambda: trainer_figures().get("updates", 0) >= 1, 120, "the trainer's first step")
+        figures = trainer_figures()
+        assert figures["losses"]["groups_invalid"] == 2 and figures["losses"]["sequences_trained"] == 4, (
+            figures
+        )
+        assert figures["policy_version"] == 1
+        for seed in (4, 5, 6):
+            api.post("/scored_data", json=group([97, 98, 99], seed)).raise_for_status()
+        wait_for(lambda: trainer_figures().get("updates", 0) >= 2, 120, "the trainer's second step")
+        assert trainer_figures()["policy_version"] == 2 and trainer.poll() is None
+        log = processes.log("trainer")
+        assert "must lie in [0, 258)" in log and "the model's context is 512" in log, log[
+            -3000:
+        ]  # the reasons
+        assert "Traceback" not in log, log[-3000:]
+    finally:
+        reference.terminate()
+        reference.wait(timeout=30)

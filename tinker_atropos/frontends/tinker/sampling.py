@@ -1,0 +1,303 @@
+"""The Tinker API's sampling, in a process of its own beside the trainer's: a long sample then holds neither
+another model's training (no interpreter lock shared with the training lanes: decoding a small model is mostly
+Python between tiny tensor operations) nor the trainer's memory (a sample that runs out of it ends this process,
+its request fails with the reason, and the next sample starts a new one).
+
+The worker resolves a request's sampler (its base model and weights file) and sends it here with its time
+budget; each sampler is a lane, as in the worker, here a thread of this process. A stopping worker interrupts the
+samples in progress: their requests stay queued and run again after the restart.
+
+Training goes first: while a training request runs (the worker counts them in ``training``, shared with this
+process), a sample waits between two tokens, up to ``YIELD`` times as long as it has run, so that where cores are
+short (two, shared with other processes) a client's training step is not slowed by another client's long sample,
+and a sample still gets at least a fifth of its time when training never pauses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import logging
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.sharedctypes import Synchronized
+from typing import Any
+
+import torch
+
+from tinker_atropos.config import ModelSection
+from tinker_atropos.frontends.tinker import registry, wire
+from tinker_atropos.models import tiny_lm
+
+log = logging.getLogger(__name__)
+
+PROTOBUF = "application/x-protobuf"
+YIELD = 4.0  # a sample waits for training requests at most this many times as long as it has run
+YIELD_POLL_S = 0.005
+_PR_SET_PDEATHSIG = 1
+
+
+class Interrupted(Exception):
+    """The worker is stopping: the request is left pending, to run again after the restart."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    model: ModelSection  # trainer.model: what a control policy would be built with (not sampled, but named)
+    device: str
+    seed: int
+    torch_threads: int
+    max_samplers: int
+
+
+@dataclass(frozen=True)
+class Job:
+    key: str  # the sampler: its weights file, or its base model
+    base_model: str
+    file: str | None
+    body: bytes  # the SampleRequest, as the SDK sent it
+    deadline: float  # time.monotonic() past which it fails (one clock for every process of the machine)
+    budget_s: float
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status: str  # "done", "user" (the client's error), "server", "interrupted"
+    body: bytes
+    content_type: str = "application/json"
+
+
+class SamplingProcess:
+    """The worker's side: starts the process (from a long-lived thread: a parent-death signal follows the thread
+    that made the child), sends it jobs and hands each outcome to the lane that waits for it."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.training = multiprocessing.get_context("spawn").Value("i", 0)  # training requests running now
+        self.lock = threading.Lock()
+        self.process: Any = None
+        self.connection: Connection | None = None
+        self.pending: dict[int, Future[Outcome]] = {}
+        self.next_id = 0
+
+    def ensure_started(self) -> None:
+        with self.lock:
+            if self.process is not None and self.process.is_alive():
+                return
+            context = multiprocessing.get_context("spawn")
+            ours, theirs = context.Pipe()
+            self.process = context.Process(target=serve, args=(theirs, self.settings, self.training),
+                                           name="tinker-sampling", daemon=True)  # fmt: skip
+            self.process.start()
+            theirs.close()
+            self.connection = ours
+            threading.Thread(
+                target=self._read, args=(ours,), name="tinker-sampling-results", daemon=True
+            ).start()
+            log.info("Tinker sampling process started (pid %d)", self.process.pid)
+
+    @contextlib.contextmanager
+    def training_request(self) -> Iterator[None]:
+        """While a training request runs: the samples wait between their tokens (within their share)."""
+        with self.training.get_lock():
+            self.training.value += 1
+        try:
+            yield
+        finally:
+            with self.training.get_lock():
+                self.training.value -= 1
+
+    def run(self, job: Job) -> Outcome:
+        """The job's outcome, once the process answers (Interrupted when it was stopped first)."""
+        future: Future[Outcome] = Future()
+        with self.lock:
+            if self.connection is None:
+                raise RuntimeError("the sampling process is not started")
+            job_id, self.next_id = self.next_id, self.next_id + 1
+            self.pending[job_id] = future
+            self.connection.send(("sample", job_id, job))
+        outcome = future.result()
+        if outcome.status == "interrupted":
+            raise Interrupted
+        return outcome
+
+    def _read(self, connection: Connection) -> None:
+        """Hand each outcome to its waiting lane; when the process ends, fail what it left unanswered."""
+        try:
+            while True:
+                job_id, outcome = connection.recv()
+                with self.lock:
+                    future = self.pending.pop(job_id, None)
+                if future is not None:
+                    future.set_result(outcome)
+        except (EOFError, OSError):
+            pass
+        with self.lock:
+            if self.connection is connection:
+                self.connection = None
+            lost, self.pending = self.pending, {}
+        code = self.process.exitcode if self.process is not None else None
+        for future in lost.values():
+            message = f"the sampling process ended (exit code {code}) during the request, e.g. out of memory"
+            future.set_result(
+                Outcome("server", json.dumps({"error": message, "category": "server"}).encode())
+            )
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Interrupt the samples in progress and end the process."""
+        with self.lock:
+            process, connection = self.process, self.connection
+        if process is None:
+            return
+        if connection is not None:
+            with contextlib.suppress(OSError, ValueError):  # the process already ended
+                connection.send(("stop",))
+        process.join(timeout_s)
+        if process.is_alive():
+            process.kill()
+            process.join()
+
+
+# ---- in the sampling process --------------------------------------------------------------------------------
+
+
+def serve(connection: Connection, settings: Settings, training: Synchronized) -> None:
+    """The sampling process: one thread per job (the worker sends a sampler's jobs one at a time), until told to
+    stop or its parent ends."""
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() == 1:  # the worker died before the signal was set: no orphan
+        return
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the trainer, which stops this process
+    torch.set_num_threads(settings.torch_threads)
+    samplers = Samplers(settings, training)
+    sending, stopping, threads = threading.Lock(), threading.Event(), []
+
+    def answer(job_id: int, job: Job) -> None:
+        outcome = samplers.sample(job, stopping)
+        with sending:
+            connection.send((job_id, outcome))
+
+    try:
+        while True:
+            message = connection.recv()
+            if message[0] == "stop":
+                break
+            thread = threading.Thread(target=answer, args=message[1:], daemon=True)
+            threads.append(thread)
+            thread.start()
+            threads = [t for t in threads if t.is_alive()]
+    except (EOFError, OSError):  # the worker went away
+        pass
+    stopping.set()
+    for thread in threads:
+        thread.join(timeout=10)
+
+
+class Samplers:
+    """The sampler models, the latest ``max_samplers`` kept, and the sampling of a request."""
+
+    def __init__(self, settings: Settings, training: Synchronized) -> None:
+        self.settings, self.device, self.training = settings, torch.device(settings.device), training
+        self.models: dict[str, registry.LanguageModel] = {}
+        self.lock = threading.Lock()
+
+    def model(self, job: Job) -> registry.LanguageModel:
+        with self.lock:
+            model = self.models.get(job.key)
+        if model is None:  # built by this sampler's lane only: no other thread builds the same one
+            lora: dict[str, Any] = {}
+            state = None
+            if job.file is not None:
+                state = torch.load(job.file, map_location=self.device, weights_only=False)
+                lora = state["record"].get("lora") or {}
+            built = registry.build(job.base_model, lora, self.settings.model, self.device, self.settings.seed)
+            assert isinstance(built, registry.LanguageModel)
+            if state is not None:
+                built.load_model_state(state["model"])
+            model = built
+            with self.lock:
+                self.models[job.key] = model
+                while len(self.models) > self.settings.max_samplers:
+                    self.models.pop(next(iter(self.models)))  # the oldest; a lane using it keeps its own
+        return model
+
+    def sample(self, job: Job, stopping: threading.Event) -> Outcome:
+        try:
+            return Outcome("done", self._sample(job, stopping), PROTOBUF)
+        except Interrupted:
+            return Outcome("interrupted", b"")
+        except wire.WireError as error:
+            return Outcome("user", json.dumps({"error": str(error), "category": "user"}).encode())
+        except Exception as error:
+            log.exception("sampling from %s failed", job.key)
+            message = f"{type(error).__name__}: {error}"
+            return Outcome("server", json.dumps({"error": message, "category": "server"}).encode())
+
+    def _sample(self, job: Job, stopping: threading.Event) -> bytes:
+        model = self.model(job)
+        request = json.loads(job.body)
+        prompt = [t for chunk in request["prompt"]["chunks"] for t in chunk.get("tokens", [])]
+        params = request.get("sampling_params") or {}
+
+        started, waited = time.monotonic(), 0.0
+
+        def check() -> None:
+            """Between two tokens: the stop, the time budget (time spent waiting for training aside), and the wait
+            while a training request runs."""
+            nonlocal waited
+            while self.training.value and waited < YIELD * (time.monotonic() - started - waited):
+                if stopping.is_set():
+                    break
+                pause = time.monotonic()
+                time.sleep(YIELD_POLL_S)
+                waited += time.monotonic() - pause
+            if stopping.is_set():
+                raise Interrupted
+            if time.monotonic() - waited > job.deadline:
+                raise wire.WireError(f"the request ran past its time budget of {job.budget_s:g} s "
+                                     "(trainer.tinker.max_request_s); ask for less work per request")  # fmt: skip
+
+        try:
+            sequences = tiny_lm.sample(
+                model.core.model, prompt, max_tokens=int(params.get("max_tokens") or 16),
+                temperature=float(params.get("temperature", 1.0)), top_k=int(params.get("top_k", -1)),
+                top_p=float(params.get("top_p", 1.0)), stop_tokens=stop_tokens(params.get("stop"), model),
+                seed=params.get("seed"), num_samples=int(request.get("num_samples", 1)), check=check)  # fmt: skip
+        except ValueError as error:
+            raise wire.WireError(str(error)) from None
+        prompt_logprobs = (
+            tiny_lm.prompt_logprobs(model.core.model, prompt) if request.get("prompt_logprobs") else None
+        )
+        return wire.sample_response(sequences, prompt_logprobs)
+
+
+def stop_tokens(stop: Any, model: registry.LanguageModel) -> list[int]:
+    """SamplingParams.stop as token ids, as the SDK documents it: None stops at the end-of-sequence token, ``[]``
+    at nothing (not even it), stop tokens besides it otherwise; for the byte-level LM a one-byte string is that
+    byte."""
+    eos = model.core.model.eos_id
+    if stop is None:
+        return [eos]
+    stops = [stop] if isinstance(stop, str) else list(stop)
+    if not stops:
+        return []
+    if all(isinstance(s, int) for s in stops):
+        return [*stops, eos]
+    encoded = [tiny_lm.ByteTokenizer().encode(s) for s in stops if isinstance(s, str)]
+    if (
+        model.base_model != registry.TINY_LM
+        or len(encoded) != len(stops)
+        or any(len(e) != 1 for e in encoded)
+    ):
+        raise wire.WireError(
+            "stop strings are served for the byte-level LM, one byte each; pass token ids instead"
+        )
+    return [e[0] for e in encoded] + [eos]
