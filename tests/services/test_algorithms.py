@@ -14,7 +14,7 @@ import torch
 import yaml
 
 from tests.support.records import serialized_chunk
-from tests.support.running import REPO, Sidecar, report_rows, run_up_with
+from tests.support.running import REPO, Sidecar, assert_learned, report_rows, run_up_with
 from tinker_atropos.algorithms.core import LearnerSetup
 from tinker_atropos.algorithms.ppo.learner import PPOLearner
 from tinker_atropos.algorithms.ppo.learning import Batch, ppo_loss
@@ -111,8 +111,8 @@ def test_a_toy_algorithm_from_the_test_tree_learns_cartpole_through_up(
     run_up_with(sampler, path, run_dir, *options)
 
     rows = report_rows(run_dir)
-    returns = [r["episode_return_mean"] for r in rows if r["episode_return_mean"] is not None]
-    assert returns[0] < 50 and returns[-1] >= 150, returns  # random play is ~22; 5 seeds took 48-68k steps
+    # random play is ~22; 5 seeds took 48-68k steps
+    assert_learned(rows, random_below=50.0, target=150.0, budget=150_000)
     assert rows[-1]["policy_version"] >= 10
     assert sampler.carried_values == {False}  # an actor-only policy: the chunks travel without values
     assert not any(k.startswith("records_rejected_") for k in rows[-1]["counters"])
