@@ -422,6 +422,11 @@ def test_pretrained_smollm2_answers_then_learns_a_sentence_with_lora(service: ti
     # the sampling process reads the GGUF file first: about 17 s on two idle cores, minutes on busy ones
     answer = base.sample(prompt, 1, greedy).result(timeout=400).sequences[0].tokens
     assert "Paris" in tokenizer.decode(answer)
+    # a stop string is matched on the text SmolLM2's tokenizer decodes: "Par" ends the sample at " Paris"
+    params = types.SamplingParams(max_tokens=4, temperature=0.0, stop=["Par"])
+    stopped = base.sample(prompt, 1, params).result(timeout=120).sequences[0]
+    assert stopped.stop_reason == "stop" and tokenizer.decode(stopped.tokens).endswith("Paris")
+    assert "Par" not in tokenizer.decode(stopped.tokens[:-1])
 
     client = service.create_lora_training_client(base_model=smollm2.NAME, rank=8, seed=0).result(timeout=400)
     assert client.get_info().is_lora and client.get_info().lora_rank == 8

@@ -18,6 +18,7 @@ import pytest
 import tinker
 from tinker import types
 from tinker.proto import tinker_public_pb2 as pb
+from tinker.types import RequestErrorCategory
 
 from tests.support.tinker_server import KEY, Raw, TinkerTrainer, sdk_session, serving
 from tinker_atropos.models.tiny_lm import ByteTokenizer, TinyLMConfig
@@ -203,6 +204,14 @@ def test_stop_as_the_sdk_documents_it(service: tinker.ServiceClient) -> None:
     free = sampler.sample(prompt, 1, params).result(timeout=60).sequences[0]
     assert len(free.tokens) == 20 and free.stop_reason == "length", free.tokens
     assert TOK.eos_id in free.tokens  # it went past the end-of-sequence token
+    # stop strings end where the decoded text first holds one, its last token kept (as the hosted service does)
+    for stop, expected in (("n", "n"), (["d", "x"], "nd"), ("nd", "nd")):
+        params = types.SamplingParams(max_tokens=20, temperature=0.0, stop=stop)
+        out = sampler.sample(prompt, 1, params).result(timeout=60).sequences[0]
+        assert TOK.decode(out.tokens) == expected and out.stop_reason == "stop", (stop, out.tokens)
+    with pytest.raises(tinker.RequestFailedError) as mixed:  # the SDK sends the list as given
+        sampler.sample(prompt, 1, types.SamplingParams(max_tokens=4, stop=[""])).result(timeout=60)
+    assert mixed.value.category == RequestErrorCategory.User and "non-empty strings" in mixed.value.message
 
 
 def test_a_sample_past_the_token_budget_is_refused_and_sampling_goes_on(

@@ -14,6 +14,7 @@ from tinker_atropos.models.tiny_lm import (
     batch_target_logprobs,
     prompt_logprobs,
     sample,
+    stop_strings,
     target_logprobs,
 )
 
@@ -170,6 +171,19 @@ def test_sample_stops_and_limits() -> None:
     stopped = sample(model, prompt, max_tokens=20, seed=5, stop_tokens=[free.tokens[i]])[0]
     assert stopped.tokens == free.tokens[: i + 1] and stopped.stop_reason == "stop"
     assert stopped.logprobs == free.logprobs[: i + 1]
+
+    # a stop string ends each sample at the token that completes it in the decoded text, that token kept; a
+    # sample whose text never holds it runs to max_tokens
+    samples = sample(model, prompt, max_tokens=20, seed=5, num_samples=4, stop_tokens=())
+    text = TOK.decode(samples[0].tokens[2:4])
+    check = stop_strings([text, "\x00never"], TOK.decode)
+    ended = sample(model, prompt, max_tokens=20, seed=5, num_samples=4, stop_tokens=(), stop_text=check)
+    for free_row, row in zip(samples, ended, strict=True):
+        end = next((i for i in range(1, 21) if text in TOK.decode(free_row.tokens[:i])), None)
+        assert row.tokens == free_row.tokens[:end] and row.logprobs == free_row.logprobs[:end]
+        assert row.stop_reason == ("length" if end is None else "stop")
+    assert ended[0].stop_reason == "stop" and len(ended[0].tokens) <= 4
+    assert stop_strings([], TOK.decode) is None
 
     limit = model.config.max_seq_len
     assert len(sample(model, [0] * (limit - 4), max_tokens=4)[0].tokens) <= 4

@@ -364,20 +364,23 @@ def sample(
     top_k: int = -1,
     top_p: float = 1.0,
     stop_tokens: Sequence[int] | None = None,
+    stop_text: Callable[[Sequence[int]], bool] | None = None,
     seed: int | None = None,
     num_samples: int = 1,
     check: Callable[[], None] | None = None,
 ) -> list[SampledTokens]:
     """``num_samples`` continuations of ``prompt``, sampled together in one batch.
 
-    Each ends after ``max_tokens`` tokens ("length"), or at the first token in ``stop_tokens`` ("stop"; that
-    token is included); ``None`` stops at the model's ``eos_id``, ``()`` never stops early. ``logprobs`` are those
-    of the distribution actually sampled from: the model's logits divided by ``temperature``, cut to ``top_k`` /
-    ``top_p`` and renormalised (what an importance ratio needs). ``temperature == 0`` is greedy, its logprobs those
-    of temperature 1. ``top_k <= 0`` and ``top_p == 1`` keep every token. A given ``seed`` reproduces the samples
-    exactly. ``check`` is called before each token: what it raises ends the sampling (a time budget).
+        Each ends after ``max_tokens`` tokens ("length"), or at the first token in ``stop_tokens`` ("stop"; that
+        token is included); ``None`` stops at the model's ``eos_id``, ``()`` never stops early. ``stop_text`` ends a
+    sample too, at the first token after which it holds for the sample's tokens (a stop string in their decoded
+    text; that token included, as a stop token is). ``logprobs`` are those
+        of the distribution actually sampled from: the model's logits divided by ``temperature``, cut to ``top_k`` /
+        ``top_p`` and renormalised (what an importance ratio needs). ``temperature == 0`` is greedy, its logprobs those
+        of temperature 1. ``top_k <= 0`` and ``top_p == 1`` keep every token. A given ``seed`` reproduces the samples
+        exactly. ``check`` is called before each token: what it raises ends the sampling (a time budget).
 
-    The prompt is read once, its keys and values then shared by every sample: each new token costs one position.
+        The prompt is read once, its keys and values then shared by every sample: each new token costs one position.
     """
     limit = model.config.max_seq_len
     if not prompt:
@@ -403,6 +406,8 @@ def sample(
     if num_samples > 1:
         logits, cache = logits.expand(num_samples, -1), model.repeat_cache(cache, num_samples)
     done = torch.zeros(num_samples, dtype=torch.bool, device=device)
+    ends: list[int | None] = [None] * num_samples  # the length of each sample that stopped
+    rows: list[list[int]] = [[] for _ in range(num_samples)]  # the tokens so far, for stop_text
     new_tokens, new_logprobs = [], []
     for step in range(max_tokens):
         if check is not None:
@@ -414,21 +419,43 @@ def sample(
             token = torch.multinomial(logprobs.exp(), 1, generator=generator)
         new_tokens.append(token.squeeze(1))
         new_logprobs.append(logprobs.gather(-1, token).squeeze(1))
-        done |= torch.isin(token.squeeze(1), stops)
+        hit = torch.isin(token.squeeze(1), stops)
+        if stop_text is not None:
+            for row, value in enumerate(token.squeeze(1).tolist()):
+                rows[row].append(value)
+                if ends[row] is None and stop_text(rows[row]):
+                    hit[row] = True
+        for row in (hit & ~done).nonzero().flatten().tolist():
+            ends[row] = step + 1
+        done |= hit
         if done.all() or step == max_tokens - 1:
             break
         logits, cache = model.decode(token, cache)
 
     results = []
-    for row_tokens, row_logprobs in zip(
-        torch.stack(new_tokens, 1).tolist(), torch.stack(new_logprobs, 1).tolist(), strict=True
+    for row_tokens, row_logprobs, end in zip(
+        torch.stack(new_tokens, 1).tolist(), torch.stack(new_logprobs, 1).tolist(), ends, strict=True
     ):
-        end = next((i + 1 for i, t in enumerate(row_tokens) if t in stop_set), None)
         if end is None:
             results.append(SampledTokens(row_tokens, row_logprobs, "length"))
         else:
             results.append(SampledTokens(row_tokens[:end], row_logprobs[:end], "stop"))
     return results
+
+
+def stop_strings(
+    strings: Sequence[str], decode: Callable[[Sequence[int]], str]
+) -> Callable[[Sequence[int]], bool] | None:
+    """``sample``'s ``stop_text`` for stop strings: whether one of them is in the text ``decode`` makes of the
+    tokens sampled so far (None without strings)."""
+    if not strings:
+        return None
+
+    def reached(tokens: Sequence[int]) -> bool:
+        text = decode(tokens)
+        return any(s in text for s in strings)
+
+    return reached
 
 
 def _sampling_logprobs(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:

@@ -52,13 +52,6 @@ class Sampler:
         if room < 1:
             raise ValueError(f"the prompt has {len(prompt)} tokens; the context is {self.max_seq_len}")
         samples = tiny_lm.sample(model, prompt, max_tokens=min(max_tokens, room), temperature=temperature, top_k=top_k,
-                                 top_p=top_p, stop_tokens=[model.eos_id, *stop_tokens], seed=seed, num_samples=n)  # fmt: skip
-        completions = []
-        for s in samples:
-            tokens, logprobs, reason = s.tokens, s.logprobs, s.stop_reason
-            for end in range(1, len(tokens) + 1) if stop_strings else ():
-                if any(stop in self.tokenizer.decode(tokens[:end]) for stop in stop_strings):
-                    tokens, logprobs, reason = tokens[:end], logprobs[:end], "stop"
-                    break
-            completions.append(Completion(tokens, logprobs, reason, version))
-        return completions
+                                 top_p=top_p, stop_tokens=[model.eos_id, *stop_tokens], seed=seed, num_samples=n,
+                                 stop_text=tiny_lm.stop_strings(stop_strings, self.tokenizer.decode))  # fmt: skip
+        return [Completion(s.tokens, s.logprobs, s.stop_reason, version) for s in samples]

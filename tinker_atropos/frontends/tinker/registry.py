@@ -16,8 +16,9 @@
 
 from __future__ import annotations
 
+import functools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -164,11 +165,23 @@ def _tiny_lm() -> tiny_lm.TinyCausalLM:
     return tiny_lm.TinyCausalLM(tiny_lm.TinyLMConfig())  # seed 0: the base model is the same everywhere
 
 
-# the causal LMs served: how each base is built, and where LoRA goes in it
-LANGUAGE_MODELS: dict[str, tuple[Callable[[], nn.Module], Callable[..., list[tuple[nn.Module, str]]]]] = {
-    TINY_LM: (_tiny_lm, tiny_lm.lora_targets),
-    smollm2.NAME: (smollm2.build, smollm2.lora_targets),
-}
+class Tokenizer(Protocol):
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+
+# the causal LMs served: how each base is built, where LoRA goes in it, and its tokenizer (what a client encodes
+# with: stop strings are matched on the text it decodes)
+LANGUAGE_MODELS: dict[str, tuple[Callable[[], nn.Module], Callable[..., list[tuple[nn.Module, str]]],
+                                 Callable[[], Tokenizer]]] = {
+    TINY_LM: (_tiny_lm, tiny_lm.lora_targets, tiny_lm.ByteTokenizer),
+    smollm2.NAME: (smollm2.build, smollm2.lora_targets, smollm2.tokenizer),
+}  # fmt: skip
+
+
+@functools.cache
+def tokenizer(base_model: str) -> Tokenizer:
+    """The tokenizer of a served LM, read once per process (SmolLM2's takes seconds)."""
+    return LANGUAGE_MODELS[base_model][2]()
 
 
 class LanguageModel:
@@ -179,7 +192,7 @@ class LanguageModel:
 
     def __init__(self, base_model: str, lora: dict[str, Any], device: torch.device) -> None:
         self.base_model = base_model
-        build_base, targets = LANGUAGE_MODELS[base_model]
+        build_base, targets, _ = LANGUAGE_MODELS[base_model]
         model = build_base()
         rank = int(lora.get("rank", 0))
         if rank > 0:
@@ -195,6 +208,10 @@ class LanguageModel:
             {"target_tokens": tokens, **_LOSS_INPUTS}, limits.vocab_size, limits.max_seq_len
         )
         self.lora = rank > 0
+
+    def decode_text(self, tokens: Sequence[int]) -> str:
+        """The text of ``tokens`` as the model's tokenizer decodes it (what a client reads)."""
+        return tokenizer(self.base_model).decode(tokens)
 
     def model_state(self) -> dict[str, torch.Tensor]:
         state = self.core.model.state_dict()

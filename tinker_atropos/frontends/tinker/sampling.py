@@ -247,6 +247,7 @@ class Samplers:
         prompt = [t for chunk in request["prompt"]["chunks"] for t in chunk.get("tokens", [])]
         params = request.get("sampling_params") or {}
 
+        stop = stops(params.get("stop"), model)
         started, waited = time.monotonic(), 0.0
 
         def check() -> None:
@@ -269,7 +270,8 @@ class Samplers:
             sequences = tiny_lm.sample(
                 model.core.model, prompt, max_tokens=int(params.get("max_tokens") or 16),
                 temperature=float(params.get("temperature", 1.0)), top_k=int(params.get("top_k", -1)),
-                top_p=float(params.get("top_p", 1.0)), stop_tokens=stop_tokens(params.get("stop"), model),
+                top_p=float(params.get("top_p", 1.0)), stop_tokens=stop.tokens,
+                stop_text=tiny_lm.stop_strings(stop.strings, model.decode_text),
                 seed=params.get("seed"), num_samples=int(request.get("num_samples", 1)), check=check)  # fmt: skip
         except ValueError as error:
             raise wire.WireError(str(error)) from None
@@ -279,25 +281,30 @@ class Samplers:
         return wire.sample_response(sequences, prompt_logprobs)
 
 
-def stop_tokens(stop: Any, model: registry.LanguageModel) -> list[int]:
-    """SamplingParams.stop as token ids, as the SDK documents it: None stops at the end-of-sequence token, ``[]``
-    at nothing (not even it), stop tokens besides it otherwise; for the byte-level LM a one-byte string is that
-    byte."""
+@dataclass(frozen=True)
+class Stops:
+    """SamplingParams.stop as the sampler applies it: stop tokens, and stop strings matched on the text the
+    model's tokenizer decodes from what was sampled so far. The token that completes a stop string ends the
+    sample and is kept, as the hosted service keeps it (the cookbook's renderers parse responses that end with
+    their stop string)."""
+
+    tokens: list[int]
+    strings: tuple[str, ...] = ()
+
+
+def stops(stop: Any, model: registry.LanguageModel) -> Stops:
+    """SamplingParams.stop as the SDK documents it: None stops at the end-of-sequence token, ``[]`` at nothing
+    (not even it), stop tokens or stop strings besides it otherwise."""
     eos = model.core.model.eos_id
     if stop is None:
-        return [eos]
-    stops = [stop] if isinstance(stop, str) else list(stop)
-    if not stops:
-        return []
-    if all(isinstance(s, int) for s in stops):
-        return [*stops, eos]
-    encoded = [tiny_lm.ByteTokenizer().encode(s) for s in stops if isinstance(s, str)]
-    if (
-        model.base_model != registry.TINY_LM
-        or len(encoded) != len(stops)
-        or any(len(e) != 1 for e in encoded)
-    ):
-        raise wire.WireError(
-            "stop strings are served for the byte-level LM, one byte each; pass token ids instead"
-        )
-    return [e[0] for e in encoded] + [eos]
+        return Stops([eos])
+    listed = [stop] if isinstance(stop, str) else list(stop)
+    if not listed:
+        return Stops([])
+    if all(isinstance(s, int) and not isinstance(s, bool) for s in listed):
+        return Stops([*listed, eos])
+    if all(isinstance(s, str) and s for s in listed):
+        return Stops([eos], tuple(listed))
+    raise wire.WireError(
+        f"SamplingParams.stop must be token ids or non-empty strings, not both; got {listed!r}"
+    )
