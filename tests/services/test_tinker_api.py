@@ -5,6 +5,7 @@ errors, API keys, retried request numbers, and a trainer killed and restarted un
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -407,6 +408,86 @@ def test_a_custom_loss_runs_client_side_over_the_servers_cross_entropy(service: 
     assert np.isclose(custom.metrics["surrogate_loss:sum"], custom.metrics["loss:sum"], rtol=1e-4)
     assert np.allclose(forward_logprobs(client, datum, "cross_entropy"),
                        forward_logprobs(reference, datum, "cross_entropy"), atol=1e-5)  # fmt: skip
+
+
+# --- training runs and checkpoints (the SDK's RestClient) -----------------------------------------------------
+
+
+def test_training_runs_and_checkpoints_through_the_rest_client(
+    service: tinker.ServiceClient, trainer: TinkerTrainer, raw: Raw
+) -> None:
+    """What the cookbook reads and changes through RestClient: the run behind a tinker path with its user
+    metadata (the renderer it saved), its checkpoints listed, published, given a TTL and deleted (files too);
+    a checkpoint saved with ttl_seconds is swept when it runs out."""
+    client = service.create_lora_training_client(
+        base_model=LM, rank=4, user_metadata={"renderer_name": "role_colon"}
+    ).result(timeout=60)
+    step(client, lm_datum(IDS), types.AdamParams(learning_rate=1e-3), "cross_entropy")
+    kept = client.save_state("kept").result(timeout=60).path
+    for_sampler = (
+        client.save_weights_for_sampler("to-sample", user_metadata={"step": "1"}).result(timeout=60).path
+    )
+    brief = client.save_state("brief", ttl_seconds=1).result(timeout=60).path
+    files = trainer.directory.rglob
+
+    rest = tinker.RestClient(base_url=trainer.url, api_key=KEY)
+    run = rest.get_training_run_by_tinker_path(kept).result(timeout=30)
+    assert (run.training_run_id, run.base_model, run.is_lora, run.lora_rank) == (client.model_id, LM, True, 4)
+    assert run.user_metadata == {"renderer_name": "role_colon"}
+    assert run.last_sampler_checkpoint is not None and run.last_sampler_checkpoint.tinker_path == for_sampler
+    assert rest.get_training_run(client.model_id).result(timeout=30).training_run_id == client.model_id
+    runs = rest.list_training_runs(limit=1000).result(timeout=30)
+    assert client.model_id in {r.training_run_id for r in runs.training_runs} and runs.cursor.total_count >= 1
+
+    listed = {c.tinker_path: c for c in rest.list_checkpoints(client.model_id).result(timeout=30).checkpoints}
+    assert {kept, for_sampler} <= set(listed)
+    assert listed[for_sampler].checkpoint_type == "sampler" and listed[for_sampler].user_metadata == {
+        "step": "1"
+    }
+    assert listed[kept].checkpoint_type == "training" and listed[kept].size_bytes > 0
+    assert listed[kept].expires_at is None and not listed[kept].public
+    info = rest.get_weights_info_by_tinker_path(for_sampler).result(timeout=30)
+    assert (info.base_model, info.is_lora, info.lora_rank) == (LM, True, 4)
+    everyone = rest.list_user_checkpoints(limit=1000).result(timeout=30).checkpoints
+    assert {kept, for_sampler} <= {c.tinker_path for c in everyone}
+
+    # the sweeper deletes the checkpoint saved with ttl_seconds=1, and its files
+    deadline = time.monotonic() + 15
+    while brief in {
+        c.tinker_path for c in rest.list_checkpoints(client.model_id).result(timeout=30).checkpoints
+    }:
+        assert time.monotonic() < deadline, "the expired checkpoint is still listed"
+        time.sleep(0.5)
+    assert not list(files("brief.*"))
+
+    rest.publish_checkpoint_from_tinker_path(kept).result(timeout=30)
+    # a second publish is a 409, as the SDK documents (which its client retries: sent by hand)
+    again = raw.client.post(f"/api/v1/training_runs/{client.model_id}/checkpoints/weights/kept/publish")
+    assert again.status_code == 409 and "already public" in again.json()["detail"]
+    rest.set_checkpoint_ttl_from_tinker_path(kept, 3600).result(timeout=30)
+    now = {c.tinker_path: c for c in rest.list_checkpoints(client.model_id).result(timeout=30).checkpoints}[
+        kept
+    ]
+    assert now.public and now.expires_at is not None
+    rest.unpublish_checkpoint_from_tinker_path(kept).result(timeout=30)
+    for bad in (raw.client.put(f"/api/v1/training_runs/{client.model_id}/checkpoints/weights/kept/ttl",
+                               json={"ttl_seconds": -5}),
+                raw.client.get("/api/v1/training_runs", params={"limit": 0})):  # fmt: skip
+        assert bad.status_code == 400, bad.text
+
+    assert list(files("kept.pt"))
+    rest.delete_checkpoint_from_tinker_path(kept).result(timeout=30)
+    assert kept not in {
+        c.tinker_path for c in rest.list_checkpoints(client.model_id).result(timeout=30).checkpoints
+    }
+    assert not list(files("kept.*"))
+    for missing in (lambda: rest.delete_checkpoint_from_tinker_path(kept),
+                    lambda: rest.get_training_run("session-none:train:0"),
+                    lambda: rest.get_weights_info_by_tinker_path(kept)):  # fmt: skip
+        with pytest.raises(tinker.NotFoundError):
+            missing().result(timeout=30)
+    output, _ = step(client, lm_datum(IDS), types.AdamParams(learning_rate=1e-3), "cross_entropy")
+    assert np.isfinite(output.metrics["loss:sum"])  # the model trains on
 
 
 # --- sessions ------------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import contextlib
 import json
 import time
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
@@ -202,6 +203,7 @@ def build_app(store: Store, worker: Worker, api_keys: list[str], capabilities: l
             "lora": lora,
             "session": body.session_id,
             "created_at": time.time(),
+            "user_metadata": {str(k): str(v) for k, v in (body.user_metadata or {}).items()},
         }
         store.add_model(model_id, record)
         return queued(store.submit("create_model", b"", model_id, seq=0), model_id)
@@ -210,11 +212,9 @@ def build_app(store: Store, worker: Worker, api_keys: list[str], capabilities: l
     async def get_info(request: Request) -> dict[str, Any]:
         body = _parse(types.GetInfoRequest, await request.body())
         record = known_model(body.model_id, loaded=False)
-        rank = int((record.get("lora") or {}).get("rank", 0))
-        is_lora = record["base_model"] in registry.LANGUAGE_MODELS and rank > 0
         return {"type": "get_info", "model_id": body.model_id, "model_name": record["base_model"],
                 "model_data": {"arch": record["base_model"].split("/")[0], "model_name": record["base_model"]},
-                "is_lora": is_lora, "lora_rank": rank if is_lora else None}  # fmt: skip
+                **lora_of(record)}  # fmt: skip
 
     def numbered_route(kind: str) -> Callable[[Callable[[Request, bytes], Awaitable[dict[str, Any]]]], None]:
         """Register a numbered route; its refusals (HTTPError) note the request's number as refused."""
@@ -353,4 +353,136 @@ def build_app(store: Store, worker: Worker, api_keys: list[str], capabilities: l
         request_id = store.submit("sample", raw, dedup=dedup, lane=sampler_lane(*found))
         return queued(request_id, sample_sequence_ids=[f"{request_id}:{i}" for i in range(body.num_samples)])
 
+    # training runs and checkpoints (the SDK's RestClient) ---------------------------------------------------
+    def run_record(run_id: str) -> dict[str, Any]:
+        record = store.model(run_id)
+        if record is None:
+            raise HTTPError(404, f"no training run {run_id!r}")
+        return record
+
+    def checkpoint_id(run_id: str, kind: str, name: str) -> str:
+        """The id of a checkpoint of the run; 404 when it has none of that kind and name."""
+        run_record(run_id)
+        found = f"{kind}/{name}"
+        if store.checkpoint(run_id, found) is None:
+            raise HTTPError(404, f"training run {run_id!r} has no checkpoint {found!r}")
+        return found
+
+    def checkpoint_json(run_id: str, found: str, info: dict[str, Any]) -> dict[str, Any]:
+        kind, _, name = found.partition("/")
+        return {"checkpoint_id": found, "checkpoint_type": CHECKPOINT_TYPES[kind], "time": _iso(info["created_at"]),
+                "tinker_path": worker.tinker_path(run_id, kind, name), "size_bytes": info.get("size_bytes"),
+                "public": info.get("public", False), "user_metadata": info.get("user_metadata"),
+                "expires_at": _iso(info["expires_at"]) if info.get("expires_at") is not None else None}  # fmt: skip
+
+    def run_checkpoints(run_id: str) -> list[dict[str, Any]]:
+        listed = [checkpoint_json(run_id, cid, info) for cid, info in store.checkpoints(run_id).items()]
+        return sorted(listed, key=lambda c: c["time"])
+
+    def training_run(run_id: str) -> dict[str, Any]:
+        record, checkpoints = run_record(run_id), run_checkpoints(run_id)
+        latest = {kind: next((c for c in reversed(checkpoints) if c["checkpoint_type"] == kind), None)
+                  for kind in ("training", "sampler")}  # fmt: skip
+        return {"training_run_id": run_id, "base_model": record["base_model"], "model_owner": OWNER,
+                **lora_of(record), "last_request_time": _iso(store.last_request_at(run_id)),
+                "last_checkpoint": latest["training"], "last_sampler_checkpoint": latest["sampler"],
+                "user_metadata": record.get("user_metadata") or None}  # fmt: skip
+
+    def page(request: Request) -> tuple[int, int]:
+        try:
+            limit = int(request.query_params.get("limit", 20))
+            offset = int(request.query_params.get("offset", 0))
+        except ValueError:
+            raise HTTPError(400, "limit and offset must be whole numbers") from None
+        if not 1 <= limit <= 1000 or offset < 0:
+            raise HTTPError(400, f"need 1 <= limit <= 1000 and offset >= 0, got {limit} and {offset}")
+        return limit, offset
+
+    @app.get("/api/v1/training_runs")
+    async def list_training_runs(request: Request) -> dict[str, Any]:
+        limit, offset = page(request)
+        runs = store.runs()
+        return {"training_runs": [training_run(r) for r in runs[offset : offset + limit]],
+                "cursor": {"offset": offset, "limit": limit, "total_count": len(runs)}}  # fmt: skip
+
+    @app.get("/api/v1/training_runs/{run_id}")
+    async def get_training_run(run_id: str) -> dict[str, Any]:
+        return training_run(run_id)
+
+    @app.get("/api/v1/training_runs/{run_id}/checkpoints")
+    async def list_checkpoints(run_id: str) -> dict[str, Any]:
+        run_record(run_id)
+        return {"checkpoints": run_checkpoints(run_id)}
+
+    @app.get("/api/v1/checkpoints")
+    async def list_user_checkpoints(request: Request) -> dict[str, Any]:
+        limit, offset = page(request)
+        every = sorted(
+            (c for run in store.runs() for c in run_checkpoints(run)), key=lambda c: c["time"], reverse=True
+        )
+        return {"checkpoints": every[offset : offset + limit],
+                "cursor": {"offset": offset, "limit": limit, "total_count": len(every)}}  # fmt: skip
+
+    @app.delete("/api/v1/training_runs/{run_id}/checkpoints/{kind}/{name}")
+    async def delete_checkpoint(run_id: str, kind: str, name: str) -> None:
+        worker.delete_checkpoint(run_id, checkpoint_id(run_id, kind, name))
+
+    def set_public(run_id: str, kind: str, name: str, public: bool) -> None:
+        """Mark a checkpoint public or private (a flag the listings show: every client with a key of this
+        server reads every checkpoint already); 409 when it already is, as the SDK documents."""
+        found = checkpoint_id(run_id, kind, name)
+        if bool((store.checkpoint(run_id, found) or {}).get("public")) == public:
+            raise HTTPError(409, f"checkpoint {found!r} is already {'public' if public else 'private'}")
+        store.update_checkpoint(run_id, found, public=public)
+
+    @app.post("/api/v1/training_runs/{run_id}/checkpoints/{kind}/{name}/publish")
+    async def publish_checkpoint(run_id: str, kind: str, name: str) -> None:
+        set_public(run_id, kind, name, True)
+
+    @app.delete("/api/v1/training_runs/{run_id}/checkpoints/{kind}/{name}/publish")
+    async def unpublish_checkpoint(run_id: str, kind: str, name: str) -> None:
+        set_public(run_id, kind, name, False)
+
+    @app.put("/api/v1/training_runs/{run_id}/checkpoints/{kind}/{name}/ttl")
+    async def set_checkpoint_ttl(run_id: str, kind: str, name: str, request: Request) -> None:
+        found = checkpoint_id(run_id, kind, name)
+        try:
+            ttl = json.loads(await request.body() or b"{}").get("ttl_seconds")
+        except (ValueError, AttributeError):
+            raise HTTPError(400, 'the body must be {"ttl_seconds": <seconds> | null}') from None
+        if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int) or ttl < 1):
+            raise HTTPError(400, f"ttl_seconds must be a whole number of seconds >= 1, or null; got {ttl!r}")
+        store.update_checkpoint(run_id, found, expires_at=None if ttl is None else time.time() + ttl)
+
+    @app.post("/api/v1/weights_info")
+    async def weights_info(request: Request) -> dict[str, Any]:
+        try:
+            path = json.loads(await request.body()).get("tinker_path")
+        except (ValueError, AttributeError):
+            raise HTTPError(400, 'the body must be {"tinker_path": "tinker://..."}') from None
+        try:
+            record = worker.checkpoint_record(str(path))
+        except wire.WireError as error:
+            raise HTTPError(404, str(error)) from None
+        lora, adapters = record.get("lora") or {}, lora_of(record)
+        parts = {f"train_{part}": bool(lora.get(f"train_{part}", True)) if adapters["is_lora"] else None
+                 for part in ("unembed", "mlp", "attn")}  # fmt: skip
+        return {"base_model": record["base_model"], **adapters, **parts}
+
     return app
+
+
+OWNER = "tinker-atropos"  # the runs of one server share its API keys: no owner of their own
+CHECKPOINT_TYPES = {"weights": "training", "sampler_weights": "sampler"}
+
+
+def _iso(unix_time: float) -> str:
+    return datetime.fromtimestamp(unix_time, UTC).isoformat()
+
+
+def lora_of(record: dict[str, Any]) -> dict[str, Any]:
+    """``is_lora`` and ``lora_rank`` of a model's record: a language model of rank > 0 (a control policy trains
+    fully, whatever rank it was asked for)."""
+    rank = int((record.get("lora") or {}).get("rank", 0))
+    is_lora = record["base_model"] in registry.LANGUAGE_MODELS and rank > 0
+    return {"is_lora": is_lora, "lora_rank": rank if is_lora else None}

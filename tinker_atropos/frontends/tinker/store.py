@@ -100,8 +100,9 @@ class Store:
         key = self._key("model", model_id)
         if not self.client.hsetnx(key, "record", json.dumps(record)):
             return False
-        self.client.hset(key, mapping={"applied_seq": -1, "snapshot_seq": -1})
+        self.client.hset(key, mapping={"applied_seq": -1, "snapshot_seq": -1, "last_request_at": time.time()})
         self.client.sadd(self._key("models"), model_id)
+        self.client.sadd(self._key("runs"), model_id)
         return True
 
     def model(self, model_id: str) -> dict[str, Any] | None:
@@ -248,7 +249,8 @@ class Store:
             pipe.hset(future, mapping={"status": status, "result": body, "content_type": content_type})
             pipe.expire(future, self.future_ttl_s)
             if applied is not None:
-                pipe.hset(self._key("model", applied[0]), "applied_seq", applied[1])
+                pipe.hset(self._key("model", applied[0]), mapping={"applied_seq": applied[1],
+                                                                   "last_request_at": time.time()})  # fmt: skip
                 pipe.hdel(self._key("model", applied[0], "refused"), str(applied[1]))
                 if snapshot is not None:
                     pipe.hset(self._key("model", applied[0]),
@@ -280,3 +282,53 @@ class Store:
     def sampler(self, sampler_id: str) -> tuple[str, str | None] | None:
         base, path = self.client.hmget(self._key("sampler", sampler_id), ["base_model", "model_path"])
         return None if base is None else (base.decode(), path.decode() or None if path else None)
+
+    # training runs and their checkpoints -----------------------------------------------------------------
+    # A training run is a model, loaded or not (the SDK's training_run_id is its model id). Its checkpoints are
+    # those saved under a name, each with its record (``created_at``, ``size_bytes``, ``public``,
+    # ``user_metadata``, ``expires_at``); the ones with an expiry are also in one sorted set, for the sweeper.
+    def runs(self) -> list[str]:
+        return sorted(m.decode() for m in self.client.smembers(self._key("runs")))
+
+    def last_request_at(self, model_id: str) -> float:
+        raw = self.client.hget(self._key("model", model_id), "last_request_at")
+        return float(raw or 0.0)
+
+    def add_checkpoint(self, model_id: str, checkpoint_id: str, info: dict[str, Any]) -> None:
+        """Record (or replace) the checkpoint ``checkpoint_id`` (``weights/<name>``, ``sampler_weights/<name>``)."""
+        self.client.hset(self._key("checkpoints", model_id), checkpoint_id, json.dumps(info))
+        self._expire_at(model_id, checkpoint_id, info.get("expires_at"))
+
+    def checkpoints(self, model_id: str) -> dict[str, dict[str, Any]]:
+        return {cid.decode(): json.loads(raw)
+                for cid, raw in self.client.hgetall(self._key("checkpoints", model_id)).items()}  # fmt: skip
+
+    def checkpoint(self, model_id: str, checkpoint_id: str) -> dict[str, Any] | None:
+        raw = self.client.hget(self._key("checkpoints", model_id), checkpoint_id)
+        return None if raw is None else json.loads(raw)
+
+    def update_checkpoint(self, model_id: str, checkpoint_id: str, **fields: Any) -> bool:
+        """Change fields of a checkpoint's record; False when there is no such checkpoint."""
+        info = self.checkpoint(model_id, checkpoint_id)
+        if info is None:
+            return False
+        self.add_checkpoint(model_id, checkpoint_id, {**info, **fields})
+        return True
+
+    def remove_checkpoint(self, model_id: str, checkpoint_id: str) -> bool:
+        """Forget a checkpoint; False when there was none."""
+        self.client.zrem(self._key("checkpoint_expiry"), f"{model_id} {checkpoint_id}")
+        return bool(self.client.hdel(self._key("checkpoints", model_id), checkpoint_id))
+
+    def expired_checkpoints(self, now: float) -> list[tuple[str, str]]:
+        """(model, checkpoint) of the checkpoints whose ``ttl_seconds`` ran out by unix time ``now``."""
+        expired = self.client.zrangebyscore(self._key("checkpoint_expiry"), "-inf", now)
+        pairs = [member.decode().split(" ", 1) for member in expired]
+        return [(model_id, checkpoint_id) for model_id, checkpoint_id in pairs]
+
+    def _expire_at(self, model_id: str, checkpoint_id: str, expires_at: float | None) -> None:
+        member = f"{model_id} {checkpoint_id}"
+        if expires_at is None:
+            self.client.zrem(self._key("checkpoint_expiry"), member)
+        else:
+            self.client.zadd(self._key("checkpoint_expiry"), {member: expires_at})

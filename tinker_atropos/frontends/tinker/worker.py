@@ -44,6 +44,7 @@ _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 _STATE_CHANGING = {"create_model", "create_from_state", "optim_step", "load_weights"}
 _USER_ERRORS = (wire.WireError, LossError)
 FINISH_RETRY_S = 1.0  # between two tries to record an applied request's outcome while Redis is away
+CHECKPOINT_SWEEP_S = 1.0  # between two looks for checkpoints past their ttl_seconds
 
 
 def _json(**fields: Any) -> bytes:
@@ -71,6 +72,7 @@ class Worker:
         self.threads: set[threading.Thread] = set()
         self.started = time.time()
         self.next_expiry_check = 0.0
+        self.next_checkpoint_sweep = 0.0
 
     # paths ---------------------------------------------------------------------------------------------
     def _dir(self, model_id: str) -> Path:
@@ -97,6 +99,38 @@ class Worker:
         record.write_text(json.dumps(payload["record"]))
         torch.save(payload, partial)
         os.replace(partial, file)
+
+    def _saved(self, model_id: str, kind: str, name: str, request: dict[str, Any]) -> str:
+        """Record a checkpoint saved under a name, with its ``ttl_seconds`` and ``user_metadata``; its path."""
+        ttl = request.get("ttl_seconds")
+        now = time.time()
+        file = self._dir(model_id) / kind / f"{name}.pt"
+        self.store.add_checkpoint(model_id, f"{kind}/{name}", {
+            "created_at": now, "size_bytes": file.stat().st_size, "public": False,
+            "user_metadata": request.get("user_metadata"), "expires_at": None if ttl is None else now + ttl})  # fmt: skip
+        return self.tinker_path(model_id, kind, name)
+
+    def delete_checkpoint(self, model_id: str, checkpoint_id: str) -> bool:
+        """Delete a checkpoint's files and its record; False when there was no such checkpoint."""
+        kind, _, name = checkpoint_id.partition("/")
+        known = self.store.remove_checkpoint(model_id, checkpoint_id)
+        if kind not in ("weights", "sampler_weights") or not _NAME.match(name):
+            return known
+        file = self._dir(model_id) / kind / f"{name}.pt"
+        existed = file.exists()
+        file.unlink(missing_ok=True)
+        file.with_suffix(".json").unlink(missing_ok=True)
+        return known or existed
+
+    def expire_checkpoints(self) -> None:
+        """Delete the checkpoints whose ``ttl_seconds`` ran out (checked every ``CHECKPOINT_SWEEP_S``)."""
+        now = time.time()
+        if now < self.next_checkpoint_sweep:
+            return
+        self.next_checkpoint_sweep = now + CHECKPOINT_SWEEP_S
+        for model_id, checkpoint_id in self.store.expired_checkpoints(now):
+            self.delete_checkpoint(model_id, checkpoint_id)
+            log.info("Tinker checkpoint %s of %s expired (its ttl_seconds): deleted", checkpoint_id, model_id)
 
     def checkpoint_record(self, path: str) -> dict[str, Any]:
         """The record of the checkpoint behind a ``tinker://`` path; WireError if there is none."""
@@ -171,6 +205,7 @@ class Worker:
             self.wake.clear()  # before reading the store: a request or a lane's end after it wakes the next wait
             try:
                 self.expire_sessions()
+                self.expire_checkpoints()
                 self.dispatch(threaded=True)
             except redis.RedisError as error:
                 log.warning("Tinker requests unreadable (%s); retrying", error)
@@ -417,6 +452,9 @@ class Worker:
             raise wire.WireError(
                 f"checkpoint name {name!r}: use letters, digits, '_', '.', '-' (at most 128)"
             )
+        ttl = request.get("ttl_seconds")
+        if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int) or ttl < 1):
+            raise wire.WireError(f"ttl_seconds must be a whole number of seconds >= 1, or None; got {ttl!r}")
         return request, name
 
     def _do_save_weights(self, model_id: str, seq: int, body: bytes, deadline: float) -> tuple[bytes, str]:
@@ -430,7 +468,7 @@ class Worker:
             )
         self._save(file, self._state(model_id))
         return _json(
-            path=self.tinker_path(model_id, "weights", name), type="save_weights"
+            path=self._saved(model_id, "weights", name, request), type="save_weights"
         ), "application/json"
 
     def _do_save_weights_for_sampler(
@@ -449,6 +487,7 @@ class Worker:
                             signing_key("weights"))  # fmt: skip
             log.info("Tinker model %s published as policy version %d", model_id, version)
         if name is not None:
+            self._saved(model_id, "sampler_weights", name, request)
             return _json(path=path, type="save_weights_for_sampler"), "application/json"
         sampler = f"{model_id.split(':')[0]}:sample:{uuid.uuid4().hex[:12]}"
         self.store.add_sampler(sampler, model.base_model, path)
