@@ -195,6 +195,11 @@ def test_an_unknown_loss_is_a_user_error_and_the_client_carries_on(service: tink
         client.forward_backward([datum], "no-such-loss").result(timeout=30)
     assert failure.value.category == RequestErrorCategory.User
     assert "no-such-loss" in failure.value.message
+    # the cookbook's RL default: refused saying why, and what to train with instead
+    with pytest.raises(tinker.RequestFailedError) as failure:
+        client.forward_backward([datum], "stable_reinforce").result(timeout=30)
+    assert failure.value.category == RequestErrorCategory.User
+    assert "not served" in failure.value.message and "loss_fn='importance_sampling'" in failure.value.message
     output, optim = step(client, datum, types.AdamParams(learning_rate=1e-2))
     assert np.isfinite(output.metrics["loss:sum"]) and isinstance(optim, types.OptimStepResponse)
 

@@ -71,8 +71,19 @@ def loss_fn(name: str) -> Callable[[torch.Tensor, Inputs, Config], torch.Tensor]
     return LOSSES[name]
 
 
+# losses the SDK names that this server refuses, and why (the client's error says so): a user of the cookbook,
+# whose RL recipes default to stable_reinforce, learns what to set instead
+UNSERVED = {
+    "stable_reinforce": "Tinker publishes its inputs (samples recorded with record_stability_info, provenance "
+    "spans naming them) but not its objective, so this server cannot compute what the hosted service does; "
+    "train with loss_fn='importance_sampling' or 'ppo' (the cookbook: Config.loss_fn, AsyncConfig.loss_fn)",
+}
+
+
 def inputs_of(name: str) -> tuple[str, ...]:
     """The inputs loss ``name`` needs; LossError for a loss this server does not compute."""
+    if name in UNSERVED:
+        raise LossError(f"loss {name!r} is not served: {UNSERVED[name]}")
     if name not in LOSSES:
         raise LossError(f"unknown loss {name!r}; this server computes {', '.join(LOSSES)}")
     return INPUTS[name]
