@@ -121,8 +121,8 @@ def test_the_cookbooks_rl_loop_samples_with_its_stop_string_and_trains(
     trainer: TinkerTrainer, cookbook: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture, loss_fn: str
 ) -> None:
     """The RL loop of the cookbook's math recipe on its arithmetic env: groups sampled with the renderer's stop
-    string (a multi-byte one, which this server refused before), rewarded, trained with the loss (ppo asynchronously, sampling
-    up to a step ahead), a checkpoint saved."""
+    string (a multi-byte one, which this server refused before), rewarded, trained with the loss (ppo
+    asynchronously, sampling up to a step ahead), a checkpoint saved."""
     dataset = ArithmeticDatasetBuilder(batch_size=2, model_name_for_tokenizer=LM, renderer_name=RENDERER,
                                        n_batches=3, group_size=4, include_fewshot=False)  # fmt: skip
     async_config = rl_train.AsyncConfig(max_steps_off_policy=1, groups_per_batch=2, loss_fn=loss_fn)

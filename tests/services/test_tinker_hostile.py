@@ -94,6 +94,10 @@ def _unknown_checkpoint(client: tinker.TrainingClient) -> None:
     client.load_state("tinker://session-0000:train:0/weights/none").result(timeout=60)
 
 
+def _an_unserved_call(client: tinker.TrainingClient) -> None:
+    client.save_weights_external("exported").result(timeout=60)
+
+
 def _token_outside_the_vocabulary(client: tinker.TrainingClient) -> None:  # refused by the worker
     client.forward_backward([lm_datum([*IDS, TinyLMConfig.vocab_size])], "cross_entropy").result(timeout=60)
 
@@ -106,6 +110,7 @@ def _token_outside_the_vocabulary(client: tinker.TrainingClient) -> None:  # ref
         pytest.param(_sparse_of_a_huge_shape, 400, "max_request_mb", id="memory"),
         pytest.param(_past_the_token_budget, 400, "max_request_tokens", id="token-budget"),
         pytest.param(_unknown_checkpoint, 404, "no checkpoint", id="unknown-model"),
+        pytest.param(_an_unserved_call, 404, "not served by this trainer: save_weights_external", id="unserved"),
         pytest.param(_token_outside_the_vocabulary, None, "target_tokens", id="shape"),
     ],
 )  # fmt: skip

@@ -28,7 +28,25 @@ from tinker_atropos.frontends.tinker import registry, wire
 from tinker_atropos.frontends.tinker.store import PENDING, Store, sampler_lane
 from tinker_atropos.frontends.tinker.worker import Worker
 
-NUMBERED = ("forward_backward", "optim_step", "save_weights", "save_weights_for_sampler", "load_weights")
+NUMBERED = ("forward_backward", "optim_step", "save_weights", "save_weights_for_sampler", "load_weights",
+            "save_weights_external")  # fmt: skip
+# the SDK's calls this server refuses, each with a 404 that says why (a 404 because the SDK retries a 501)
+UNSERVED = {
+    ("POST", "/api/v1/save_weights_external"): "save_weights_external: weights are not exported outside this "
+    "trainer's run folder; use save_state or save_weights_for_sampler",
+    ("GET", "/api/v1/training_runs/{run_id}/checkpoints/{kind}/{name}/external_weights_urls"): "external "
+    "weights: none are saved here (save_weights_external is refused)",
+    ("POST", "/api/v1/copy_weights"): "copy_weights: checkpoints stay in the run folder that saved them",
+    ("POST", "/api/v1/join_sampling_session"): "join_sampling_session: create a sampling client instead",
+    ("POST", "/api/v1/create_custom_loss"): "server-side custom losses: forward_backward_custom runs on the "
+    "client, over cross_entropy",
+    ("POST", "/api/v1/cancel_future"): "cancel_future: a queued request runs, and its result expires",
+    (
+        "GET",
+        "/api/v1/sessions",
+    ): "session listing (and search, projects, trace export): sessions are internal",
+    ("GET", "/api/v1/audit"): "the audit log: this server keeps no accounts",
+}
 
 
 class HTTPError(Exception):
@@ -468,6 +486,16 @@ def build_app(store: Store, worker: Worker, api_keys: list[str], capabilities: l
         parts = {f"train_{part}": bool(lora.get(f"train_{part}", True)) if adapters["is_lora"] else None
                  for part in ("unembed", "mlp", "attn")}  # fmt: skip
         return {"base_model": record["base_model"], **adapters, **parts}
+
+    def unserved(reason: str) -> Callable[[Request], Awaitable[None]]:
+        async def route(request: Request) -> None:
+            await refused(request.scope, await request.body(), f"refused (404): {reason}")
+            raise HTTPError(404, f"not served by this trainer: {reason}")
+
+        return route
+
+    for (method, path), reason in UNSERVED.items():
+        app.add_api_route(path, unserved(reason), methods=[method])
 
     return app
 
