@@ -382,7 +382,7 @@ def build_app(store: Store, worker: Worker, api_keys: list[str], capabilities: l
         """The id of a checkpoint of the run; 404 when it has none of that kind and name."""
         run_record(run_id)
         found = f"{kind}/{name}"
-        if store.checkpoint(run_id, found) is None:
+        if store.runs.checkpoint(run_id, found) is None:
             raise HTTPError(404, f"training run {run_id!r} has no checkpoint {found!r}")
         return found
 
@@ -394,7 +394,7 @@ def build_app(store: Store, worker: Worker, api_keys: list[str], capabilities: l
                 "expires_at": _iso(info["expires_at"]) if info.get("expires_at") is not None else None}  # fmt: skip
 
     def run_checkpoints(run_id: str) -> list[dict[str, Any]]:
-        listed = [checkpoint_json(run_id, cid, info) for cid, info in store.checkpoints(run_id).items()]
+        listed = [checkpoint_json(run_id, cid, info) for cid, info in store.runs.checkpoints(run_id).items()]
         return sorted(listed, key=lambda c: c["time"])
 
     def training_run(run_id: str) -> dict[str, Any]:
@@ -402,7 +402,7 @@ def build_app(store: Store, worker: Worker, api_keys: list[str], capabilities: l
         latest = {kind: next((c for c in reversed(checkpoints) if c["checkpoint_type"] == kind), None)
                   for kind in ("training", "sampler")}  # fmt: skip
         return {"training_run_id": run_id, "base_model": record["base_model"], "model_owner": OWNER,
-                **lora_of(record), "last_request_time": _iso(store.last_request_at(run_id)),
+                **lora_of(record), "last_request_time": _iso(store.runs.last_request_at(run_id)),
                 "last_checkpoint": latest["training"], "last_sampler_checkpoint": latest["sampler"],
                 "user_metadata": record.get("user_metadata") or None}  # fmt: skip
 
@@ -419,7 +419,7 @@ def build_app(store: Store, worker: Worker, api_keys: list[str], capabilities: l
     @app.get("/api/v1/training_runs")
     async def list_training_runs(request: Request) -> dict[str, Any]:
         limit, offset = page(request)
-        runs = store.runs()
+        runs = store.runs.ids()
         return {"training_runs": [training_run(r) for r in runs[offset : offset + limit]],
                 "cursor": {"offset": offset, "limit": limit, "total_count": len(runs)}}  # fmt: skip
 
@@ -436,7 +436,9 @@ def build_app(store: Store, worker: Worker, api_keys: list[str], capabilities: l
     async def list_user_checkpoints(request: Request) -> dict[str, Any]:
         limit, offset = page(request)
         every = sorted(
-            (c for run in store.runs() for c in run_checkpoints(run)), key=lambda c: c["time"], reverse=True
+            (c for run in store.runs.ids() for c in run_checkpoints(run)),
+            key=lambda c: c["time"],
+            reverse=True,
         )
         return {"checkpoints": every[offset : offset + limit],
                 "cursor": {"offset": offset, "limit": limit, "total_count": len(every)}}  # fmt: skip
@@ -449,9 +451,9 @@ def build_app(store: Store, worker: Worker, api_keys: list[str], capabilities: l
         """Mark a checkpoint public or private (a flag the listings show: every client with a key of this
         server reads every checkpoint already); 409 when it already is, as the SDK documents."""
         found = checkpoint_id(run_id, kind, name)
-        if bool((store.checkpoint(run_id, found) or {}).get("public")) == public:
+        if bool((store.runs.checkpoint(run_id, found) or {}).get("public")) == public:
             raise HTTPError(409, f"checkpoint {found!r} is already {'public' if public else 'private'}")
-        store.update_checkpoint(run_id, found, public=public)
+        store.runs.update_checkpoint(run_id, found, public=public)
 
     @app.post("/api/v1/training_runs/{run_id}/checkpoints/{kind}/{name}/publish")
     async def publish_checkpoint(run_id: str, kind: str, name: str) -> None:
@@ -470,7 +472,7 @@ def build_app(store: Store, worker: Worker, api_keys: list[str], capabilities: l
             raise HTTPError(400, 'the body must be {"ttl_seconds": <seconds> | null}') from None
         if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int) or ttl < 1):
             raise HTTPError(400, f"ttl_seconds must be a whole number of seconds >= 1, or null; got {ttl!r}")
-        store.update_checkpoint(run_id, found, expires_at=None if ttl is None else time.time() + ttl)
+        store.runs.update_checkpoint(run_id, found, expires_at=None if ttl is None else time.time() + ttl)
 
     @app.post("/api/v1/weights_info")
     async def weights_info(request: Request) -> dict[str, Any]:

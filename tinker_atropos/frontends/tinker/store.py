@@ -47,12 +47,21 @@ class Result:
     content_type: str = "application/json"
 
 
-class Store:
-    def __init__(self, client: redis.Redis, run: str, future_ttl_s: float = 3600.0) -> None:
-        self.client, self.prefix, self.future_ttl_s = client, f"ta:{run}:tinker", int(future_ttl_s)
+class _Keys:
+    """The run's Tinker namespace in Redis."""
+
+    def __init__(self, client: redis.Redis, run: str) -> None:
+        self.client, self.prefix = client, f"ta:{run}:tinker"
 
     def _key(self, *parts: str) -> str:
         return ":".join((self.prefix, *parts))
+
+
+class Store(_Keys):
+    def __init__(self, client: redis.Redis, run: str, future_ttl_s: float = 3600.0) -> None:
+        super().__init__(client, run)
+        self.future_ttl_s = int(future_ttl_s)
+        self.runs = TrainingRuns(client, run)
 
     # sessions ------------------------------------------------------------------------------------------
     def create_session(self, fields: dict[str, Any]) -> str:
@@ -283,11 +292,14 @@ class Store:
         base, path = self.client.hmget(self._key("sampler", sampler_id), ["base_model", "model_path"])
         return None if base is None else (base.decode(), path.decode() or None if path else None)
 
-    # training runs and their checkpoints -----------------------------------------------------------------
-    # A training run is a model, loaded or not (the SDK's training_run_id is its model id). Its checkpoints are
-    # those saved under a name, each with its record (``created_at``, ``size_bytes``, ``public``,
-    # ``user_metadata``, ``expires_at``); the ones with an expiry are also in one sorted set, for the sweeper.
-    def runs(self) -> list[str]:
+
+class TrainingRuns(_Keys):
+    """What the SDK's RestClient reads: a training run is a model, loaded or not (its ``training_run_id`` is the
+    model id; ``Store.add_model`` lists it), and its checkpoints are those saved under a name, each with its
+    record (``created_at``, ``size_bytes``, ``public``, ``user_metadata``, ``expires_at``); the ones that expire
+    are also in one sorted set, for the sweeper."""
+
+    def ids(self) -> list[str]:
         return sorted(m.decode() for m in self.client.smembers(self._key("runs")))
 
     def last_request_at(self, model_id: str) -> float:

@@ -105,7 +105,7 @@ class Worker:
         ttl = request.get("ttl_seconds")
         now = time.time()
         file = self._dir(model_id) / kind / f"{name}.pt"
-        self.store.add_checkpoint(model_id, f"{kind}/{name}", {
+        self.store.runs.add_checkpoint(model_id, f"{kind}/{name}", {
             "created_at": now, "size_bytes": file.stat().st_size, "public": False,
             "user_metadata": request.get("user_metadata"), "expires_at": None if ttl is None else now + ttl})  # fmt: skip
         return self.tinker_path(model_id, kind, name)
@@ -113,7 +113,7 @@ class Worker:
     def delete_checkpoint(self, model_id: str, checkpoint_id: str) -> bool:
         """Delete a checkpoint's files and its record; False when there was no such checkpoint."""
         kind, _, name = checkpoint_id.partition("/")
-        known = self.store.remove_checkpoint(model_id, checkpoint_id)
+        known = self.store.runs.remove_checkpoint(model_id, checkpoint_id)
         if kind not in ("weights", "sampler_weights") or not _NAME.match(name):
             return known
         file = self._dir(model_id) / kind / f"{name}.pt"
@@ -128,7 +128,7 @@ class Worker:
         if now < self.next_checkpoint_sweep:
             return
         self.next_checkpoint_sweep = now + CHECKPOINT_SWEEP_S
-        for model_id, checkpoint_id in self.store.expired_checkpoints(now):
+        for model_id, checkpoint_id in self.store.runs.expired_checkpoints(now):
             self.delete_checkpoint(model_id, checkpoint_id)
             log.info("Tinker checkpoint %s of %s expired (its ttl_seconds): deleted", checkpoint_id, model_id)
 
