@@ -441,6 +441,12 @@ def test_training_runs_and_checkpoints_through_the_rest_client(
     assert run.user_metadata == {"renderer_name": "role_colon"}
     assert run.last_sampler_checkpoint is not None and run.last_sampler_checkpoint.tinker_path == for_sampler
     assert rest.get_training_run(client.model_id).result(timeout=30).training_run_id == client.model_id
+    # a run made from a checkpoint carries the metadata it was created with
+    restored = service.create_training_client_from_state(kept, user_metadata={"from": "kept"}).result(
+        timeout=60
+    )
+    loaded = rest.get_training_run(restored.model_id).result(timeout=30)
+    assert (loaded.base_model, loaded.lora_rank, loaded.user_metadata) == (LM, 4, {"from": "kept"})
     runs = rest.list_training_runs(limit=1000).result(timeout=30)
     assert client.model_id in {r.training_run_id for r in runs.training_runs} and runs.cursor.total_count >= 1
 

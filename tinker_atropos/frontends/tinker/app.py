@@ -221,7 +221,7 @@ def build_app(store: Store, worker: Worker, api_keys: list[str], capabilities: l
             "lora": lora,
             "session": body.session_id,
             "created_at": time.time(),
-            "user_metadata": {str(k): str(v) for k, v in (body.user_metadata or {}).items()},
+            "user_metadata": _metadata(body.user_metadata),
         }
         store.add_model(model_id, record)
         return queued(store.submit("create_model", b"", model_id, seq=0), model_id)
@@ -293,7 +293,7 @@ def build_app(store: Store, worker: Worker, api_keys: list[str], capabilities: l
             session(body.session_id)
             model_id = f"{body.session_id}:train:{body.model_seq_id}"
             store.add_model(model_id, {"base_model": "", "lora": {}, "session": body.session_id,
-                                       "created_at": time.time()})  # fmt: skip
+                                       "created_at": time.time(), "user_metadata": _metadata(body.user_metadata)})  # fmt: skip
             return queued(store.submit("create_from_state", raw, model_id, seq=0), model_id)
         if body.model_id is None or body.seq_id is None:
             raise HTTPError(400, "load_weights needs session_id and model_seq_id, or model_id and seq_id")
@@ -504,6 +504,11 @@ def build_app(store: Store, worker: Worker, api_keys: list[str], capabilities: l
 
 OWNER = "tinker-atropos"  # the runs of one server share its API keys: no owner of their own
 CHECKPOINT_TYPES = {"weights": "training", "sampler_weights": "sampler"}
+
+
+def _metadata(user_metadata: dict[str, Any] | None) -> dict[str, str]:
+    """A run's ``user_metadata`` as the SDK's TrainingRun carries it: strings."""
+    return {str(key): str(value) for key, value in (user_metadata or {}).items()}
 
 
 def _iso(unix_time: float) -> str:

@@ -381,7 +381,10 @@ class Worker:
         self, model_id: str, seq: int, body: bytes, deadline: float
     ) -> tuple[bytes, str]:
         request = json.loads(body)
-        record = {**self.checkpoint_record(request["path"]), "session": model_id.split(":")[0]}
+        # the checkpoint's model (base, LoRA) in this session, with the user metadata this run was created with
+        created = self.store.model(model_id) or {}
+        record = {**self.checkpoint_record(request["path"]), "session": model_id.split(":")[0],
+                  "user_metadata": created.get("user_metadata") or {}}  # fmt: skip
         self.store.update_model(model_id, record)
         self._do_create_model(model_id, seq, b"", deadline)
         try:
