@@ -49,7 +49,9 @@ class Section(BaseModel):
 
 class RunSection(Section):
     name: str = Field(
-        "default", pattern=r"^[A-Za-z0-9_.-]+$", description="Namespaces Redis keys: ta:{name}:…"
+        "default",
+        pattern=r"^[A-Za-z0-9_.-]+$",
+        description="Namespaces Redis keys (ta:{name}:…) and names the run folder, runs/{name}.",
     )
     seed: int = Field(1, ge=0, description="Seeds env instances, policy sampling and network initialisation.")
     report_interval_s: float = Field(2.0, gt=0, description="Seconds between progress reports of `up`.")
@@ -66,6 +68,14 @@ class RunSection(Section):
     log_backups: int = Field(
         3, ge=1, description="Rotated logs kept per service (NAME.log.1 the newest ... NAME.log.N)."
     )
+
+    @field_validator("name")
+    @classmethod
+    def _a_folder_of_its_own(cls, name: str) -> str:
+        # runs/.. is the folder that holds runs/: the run's checkpoints, secrets and logs would land beside the code
+        if name in (".", ".."):
+            raise ValueError(f"{name!r} is no folder of its own under runs/")
+        return name
 
 
 class RedisSection(Section):
