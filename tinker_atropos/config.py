@@ -62,6 +62,13 @@ class RunSection(Section):
         "failing (a full or read-only disk) before `up` stops the run with that reason; learning goes on "
         "meanwhile and each write is retried every 10 s.",
     )
+    hang_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="A service of `up` whose process runs but whose heartbeat the registry has not shown for "
+        "this long (hung, or stopped by a signal) is killed and restarted as a crashed one is. Above "
+        "redis.heartbeat_ttl_s.",
+    )
     log_max_bytes: int = Field(
         20 * 1024 * 1024, ge=4096, description="A service's log under RUN_DIR/logs is rotated at this size."
     )
