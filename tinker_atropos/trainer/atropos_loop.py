@@ -34,7 +34,6 @@ from tinker_atropos.frontends.atropos.datums import batch_datums
 from tinker_atropos.frontends.http import BackgroundServer, endpoint_key, endpoint_keys, service_client
 from tinker_atropos.frontends.inference.app import build_app
 from tinker_atropos.frontends.inference.sampler import Sampler
-from tinker_atropos.frontends.tinker.losses import LossError
 from tinker_atropos.frontends.tinker.registry import TINY_LM, LanguageModel
 from tinker_atropos.frontends.tinker.wire import WireError
 from tinker_atropos.frontends.tinker.worker import run_loss
@@ -44,8 +43,9 @@ from tinker_atropos.state.checkpoints import save_torch
 from tinker_atropos.state.experience import MAX_EPISODES_KEPT, add_stats
 from tinker_atropos.state.registry import live_services
 from tinker_atropos.state.run_dir import FolderWrites
-from tinker_atropos.trainer.core import AdamParams
 from tinker_atropos.trainer.metrics import BusyMeter
+from tinker_atropos.training.core import AdamParams
+from tinker_atropos.training.losses import LossError
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tinker_atropos.frontends.tinker import losses
 from tinker_atropos.frontends.tinker.wire import Datum, WireError
+from tinker_atropos.training import losses
 
 
 class DatumError(WireError):

@@ -33,7 +33,7 @@ from tinker_atropos.frontends.tinker.wire import Datum, WireError
 from tinker_atropos.models import smollm2, tiny_lm
 from tinker_atropos.models.mlp import ActorCritic, mlp_spec
 from tinker_atropos.models.networks import build_network
-from tinker_atropos.trainer.core import TrainingCore
+from tinker_atropos.training.core import TrainingCore
 
 TINY_LM = "tiny-byte-lm"
 POLICY_KINDS = {"mlp-gaussian": gym.spaces.Box, "mlp-categorical": gym.spaces.Discrete}

@@ -30,12 +30,12 @@ import torch
 
 from tinker_atropos.config import Config
 from tinker_atropos.frontends.tinker import checks, registry, wire
-from tinker_atropos.frontends.tinker.losses import LossError, loss_fn
 from tinker_atropos.frontends.tinker.sampling import Interrupted, Job, SamplingProcess, Settings
 from tinker_atropos.frontends.tinker.store import DONE, FAILED, SAMPLER_LANE, Store
 from tinker_atropos.security import signing_key
 from tinker_atropos.state.weights import publish_weights, published_version
-from tinker_atropos.trainer.core import AdamParams
+from tinker_atropos.training.core import AdamParams
+from tinker_atropos.training.losses import LossError, loss_fn
 
 log = logging.getLogger(__name__)
 
