@@ -63,25 +63,29 @@ class ServedModel(Protocol):
 
     def load_model_state(self, state: dict[str, torch.Tensor]) -> None: ...
 
+    def state_dict(self) -> dict[str, Any]:
+        """What a step changes (what the non-finite guard restores) and a checkpoint holds besides the record:
+        the network, the optimizer moments, the version."""
+        return {
+            "version": self.core.version,
+            "model": self.model_state(),
+            "optimizer": self.core.optimizer.state_dict(),
+        }
 
-def restore(model: ServedModel, state: dict[str, Any], optimizer: bool = True) -> None:
-    """A checkpoint's network (and optimizer moments, and version) back into ``model``."""
-    model.load_model_state(state["model"])
-    if optimizer:
-        model.core.optimizer.load_state_dict(state["optimizer"])
-    model.core.version = state["version"]
+    def load_state_dict(self, state: dict[str, Any], optimizer: bool = True) -> None:
+        """A checkpoint's network (and optimizer moments, and version) back into the model."""
+        self.load_model_state(state["model"])
+        if optimizer:
+            self.core.optimizer.load_state_dict(state["optimizer"])
+        self.core.version = state["version"]
 
 
 def checkpoint(model: ServedModel, record: dict[str, Any] | None, optimizer: bool = True) -> dict[str, Any]:
-    """What ``restore`` reads: the model's record (base model, LoRA), network, version, optimizer moments."""
-    state = {
-        "record": record,
-        "spec": model.core.spec,
-        "version": model.core.version,
-        "model": model.model_state(),
-    }
-    if optimizer:
-        state["optimizer"] = model.core.optimizer.state_dict()
+    """What ``load_state_dict`` reads: the model's record (base model, LoRA), network, version, optimizer
+    moments."""
+    state = {"record": record, "spec": model.core.spec, **model.state_dict()}
+    if not optimizer:
+        del state["optimizer"]
     return state
 
 
@@ -107,7 +111,7 @@ def loss_inputs(data: list[Datum]) -> list[dict[str, torch.Tensor]]:
     return [{n: _tensor(d, n, torch.float32) for n in LOSS_INPUT_NAMES if n in d.inputs} for d in data]
 
 
-class PolicyModel:
+class PolicyModel(ServedModel):
     """An actor-critic control policy, trained on observations and actions carried in ``loss_fn_inputs``."""
 
     sampleable = False
@@ -171,7 +175,7 @@ LANGUAGE_MODELS: dict[str, tuple[Callable[[], nn.Module], Callable[..., list[tup
 }
 
 
-class LanguageModel:
+class LanguageModel(ServedModel):
     """A causal LM of ``LANGUAGE_MODELS`` (the tiny byte-level one, SmolLM2), with LoRA adapters unless the rank
     is 0 (then every parameter trains)."""
 

@@ -35,6 +35,7 @@ from tinker_atropos.frontends.tinker.store import DONE, FAILED, SAMPLER_LANE, St
 from tinker_atropos.security import signing_key
 from tinker_atropos.state.weights import publish_weights, published_version
 from tinker_atropos.training.core import AdamParams
+from tinker_atropos.training.guard import NonfiniteGuard
 from tinker_atropos.training.losses import LossError, loss_fn
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,7 @@ class Worker:
         self.store, self.client, self.config, self.root = store, client, config, checkpoints
         self.device, self.on_done = device, on_done
         self.models: dict[str, registry.ServedModel] = {}
+        self.guard = NonfiniteGuard()  # every model's steps: counts those it undid
         self.since_snapshot: dict[str, list[str]] = {}  # requests a replay needs, per model
         section = config.trainer
         self.sampling = SamplingProcess(Settings(section.model, str(device), config.run.seed, section.torch_threads,
@@ -138,7 +140,7 @@ class Worker:
             try:
                 model = self._build(record)
                 state = torch.load(snapshot, map_location=self.device, weights_only=False)
-                registry.restore(model, state)
+                model.load_state_dict(state)
             except Exception:
                 log.exception("cannot restore Tinker model %s from %s; it stays unloaded", model_id, snapshot)
                 continue
@@ -340,7 +342,7 @@ class Worker:
             raise wire.WireError(f"{path} holds a {state['record']['base_model']}, not a {model.base_model}")
         if optimizer and "optimizer" not in state:
             raise wire.WireError(f"{path} holds no optimizer state (it was saved for sampling)")
-        registry.restore(model, state, optimizer)
+        model.load_state_dict(state, optimizer)
 
     def _do_create_from_state(
         self, model_id: str, seq: int, body: bytes, deadline: float
@@ -400,12 +402,9 @@ class Worker:
 
     def _do_optim_step(self, model_id: str, seq: int, body: bytes, deadline: float) -> tuple[bytes, str]:
         model = self._model(model_id)
-        metrics = model.core.optim_step(adam_params(json.loads(body).get("adam_params")))
-        bad = model.core.nonfinite()
+        adam = adam_params(json.loads(body).get("adam_params"))
+        metrics, bad = self.guard.update(model.core, model, lambda: model.core.optim_step(adam))
         if bad:
-            _, _, snapshot = self.store.progress(model_id)
-            if snapshot:
-                registry.restore(model, torch.load(snapshot, map_location=self.device, weights_only=False))
             raise wire.WireError(f"the step made {', '.join(bad[:3])} non-finite; it was undone")
         model.core.version += 1
         return _json(metrics={f"{k}:mean": v for k, v in metrics.items()}), "application/json"
