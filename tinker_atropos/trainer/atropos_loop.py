@@ -36,9 +36,6 @@ from tinker_atropos.frontends.atropos.datums import batch_datums
 from tinker_atropos.frontends.http import BackgroundServer, endpoint_key, endpoint_keys, service_client
 from tinker_atropos.frontends.inference.app import build_app
 from tinker_atropos.frontends.inference.sampler import Sampler
-from tinker_atropos.frontends.tinker.registry import TINY_LM, LanguageModel
-from tinker_atropos.frontends.tinker.wire import Datum, WireError
-from tinker_atropos.frontends.tinker.worker import run_loss
 from tinker_atropos.protocol.v1 import services_pb2
 from tinker_atropos.state import keys
 from tinker_atropos.state.checkpoints import save_torch
@@ -47,8 +44,9 @@ from tinker_atropos.state.registry import live_services
 from tinker_atropos.state.run_dir import FolderWrites
 from tinker_atropos.trainer.metrics import BusyMeter
 from tinker_atropos.training.core import AdamParams
+from tinker_atropos.training.data import ClientError, Datum
 from tinker_atropos.training.guard import NonfiniteGuard
-from tinker_atropos.training.losses import LossError
+from tinker_atropos.training.served import TINY_LM, LanguageModel, run_loss
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +187,7 @@ class AtroposLoop:
                 metrics, bad = self.guard.update(
                     core, self.model, functools.partial(self._update, datums.data)
                 )
-            except (WireError, LossError) as error:  # checked per group already: a batch no loss can take
+            except ClientError as error:  # checked per group already: a batch no loss can take
                 core.discard_gradients()
                 self.counters["batches_malformed"] += 1
                 log.warning("skipped a batch the loss cannot take: %s", error)
