@@ -22,7 +22,7 @@ from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.envs.server_handling.sglang_server import SGLangServer
 from transformers import AutoTokenizer
 
-from tests.support.asserts import assert_same
+from tests.support.asserts import assert_names_nothing_of_the_package, assert_same
 from tests.support.processes import wait_for
 from tinker_atropos.config import parse_config
 from tinker_atropos.frontends.atropos.datums import batch_datums, group_advantages
@@ -186,6 +186,7 @@ def test_the_atropos_loop_raises_the_score_of_the_preferred_completion(
     assert loop.counters["sequences_trained"] == 12 * 8
     assert int(redis_client.hget("ta:atropos-loop:stats", "episodes")) == 12 * 8
     loop._checkpoint()
+    assert_names_nothing_of_the_package(tmp_path / "run" / "atropos" / "state.pt")  # loads wherever classes move
     resumed = AtroposLoop(config, redis_client, tmp_path / "run", torch.device("cpu"))
     assert (resumed.step, resumed.sampler.version) == (12, 12)
 

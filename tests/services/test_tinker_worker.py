@@ -15,7 +15,7 @@ import torch
 from tinker import types
 from tinker.proto.request_conv import forward_backward_request_to_proto
 
-from tests.support.asserts import assert_same
+from tests.support.asserts import assert_names_nothing_of_the_package, assert_same
 from tinker_atropos.config import Config, parse_config
 from tinker_atropos.frontends.tinker.store import DONE, FAILED, PENDING, Store, sampler_lane
 from tinker_atropos.frontends.tinker.worker import Worker
@@ -97,6 +97,20 @@ def test_a_step_is_applied_once_whatever_instant_the_trainer_dies_at(
     assert worker.models[MODEL].core.version == reference.models[MODEL].core.version == 1
     assert torch.equal(_parameters(worker), _parameters(reference))
     assert len(list((tmp_path / "crashing").glob("*/state-*.pt"))) == 1  # the older snapshots are gone
+
+
+def test_a_snapshot_holds_plain_data_that_loads_wherever_the_classes_move(
+    redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    store = Store(redis_client, "plain")
+    _queue(store)
+    store.submit("save_weights", json.dumps({"path": "saved"}).encode(), MODEL, seq=3)
+    worker = Worker(store, redis_client, _config(), tmp_path, torch.device("cpu"))
+    while worker.step():
+        pass
+    [snapshot] = tmp_path.glob("*/state-*.pt")
+    assert_names_nothing_of_the_package(snapshot)
+    assert_names_nothing_of_the_package(worker.file_of(worker.tinker_path(MODEL, "weights", "saved")))
 
 
 def test_a_step_that_comes_out_nonfinite_is_undone_and_counted(
