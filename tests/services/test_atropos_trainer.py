@@ -186,7 +186,8 @@ def test_the_atropos_loop_raises_the_score_of_the_preferred_completion(
     assert loop.counters["sequences_trained"] == 12 * 8
     assert int(redis_client.hget("ta:atropos-loop:stats", "episodes")) == 12 * 8
     loop._checkpoint()
-    assert_names_nothing_of_the_package(tmp_path / "run" / "atropos" / "state.pt")  # loads wherever classes move
+    # plain data: it loads wherever the classes move
+    assert_names_nothing_of_the_package(tmp_path / "run" / "atropos" / "state.pt")
     resumed = AtroposLoop(config, redis_client, tmp_path / "run", torch.device("cpu"))
     assert (resumed.step, resumed.sampler.version) == (12, 12)
 
