@@ -47,6 +47,9 @@ class Forward:
 
 
 class ServedModel(Protocol):
+    """A model a client trains: its training core, what its data must be, its forward pass; the two served
+    kinds subclass it for the state both keep alike (``state_dict``)."""
+
     base_model: str
     core: TrainingCore
     sampleable: bool
