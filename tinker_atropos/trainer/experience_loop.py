@@ -3,15 +3,15 @@
 It takes whole trajectories from the stream until it holds ``trainer.samples_per_update`` env steps, checks every
 record (``decode_trajectory``: a bad one is skipped and counted by reason) and, for an on-policy learner, its
 staleness (more than ``trainer.max_policy_lag`` versions old: rejected and counted; an off-policy learner's replay
-takes chunks of any age), has the algorithm's learner update the core, and
-publishes each new version for the rollouts. An update that leaves a NaN or an infinity in the loss or the
-parameters is undone (``training/guard.py``), so non-finite weights are never published; ``trainer.max_nonfinite_updates`` of them in a
-row stop the trainer with an error. The policy version only goes up: on start the loop resumes from the latest
-checkpoint and never publishes a version below the one already in Redis, nor adopts weights from Redis that do
-not load or are not finite. No record is learned from twice: each names its writer and its number among that
-writer's records, and the loop refuses (counts) one it has taken before (``protocol/freshness.py``); what it has
-taken is checkpointed with the rest. A checkpoint that the disk refuses (full, read-only) is counted and retried
-while learning goes on; before each one the loop checks that the run folder is still its run's (``RunFolderOwner``).
+takes chunks of any age), has the algorithm's learner update the core, and publishes each new version for the
+rollouts. An update that leaves a NaN or an infinity in the loss or the parameters is undone (``training/guard.py``),
+so non-finite weights are never published; ``trainer.max_nonfinite_updates`` of them in a row stop the trainer with
+an error. The policy version only goes up: on start the loop resumes from the latest checkpoint and never publishes a
+version below the one already in Redis, nor adopts weights from Redis that do not load or are not finite. No record
+is learned from twice: each names its writer and its number among that writer's records, and the loop refuses
+(counts) one it has taken before (``protocol/freshness.py``); what it has taken is checkpointed with the rest. A
+checkpoint that the disk refuses (full, read-only) is counted and retried while learning goes on; before each one the
+loop checks that the run folder is still its run's (``RunFolderOwner``).
 """
 
 from __future__ import annotations
