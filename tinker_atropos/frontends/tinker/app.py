@@ -26,6 +26,7 @@ from tinker_atropos.frontends.http import APIKeys, BodyLimit
 from tinker_atropos.frontends.tinker import registry, wire
 from tinker_atropos.frontends.tinker.store import PENDING, Store, sampler_lane
 from tinker_atropos.frontends.tinker.worker import Worker
+from tinker_atropos.training.served import LANGUAGE_MODELS
 
 NUMBERED = ("forward_backward", "optim_step", "save_weights", "save_weights_for_sampler", "load_weights")
 
@@ -211,7 +212,7 @@ def build_app(store: Store, worker: Worker, api_keys: list[str], capabilities: l
         body = _parse(types.GetInfoRequest, await request.body())
         record = known_model(body.model_id, loaded=False)
         rank = int((record.get("lora") or {}).get("rank", 0))
-        is_lora = record["base_model"] in registry.LANGUAGE_MODELS and rank > 0
+        is_lora = record["base_model"] in LANGUAGE_MODELS and rank > 0
         return {"type": "get_info", "model_id": body.model_id, "model_name": record["base_model"],
                 "model_data": {"arch": record["base_model"].split("/")[0], "model_name": record["base_model"]},
                 "is_lora": is_lora, "lora_rank": rank if is_lora else None}  # fmt: skip
