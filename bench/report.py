@@ -200,50 +200,40 @@ def draw_charts(result: dict[str, Any], out: Path) -> list[Path]:
     plt.close(fig)
     scaling = result.get("scaling")
     if scaling:
-        points = scaling["points"]
-        services = [p["env_services"] for p in points]
-        single = points[0]["env_steps_per_s"] / services[0]
-        fig, ax = plt.subplots(figsize=(6, 4.5))
-        ax.plot(services, [p["env_steps_per_s"] for p in points], "o-", label="measured")
-        ax.plot(services, [single * n for n in services], "--", color="gray", label="linear")
-        for p in points:
-            ax.annotate(f"{p['efficiency_vs_linear']:.0%}", (p["env_services"], p["env_steps_per_s"]))
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(services, [str(n) for n in services])
-        ax.set_xlabel("env services")
-        ax.set_ylabel("env steps/s")
-        ax.set_title(
-            f"{scaling['wrapped_env_id']} + {scaling['delay_s_per_batch_step'] * 1000:g} ms per batch step, "
-            f"{scaling['instances_per_service']} instances/service"
-        )
-        ax.legend()
-        fig.tight_layout()
-        paths.append(out / "scaling.png")
-        fig.savefig(paths[-1], dpi=120)
-        plt.close(fig)
+        title = (f"{scaling['wrapped_env_id']} + {scaling['delay_s_per_batch_step'] * 1000:g} ms per batch step, "
+                 f"{scaling['instances_per_service']} instances/service")  # fmt: skip
+        paths.append(scaling_chart(scaling["points"], "env_services", title, out / "scaling.png", log2=True))
     rollouts = result.get("rollout_scaling")
     if rollouts:
-        points = rollouts["points"]
-        counts = [p["rollouts"] for p in points]
-        single = points[0]["env_steps_per_s"] / counts[0]
-        fig, ax = plt.subplots(figsize=(6, 4.5))
-        ax.plot(counts, [p["env_steps_per_s"] for p in points], "o-", label="measured")
-        ax.plot(counts, [single * n for n in counts], "--", color="gray", label="linear")
-        for p in points:
-            ax.annotate(f"{p['efficiency_vs_linear']:.0%}", (p["rollouts"], p["env_steps_per_s"]))
-        ax.set_xticks(counts, [str(n) for n in counts])
-        ax.set_xlabel("rollouts")
-        ax.set_ylabel("env steps/s")
-        ax.set_title(
-            f"{rollouts['env_id']}, {rollouts['inference_delay_s_per_batch'] * 1000:g} ms acting per batch, "
-            f"{rollouts['env_services']} env services"
-        )
-        ax.legend()
-        fig.tight_layout()
-        paths.append(out / "rollout-scaling.png")
-        fig.savefig(paths[-1], dpi=120)
-        plt.close(fig)
+        title = (f"{rollouts['env_id']}, {rollouts['inference_delay_s_per_batch'] * 1000:g} ms acting per batch, "
+                 f"{rollouts['env_services']} env services")  # fmt: skip
+        paths.append(scaling_chart(rollouts["points"], "rollouts", title, out / "rollout-scaling.png"))
     return paths
+
+
+def scaling_chart(points: list[dict[str, Any]], key: str, title: str, path: Path, log2: bool = False) -> Path:
+    """Env steps/s against the count of ``key`` (env services, rollouts), beside linear from the first point,
+    each point labelled with its share of linear (after draw_charts chose matplotlib's backend)."""
+    import matplotlib.pyplot as plt
+
+    counts = [p[key] for p in points]
+    single = points[0]["env_steps_per_s"] / counts[0]
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    ax.plot(counts, [p["env_steps_per_s"] for p in points], "o-", label="measured")
+    ax.plot(counts, [single * n for n in counts], "--", color="gray", label="linear")
+    for p in points:
+        ax.annotate(f"{p['efficiency_vs_linear']:.0%}", (p[key], p["env_steps_per_s"]))
+    if log2:
+        ax.set_xscale("log", base=2)
+    ax.set_xticks(counts, [str(n) for n in counts])
+    ax.set_xlabel(key.replace("_", " "))
+    ax.set_ylabel("env steps/s")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -24,10 +24,12 @@ from rich.table import Table
 
 from bench import tinker_sampling
 from tinker_atropos.config import parse_config
-from tinker_atropos.frontends.tinker import registry, wire
-from tinker_atropos.frontends.tinker.worker import adam_params, run_loss
+from tinker_atropos.frontends.tinker import registry
+from tinker_atropos.frontends.tinker.worker import adam_params
 from tinker_atropos.runtime import child_preexec, free_port
 from tinker_atropos.state.embedded import EmbeddedValkey
+from tinker_atropos.training.data import Datum
+from tinker_atropos.training.served import TINY_LM, run_loss
 
 KEY = "tml-bench-latency-0123456789"
 ADAM = {
@@ -46,26 +48,26 @@ class Case:
     base_model: str
     lora_rank: int
     loss: str
-    data: list[wire.Datum]
+    data: list[Datum]
 
 
 def cases(rng: np.random.Generator) -> list[Case]:
-    def policy_datum(t: int) -> wire.Datum:
-        return wire.Datum(np.zeros(t, np.int64), {
+    def policy_datum(t: int) -> Datum:
+        return Datum(np.zeros(t, np.int64), {
             "observations": rng.normal(size=(t, 348)).astype(np.float32),
             "actions": rng.normal(size=(t, 17)).astype(np.float32),
             "logprobs": rng.normal(-20, 1, size=t).astype(np.float32),
             "advantages": rng.normal(size=t).astype(np.float32),
             "returns": rng.normal(size=t).astype(np.float32)})  # fmt: skip
 
-    def text_datum(t: int) -> wire.Datum:
+    def text_datum(t: int) -> Datum:
         tokens = rng.integers(0, 256, size=t + 1)
-        return wire.Datum(tokens[:-1], {"target_tokens": tokens[1:], "weights": np.ones(t, np.float32)})
+        return Datum(tokens[:-1], {"target_tokens": tokens[1:], "weights": np.ones(t, np.float32)})
 
     return [
         Case("Humanoid policy, PPO, 512 steps", "mlp-gaussian/Humanoid-v5", 0, "ppo", [policy_datum(64) for _ in range(8)]),
-        Case("tiny LM LoRA 16, cross-entropy, 4x64 tokens", registry.TINY_LM, 16, "cross_entropy", [text_datum(64) for _ in range(4)]),
-        Case("tiny LM full, cross-entropy, 4x64 tokens", registry.TINY_LM, 0, "cross_entropy", [text_datum(64) for _ in range(4)]),
+        Case("tiny LM LoRA 16, cross-entropy, 4x64 tokens", TINY_LM, 16, "cross_entropy", [text_datum(64) for _ in range(4)]),
+        Case("tiny LM full, cross-entropy, 4x64 tokens", TINY_LM, 0, "cross_entropy", [text_datum(64) for _ in range(4)]),
     ]  # fmt: skip
 
 

@@ -49,7 +49,9 @@ class Section(BaseModel):
 
 class RunSection(Section):
     name: str = Field(
-        "default", pattern=r"^[A-Za-z0-9_.-]+$", description="Namespaces Redis keys: ta:{name}:…"
+        "default",
+        pattern=r"^[A-Za-z0-9_.-]+$",
+        description="Namespaces Redis keys (ta:{name}:…) and names the run folder, runs/{name}.",
     )
     seed: int = Field(1, ge=0, description="Seeds env instances, policy sampling and network initialisation.")
     report_interval_s: float = Field(2.0, gt=0, description="Seconds between progress reports of `up`.")
@@ -60,12 +62,27 @@ class RunSection(Section):
         "failing (a full or read-only disk) before `up` stops the run with that reason; learning goes on "
         "meanwhile and each write is retried every 10 s.",
     )
+    hang_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="A service of `up` whose process runs but whose heartbeat the registry has not shown for "
+        "this long (hung, or stopped by a signal) is killed and restarted as a crashed one is. Above "
+        "redis.heartbeat_ttl_s.",
+    )
     log_max_bytes: int = Field(
         20 * 1024 * 1024, ge=4096, description="A service's log under RUN_DIR/logs is rotated at this size."
     )
     log_backups: int = Field(
         3, ge=1, description="Rotated logs kept per service (NAME.log.1 the newest ... NAME.log.N)."
     )
+
+    @field_validator("name")
+    @classmethod
+    def _a_folder_of_its_own(cls, name: str) -> str:
+        # runs/.. is the folder that holds runs/: the run's checkpoints, secrets and logs would land beside the code
+        if name in (".", ".."):
+            raise ValueError(f"{name!r} is no folder of its own under runs/")
+        return name
 
 
 class RedisSection(Section):

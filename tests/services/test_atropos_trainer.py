@@ -5,6 +5,7 @@ call it, and the Atropos loop's optimizer steps raising the score of a toy prefe
 from __future__ import annotations
 
 import asyncio
+import copy
 import subprocess
 import sys
 import threading
@@ -21,6 +22,7 @@ from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.envs.server_handling.sglang_server import SGLangServer
 from transformers import AutoTokenizer
 
+from tests.support.asserts import assert_names_nothing_of_the_package, assert_same
 from tests.support.processes import wait_for
 from tinker_atropos.config import parse_config
 from tinker_atropos.frontends.atropos.datums import batch_datums, group_advantages
@@ -184,8 +186,35 @@ def test_the_atropos_loop_raises_the_score_of_the_preferred_completion(
     assert loop.counters["sequences_trained"] == 12 * 8
     assert int(redis_client.hget("ta:atropos-loop:stats", "episodes")) == 12 * 8
     loop._checkpoint()
+    # plain data: it loads wherever the classes move
+    assert_names_nothing_of_the_package(tmp_path / "run" / "atropos" / "state.pt")
     resumed = AtroposLoop(config, redis_client, tmp_path / "run", torch.device("cpu"))
     assert (resumed.step, resumed.sampler.version) == (12, 12)
+
+
+def test_a_step_that_comes_out_nonfinite_is_undone_and_counted(
+    tmp_path: Path, valkey, redis_client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Scores near float32's limit make the gradients overflow: the step is undone (parameters, optimizer
+    moments and version as before it, the served weights unchanged) and counted in the trainer's status."""
+    monkeypatch.setenv("TA_TOKEN", "the-run-token")
+    config = parse_config({"run": {"name": "atropos-nonfinite"}, "trainer": {
+        "experience_loop": False, "atropos": {"enabled": True, "batch_size": 4}}})  # fmt: skip
+    loop = AtroposLoop(config, redis_client, tmp_path / "run", torch.device("cpu"))
+    prompt, replies = TOKENIZER.encode("pick:", add_bos=True), TOKENIZER.encode("abab")
+
+    def group(good: float) -> dict[str, list]:
+        return {"tokens": [prompt + [r] for r in replies], "masks": [[-100] * len(prompt) + [r] for r in replies],
+                "scores": [good if r == replies[0] else -good for r in replies]}  # fmt: skip
+
+    loop.learn([group(1.0)])  # a sound step first: the optimizer moments exist
+    before = copy.deepcopy(loop.model.state_dict())
+
+    loop.learn([group(3e38)])
+
+    assert_same(loop.model.state_dict(), before)
+    assert loop.sampler.version == loop.model.core.version == 1
+    assert loop.status("test").updates_discarded_nonfinite == 1 and loop.counters["sequences_trained"] == 4
 
 
 @pytest.mark.integration

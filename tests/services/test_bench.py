@@ -33,23 +33,22 @@ from bench.report import RATE_KEYS
 from bench.sf_peer import sf_workers
 from bench.throughput import BenchOptions, run_benchmark
 from tests.support.running import REPO
-from tinker_atropos.config import parse_config
+from tinker_atropos.config import Config, parse_config
 from tinker_atropos.environment.backends.gymnasium_batch import GymnasiumBatch
 from tinker_atropos.environment.envs import check_env, env_maker
+
+
+def pendulum(name: str, rollout: dict, trainer: dict) -> Config:
+    """The benchmarks' tests' run: 4 Pendulum instances, ``rollout`` and ``trainer`` sections as given."""
+    return parse_config({"run": {"name": name}, "env": {"id": "Pendulum-v1", "instances": 4},
+                         "rollout": rollout, "trainer": trainer})  # fmt: skip
 
 
 @pytest.mark.serial
 @pytest.mark.integration
 def test_a_tiny_benchmark_writes_every_key_and_nulls_the_phases_not_run(tmp_path: Path) -> None:
-    config = parse_config(
-        {
-            "run": {"name": "bench-test"},
-            "env": {"id": "Pendulum-v1", "instances": 4},
-            "rollout": {"sessions_per_env": 2},
-            # updates often enough to see one in the 2 s figures window
-            "trainer": {"samples_per_update": 512},
-        }
-    )
+    # updates often enough to see one in the 2 s figures window
+    config = pendulum("bench-test", rollout={"sessions_per_env": 2}, trainer={"samples_per_update": 512})
     options = BenchOptions(
         # every kind of phase once: in-process, local collection, gRPC with every link protected, training (the
         # plain gRPC and secure training phases are the same meters with another transport or environment), and
@@ -130,14 +129,7 @@ def test_a_tiny_benchmark_writes_every_key_and_nulls_the_phases_not_run(tmp_path
 @pytest.mark.serial
 @pytest.mark.integration
 def test_the_learning_benchmark_reports_curves_and_final_returns_under_the_budget(tmp_path: Path) -> None:
-    config = parse_config(
-        {
-            "run": {"name": "bench-learn-test"},
-            "env": {"id": "Pendulum-v1", "instances": 4},
-            "rollout": {"chunk_length": 32},
-            "trainer": {"samples_per_update": 256},
-        }
-    )
+    config = pendulum("bench-learn-test", rollout={"chunk_length": 32}, trainer={"samples_per_update": 256})
     # episodes end in its last tenth; SB3's run is the same code path for another curve, not run here
     options = LearnOptions(
         budget_s=16.0, seeds=1, out=tmp_path, report_interval_s=2.0, systems=("tinker_atropos",)

@@ -196,4 +196,4 @@ def test_an_undone_update_restores_the_parameters_and_optimizer_exactly(
     assert not trainer.learn([decode_trajectory(serialized_chunk(2, seed=7, reward_fill=3e38), trainer.spec)])
 
     assert_same(trainer.learner.state_dict(), before)
-    assert trainer.updates_discarded_nonfinite == 1 and trainer.nonfinite_in_a_row == 1
+    assert trainer.guard.in_a_row == 1 and trainer.status().updates_discarded_nonfinite == 1

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from tests.support.processes import child_pids, wait_for
+from tests.support.processes import child_pids, stop_process, wait_for
 from tests.support.running import REPO, start_up
 from tests.support.running import report_rows as metrics
 from tinker_atropos.launcher import supervisor
-from tinker_atropos.launcher.supervisor import Child, supervise
+from tinker_atropos.launcher.supervisor import Child, kill_hung, supervise
 from tinker_atropos.runtime import EXIT_FATAL
 
 
@@ -29,13 +29,17 @@ def service_pid(run_dir: Path, kind: str) -> int | None:
     return pids[0] if pids else None
 
 
-def kill_and_see_the_run_go_on(run_dir: Path, kind: str) -> None:
-    """SIGKILL the run's ``kind`` service; wait for its restart, then for 10,000 env steps and 3 updates more."""
+def kill_and_see_the_run_go_on(run_dir: Path, kind: str, stop: bool = False) -> None:
+    """SIGKILL (or with ``stop``, SIGSTOP: a hung process) the run's ``kind`` service; wait for its restart, then
+    for 10,000 env steps and 3 updates more."""
     victim = service_pid(run_dir, kind)
     assert victim is not None
-    os.kill(victim, signal.SIGKILL)
+    if stop:
+        stop_process(victim)
+    else:
+        os.kill(victim, signal.SIGKILL)
     killed_at = metrics(run_dir)[-1]
-    wait_for(lambda: (service_pid(run_dir, kind) or victim) != victim, 30, f"{kind} to be restarted")
+    wait_for(lambda: (service_pid(run_dir, kind) or victim) != victim, 60, f"{kind} to be restarted")
     wait_for(
         lambda: (
             metrics(run_dir)[-1]["env_steps"] > killed_at["env_steps"] + 10_000
@@ -48,14 +52,16 @@ def kill_and_see_the_run_go_on(run_dir: Path, kind: str) -> None:
 
 @pytest.mark.integration
 def test_each_killed_service_is_restarted_and_the_run_goes_on(tmp_path: Path) -> None:
-    """The env service, then the rollout, then the trainer are SIGKILLed in one run: each comes back and the
-    run goes on learning after each, its policy version never going back."""
+    """The env service, then the rollout, then the trainer are SIGKILLed in one run, then the trainer is SIGSTOPped
+    (hung: its process runs, no exit code says so): each comes back and the run goes on learning after each, its
+    policy version never going back."""
     run_dir = tmp_path / "run"
-    up = start_up(REPO / "configs" / "pendulum.yaml", run_dir)
+    up = start_up(REPO / "configs" / "pendulum.yaml", run_dir, "--set", "run.hang_timeout_s=8")
     try:
         wait_for(lambda: any(r["policy_version"] >= 2 for r in metrics(run_dir)), 90, "two updates")
         for kind in ("env", "rollout", "trainer"):
             kill_and_see_the_run_go_on(run_dir, kind)
+        kill_and_see_the_run_go_on(run_dir, "trainer", stop=True)
         children = child_pids(up.pid)
         assert len(children) == 4  # valkey, env, rollout, trainer
         versions = [r["policy_version"] for r in metrics(run_dir)]
@@ -66,7 +72,9 @@ def test_each_killed_service_is_restarted_and_the_run_goes_on(tmp_path: Path) ->
     assert up.returncode == 0, output[-3000:]
     for kind in ("env", "rollout", "trainer"):
         assert any(kind in line and "restart 1" in line for line in output.splitlines()), output[-3000:]
-    assert "  restarts     env-0 1, rollout-0 1, trainer 1\n" in output, output[-3000:]  # the summary
+    hung = [line for line in output.splitlines() if "trainer has shown no heartbeat for" in line]
+    assert len(hung) == 1 and "though its process runs (hung or stopped)" in hung[0], output[-3000:]
+    assert "  restarts     env-0 1, rollout-0 1, trainer 2\n" in output, output[-3000:]  # the summary
     alive = [pid for pid in children if Path(f"/proc/{pid}").exists()]
     assert alive == [], f"processes left behind: {alive}"
 
@@ -181,3 +189,22 @@ def test_a_log_past_its_size_is_rotated_and_the_child_writes_on_into_the_emptied
     assert older < newest < int(current.split()[1])  # .1 is newer than .2, the live log newest of all
     # bounded: what the child writes between two looks (10 ms here, 1 s in `up`) beyond the bound at most
     assert max(sizes) < max_bytes + 2 * 1024 * 1024, max(sizes)
+
+
+def test_only_a_child_seen_since_its_start_and_silent_while_redis_answered_is_killed_as_hung(
+    tmp_path: Path,
+) -> None:
+    child, console = flaky_child(tmp_path, "600:0"), Console(file=io.StringIO())
+    child.start()
+    try:
+        started, long_ago = child.started_at, time.monotonic() - 100
+        kill_hung([child], {}, long_ago, 5.0, console)  # never seen: starting
+        kill_hung([child], {"flaky": started - 1}, long_ago, 5.0, console)  # seen before this start only
+        kill_hung([child], {"flaky": started + 0.001}, time.monotonic(), 5.0, console)  # Redis just came back
+        assert child.process.poll() is None
+        time.sleep(0.2)
+        kill_hung([child], {"flaky": started + 0.001}, long_ago, 0.1, console)  # seen, then silent
+        assert child.process.wait(timeout=10) == -signal.SIGKILL
+        assert "flaky has shown no heartbeat for 0 s though its process runs" in console.file.getvalue()
+    finally:
+        child.wait(time.monotonic())

@@ -3,6 +3,7 @@ instant the process dies at, and a session whose client went silent is finished 
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 from pathlib import Path
@@ -14,6 +15,7 @@ import torch
 from tinker import types
 from tinker.proto.request_conv import forward_backward_request_to_proto
 
+from tests.support.asserts import assert_names_nothing_of_the_package, assert_same
 from tinker_atropos.config import Config, parse_config
 from tinker_atropos.frontends.tinker.store import DONE, FAILED, PENDING, Store, sampler_lane
 from tinker_atropos.frontends.tinker.worker import Worker
@@ -27,13 +29,15 @@ def _config(**tinker: object) -> Config:
                          "trainer": {"experience_loop": False, "tinker": {"enabled": True, **tinker}}})  # fmt: skip
 
 
-def _forward_backward(seq: int) -> bytes:
+def _forward_backward(seq: int, advantage: float | None = None) -> bytes:
+    """A PPO datum of the Pendulum policy; every advantage ``advantage`` if given."""
     rng = np.random.default_rng(0)
     datum = types.Datum(
         model_input=types.ModelInput.from_ints([0] * T),
         loss_fn_inputs={"observations": rng.normal(size=(T, 3)).astype(np.float32),
-                        "actions": rng.normal(size=(T, 1)).astype(np.float32),
-                        "logprobs": np.full(T, -1.0, np.float32), "advantages": rng.normal(size=T).astype(np.float32)},
+                        "actions": rng.normal(size=(T, 1)).astype(np.float32), "logprobs": np.full(T, -1.0, np.float32),
+                        "advantages": rng.normal(size=T).astype(np.float32) if advantage is None
+                        else np.full(T, advantage, np.float32)},
     )  # fmt: skip
     request = types.ForwardBackwardRequest(
         types.ForwardBackwardInput(data=[datum], loss_fn="ppo"), MODEL, seq
@@ -93,6 +97,46 @@ def test_a_step_is_applied_once_whatever_instant_the_trainer_dies_at(
     assert worker.models[MODEL].core.version == reference.models[MODEL].core.version == 1
     assert torch.equal(_parameters(worker), _parameters(reference))
     assert len(list((tmp_path / "crashing").glob("*/state-*.pt"))) == 1  # the older snapshots are gone
+
+
+def test_a_snapshot_holds_plain_data_that_loads_wherever_the_classes_move(
+    redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    store = Store(redis_client, "plain")
+    _queue(store)
+    store.submit("save_weights", json.dumps({"path": "saved"}).encode(), MODEL, seq=3)
+    worker = Worker(store, redis_client, _config(), tmp_path, torch.device("cpu"))
+    while worker.step():
+        pass
+    [snapshot] = tmp_path.glob("*/state-*.pt")
+    assert_names_nothing_of_the_package(snapshot)
+    assert_names_nothing_of_the_package(worker.file_of(worker.tinker_path(MODEL, "weights", "saved")))
+
+
+def test_a_step_that_comes_out_nonfinite_is_undone_and_counted(
+    redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    """Advantages near float32's limit make the gradients overflow: the step is undone (parameters, optimizer
+    moments and version as before it, what the one non-finite guard does for every driver), counted, and
+    answered as the client's error."""
+    store = Store(redis_client, "nonfinite")
+    _queue(store)
+    worker = Worker(store, redis_client, _config(), tmp_path, torch.device("cpu"))
+    while worker.step():  # a sound step first: the optimizer moments exist
+        pass
+    model = worker.models[MODEL]
+    before = copy.deepcopy(model.state_dict())
+    store.submit("forward_backward", _forward_backward(3, advantage=3e38), MODEL, seq=3)
+    step = store.submit(
+        "optim_step", json.dumps({"adam_params": {"learning_rate": 0.1}}).encode(), MODEL, seq=4
+    )
+    while worker.step():
+        pass
+    failed = store.result(step)
+    assert failed.status == FAILED and json.loads(failed.body)["category"] == "user"
+    assert "non-finite; it was undone" in json.loads(failed.body)["error"]
+    assert_same(model.state_dict(), before)
+    assert worker.guard.undone == 1
 
 
 def test_a_silent_session_is_finished_and_its_models_unloaded(

@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
-from tests.support.asserts import assert_same
+from tests.support.asserts import assert_names_nothing_of_the_package, assert_same
 from tests.support.envs import pendulum_env
 from tests.support.records import trajectory_chunk
 from tinker_atropos.config import parse_config
@@ -39,6 +40,19 @@ def test_resume_restores_everything_and_keeps_the_version_monotonic(tmp_path: Pa
     first.learner.learn([trajectory_chunk(9, 8, act_dim=1, version=3)])
     second.learner.learn([trajectory_chunk(9, 8, act_dim=1, version=3)])
     assert_same(second.learner.core.model.state_dict(), first.learner.core.model.state_dict())
+
+
+@pytest.mark.parametrize("algorithm", ["ppo", "sac"])
+def test_a_checkpoint_holds_plain_data_that_loads_wherever_the_classes_move(
+    tmp_path: Path, redis_client, algorithm: str
+) -> None:
+    config = parse_config({"run": {"name": "plain"}, "trainer": {"algorithm": algorithm}})
+    loop = ExperienceLoop(config, redis_client, tmp_path)
+    loop.setup(pendulum_env())
+    loop.learner.learn([trajectory_chunk(1, 8, act_dim=1, version=0)])
+    loop.checkpoint()
+    [checkpoint] = (tmp_path / "checkpoints").glob("checkpoint-*.pt")
+    assert_names_nothing_of_the_package(checkpoint)
 
 
 def test_a_restart_continues_from_newer_weights_in_redis(tmp_path: Path, redis_client) -> None:

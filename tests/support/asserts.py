@@ -1,8 +1,11 @@
-"""Assertions several test files make: two nested states alike to the bit, a rendered video that moves."""
+"""Assertions several test files make: two nested states alike to the bit, a checkpoint that outlives the package's
+layout, a rendered video that moves."""
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
+from types import SimpleNamespace
 
 import imageio.v3 as iio
 import numpy as np
@@ -24,6 +27,23 @@ def assert_same(a, b, path: str = "") -> None:
         np.testing.assert_array_equal(a, b, err_msg=path)
     else:
         assert a == b, path
+
+
+def assert_names_nothing_of_the_package(checkpoint: Path) -> None:
+    """The checkpoint's pickle names no class or function of tinker_atropos: one it named would be imported by its
+    module path when loading, so moving it (as TrainingCore and ReplayBuffer moved to training/) would break
+    every checkpoint written before."""
+    named: set[str] = set()
+
+    class Recording(pickle.Unpickler):
+        def find_class(self, module: str, name: str) -> object:
+            named.add(f"{module}.{name}")
+            return super().find_class(module, name)
+
+    recording = SimpleNamespace(Unpickler=Recording, load=pickle.load, __name__="pickle")
+    torch.load(checkpoint, map_location="cpu", weights_only=False, pickle_module=recording)
+    assert named, "the walk saw the pickle's classes (torch's own storages at least)"
+    assert not {n for n in named if n.startswith("tinker_atropos")}, sorted(named)
 
 
 def assert_moving_video(mp4: Path, frames: int) -> None:

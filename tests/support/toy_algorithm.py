@@ -18,7 +18,7 @@ from tinker_atropos.algorithms.core import Algorithm, LearnerSetup, register
 from tinker_atropos.config import Section
 from tinker_atropos.models.mlp import ActorCritic, mlp_spec
 from tinker_atropos.protocol.trajectory import Trajectory
-from tinker_atropos.trainer.core import AdamParams, TrainingCore
+from tinker_atropos.training.core import AdamParams, TrainingCore
 
 
 class ToyPGConfig(Section):

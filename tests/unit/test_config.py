@@ -32,6 +32,14 @@ def test_invalid_values_name_each_field_and_the_allowed_values() -> None:
     assert "rollout.device: allowed devices: cpu, cuda, cuda:N, auto (got 'tpu')" in message
 
 
+@pytest.mark.parametrize("name", [".", "..", "../etc", "a/b", ""])
+def test_a_run_name_is_one_folder_under_runs(name: str) -> None:
+    """runs/.. would be the folder holding runs/: checkpoints, secrets and logs beside the code."""
+    with pytest.raises(ConfigError, match=r"run\.name: "):
+        parse_config({"run": {"name": name}})
+    assert parse_config({"run": {"name": "pendulum.v2-seed_1"}}).run.name == "pendulum.v2-seed_1"
+
+
 def test_unknown_field_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"trainer\.ppo\.learning_rat: unknown field"):
         parse_config({"trainer": {"ppo": {"learning_rat": 0.1}}})

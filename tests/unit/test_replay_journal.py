@@ -11,7 +11,7 @@ import pytest
 
 from tests.support.records import ACT, OBS, trajectory_chunk
 from tinker_atropos.state.replay_journal import ReplayJournal
-from tinker_atropos.trainer.replay import COLUMNS, ReplayBuffer
+from tinker_atropos.training.replay import COLUMNS, ReplayBuffer
 
 CAPACITY = 50
 

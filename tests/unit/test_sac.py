@@ -22,7 +22,7 @@ from tinker_atropos.protocol.trajectory import (
     decode_trajectory,
     encode_trajectory,
 )
-from tinker_atropos.trainer.replay import ReplayBuffer
+from tinker_atropos.training.replay import ReplayBuffer
 
 
 def sac_learner(**sac: object):

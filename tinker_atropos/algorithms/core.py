@@ -25,8 +25,8 @@ if TYPE_CHECKING:
 
     from tinker_atropos.config import TrainerSection
     from tinker_atropos.protocol.trajectory import Trajectory
-    from tinker_atropos.trainer.core import TrainingCore
-    from tinker_atropos.trainer.replay import ReplayBuffer
+    from tinker_atropos.training.core import TrainingCore
+    from tinker_atropos.training.replay import ReplayBuffer
 
 # What a learner consumes: "trajectories", on-policy batches of whole chunks acted by recent versions (older than
 # trainer.max_policy_lag: rejected as stale); "transitions", chunks of any age for a replay buffer (``replay``).

@@ -65,6 +65,10 @@ class ProgressReporter:
         self.last_time, self.last_steps = self.start, self.counters.get("env_steps", 0)
         self.last_row: dict[str, Any] | None = None
         self.unreachable_since: float | None = None
+        self.answering_since = time.monotonic()  # since when Redis has answered this reporter's reads
+        self.heartbeats: dict[
+            str, float
+        ] = {}  # a service's name -> when a report last saw it in the registry
         # this reporter's marker key is in Redis: its disappearance means Redis lost its data
         self.marked = False
         self.tinker_api = ""  # the trainer's Tinker API URL, once it serves one
@@ -123,7 +127,7 @@ class ProgressReporter:
             return None
         if self.unreachable_since is not None:
             self.console.print(f"[green]Redis answers again after {self.outage_s():.1f} s")
-            self.unreachable_since = None
+            self.unreachable_since, self.answering_since = None, time.monotonic()
         self._pending.append(json.dumps(row) + "\n")
         if self.metrics_writes.due():
             self.metrics_writes.attempt(self.metrics_path, self._write_pending)
@@ -176,8 +180,9 @@ class ProgressReporter:
         now = time.monotonic()
         stats = read_stats(self.client, self.run)
         episodes = recent_episodes(self.client, self.run, RETURN_WINDOW)
-        trainers = live_services(self.client, self.run, "trainer")
-        trainer = trainers[0].figures if trainers else {}
+        services = live_services(self.client, self.run)
+        self.heartbeats |= dict.fromkeys((service.name for service in services), now)
+        trainer = next((service.figures for service in services if service.kind == "trainer"), {})
         self.tinker_api = str(trainer.get("tinker_api") or self.tinker_api)
         self._note_trainer_failure(trainer)
         # what the rollouts act with: it never goes back, also while a trainer restarts; a malformed weights

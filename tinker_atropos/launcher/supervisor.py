@@ -4,7 +4,9 @@ A child that dies is restarted with exponential backoff. Its restart budget deca
 of running it starts again from a clean slate (as Kubernetes resets its crash-loop backoff), so rare crashes
 never add up to giving up on a run; ``MAX_RESTARTS`` failures in a row do. A child that exits with EXIT_FATAL
 (a bad env, a diverged training run) is not restarted: the run stops. Whenever a child is restarted or given
-up on, the console shows the last lines of its log. Logs are rotated by size (``rotate_logs``).
+up on, the console shows the last lines of its log. A child whose process runs but whose heartbeat has gone from
+the registry (hung, or stopped) is killed, and so restarted (``kill_hung``). Logs are rotated by size
+(``rotate_logs``).
 """
 
 from __future__ import annotations
@@ -164,3 +166,34 @@ def supervise(children: list[Child], console: Console) -> GiveUp | None:
             _print_tail(console, child)
         child.process, child.next_start = None, now + delay
     return None
+
+
+def kill_hung(
+    children: list[Child],
+    heartbeats: dict[str, float],
+    answering_since: float,
+    timeout_s: float,
+    console: Console,
+) -> None:
+    """Kill each child whose process runs but whose heartbeat the registry has not shown for ``timeout_s``
+    (``heartbeats``: a service's name -> when it was last seen): a deadlock or a SIGSTOP, which no exit code
+    reports; ``supervise`` then restarts it as a crashed one. A child not yet seen since its start is starting
+    (a Tinker trainer may load a model first), and silence while Redis did not answer (until
+    ``answering_since``) is not the child's."""
+    now = time.monotonic()
+    for child in children:
+        seen = heartbeats.get(child.name)
+        if (
+            child.process is None
+            or child.process.poll() is not None
+            or seen is None
+            or seen < child.started_at
+        ):
+            continue
+        silent_s = now - max(seen, answering_since)
+        if silent_s > timeout_s:
+            console.print(
+                f"[yellow]{child.name} has shown no heartbeat for {silent_s:.0f} s though its process runs (hung "
+                f"or stopped); killing it to restart it (run.hang_timeout_s; log: {child.log_path})"
+            )
+            child.process.kill()

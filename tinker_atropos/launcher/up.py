@@ -37,7 +37,7 @@ from tinker_atropos.launcher.run_folder import (
     mark_resume,
     previous_run,
 )
-from tinker_atropos.launcher.supervisor import Child, rotate_logs, supervise
+from tinker_atropos.launcher.supervisor import Child, kill_hung, rotate_logs, supervise
 from tinker_atropos.runtime import EXIT_FATAL, FatalError
 from tinker_atropos.security import read_keys, service_token
 from tinker_atropos.state import keys
@@ -448,6 +448,10 @@ def _supervise_run(
             continue
         next_report += config.run.report_interval_s
         row = reporter.report()
+        if row is not None:
+            kill_hung(
+                children, reporter.heartbeats, reporter.answering_since, config.run.hang_timeout_s, console
+            )
         if not tinker_announced and reporter.tinker_api:
             tinker = config.trainer.tinker
             keys_file = tinker.api_keys_file or run_dir / "tinker_api_keys"

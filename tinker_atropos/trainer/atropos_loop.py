@@ -10,6 +10,8 @@ restarted trainer registers again with the step it reached.
 
 A group it cannot learn from (malformed, a NaN score, a token outside the vocabulary, past the context) is skipped
 and counted (``groups_invalid``) and the batch's sound groups are learned from; nothing in a batch ends the loop.
+A step that comes out NaN or infinite is undone and counted (``updates_discarded_nonfinite``; ``training/guard.py``,
+the one guard of every driver), its batch taken without a new version being served.
 The trajectory API and the inference endpoint take the run's keys (``frontends.http.endpoint_keys``).
 """
 
@@ -34,18 +36,17 @@ from tinker_atropos.frontends.atropos.datums import batch_datums
 from tinker_atropos.frontends.http import BackgroundServer, endpoint_key, endpoint_keys, service_client
 from tinker_atropos.frontends.inference.app import build_app
 from tinker_atropos.frontends.inference.sampler import Sampler
-from tinker_atropos.frontends.tinker.losses import LossError
-from tinker_atropos.frontends.tinker.registry import TINY_LM, LanguageModel
-from tinker_atropos.frontends.tinker.wire import WireError
-from tinker_atropos.frontends.tinker.worker import run_loss
 from tinker_atropos.protocol.v1 import services_pb2
 from tinker_atropos.state import keys
 from tinker_atropos.state.checkpoints import save_torch
 from tinker_atropos.state.experience import MAX_EPISODES_KEPT, add_stats
 from tinker_atropos.state.registry import live_services
 from tinker_atropos.state.run_dir import FolderWrites
-from tinker_atropos.trainer.core import AdamParams
 from tinker_atropos.trainer.metrics import BusyMeter
+from tinker_atropos.training.core import AdamParams
+from tinker_atropos.training.data import ClientError, Datum
+from tinker_atropos.training.guard import NonfiniteGuard
+from tinker_atropos.training.served import TINY_LM, LanguageModel, run_loss
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,7 @@ class AtroposLoop:
         self.step = 0
         self.figures: dict[str, float] = {}
         self.busy = BusyMeter()
+        self.guard = NonfiniteGuard()  # counts the steps it undid: ``updates_discarded_nonfinite``
         self.counters = {"sequences_trained": 0, "groups_skipped_equal": 0, "groups_invalid": 0,
                          "batches_malformed": 0}  # fmt: skip
         self._restore()
@@ -102,6 +104,7 @@ class AtroposLoop:
         writes = self.checkpoint_writes
         return services_pb2.TrainerStatus(incarnation=incarnation, policy_version=self.model.core.version,
                                           updates=self.step, losses=self.figures, busy_fraction=self.busy.fraction(),
+                                          updates_discarded_nonfinite=self.guard.undone,
                                           writes_failed={writes.what: writes.failed}, write_failure=writes.error,
                                           write_failing_s=writes.failing_s)  # fmt: skip
 
@@ -172,6 +175,7 @@ class AtroposLoop:
         self.counters["groups_invalid"] += len(datums.groups_invalid)
         self.counters["groups_skipped_equal"] += datums.groups_skipped_equal
         core = self.model.core
+        stood = False
         if datums.data:
             try:
                 for (
@@ -180,18 +184,24 @@ class AtroposLoop:
                     if "logprobs" not in datum.inputs:
                         outputs, _ = run_loss(self.model, [datum], "cross_entropy", {}, forward_only=True)
                         datum.inputs["logprobs"] = outputs[0]["logprobs"].astype(np.float32)
-                _, metrics = run_loss(self.model, datums.data, self.section.loss, {}, forward_only=False)
-            except (WireError, LossError) as error:  # checked per group already: a batch no loss can take
-                core.optimizer.zero_grad(set_to_none=True)
+                metrics, bad = self.guard.update(
+                    core, self.model, functools.partial(self._update, datums.data)
+                )
+            except ClientError as error:  # checked per group already: a batch no loss can take
+                core.discard_gradients()
                 self.counters["batches_malformed"] += 1
                 log.warning("skipped a batch the loss cannot take: %s", error)
                 return
-            core.optim_step(AdamParams(learning_rate=self.section.learning_rate, grad_clip_norm=1.0))
-            core.version += 1
-            self.sampler.update(core.model, core.version)
-            self.figures = {"loss": metrics["loss:sum"]}
+            stood = not bad
+            if stood:
+                core.version += 1
+                self.sampler.update(core.model, core.version)
+                self.figures = {"loss": metrics["loss:sum"]}
+            else:
+                log.warning("step undone: NaN or infinity in %s", ", ".join(bad[:3]))
         self.step += 1
-        self.counters["sequences_trained"] += len(datums.data)
+        if stood:
+            self.counters["sequences_trained"] += len(datums.data)
         self.figures |= {"score_mean": float(np.mean(datums.scores)) if datums.scores else 0.0,
                          "step_seconds": time.monotonic() - started,
                          **{k: float(v) for k, v in self.counters.items()}}  # fmt: skip
@@ -201,6 +211,13 @@ class AtroposLoop:
         if due and self.checkpoint_writes.due():
             self._checkpoint()
         self.busy.record(started, time.monotonic())
+
+    def _update(self, data: list[Datum]) -> dict[str, float]:
+        """The loss's gradients on ``data``, then one optimizer step: what the non-finite guard judges."""
+        _, metrics = run_loss(self.model, data, self.section.loss, {}, forward_only=False)
+        return metrics | self.model.core.optim_step(
+            AdamParams(learning_rate=self.section.learning_rate, grad_clip_norm=1.0)
+        )
 
     def _record_episodes(self, sequences: list[tuple[float, int]]) -> None:
         """Each sound sequence as an episode of the run (score, trained tokens), its tokens as env steps."""

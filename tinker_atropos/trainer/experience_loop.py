@@ -3,21 +3,20 @@
 It takes whole trajectories from the stream until it holds ``trainer.samples_per_update`` env steps, checks every
 record (``decode_trajectory``: a bad one is skipped and counted by reason) and, for an on-policy learner, its
 staleness (more than ``trainer.max_policy_lag`` versions old: rejected and counted; an off-policy learner's replay
-takes chunks of any age), has the algorithm's learner update the core, and
-publishes each new version for the rollouts. An update that leaves a NaN or an infinity in the loss or the
-parameters is undone, so non-finite weights are never published; ``trainer.max_nonfinite_updates`` of them in a
-row stop the trainer with an error. The policy version only goes up: on start the loop resumes from the latest
-checkpoint and never publishes a version below the one already in Redis, nor adopts weights from Redis that do
-not load or are not finite. No record is learned from twice: each names its writer and its number among that
-writer's records, and the loop refuses (counts) one it has taken before (``protocol/freshness.py``); what it has
-taken is checkpointed with the rest. A checkpoint that the disk refuses (full, read-only) is counted and retried
-while learning goes on; before each one the loop checks that the run folder is still its run's (``RunFolderOwner``).
+takes chunks of any age), has the algorithm's learner update the core, and publishes each new version for the
+rollouts. An update that leaves a NaN or an infinity in the loss or the parameters is undone (``training/guard.py``),
+so non-finite weights are never published; ``trainer.max_nonfinite_updates`` of them in a row stop the trainer with
+an error. The policy version only goes up: on start the loop resumes from the latest checkpoint and never publishes a
+version below the one already in Redis, nor adopts weights from Redis that do not load or are not finite. No record
+is learned from twice: each names its writer and its number among that writer's records, and the loop refuses
+(counts) one it has taken before (``protocol/freshness.py``); what it has taken is checkpointed with the rest. A
+checkpoint that the disk refuses (full, read-only) is counted and retried while learning goes on; before each one the
+loop checks that the run folder is still its run's (``RunFolderOwner``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import functools
 import logging
 import math
@@ -48,6 +47,7 @@ from tinker_atropos.state.weights import fetch_weights, publish_weights, verifie
 from tinker_atropos.trainer.evaluation import PeriodicEvaluation
 from tinker_atropos.trainer.metrics import BusyMeter, LagMeter
 from tinker_atropos.trainer.tensorboard import TensorBoardLog
+from tinker_atropos.training.guard import NonfiniteGuard
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +82,7 @@ class ExperienceLoop:
         self.env_steps_trained = 0
         self.chunks_consumed = 0
         self.chunks_rejected_stale = 0
-        self.updates_discarded_nonfinite = 0
-        self.nonfinite_in_a_row = 0
+        self.guard = NonfiniteGuard()  # counts the updates it undid: ``updates_discarded_nonfinite``
         self.rejected = CountedWarnings("experience records skipped")
         self.freshness = Freshness()
         self._ahead = 0  # the highest version of a chunk acted above this trainer's (it lost newer weights)
@@ -133,7 +132,7 @@ class ExperienceLoop:
             policy_lag_counts=self.lag.counts(),
             losses=self.losses,
             records_rejected=self.rejected.totals,
-            updates_discarded_nonfinite=self.updates_discarded_nonfinite,
+            updates_discarded_nonfinite=self.guard.undone,
             eval_policy_version=self.evaluation.version,
             eval_return_mean=self.evaluation.return_mean,
             eval_return_std=self.evaluation.return_std,
@@ -386,23 +385,19 @@ class ExperienceLoop:
         """One update, undone (the learner's whole state restored) if it leaves a NaN or an infinity in the loss
         or the parameters. TrainingDiverged after ``max_nonfinite_updates`` in a row."""
         assert self.learner is not None
-        saved = copy.deepcopy(self.learner.state_dict())
-        losses = self.learner.learn(trajectories)
-        bad = [f"loss {k}" for k, v in losses.items() if not math.isfinite(v)] + self.learner.core.nonfinite()
+        learner = self.learner
+        losses, bad = self.guard.update(learner.core, learner, lambda: learner.learn(trajectories))
         if not bad:
-            self.losses, self.nonfinite_in_a_row = losses, 0
+            self.losses = losses
             return True
-        self.learner.load_state_dict(saved)
-        self.updates_discarded_nonfinite += 1
-        self.nonfinite_in_a_row += 1
         limit = self.config.trainer.max_nonfinite_updates
         log.warning(
             "update undone: NaN or infinity in %s (%d in a row; the trainer stops at %d)",
             ", ".join(bad),
-            self.nonfinite_in_a_row,
+            self.guard.in_a_row,
             limit,
         )
-        if self.nonfinite_in_a_row >= limit:
+        if self.guard.in_a_row >= limit:
             raise TrainingDiverged(
                 f"{limit} updates in a row came out NaN or infinite (the last in {', '.join(bad)}); the "
                 f"parameters are those of policy version {self.version}: lower the learning rate "

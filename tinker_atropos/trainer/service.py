@@ -75,6 +75,8 @@ class TrainerService:
         else:
             status = services_pb2.TrainerStatus(incarnation=self.incarnation)
         status.tinker_api = self.tinker.url if self.tinker else ""
+        if self.tinker:  # the steps of Tinker clients' models it undid, beside the loop's updates
+            status.updates_discarded_nonfinite += self.tinker.worker.guard.undone
         return status
 
     def add_to(self, server: grpc.Server) -> None:

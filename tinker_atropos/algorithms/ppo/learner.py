@@ -15,7 +15,7 @@ from tinker_atropos.algorithms.ppo.learning import Batch, compute_gae, learning_
 from tinker_atropos.models.mlp import mlp_spec
 from tinker_atropos.models.networks import build_network
 from tinker_atropos.protocol.trajectory import Trajectory
-from tinker_atropos.trainer.core import TrainingCore
+from tinker_atropos.training.core import TrainingCore
 
 
 def contiguous_runs(chunks: list[Trajectory]) -> list[list[Trajectory]]:

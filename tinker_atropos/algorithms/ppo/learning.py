@@ -11,7 +11,7 @@ import torch
 
 from tinker_atropos.algorithms.ppo.config import ClippedObjectiveConfig
 from tinker_atropos.models.mlp import ActorCritic
-from tinker_atropos.trainer.core import AdamParams, TrainingCore
+from tinker_atropos.training.core import AdamParams, TrainingCore
 
 
 def compute_gae(

@@ -24,8 +24,8 @@ from tinker_atropos.algorithms.sac.learning import Critics, TwinQ, sac_step
 from tinker_atropos.models.mlp import mlp_spec
 from tinker_atropos.models.networks import build_network
 from tinker_atropos.protocol.trajectory import Trajectory
-from tinker_atropos.trainer.core import TrainingCore
-from tinker_atropos.trainer.replay import ReplayBuffer
+from tinker_atropos.training.core import TrainingCore
+from tinker_atropos.training.replay import ReplayBuffer
 
 
 class SACLearner:

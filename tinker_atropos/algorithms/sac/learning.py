@@ -3,7 +3,7 @@ twin soft Q critics, the squashed-Gaussian actor and the entropy temperature, th
 
 Actions enter the critics in the actor's [-1, 1] units (the env's bounds scaled away), so that one learning rate
 suits every task. A terminated step's target is its reward; a truncated one was stored with its true final
-observation (``trainer/replay.py``) and is bootstrapped like any other step.
+observation (``training/replay.py``) and is bootstrapped like any other step.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from torch import nn
 
 from tinker_atropos.algorithms.sac.config import SACConfig
 from tinker_atropos.models.mlp import ActorCritic
-from tinker_atropos.trainer.core import AdamParams, TrainingCore
-from tinker_atropos.trainer.replay import Transitions
+from tinker_atropos.training.core import AdamParams, TrainingCore
+from tinker_atropos.training.replay import Transitions
 
 
 class TwinQ(nn.Module):

@@ -9,7 +9,7 @@ sentinel 1.0 and are zeroed here (their weight is 0 anyway). Advantages are divi
 trained tokens, so the summed Tinker loss is a per-token mean whatever the batch's lengths.
 
 A group the model cannot learn from (fields that do not line up, a score that is not a finite number, a token
-outside the model's vocabulary, a sequence past its context: ``checks.check_datum``) is skipped and counted with
+outside the model's vocabulary, a sequence past its context: ``training.data.check_datum``) is skipped and counted with
 its reason, and the batch's sound groups are learned from all the same.
 """
 
@@ -21,8 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from tinker_atropos.frontends.tinker.checks import DatumError, Schema, check_datum
-from tinker_atropos.frontends.tinker.wire import Datum
+from tinker_atropos.training.data import Datum, DatumError, Schema, check_datum
 
 MASKED = -100  # atroposlib's mask value for a position not to train on
 SENTINEL_LOGPROB = 1.0  # atroposlib's inference log-prob at a prompt position

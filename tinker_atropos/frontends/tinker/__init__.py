@@ -1,6 +1,7 @@
 """A Tinker-compatible training API on the trainer: the official ``tinker`` SDK (0.38.0) drives our models.
 
 ``wire`` reads and writes the SDK's own Protobuf and JSON types, ``store`` keeps sessions, models and futures
-in Redis, ``registry`` builds the models it can serve, ``losses`` holds Tinker's loss functions, ``worker``
-applies each model's requests in order, and ``app`` is the HTTP surface.
+in Redis, ``registry`` builds the models it can serve (the models, their losses and data checks are the training
+floor's: ``training.served``, ``training.losses``, ``training.data``), ``worker`` applies each model's requests in
+order, and ``app`` is the HTTP surface.
 """

