@@ -592,6 +592,7 @@ def test_a_restarted_trainer_keeps_models_sessions_and_pending_requests(
         step(live, datum, adam)
         before = forward_logprobs(live, datum)
         session = live.model_id.split(":")[0]
+        saved = live.save_state("before-kill", ttl_seconds=3600).result(timeout=60).path
 
         # a second model, driven by hand: gradients accumulated (not yet a step: kept only in memory), and a
         # step numbered 3 while 2 is missing, which must wait for 2
@@ -608,6 +609,10 @@ def test_a_restarted_trainer_keeps_models_sessions_and_pending_requests(
         output, optim = step(live, datum, adam)  # and it trains on
         assert np.isfinite(output.metrics["loss:sum"]) and optim.metrics["grad_norm:mean"] > 0
         assert raw.client.post("/api/v1/session_heartbeat", json={"session_id": session}).status_code == 200
+        # the training run and its checkpoint, with its expiry, are Redis's: the restarted trainer lists them
+        rest = tinker.RestClient(base_url=trainer.url, api_key=KEY)
+        kept = rest.list_checkpoints(live.model_id).result(timeout=30).checkpoints
+        assert [(c.tinker_path, c.expires_at is not None) for c in kept] == [(saved, True)]
 
         assert raw.poll(pending).status_code == 408  # still waiting for number 2
         raw.result(raw.forward_backward(gapped, 2, [datum], "ppo", forward_only=True))
