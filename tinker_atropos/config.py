@@ -321,6 +321,12 @@ class TinkerSection(Section):
         20.0, gt=0, le=40, description="How long retrieve_future waits for a result before answering 408."
     )
     future_ttl_s: float = Field(3600.0, gt=0, description="How long an unretrieved result is kept.")
+    ephemeral_weights_ttl_s: float = Field(
+        3600.0,
+        gt=0,
+        description="How long the weights of save_weights_and_get_sampling_client (saved under no name, not listed) "
+        "are kept once no sample used them; each sample from them starts this time again.",
+    )
     session_timeout_s: float = Field(
         600.0,
         ge=30,

@@ -195,11 +195,13 @@ def test_an_unknown_loss_is_a_user_error_and_the_client_carries_on(service: tink
         client.forward_backward([datum], "no-such-loss").result(timeout=30)
     assert failure.value.category == RequestErrorCategory.User
     assert "no-such-loss" in failure.value.message
-    # the cookbook's RL default: refused saying why, and what to train with instead
     with pytest.raises(tinker.RequestFailedError) as failure:
-        client.forward_backward([datum], "stable_reinforce").result(timeout=30)
+        client.forward_backward([datum], "cispo").result(timeout=30)
     assert failure.value.category == RequestErrorCategory.User
-    assert "not served" in failure.value.message and "loss_fn='importance_sampling'" in failure.value.message
+    assert (
+        "this server computes cross_entropy, importance_sampling, ppo, stable_reinforce"
+        in failure.value.message
+    )
     output, optim = step(client, datum, types.AdamParams(learning_rate=1e-2))
     assert np.isfinite(output.metrics["loss:sum"]) and isinstance(optim, types.OptimStepResponse)
 
@@ -413,6 +415,69 @@ def test_a_custom_loss_runs_client_side_over_the_servers_cross_entropy(service: 
     assert np.isclose(custom.metrics["surrogate_loss:sum"], custom.metrics["loss:sum"], rtol=1e-4)
     assert np.allclose(forward_logprobs(client, datum, "cross_entropy"),
                        forward_logprobs(reference, datum, "cross_entropy"), atol=1e-5)  # fmt: skip
+
+
+def test_stable_reinforce_trains_on_the_samplers_record_named_by_provenance(
+    service: tinker.ServiceClient,
+) -> None:
+    """The cookbook's RL default: sampled with record_stability_info=True, a datum names its sequence in its
+    provenance and the loss reads the log-probs the sampler recorded (the client's copy plays no part); ratios
+    outside [mask_low_threshold, mask_high_threshold] are dropped; provenance that does not hold is refused."""
+    client = service.create_lora_training_client(base_model=LM, rank=0).result(timeout=60)
+    sampler = client.save_weights_and_get_sampling_client(record_stability_info=True).result(timeout=60)
+    prompt = IDS[:5]
+    params = types.SamplingParams(max_tokens=8, temperature=1.0, seed=3)
+    seq = sampler.sample(types.ModelInput.from_ints(prompt), 1, params).result(timeout=60).sequences[0]
+    sampled, n, shift = list(seq.tokens), len(seq.tokens), len(prompt) - 1
+    assert seq.logprobs is not None and n > 1
+
+    def datum(client_logprobs: list[float], targets: list[int] = prompt[1:] + sampled) -> types.Datum:
+        return types.Datum(model_input=types.ModelInput.from_ints(prompt + sampled[:-1]), loss_fn_inputs={
+            "target_tokens": np.asarray(targets, np.int64), "logprobs": np.asarray(client_logprobs, np.float32),
+            "advantages": np.asarray([0.0] * shift + [1.0] * n, np.float32)})  # fmt: skip
+
+    def named(plain: types.Datum, sequence_id: str = seq.sequence_id) -> types.Datum:
+        return plain.with_provenance(
+            model_input=[types.PromptProvenanceSpan(sequence_id=sequence_id, length=len(prompt)),
+                         types.SampledProvenanceSpan(sequence_id=sequence_id, length=n - 1)],
+            loss_fn_inputs=[types.PromptProvenanceSpan(sequence_id=sequence_id, offset=1, length=shift),
+                            types.SampledProvenanceSpan(sequence_id=sequence_id, length=n)])  # fmt: skip
+
+    honest, wrong = datum([0.0] * shift + seq.logprobs), datum([0.0] * shift + [-5.0] * n)
+    # the weights sampled with are the ones trained: every ratio is 1, and the loss is -n, whatever the client
+    # says the log-probs were
+    loss = client.forward([named(wrong)], "stable_reinforce").result(timeout=30).metrics["loss:sum"]
+    reference = client.forward([honest], "importance_sampling").result(timeout=30).metrics["loss:sum"]
+    assert loss == pytest.approx(-n, rel=1e-4) and reference == pytest.approx(-n, rel=1e-4)
+
+    # after a step elsewhere the ratios move: the loss is the hand computation on the forward's log-probs
+    other = lm_datum(TOK.encode("a different text", add_bos=True))
+    step(client, other, types.AdamParams(learning_rate=3e-2), "cross_entropy")
+    bounds = {"mask_low_threshold": 0.8, "mask_high_threshold": 1.2}
+    out = client.forward([named(honest)], "stable_reinforce", loss_fn_config=bounds).result(timeout=30)
+    ratio = np.exp(logprobs(out)[shift:] - np.asarray(seq.logprobs))
+    kept = (ratio >= 0.8) & (ratio <= 1.2)
+    assert 0 < kept.sum() < n, ratio  # some ratios left the bounds, some did not
+    assert out.metrics["loss:sum"] == pytest.approx(-(ratio * kept).sum(), rel=1e-4)
+
+    plain_sampler = client.save_weights_and_get_sampling_client().result(timeout=60)
+    unrecorded = (
+        plain_sampler.sample(types.ModelInput.from_ints(prompt), 1, params).result(timeout=60).sequences[0]
+    )
+    tampered = list(sampled)
+    tampered[0] = (tampered[0] + 1) % 256
+    refused = {
+        "provenance": honest,  # none
+        "no recorded sequence": named(datum([0.0] * (shift + n)), unrecorded.sequence_id),
+        "are not the tokens sequence": named(datum([0.0] * (shift + n), prompt[1:] + tampered)),
+    }
+    for reason, bad in refused.items():
+        with pytest.raises(tinker.RequestFailedError) as failure:
+            client.forward_backward([bad], "stable_reinforce").result(timeout=30)
+        assert failure.value.category == RequestErrorCategory.User and reason in failure.value.message
+    # and the model trains on
+    output, _ = step(client, named(honest), types.AdamParams(learning_rate=1e-3), "stable_reinforce")
+    assert np.isfinite(output.metrics["loss:sum"])
 
 
 # --- training runs and checkpoints (the SDK's RestClient) -----------------------------------------------------

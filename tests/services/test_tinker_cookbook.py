@@ -10,9 +10,11 @@ import asyncio
 import json
 import logging
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
+import redis
 import tinker
 from tinker_cookbook import checkpoint_utils
 from tinker_cookbook.recipes.math_rl.arithmetic_env import ArithmeticDatasetBuilder
@@ -138,20 +140,28 @@ def test_the_cookbooks_supervised_loop_trains_checkpoints_and_resumes(
     assert "Traceback" not in trainer.log(), trainer.log()[-3000:]
 
 
-@pytest.mark.parametrize("loss_fn", ["importance_sampling", "ppo"])
+@pytest.mark.parametrize("loss_fn", ["importance_sampling", "ppo", "stable_reinforce"])
 def test_the_cookbooks_rl_loop_samples_with_its_stop_string_and_trains(
     trainer: TinkerTrainer, cookbook: Path, tmp_path: Path, loss_fn: str
 ) -> None:
     """The RL loop of the cookbook's math recipe on its arithmetic env: groups sampled with the renderer's stop
-    string (a multi-byte one, which this server refused before), rewarded, trained with the loss (ppo
-    asynchronously, sampling up to a step ahead), a checkpoint saved."""
+    string (a multi-byte one, which this server refused before), rewarded, trained with the loss, a checkpoint
+    saved. importance_sampling synchronously; ppo asynchronously, sampling up to a step ahead; and the async loop
+    as the cookbook configures it by default, whose loss is stable_reinforce (samples recorded, provenance on
+    every datum)."""
     dataset = ArithmeticDatasetBuilder(batch_size=2, model_name_for_tokenizer=LM, renderer_name=RENDERER,
                                        n_batches=3, group_size=4, include_fewshot=False)  # fmt: skip
-    async_config = rl_train.AsyncConfig(max_steps_off_policy=1, groups_per_batch=2, loss_fn=loss_fn)
+    chosen = {} if loss_fn == "stable_reinforce" else {"loss_fn": loss_fn}  # the cookbook's default, unset
+    async_config = rl_train.AsyncConfig(max_steps_off_policy=1, groups_per_batch=2, **chosen)
+    assert async_config.loss_fn == loss_fn or loss_fn == "importance_sampling"
     config = rl_train.Config(learning_rate=1e-3, dataset_builder=dataset, model_name=LM, recipe_name="tinker_atropos_test",
                              max_tokens=12, log_path=str(tmp_path / "rl"), renderer_name=RENDERER, lora_rank=8,
-                             loss_fn=loss_fn, base_url=trainer.url, eval_every=0, save_every=2,
-                             async_config=async_config if loss_fn == "ppo" else None)  # fmt: skip
+                             base_url=trainer.url, eval_every=0, save_every=2, **chosen,
+                             async_config=None if loss_fn == "importance_sampling" else async_config)  # fmt: skip
+    sequences_recorded = partial(
+        redis.Redis.from_url(trainer.redis_url).keys, "ta:tk-cookbook:tinker:sequence:*"
+    )
+    before = set(sequences_recorded())
     asyncio.run(rl_train.main(config))
     assert not warnings_logged(tmp_path / "rl"), warnings_logged(tmp_path / "rl")
     metrics = [json.loads(line) for line in (tmp_path / "rl" / "metrics.jsonl").read_text().splitlines()]
@@ -160,4 +170,7 @@ def test_the_cookbooks_rl_loop_samples_with_its_stop_string_and_trains(
     assert len(kl) == 3 and all(abs(v) < 1e-4 for v in kl), kl
     assert [m["step"] for m in metrics if "env/all/reward/total" in m] == [0, 1, 2], metrics[-1]
     assert checkpoint_utils.get_last_checkpoint(str(tmp_path / "rl")) is not None
+    # the sampler recorded its sequences only where the loss asked for them (3 steps of 2 groups of 4, at least)
+    recorded = len(set(sequences_recorded()) - before)
+    assert (recorded >= 24) == (loss_fn == "stable_reinforce"), recorded
     assert "Traceback" not in trainer.log(), trainer.log()[-3000:]

@@ -209,3 +209,50 @@ def test_a_models_unload_waits_for_its_queued_requests_and_answers_the_stranded(
     assert not store.is_loaded(MODEL) and MODEL not in worker.models
     failed = store.result(stranded)
     assert failed.status == FAILED and "was unloaded" in json.loads(failed.body)["error"]
+
+
+def test_the_unnamed_weights_of_a_sampling_client_go_once_no_sample_used_them(
+    redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    """save_weights_and_get_sampling_client saves weights under no name (an RL loop: one per step): not listed,
+    each sample from them starts ``ephemeral_weights_ttl_s`` again, and past it the sweeper deletes them."""
+    store = Store(redis_client, "ephemeral")
+    session = store.create_session({})
+    model = f"{session}:train:0"
+    store.add_model(model, {"base_model": "tiny-byte-lm", "lora": {}, "session": session})
+    store.submit("create_model", b"", model, seq=0)
+    saved = store.submit("save_weights_for_sampler", b"{}", model, seq=1)
+    worker = Worker(store, redis_client, _config(ephemeral_weights_ttl_s=60), tmp_path, torch.device("cpu"))
+    expiry, member = "ta:ephemeral:tinker:checkpoint_expiry", f"{model} sampler_weights/ephemeral-1"
+
+    def sample() -> str:
+        body = {"sampling_session_id": answer["sampling_session_id"], "num_samples": 1,
+                "prompt": {"chunks": [{"tokens": [256, 104, 105]}]}, "sampling_params": {"max_tokens": 2}}  # fmt: skip
+        request_id = store.submit(
+            "sample", json.dumps(body).encode(), lane=sampler_lane("tiny-byte-lm", path)
+        )
+        while worker.step():
+            pass
+        return request_id
+
+    try:
+        while worker.step():
+            pass
+        answer = json.loads(store.result(saved).body)
+        path = answer["path"]
+        file = worker.file_of(path)
+        assert file.exists() and store.runs.checkpoints(model) == {}  # kept, not listed
+        first = redis_client.zscore(expiry, member)
+        assert first is not None and first == pytest.approx(time.time() + 60, abs=10)
+        time.sleep(0.01)
+        assert store.result(sample()).status == DONE
+        assert redis_client.zscore(expiry, member) > first  # the sample started the time again
+
+        redis_client.zadd(expiry, {member: time.time() - 1})  # as if unused for the whole time
+        worker.expire_checkpoints()
+        assert not file.exists() and not file.with_suffix(".json").exists()
+        assert redis_client.zscore(expiry, member) is None
+        failed = store.result(sample())
+        assert failed.status == FAILED and "unused for 60 s" in json.loads(failed.body)["error"]
+    finally:
+        worker.close()

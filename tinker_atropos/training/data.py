@@ -27,10 +27,12 @@ class DatumError(ClientError):
 
 @dataclass
 class Datum:
-    """One Tinker ``types.Datum``: its tokens and its ``loss_fn_inputs`` as dense arrays."""
+    """One Tinker ``types.Datum``: its tokens and its ``loss_fn_inputs`` as dense arrays, and, once its provenance
+    was looked up (``stable_reinforce``), the log-probs the sampler recorded for its sampled targets."""
 
     tokens: np.ndarray  # int64 [T]
     inputs: dict[str, np.ndarray] = field(default_factory=dict)
+    sampler_logprobs: np.ndarray | None = None  # float32 [T], NaN where the target was not sampled
 
 
 @dataclass(frozen=True)

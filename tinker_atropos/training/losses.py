@@ -7,6 +7,16 @@ means), computed from the log-probabilities the model gives its targets.
 - ``ppo``: the clipped surrogate ``-min(ratio * A, clip(ratio, low, high) * A).sum()`` with the ratio bounds
   ``clip_low_threshold`` / ``clip_high_threshold`` (per target in ``loss_fn_inputs`` or one value in
   ``loss_fn_config``), 0.8 and 1.2 by default (epsilon 0.2)
+- ``stable_reinforce``: REINFORCE whose importance ratio is taken against the log-probabilities the *sampler
+  recorded* for the tokens it sampled (``record_stability_info=True``; the datum's provenance spans name the
+  sequence behind each target, ``frontends/tinker/stability.py`` looks them up) and whose tokens are dropped where
+  trainer and sampler disagree too much: ``-(keep * ratio * advantages).sum()`` with ``ratio = exp(target_logprobs
+  - sampler_logprobs)`` and ``keep`` the sampled targets whose ratio lies in [``mask_low_threshold``,
+  ``mask_high_threshold``] (``loss_fn_config``; 0.5 and 2.0 by default). Tinker names the loss and its inputs but
+  does not publish its objective: this one is ours, the token-level masked importance sampling of IcePop
+  (inclusionAI's Ring-1T, 2025) on the sampler's own record, so that neither a client's rounding of the
+  log-probs nor tokens the trainer finds far likelier or unlikelier than the sampler did (stale weights in async
+  RL, other numerics) move the policy. Where every ratio lies within the bounds it equals ``importance_sampling``.
 """
 
 from __future__ import annotations
@@ -25,13 +35,19 @@ class LossError(ClientError):
     """An unknown loss, or inputs it cannot be computed from: the client's error."""
 
 
-def _bound(inputs: Inputs, config: Config, name: str, default: float) -> torch.Tensor | float:
-    if name in inputs:
-        return inputs[name]
+def config_number(config: Config, name: str, default: float) -> float:
+    """``loss_fn_config[name]`` (``default`` when absent); LossError unless it is a number."""
     value = config.get(name, default)
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
     if not isinstance(value, float):
         raise LossError(f"loss_fn_config[{name!r}] must be a number, got {value!r}")
     return value
+
+
+def _bound(inputs: Inputs, config: Config, name: str, default: float) -> torch.Tensor | float:
+    """A per-target bound from ``loss_fn_inputs``, else one from ``loss_fn_config``."""
+    return inputs[name] if name in inputs else config_number(config, name, default)
 
 
 def cross_entropy(logprobs: torch.Tensor, inputs: Inputs, config: Config) -> torch.Tensor:
@@ -53,10 +69,27 @@ def ppo(logprobs: torch.Tensor, inputs: Inputs, config: Config) -> torch.Tensor:
     return -torch.minimum(ratio * advantages, clipped * advantages).sum()
 
 
+def stable_reinforce(logprobs: torch.Tensor, inputs: Inputs, config: Config) -> torch.Tensor:
+    sampler = inputs.get("sampler_logprobs")  # NaN where the target was not sampled (a prompt token)
+    if sampler is None:
+        raise LossError("stable_reinforce needs each datum's provenance: sample with record_stability_info=True and "
+                        "attach the sequences' spans (Datum.with_provenance)")  # fmt: skip
+    sampled = ~torch.isnan(sampler)
+    ratio = torch.exp(logprobs - torch.where(sampled, sampler, logprobs.detach()))
+    low = config_number(config, "mask_low_threshold", 0.5)
+    high = config_number(config, "mask_high_threshold", 2.0)
+    if not 0 < low <= 1 <= high:
+        raise LossError(f"stable_reinforce keeps the ratios in [mask_low_threshold, mask_high_threshold], which "
+                        f"must hold 1 (0 < low <= 1 <= high); got [{low}, {high}]")  # fmt: skip
+    keep = sampled & (ratio.detach() >= low) & (ratio.detach() <= high)
+    return -(torch.where(keep, ratio, torch.zeros_like(ratio)) * inputs["advantages"]).sum()
+
+
 LOSSES: dict[str, Callable[[torch.Tensor, Inputs, Config], torch.Tensor]] = {
     "cross_entropy": cross_entropy,
     "importance_sampling": importance_sampling,
     "ppo": ppo,
+    "stable_reinforce": stable_reinforce,
 }
 
 
@@ -65,6 +98,8 @@ INPUTS: dict[str, tuple[str, ...]] = {
     "cross_entropy": (),
     "importance_sampling": ("logprobs", "advantages"),
     "ppo": ("logprobs", "advantages"),
+    # and the log-probs the sampler recorded, which the provenance names (``Datum.sampler_logprobs``)
+    "stable_reinforce": ("advantages",),
 }
 
 
@@ -73,19 +108,8 @@ def loss_fn(name: str) -> Callable[[torch.Tensor, Inputs, Config], torch.Tensor]
     return LOSSES[name]
 
 
-# losses the SDK names that this server refuses, and why (the client's error says so): a user of the cookbook,
-# whose RL recipes default to stable_reinforce, learns what to set instead
-UNSERVED = {
-    "stable_reinforce": "Tinker publishes its inputs (samples recorded with record_stability_info, provenance "
-    "spans naming them) but not its objective, so this server cannot compute what the hosted service does; "
-    "train with loss_fn='importance_sampling' or 'ppo' (the cookbook: Config.loss_fn, AsyncConfig.loss_fn)",
-}
-
-
 def inputs_of(name: str) -> tuple[str, ...]:
     """The inputs loss ``name`` needs; LossError for a loss this server does not compute."""
-    if name in UNSERVED:
-        raise LossError(f"loss {name!r} is not served: {UNSERVED[name]}")
     if name not in LOSSES:
         raise LossError(f"unknown loss {name!r}; this server computes {', '.join(LOSSES)}")
     return INPUTS[name]

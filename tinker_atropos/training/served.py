@@ -32,7 +32,7 @@ from tinker_atropos.models.mlp import ActorCritic
 from tinker_atropos.models.networks import build_network
 from tinker_atropos.training.core import TrainingCore
 from tinker_atropos.training.data import ClientError, Datum, Input, Schema, check_data
-from tinker_atropos.training.losses import inputs_of, loss_fn
+from tinker_atropos.training.losses import config_number, inputs_of, loss_fn
 
 TINY_LM = "tiny-byte-lm"
 
@@ -95,21 +95,18 @@ def _tensor(datum: Datum, name: str, dtype: torch.dtype) -> torch.Tensor:
     return torch.as_tensor(datum.inputs[name], dtype=dtype)
 
 
-def _number(config: dict[str, float | str], name: str, default: float) -> float:
-    value = config.get(name, default)
-    if not isinstance(value, float | int):
-        raise ClientError(f"loss_fn_config[{name!r}] must be a number, got {value!r}")
-    return float(value)
-
-
 # what the losses read per target (finite numbers), which any model's data may carry
 LOSS_INPUT_NAMES = ("logprobs", "advantages", "weights", "clip_low_threshold", "clip_high_threshold")
 _LOSS_INPUTS = {name: Input() for name in LOSS_INPUT_NAMES}
 
 
 def loss_inputs(data: list[Datum]) -> list[dict[str, torch.Tensor]]:
-    """The per-target inputs of the losses, as float tensors."""
-    return [{n: _tensor(d, n, torch.float32) for n in LOSS_INPUT_NAMES if n in d.inputs} for d in data]
+    """The per-target inputs of the losses, as float tensors (with the sampler's record where it was looked up)."""
+    inputs = [{n: _tensor(d, n, torch.float32) for n in LOSS_INPUT_NAMES if n in d.inputs} for d in data]
+    for datum, found in zip(data, inputs, strict=True):
+        if datum.sampler_logprobs is not None:
+            found["sampler_logprobs"] = torch.as_tensor(datum.sampler_logprobs, dtype=torch.float32)
+    return inputs
 
 
 class PolicyModel(ServedModel):
@@ -149,9 +146,9 @@ class PolicyModel(ServedModel):
         extra = None
         if all("returns" in d.inputs for d in data):
             returns = torch.cat([_tensor(d, "returns", torch.float32) for d in data])
-            value_coef = _number(config, "value_coef", 0.5)
+            value_coef = config_number(config, "value_coef", 0.5)
             extra = value_coef * 0.5 * (values - returns.to(values.device)).square().sum()
-        entropy_coef = _number(config, "entropy_coef", 0.0)
+        entropy_coef = config_number(config, "entropy_coef", 0.0)
         if entropy_coef:
             bonus = -entropy_coef * model.entropy(dist).sum()
             extra = bonus if extra is None else extra + bonus

@@ -25,6 +25,7 @@ from tinker import types
 
 from tinker_atropos.frontends.http import APIKeys, BodyLimit
 from tinker_atropos.frontends.tinker import registry, wire
+from tinker_atropos.frontends.tinker.stability import sequence_ids
 from tinker_atropos.frontends.tinker.store import PENDING, Store, sampler_lane
 from tinker_atropos.frontends.tinker.worker import Worker
 from tinker_atropos.training.served import LANGUAGE_MODELS
@@ -370,7 +371,7 @@ def build_app(store: Store, worker: Worker, api_keys: list[str], capabilities: l
                                  f"{max_request_tokens} (trainer.tinker.max_request_tokens)")  # fmt: skip
         dedup = f"sample:{body.sampling_session_id}:{body.seq_id}" if body.seq_id is not None else None
         request_id = store.submit("sample", raw, dedup=dedup, lane=sampler_lane(*found))
-        return queued(request_id, sample_sequence_ids=[f"{request_id}:{i}" for i in range(body.num_samples)])
+        return queued(request_id, sample_sequence_ids=sequence_ids(request_id, body.num_samples))
 
     # training runs and checkpoints (the SDK's RestClient) ---------------------------------------------------
     def run_record(run_id: str) -> dict[str, Any]:

@@ -246,7 +246,7 @@ class Samplers:
     def _sample(self, job: Job, stopping: threading.Event) -> bytes:
         model = self.model(job)
         request = json.loads(job.body)
-        prompt = [t for chunk in request["prompt"]["chunks"] for t in chunk.get("tokens", [])]
+        prompt = wire.prompt_tokens(request)
         params = request.get("sampling_params") or {}
 
         stop = stops(params.get("stop"), model)

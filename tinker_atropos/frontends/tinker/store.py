@@ -309,7 +309,7 @@ class TrainingRuns(_Keys):
     def add_checkpoint(self, model_id: str, checkpoint_id: str, info: dict[str, Any]) -> None:
         """Record (or replace) the checkpoint ``checkpoint_id`` (``weights/<name>``, ``sampler_weights/<name>``)."""
         self.client.hset(self._key("checkpoints", model_id), checkpoint_id, json.dumps(info))
-        self._expire_at(model_id, checkpoint_id, info.get("expires_at"))
+        self.expire_at(model_id, checkpoint_id, info.get("expires_at"))
 
     def checkpoints(self, model_id: str) -> dict[str, dict[str, Any]]:
         return {cid.decode(): json.loads(raw)
@@ -338,7 +338,9 @@ class TrainingRuns(_Keys):
         pairs = [member.decode().split(" ", 1) for member in expired]
         return [(model_id, checkpoint_id) for model_id, checkpoint_id in pairs]
 
-    def _expire_at(self, model_id: str, checkpoint_id: str, expires_at: float | None) -> None:
+    def expire_at(self, model_id: str, checkpoint_id: str, expires_at: float | None) -> None:
+        """When the sweeper deletes a checkpoint (a listed one, or the unnamed weights of a sampling client, which
+        are not listed); None: never."""
         member = f"{model_id} {checkpoint_id}"
         if expires_at is None:
             self.client.zrem(self._key("checkpoint_expiry"), member)

@@ -20,6 +20,17 @@ class WireError(ClientError):
     """A request the SDK would not have sent: a user error, answered as such."""
 
 
+@dataclass(frozen=True)
+class Span:
+    """One run of a datum's provenance: ``length`` positions that are positions ``offset...`` of the named
+    sequence's sampled tokens (``sampled``) or of the prompt it was sampled from."""
+
+    sampled: bool
+    sequence_id: str
+    offset: int
+    length: int
+
+
 @dataclass
 class ForwardBackward:
     model_id: str
@@ -28,6 +39,7 @@ class ForwardBackward:
     loss_fn_config: dict[str, float | str]
     forward_only: bool
     data: list[Datum]
+    provenance: list[list[Span] | None]  # per datum, the runs tiling its targets; None where it has none
 
 
 class Budget:
@@ -100,6 +112,31 @@ def _tokens(datum: pb.Datum, index: int, budget: Budget) -> np.ndarray:
     return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
 
 
+def _provenance(datum: pb.Datum, index: int, length: int) -> list[Span] | None:
+    """The runs tiling the datum's targets, checked to tile its model_input and targets as the SDK's
+    ``Datum.with_provenance`` does; None for a datum without provenance."""
+    if not datum.model_input_spans and not datum.loss_fn_input_spans:
+        return None
+    runs: dict[str, list[Span]] = {}
+    for field in ("model_input_spans", "loss_fn_input_spans"):
+        runs[field] = []
+        for span in getattr(datum, field):
+            kind = span.WhichOneof("span")
+            if kind is None:
+                raise WireError(f"datum {index}: {field} holds an empty span")
+            run = getattr(span, kind)
+            if not run.sequence_id or run.offset < 0 or run.length < 0:
+                raise WireError(
+                    f"datum {index}: {field}: a span needs a sequence_id, offset >= 0 and length >= 0"
+                )
+            runs[field].append(Span(kind == "sampled_tokens", run.sequence_id, run.offset, run.length))
+        covered = sum(run.length for run in runs[field])
+        if covered != length:
+            raise WireError(f"datum {index}: {field} cover {covered} positions, the datum has {length}; the runs "
+                            "must tile it (Datum.with_provenance)")  # fmt: skip
+    return runs["loss_fn_input_spans"]
+
+
 def read_forward_backward(body: bytes) -> pb.ForwardBackwardRequest:
     """The Protobuf message of a ``forward_backward`` body; nothing is densified."""
     msg = pb.ForwardBackwardRequest()
@@ -126,7 +163,21 @@ def parse_forward_backward(body: bytes, budget: Budget) -> ForwardBackward:
             raise WireError(f"loss_fn_config[{key!r}] is {value}: a number must be finite")
     data = [Datum(_tokens(d, i, budget), {name: _tensor(name, t, budget) for name, t in d.loss_fn_inputs.items()})
             for i, d in enumerate(msg.data)]  # fmt: skip
-    return ForwardBackward(msg.model_id, msg.seq_id, msg.loss_fn, config, msg.forward_only, data)
+    provenance = [_provenance(msg.data[i], i, len(datum.tokens)) for i, datum in enumerate(data)]
+    return ForwardBackward(msg.model_id, msg.seq_id, msg.loss_fn, config, msg.forward_only, data, provenance)
+
+
+def prompt_tokens(request: dict) -> list[int]:
+    """The tokens of a sample request's prompt (its JSON body, read)."""
+    return [t for chunk in request["prompt"]["chunks"] for t in chunk.get("tokens", [])]
+
+
+def read_sample_response(body: bytes) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Each sampled sequence's tokens (int32) and log-probs (float32) from a ``SampleResponse`` body."""
+    out = pb.SampleResponse()
+    out.ParseFromString(body)
+    return [(np.frombuffer(s.tokens, dtype=np.int32), np.frombuffer(s.logprobs, dtype=np.float32))
+            for s in out.sequences]  # fmt: skip
 
 
 def leading_fields(prefix: bytes) -> tuple[str | None, int | None]:

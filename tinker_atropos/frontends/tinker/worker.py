@@ -30,6 +30,7 @@ import torch
 from tinker_atropos.config import Config
 from tinker_atropos.frontends.tinker import registry, wire
 from tinker_atropos.frontends.tinker.sampling import Interrupted, Job, SamplingProcess, Settings
+from tinker_atropos.frontends.tinker.stability import Record
 from tinker_atropos.frontends.tinker.store import DONE, FAILED, SAMPLER_LANE, Store
 from tinker_atropos.security import signing_key
 from tinker_atropos.state.weights import publish_weights, published_version
@@ -44,7 +45,16 @@ PROTOBUF = "application/x-protobuf"
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 _STATE_CHANGING = {"create_model", "create_from_state", "optim_step", "load_weights"}
 FINISH_RETRY_S = 1.0  # between two tries to record an applied request's outcome while Redis is away
+EPHEMERAL = "ephemeral-"  # the name of the weights a sampling client was made with, saved under no name
 CHECKPOINT_SWEEP_S = 1.0  # between two looks for checkpoints past their ttl_seconds
+
+
+def _parts(path: str) -> tuple[str, str, str]:
+    """The model, kind and name of a ``tinker://<model>/<weights|sampler_weights>/<name>`` path."""
+    parts = path.removeprefix("tinker://").split("/") if path.startswith("tinker://") else []
+    if len(parts) != 3 or parts[1] not in ("weights", "sampler_weights") or not _NAME.match(parts[2]):
+        raise wire.WireError(f"{path!r} is no tinker://<model>/weights/<name> path of this server")
+    return parts[0], parts[1], parts[2]
 
 
 def _json(**fields: Any) -> bytes:
@@ -58,6 +68,7 @@ class Worker:
         self.device, self.on_done = device, on_done
         self.models: dict[str, ServedModel] = {}
         self.guard = NonfiniteGuard()  # every model's steps: counts those it undid
+        self.stability = Record(client, config.run.name)  # what samplers recorded for stable_reinforce
         self.since_snapshot: dict[str, list[str]] = {}  # requests a replay needs, per model
         section = config.trainer
         self.sampling = SamplingProcess(Settings(section.model, str(device), config.run.seed, section.torch_threads,
@@ -84,12 +95,12 @@ class Worker:
 
     def file_of(self, path: str) -> Path:
         """The file behind a ``tinker://<model>/<weights|sampler_weights>/<name>`` path."""
-        parts = path.removeprefix("tinker://").split("/") if path.startswith("tinker://") else []
-        if len(parts) != 3 or parts[1] not in ("weights", "sampler_weights") or not _NAME.match(parts[2]):
-            raise wire.WireError(f"{path!r} is no tinker://<model>/weights/<name> path of this server")
-        file = self._dir(parts[0]) / parts[1] / f"{parts[2]}.pt"
+        model_id, kind, name = _parts(path)
+        file = self._dir(model_id) / kind / f"{name}.pt"
         if not file.exists():
-            raise wire.WireError(f"no checkpoint {path!r} on this server")
+            raise wire.WireError(f"no checkpoint {path!r} on this server (never saved, deleted, past its ttl_seconds, "
+                                 "or, saved under no name by save_weights_and_get_sampling_client, unused for "
+                                 f"{self.config.trainer.tinker.ephemeral_weights_ttl_s:g} s)")  # fmt: skip
         return file
 
     def _save(self, file: Path, payload: dict[str, Any]) -> None:
@@ -111,6 +122,13 @@ class Worker:
             "user_metadata": request.get("user_metadata"), "expires_at": None if ttl is None else now + ttl})  # fmt: skip
         return self.tinker_path(model_id, kind, name)
 
+    def _keep_ephemeral(self, path: str) -> None:
+        """The unnamed weights behind ``path`` are deleted once no sample used them for
+        ``trainer.tinker.ephemeral_weights_ttl_s``: an RL loop saves one per step, and none is listed."""
+        model_id, kind, name = _parts(path)
+        ttl = self.config.trainer.tinker.ephemeral_weights_ttl_s
+        self.store.runs.expire_at(model_id, f"{kind}/{name}", time.time() + ttl)
+
     def delete_checkpoint(self, model_id: str, checkpoint_id: str) -> bool:
         """Delete a checkpoint's files and its record; False when there was no such checkpoint."""
         kind, _, name = checkpoint_id.partition("/")
@@ -124,14 +142,15 @@ class Worker:
         return known or existed
 
     def expire_checkpoints(self) -> None:
-        """Delete the checkpoints whose ``ttl_seconds`` ran out (checked every ``CHECKPOINT_SWEEP_S``)."""
+        """Delete the checkpoints whose ``ttl_seconds`` ran out, and the unnamed weights no sample used for
+        ``ephemeral_weights_ttl_s`` (checked every ``CHECKPOINT_SWEEP_S``)."""
         now = time.time()
         if now < self.next_checkpoint_sweep:
             return
         self.next_checkpoint_sweep = now + CHECKPOINT_SWEEP_S
         for model_id, checkpoint_id in self.store.runs.expired_checkpoints(now):
             self.delete_checkpoint(model_id, checkpoint_id)
-            log.info("Tinker checkpoint %s of %s expired (its ttl_seconds): deleted", checkpoint_id, model_id)
+            log.info("Tinker checkpoint %s of %s expired: deleted", checkpoint_id, model_id)
 
     def checkpoint_record(self, path: str) -> dict[str, Any]:
         """The record of the checkpoint behind a ``tinker://`` path; WireError if there is none."""
@@ -315,6 +334,8 @@ class Worker:
         deadline = time.monotonic() + self.config.trainer.tinker.max_request_s
         try:
             result, content_type = getattr(self, f"_do_{kind}")(model_id, seq, body, deadline)
+            if kind == "sample":
+                self.stability.add(request_id, body, result)
             if position is not None and kind in _STATE_CHANGING and model_id in self.models:
                 snapshot = self._write_snapshot(model_id, seq)
             status = DONE
@@ -418,6 +439,8 @@ class Worker:
         self, model_id: str, seq: int, body: bytes, deadline: float
     ) -> tuple[bytes, str]:
         request = wire.parse_forward_backward(body, self.budget())
+        if request.loss_fn == "stable_reinforce":
+            self.stability.look_up(model_id, request)
         return self._forward_backward(self._model(model_id), request, deadline), PROTOBUF
 
     def _do_refused(self, model_id: str, seq: int, body: bytes, deadline: float) -> tuple[bytes, str]:
@@ -449,10 +472,9 @@ class Worker:
     def _named(self, body: bytes) -> tuple[dict[str, Any], str | None]:
         request = json.loads(body)
         name = request.get("path")
-        if name is not None and not _NAME.match(str(name)):
-            raise wire.WireError(
-                f"checkpoint name {name!r}: use letters, digits, '_', '.', '-' (at most 128)"
-            )
+        if name is not None and (not _NAME.match(str(name)) or str(name).startswith(EPHEMERAL)):
+            raise wire.WireError(f"checkpoint name {name!r}: use letters, digits, '_', '.', '-' (at most 128), not "
+                                 f"starting {EPHEMERAL!r} (the unnamed weights of sampling clients)")  # fmt: skip
         ttl = request.get("ttl_seconds")
         if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int) or ttl < 1):
             raise wire.WireError(f"ttl_seconds must be a whole number of seconds >= 1, or None; got {ttl!r}")
@@ -477,11 +499,13 @@ class Worker:
     ) -> tuple[bytes, str]:
         model = self._model(model_id)
         request, name = self._named(body)
-        stored = name or f"ephemeral-{seq}"
+        stored = name or f"{EPHEMERAL}{seq}"
         self._save(
             self._dir(model_id) / "sampler_weights" / f"{stored}.pt", self._state(model_id, optimizer=False)
         )
         path = self.tinker_path(model_id, "sampler_weights", stored)
+        if name is None:  # kept while its sampling client samples
+            self._keep_ephemeral(path)
         if isinstance(model, PolicyModel):  # the rollouts act with it from now on
             version = (published_version(self.client, self.config.run.name) or 0) + 1
             publish_weights(self.client, self.config.run.name, version, model.core.weights(), model.core.spec,
@@ -520,6 +544,8 @@ class Worker:
             raise wire.WireError(f"{base_model} is a control policy: it acts through the rollout services, and "
                                  "sample() only returns tokens")  # fmt: skip
         file = str(self.file_of(path)) if path is not None else None
+        if path is not None and _parts(path)[2].startswith(EPHEMERAL):
+            self._keep_ephemeral(path)
         if self.stopping.is_set():
             raise Interrupted
         budget = self.config.trainer.tinker.max_request_s

@@ -1,0 +1,67 @@
+"""Tinker's built-in losses (``training/losses.py``) against hand computations: values and gradients."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from tinker_atropos.training.losses import LossError, loss_fn
+
+NAN = float("nan")
+
+
+def logprobs(*values: float) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.float32, requires_grad=True)
+
+
+def test_cross_entropy_and_importance_sampling_and_ppo_by_hand() -> None:
+    lp = logprobs(-1.0, -2.0)
+    assert loss_fn("cross_entropy")(lp, {"weights": torch.tensor([1.0, 0.5])}, {}).item() == pytest.approx(2.0)
+    sampler = torch.tensor([-1.0, -1.0])
+    advantages = torch.tensor([2.0, 1.0])
+    value = loss_fn("importance_sampling")(lp, {"logprobs": sampler, "advantages": advantages}, {})
+    assert value.item() == pytest.approx(-(2.0 + math.exp(-1.0)))
+    # ppo: ratios 1 and e^-1 = 0.37; the second is clipped to 0.8 and min(0.37, 0.8) * 1 keeps the ratio
+    value = loss_fn("ppo")(lp, {"logprobs": sampler, "advantages": advantages}, {})
+    assert value.item() == pytest.approx(-(2.0 + math.exp(-1.0)))
+
+
+def test_stable_reinforce_masks_far_ratios_and_untrained_positions_by_hand() -> None:
+    """Positions: a prompt token (not sampled: NaN), then ratios 1, e^0.5 = 1.65, e^1 = 2.72 and e^-1 = 0.37 against
+    the sampler's record. With the default bounds [0.5, 2] the last two are dropped."""
+    lp = logprobs(-3.0, -1.0, -0.5, 0.0, -2.0)
+    sampler = torch.tensor([NAN, -1.0, -1.0, -1.0, -1.0])
+    advantages = torch.tensor([5.0, 1.0, 2.0, 3.0, 4.0])  # the prompt's advantage is ignored
+    inputs = {"sampler_logprobs": sampler, "advantages": advantages, "logprobs": torch.full((5,), -9.0)}
+    value = loss_fn("stable_reinforce")(lp, inputs, {})
+    expected = -(1.0 * 1.0 + math.exp(0.5) * 2.0)
+    assert value.item() == pytest.approx(expected)
+    value.backward()
+    # d/dlp of -(ratio * A) is -ratio * A where kept, 0 elsewhere; the client's ``logprobs`` play no part
+    assert lp.grad is not None
+    assert lp.grad.tolist() == pytest.approx([0.0, -1.0, -2.0 * math.exp(0.5), 0.0, 0.0])
+
+    wide = loss_fn("stable_reinforce")(lp, inputs, {"mask_low_threshold": 0.1, "mask_high_threshold": 3.0})
+    assert wide.item() == pytest.approx(expected - math.e * 3.0 - math.exp(-1.0) * 4.0)
+
+
+def test_stable_reinforce_equals_importance_sampling_when_no_ratio_is_masked() -> None:
+    lp = logprobs(-1.0, -1.2, -0.9)
+    sampler = torch.tensor([-1.1, -1.0, -1.0])
+    advantages = torch.tensor([1.0, -2.0, 0.5])
+    stable = loss_fn("stable_reinforce")(lp, {"sampler_logprobs": sampler, "advantages": advantages}, {})
+    plain = loss_fn("importance_sampling")(lp, {"logprobs": sampler, "advantages": advantages}, {})
+    assert stable.item() == pytest.approx(plain.item())
+
+
+def test_stable_reinforce_refuses_data_without_a_record_and_bounds_that_exclude_one() -> None:
+    lp = logprobs(-1.0)
+    with pytest.raises(LossError, match="provenance"):
+        loss_fn("stable_reinforce")(lp, {"advantages": torch.ones(1), "logprobs": torch.zeros(1)}, {})
+    inputs = {"sampler_logprobs": torch.zeros(1), "advantages": torch.ones(1)}
+    with pytest.raises(LossError, match="must hold 1"):
+        loss_fn("stable_reinforce")(lp, inputs, {"mask_low_threshold": 1.5})
+    with pytest.raises(LossError, match="unknown loss 'cispo'"):
+        loss_fn("cispo")
