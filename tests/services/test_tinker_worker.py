@@ -17,6 +17,7 @@ from tinker.proto.request_conv import forward_backward_request_to_proto
 
 from tests.support.asserts import assert_names_nothing_of_the_package, assert_same
 from tinker_atropos.config import Config, parse_config
+from tinker_atropos.frontends.tinker import wire
 from tinker_atropos.frontends.tinker.store import DONE, FAILED, PENDING, Store, sampler_lane
 from tinker_atropos.frontends.tinker.worker import Worker
 
@@ -256,3 +257,61 @@ def test_the_unnamed_weights_of_a_sampling_client_go_once_no_sample_used_them(
         assert failed.status == FAILED and "unused for 60 s" in json.loads(failed.body)["error"]
     finally:
         worker.close()
+
+
+def test_a_stable_reinforce_accumulation_is_replayed_after_a_restart_from_the_samplers_record(
+    redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    """Gradients accumulated since the last snapshot are replayed by a restarted worker; a stable_reinforce one
+    looks its provenance up again (the record is in Redis) and accumulates the same gradients."""
+    store = Store(redis_client, "replay-sr")
+    session = store.create_session({})
+    model, sampler = f"{session}:train:0", f"{session}:sample:0"
+    store.add_model(model, {"base_model": "tiny-byte-lm", "lora": {}, "session": session})
+    store.add_sampler(sampler, "tiny-byte-lm", None)
+    store.submit("create_model", b"", model, seq=0)
+    prompt = [256, 104, 105]
+    body = {"sampling_session_id": sampler, "prompt": {"chunks": [{"tokens": prompt}]}, "num_samples": 1,
+            "sampling_params": {"max_tokens": 6, "seed": 1}, "record_stability_info": True}  # fmt: skip
+    sample = store.submit("sample", json.dumps(body).encode(), lane=sampler_lane("tiny-byte-lm", None))
+    worker = Worker(store, redis_client, _config(), tmp_path, torch.device("cpu"))
+    try:
+        while worker.step():
+            pass
+    finally:
+        worker.close()
+    tokens = wire.read_sample_response(store.result(sample).body)[0][0].tolist()
+    sequence = f"{sample}:0"
+    datum = types.Datum(
+        model_input=types.ModelInput.from_ints(prompt + tokens[:-1]),
+        loss_fn_inputs={"target_tokens": np.asarray(prompt[1:] + tokens, np.int64),
+                        "advantages": np.ones(len(prompt) - 1 + len(tokens), np.float32)},
+    ).with_provenance(
+        model_input=[types.PromptProvenanceSpan(sequence_id=sequence, length=len(prompt)),
+                     types.SampledProvenanceSpan(sequence_id=sequence, length=len(tokens) - 1)],
+        loss_fn_inputs=[types.PromptProvenanceSpan(sequence_id=sequence, offset=1, length=len(prompt) - 1),
+                        types.SampledProvenanceSpan(sequence_id=sequence, length=len(tokens))],
+    )  # fmt: skip
+    request = types.ForwardBackwardRequest(
+        types.ForwardBackwardInput(data=[datum], loss_fn="stable_reinforce"), model, 1
+    )
+    store.submit(
+        "forward_backward", forward_backward_request_to_proto(request).SerializeToString(), model, seq=1
+    )
+    worker = Worker(store, redis_client, _config(), tmp_path, torch.device("cpu"))
+    worker.recover()
+    while worker.step():
+        pass
+    grads = [p.grad.clone() for p in worker.models[model].core.model.parameters() if p.grad is not None]
+    assert grads and store.progress(model)[0] == 1
+
+    restarted = Worker(store, redis_client, _config(), tmp_path, torch.device("cpu"))
+    restarted.recover()  # the accumulation since the snapshot of create_model, replayed
+    again = [p.grad for p in restarted.models[model].core.model.parameters() if p.grad is not None]
+    assert len(again) == len(grads) and all(torch.equal(a, b) for a, b in zip(again, grads, strict=True))
+
+    assert redis_client.delete(f"ta:replay-sr:tinker:sequence:{sequence}") == 1  # expired (a day unused)
+    late = Worker(store, redis_client, _config(), tmp_path, torch.device("cpu"))
+    late.recover()  # the model comes back without those gradients, and the worker serves on
+    assert model in late.models and store.progress(model)[0] == 1
+    assert all(p.grad is None or not p.grad.any() for p in late.models[model].core.model.parameters())

@@ -18,7 +18,9 @@ def logprobs(*values: float) -> torch.Tensor:
 
 def test_cross_entropy_and_importance_sampling_and_ppo_by_hand() -> None:
     lp = logprobs(-1.0, -2.0)
-    assert loss_fn("cross_entropy")(lp, {"weights": torch.tensor([1.0, 0.5])}, {}).item() == pytest.approx(2.0)
+    assert loss_fn("cross_entropy")(lp, {"weights": torch.tensor([1.0, 0.5])}, {}).item() == pytest.approx(
+        2.0
+    )
     sampler = torch.tensor([-1.0, -1.0])
     advantages = torch.tensor([2.0, 1.0])
     value = loss_fn("importance_sampling")(lp, {"logprobs": sampler, "advantages": advantages}, {})

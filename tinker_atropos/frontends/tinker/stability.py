@@ -13,14 +13,12 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import redis
 
 from tinker_atropos.frontends.tinker import wire
-from tinker_atropos.frontends.tinker.store import _Keys
+from tinker_atropos.frontends.tinker.store import Keys
 
-SEQUENCE_TTL_S = (
-    86_400  # "can be trained on for one day after sampling; each training request ... restarts that day"
-)
+# Tinker: "can be trained on for one day after sampling. Each training request that uses a sequence restarts that day."
+SEQUENCE_TTL_S = 86_400
 
 
 def sequence_ids(request_id: str, num_samples: int) -> list[str]:
@@ -33,9 +31,8 @@ def session_of(resource_id: str) -> str:
     return resource_id.split(":", 1)[0]
 
 
-class Record(_Keys):
-    def __init__(self, client: redis.Redis, run: str) -> None:
-        super().__init__(client, run)
+class Record(Keys):
+    """The sequences samplers recorded, in the run's Tinker namespace (``sequence:<sequence_id>`` hashes)."""
 
     def add(self, request_id: str, body: bytes, response: bytes) -> None:
         """Record the sequences of a finished sample request, if it asked for ``record_stability_info``."""

@@ -47,17 +47,17 @@ class Result:
     content_type: str = "application/json"
 
 
-class _Keys:
+class Keys:
     """The run's Tinker namespace in Redis."""
 
     def __init__(self, client: redis.Redis, run: str) -> None:
-        self.client, self.prefix = client, f"ta:{run}:tinker"
+        self.client, self.run, self.prefix = client, run, f"ta:{run}:tinker"
 
     def _key(self, *parts: str) -> str:
         return ":".join((self.prefix, *parts))
 
 
-class Store(_Keys):
+class Store(Keys):
     def __init__(self, client: redis.Redis, run: str, future_ttl_s: float = 3600.0) -> None:
         super().__init__(client, run)
         self.future_ttl_s = int(future_ttl_s)
@@ -293,7 +293,7 @@ class Store(_Keys):
         return None if base is None else (base.decode(), path.decode() or None if path else None)
 
 
-class TrainingRuns(_Keys):
+class TrainingRuns(Keys):
     """What the SDK's RestClient reads: a training run is a model, loaded or not (its ``training_run_id`` is the
     model id; ``Store.add_model`` lists it), and its checkpoints are those saved under a name, each with its
     record (``created_at``, ``size_bytes``, ``public``, ``user_metadata``, ``expires_at``); the ones that expire

@@ -68,7 +68,7 @@ class Worker:
         self.device, self.on_done = device, on_done
         self.models: dict[str, ServedModel] = {}
         self.guard = NonfiniteGuard()  # every model's steps: counts those it undid
-        self.stability = Record(client, config.run.name)  # what samplers recorded for stable_reinforce
+        self.stability = Record(client, store.run)  # what samplers recorded for stable_reinforce
         self.since_snapshot: dict[str, list[str]] = {}  # requests a replay needs, per model
         section = config.trainer
         self.sampling = SamplingProcess(Settings(section.model, str(device), config.run.seed, section.torch_threads,
@@ -211,7 +211,13 @@ class Worker:
                     continue
                 parsed = wire.parse_forward_backward(request[1], self.budget())
                 if not parsed.forward_only:
-                    self._forward_backward(model, parsed, deadline=None)
+                    try:
+                        self._forward_backward(model_id, parsed, deadline=None)
+                    # the samplers' record it named may have expired since: a warning, never a crash loop
+                    except ClientError as error:
+                        log.warning("Tinker model %s: accumulated gradients of request %s cannot be replayed (%s); "
+                                    "they are lost", model_id, request_id, error)  # fmt: skip
+                        continue
                 replayed.append(request_id)
             self.since_snapshot[model_id] = replayed
             log.info("Tinker model %s restored (applied %d, %d accumulations replayed)", model_id, applied,
@@ -429,9 +435,13 @@ class Worker:
             int(self.config.trainer.tinker.max_request_mb * 2**20), "trainer.tinker.max_request_mb"
         )
 
-    def _forward_backward(self, model: ServedModel, request: wire.ForwardBackward,
-                          deadline: float | None) -> bytes:  # fmt: skip
-        outputs, metrics = run_loss(model, request.data, request.loss_fn, request.loss_fn_config,
+    def _forward_backward(
+        self, model_id: str, request: wire.ForwardBackward, deadline: float | None
+    ) -> bytes:
+        """A forward_backward as applied, or replayed after a restart (the samplers' record is in Redis)."""
+        if request.loss_fn == "stable_reinforce":
+            self.stability.look_up(model_id, request)
+        outputs, metrics = run_loss(self._model(model_id), request.data, request.loss_fn, request.loss_fn_config,
                                     request.forward_only, self._time_check(deadline))  # fmt: skip
         return wire.forward_backward_output(outputs, metrics)
 
@@ -439,9 +449,7 @@ class Worker:
         self, model_id: str, seq: int, body: bytes, deadline: float
     ) -> tuple[bytes, str]:
         request = wire.parse_forward_backward(body, self.budget())
-        if request.loss_fn == "stable_reinforce":
-            self.stability.look_up(model_id, request)
-        return self._forward_backward(self._model(model_id), request, deadline), PROTOBUF
+        return self._forward_backward(model_id, request, deadline), PROTOBUF
 
     def _do_refused(self, model_id: str, seq: int, body: bytes, deadline: float) -> tuple[bytes, str]:
         raise wire.WireError(body.decode(errors="replace"))
