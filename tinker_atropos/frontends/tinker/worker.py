@@ -15,7 +15,6 @@ import contextlib
 import json
 import logging
 import math
-import os
 import re
 import threading
 import time
@@ -33,6 +32,7 @@ from tinker_atropos.frontends.tinker.sampling import Interrupted, Job, SamplingP
 from tinker_atropos.frontends.tinker.stability import Record
 from tinker_atropos.frontends.tinker.store import DONE, FAILED, SAMPLER_LANE, Store
 from tinker_atropos.security import signing_key
+from tinker_atropos.state.checkpoints import save_torch, write_atomically
 from tinker_atropos.state.weights import publish_weights, published_version
 from tinker_atropos.training.core import AdamParams
 from tinker_atropos.training.data import ClientError
@@ -106,11 +106,9 @@ class Worker:
     def _save(self, file: Path, payload: dict[str, Any]) -> None:
         """The checkpoint, and beside it its record (base model, LoRA) as JSON, written first: what a sampling
         session or a new model needs to know of a checkpoint is read without loading it."""
-        file.parent.mkdir(parents=True, exist_ok=True)
-        record, partial = file.with_suffix(".json"), file.with_suffix(".partial")
-        record.write_text(json.dumps(payload["record"]))
-        torch.save(payload, partial)
-        os.replace(partial, file)
+        record = json.dumps(payload["record"]).encode()
+        write_atomically(file.with_suffix(".json"), lambda out: out.write(record))
+        save_torch(file, payload)
 
     def _saved(self, model_id: str, kind: str, name: str, request: dict[str, Any]) -> str:
         """Record a checkpoint saved under a name, with its ``ttl_seconds`` and ``user_metadata``; its path."""
