@@ -38,8 +38,6 @@ KNOWN_LONG = {
     "frontends/atropos/app.py:build_app",
     "frontends/atropos/store.py:TrajectoryStore",
     "frontends/inference/app.py:build_app",
-    "frontends/tinker/app.py:build_app",
-    "frontends/tinker/worker.py:Worker",
     "launcher/up.py:_run_locked",
     "trainer/experience_loop.py:ExperienceLoop",
 }
