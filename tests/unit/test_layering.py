@@ -35,7 +35,6 @@ KNOWN_FORBIDDEN: set[tuple[str, str]] = set()
 # Functions over MAX_FUNCTION_LINES and classes over MAX_CLASS_LINES today; issue 36 items 1-4 remove these.
 KNOWN_LONG = {
     "environment/conformance.py:Conformance",
-    "frontends/atropos/app.py:build_app",
     "frontends/atropos/store.py:TrajectoryStore",
     "frontends/inference/app.py:build_app",
     "launcher/up.py:_run_locked",

@@ -596,7 +596,7 @@ def build_app(store: Store, worker: Worker, api_keys: list[str], capabilities: l
     )
     if api_keys:  # outermost: keys checked first
         app.add_middleware(APIKeys, keys=[key.encode() for key in api_keys], refused=api.refused)
-    app.add_exception_handler(HTTPError, _http_error)  # type: ignore[arg-type]
+    app.add_exception_handler(HTTPError, _http_error)
     for router in (service, sessions, training, sampling, runs):
         app.include_router(router, prefix="/api/v1")
     return app
