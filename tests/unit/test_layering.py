@@ -36,7 +36,6 @@ KNOWN_FORBIDDEN: set[tuple[str, str]] = set()
 KNOWN_LONG = {
     "environment/conformance.py:Conformance",
     "frontends/atropos/store.py:TrajectoryStore",
-    "frontends/inference/app.py:build_app",
     "launcher/up.py:_run_locked",
     "trainer/experience_loop.py:ExperienceLoop",
 }
