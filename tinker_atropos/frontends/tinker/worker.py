@@ -7,6 +7,9 @@ rebuilds each model from its snapshot and replays the gradient accumulations app
 
 Each request has a budget: at most ``trainer.tinker.max_request_tokens`` tokens (checked by the API before it is
 queued) and ``trainer.tinker.max_request_s`` seconds of work, past which it fails as the client's error.
+
+What each kind of request does is ``requests.py``'s (``Worker.handlers`` lists them); the files on disk are
+``checkpoints.py``'s.
 """
 
 from __future__ import annotations
@@ -48,9 +51,8 @@ class Worker:
         self.wake = threading.Event()
         self.stopping = threading.Event()
         self.checkpoints = Checkpoints(checkpoints, store, section.tinker.ephemeral_weights_ttl_s)
-        self.guard = (
-            NonfiniteGuard()
-        )  # every model's steps: counts those it undid (the trainer's status reads it)
+        # every model's steps: counts those it undid (the trainer's status reads it)
+        self.guard = NonfiniteGuard()
         self.requests = RequestHandlers(store, client, config, self.checkpoints, self.sampling, self.guard,
                                         self.stopping, device)  # fmt: skip
         r = self.requests
