@@ -316,14 +316,12 @@ async def forward_backward(api: Api, request: Request, body: bytes) -> dict[str,
     if "protobuf" not in request.headers.get("content-type", ""):
         raise HTTPError(415, "forward_backward takes a Protobuf body (application/x-protobuf)")
     try:
-        checked = wire.check_forward_backward(body, api.worker.requests.budget())
+        model_id, seq_id, tokens = wire.check_forward_backward(body, api.worker.requests.budget())
     except wire.WireError as error:
         raise HTTPError(400, str(error)) from None
-    model_id, seq_id = checked.msg.model_id, checked.msg.seq_id
     api.known_model(model_id)
     if seq_id < 1:
         raise HTTPError(400, f"seq_id must be 1 or more, got {seq_id}")
-    tokens = checked.token_count
     if tokens > api.max_request_tokens:
         raise HTTPError(400, f"the request holds {tokens} tokens; a request may hold {api.max_request_tokens} "
                              "(trainer.tinker.max_request_tokens): send fewer data per forward_backward")  # fmt: skip

@@ -4,7 +4,7 @@ cannot drift: ``forward_backward`` bodies in, ``ForwardBackwardOutput`` and ``Sa
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -66,9 +66,9 @@ def _frombuffer(what: str, data: bytes, dtype: type) -> np.ndarray:
     return np.frombuffer(data, dtype=dtype)
 
 
-def _tensor(name: str, msg: pb.Tensor, budget: Budget) -> Callable[[], np.ndarray]:
-    """A loss_fn_inputs tensor checked, its size taken from ``budget``; what makes it a dense int64 or float32
-    array, called only where the data is used (nothing of that size is allocated to check it)."""
+def _tensor(name: str, msg: pb.Tensor, budget: Budget, densify: bool) -> np.ndarray | None:
+    """A loss_fn_inputs tensor checked, its densified size taken from ``budget`` before anything of that size is
+    allocated; as a dense int64 or float32 array when ``densify`` (else None: checked only)."""
     what = f"loss_fn_inputs[{name!r}]"
     dtype = _DTYPES.get(msg.dtype)
     if dtype is None:
@@ -89,21 +89,22 @@ def _tensor(name: str, msg: pb.Tensor, budget: Budget) -> Callable[[], np.ndarra
         if (len(crow) != shape[0] + 1 or len(col) != len(values) or crow[0] != 0 or crow[-1] != len(values)
                 or np.any(np.diff(crow) < 0) or (len(col) and (col.min() < 0 or col.max() >= shape[1]))):  # fmt: skip
             raise WireError(f"{what}: inconsistent sparse CSR indices")
-
-        def sparse() -> np.ndarray:
-            dense = np.zeros(shape, dtype=out_dtype)
-            dense[np.repeat(np.arange(shape[0]), np.diff(crow)), col] = values
-            return dense
-
-        return sparse
+        if not densify:
+            return None
+        dense = np.zeros(shape, dtype=out_dtype)
+        dense[np.repeat(np.arange(shape[0]), np.diff(crow)), col] = values
+        return dense
     array = _frombuffer(what, msg.dense, dtype)
-    if shape and math.prod(shape) != array.size:
-        raise WireError(f"{what}: {array.size} values for shape {shape}")
-    return lambda: (array.reshape(shape) if shape else array).astype(out_dtype, copy=True)
+    if shape:
+        if math.prod(shape) != array.size:
+            raise WireError(f"{what}: {array.size} values for shape {shape}")
+        array = array.reshape(shape)
+    return array.astype(out_dtype, copy=True) if densify else None
 
 
-def _tokens(datum: pb.Datum, index: int, budget: Budget) -> list[np.ndarray]:
-    """The datum's model_input chunks as int32 views of the body, their size as int64 taken from ``budget``."""
+def _tokens(datum: pb.Datum, index: int, budget: Budget) -> tuple[list[np.ndarray], int]:
+    """The datum's model_input chunks (int32 views of the body) and their length, its size as int64 taken from
+    ``budget``."""
     parts = []
     for chunk in datum.model_input:
         if chunk.WhichOneof("chunk") != "encoded_text":
@@ -111,8 +112,9 @@ def _tokens(datum: pb.Datum, index: int, budget: Budget) -> list[np.ndarray]:
                 f"datum {index}: only token chunks are served here, not {chunk.WhichOneof('chunk')}"
             )
         parts.append(_frombuffer(f"datum {index}: model_input", chunk.encoded_text.tokens, np.int32))
-    budget.take(f"datum {index}: model_input", 8 * sum(len(p) for p in parts))
-    return parts
+    length = sum(len(p) for p in parts)
+    budget.take(f"datum {index}: model_input", 8 * length)
+    return parts, length
 
 
 def _provenance(datum: pb.Datum, index: int, length: int) -> list[Span] | None:
@@ -150,32 +152,9 @@ def read_forward_backward(body: bytes) -> pb.ForwardBackwardRequest:
     return msg
 
 
-@dataclass(frozen=True)
-class CheckedForwardBackward:
-    """A ``forward_backward`` body read and checked with nothing densified: all the API needs to queue it."""
-
-    msg: pb.ForwardBackwardRequest
-    loss_fn_config: dict[str, float | str]
-    tokens: list[list[np.ndarray]]  # per datum, its model_input chunks (int32 views of the body)
-    inputs: list[dict[str, Callable[[], np.ndarray]]]  # per datum, what densifies each loss_fn_inputs tensor
-    provenance: list[list[Span] | None]
-
-    @property
-    def token_count(self) -> int:
-        return sum(len(part) for parts in self.tokens for part in parts)
-
-    def densified(self) -> ForwardBackward:
-        data = [Datum(np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64),
-                      {name: dense() for name, dense in inputs.items()})
-                for parts, inputs in zip(self.tokens, self.inputs, strict=True)]  # fmt: skip
-        msg = self.msg
-        return ForwardBackward(msg.model_id, msg.seq_id, msg.loss_fn, self.loss_fn_config, msg.forward_only, data,
-                               self.provenance)  # fmt: skip
-
-
-def check_forward_backward(body: bytes, budget: Budget) -> CheckedForwardBackward:
-    """The request read once and checked whole (its arrays' densified size within ``budget``), nothing densified;
-    WireError for anything the SDK would not send."""
+def _read(body: bytes, budget: Budget, densify: bool) -> tuple[ForwardBackward, int]:
+    """The request checked whole, its arrays densified within ``budget`` when ``densify`` (else ``data`` is left
+    empty), and the tokens it holds; WireError for anything the SDK would not send."""
     msg = read_forward_backward(body)
     config: dict[str, float | str] = {k: float(v) for k, v in msg.loss_fn_config.items()}
     for key, value in msg.loss_fn_config_v2.items():
@@ -183,20 +162,31 @@ def check_forward_backward(body: bytes, budget: Budget) -> CheckedForwardBackwar
     for key, value in config.items():
         if isinstance(value, float) and not math.isfinite(value):
             raise WireError(f"loss_fn_config[{key!r}] is {value}: a number must be finite")
-    tokens, inputs = [], []
+    data, lengths = [], []
     for i, datum in enumerate(msg.data):
-        tokens.append(_tokens(datum, i, budget))
-        inputs.append({name: _tensor(name, t, budget) for name, t in datum.loss_fn_inputs.items()})
-    provenance = [
-        _provenance(d, i, sum(len(p) for p in parts))
-        for i, (d, parts) in enumerate(zip(msg.data, tokens, strict=True))
-    ]
-    return CheckedForwardBackward(msg, config, tokens, inputs, provenance)
+        parts, length = _tokens(datum, i, budget)
+        inputs = {name: _tensor(name, t, budget, densify) for name, t in datum.loss_fn_inputs.items()}
+        lengths.append(length)
+        if densify:
+            tokens = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
+            data.append(Datum(tokens, inputs))
+    provenance = [_provenance(msg.data[i], i, length) for i, length in enumerate(lengths)]
+    request = ForwardBackward(
+        msg.model_id, msg.seq_id, msg.loss_fn, config, msg.forward_only, data, provenance
+    )
+    return request, sum(lengths)
+
+
+def check_forward_backward(body: bytes, budget: Budget) -> tuple[str, int, int]:
+    """The model, number and token count of a request checked whole as ``parse_forward_backward`` checks it, with
+    nothing densified: what the API needs to queue it (the worker parses it)."""
+    request, tokens = _read(body, budget, densify=False)
+    return request.model_id, request.seq_id, tokens
 
 
 def parse_forward_backward(body: bytes, budget: Budget) -> ForwardBackward:
     """The request with its arrays densified within ``budget``; WireError for anything the SDK would not send."""
-    return check_forward_backward(body, budget).densified()
+    return _read(body, budget, densify=True)[0]
 
 
 def prompt_tokens(request: dict) -> list[int]:
