@@ -184,9 +184,7 @@ class AtroposLoop:
                     if "logprobs" not in datum.inputs:
                         outputs, _ = run_loss(self.model, [datum], "cross_entropy", {}, forward_only=True)
                         datum.inputs["logprobs"] = outputs[0]["logprobs"].astype(np.float32)
-                metrics, bad = self.guard.update(
-                    core, self.model, functools.partial(self._update, datums.data)
-                )
+                metrics, bad = self.guard.update(core, None, functools.partial(self._update, datums.data))
             except ClientError as error:  # checked per group already: a batch no loss can take
                 core.discard_gradients()
                 self.counters["batches_malformed"] += 1

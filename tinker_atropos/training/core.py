@@ -45,6 +45,7 @@ class TrainingCore:
         # settings are each step's (``optim_step``); its moments are created at the first one. AdamW: weight decay
         # decoupled, as Tinker's optim_step defines it; with weight decay 0 (PPO's) it is Adam to the bit.
         self.optimizer = torch.optim.AdamW(self.model.parameters(), fused=True)
+        self._shadow: list[torch.Tensor] = []  # ``snapshot``'s copies, reused from one step to the next
 
     def forward_backward(self, loss_fn: LossFn) -> dict[str, float]:
         """``loss_fn(model)`` -> (loss, metrics); the loss's gradients are added to the parameters' ``.grad``."""
@@ -68,6 +69,39 @@ class TrainingCore:
     def discard_gradients(self) -> None:
         """Clear the accumulated gradients without a step (an update that stops before it)."""
         self.optimizer.zero_grad(set_to_none=True)
+
+    def snapshot(self) -> Callable[[], None]:
+        """Copy what a step changes (the trained parameters, the buffers, the optimizer's moments, the version) into
+        copies kept from the step before, in one fused copy: the non-finite guard takes one before every Tinker
+        step. Returns what puts it all back exactly, dropping the moments a first step created."""
+        trained = [p for p in self.model.parameters() if p.requires_grad]
+        moments = [
+            t
+            for p in trained
+            for t in self.optimizer.state.get(p, {}).values()
+            if isinstance(t, torch.Tensor)
+        ]
+        live = (
+            [p.detach() for p in trained]
+            + [b for b in self.model.buffers() if b.is_floating_point()]
+            + moments
+        )
+        if len(live) != len(self._shadow) or any(
+            a.shape != b.shape for a, b in zip(live, self._shadow, strict=True)
+        ):
+            self._shadow = [t.detach().clone() for t in live]
+        else:
+            torch._foreach_copy_(self._shadow, live)
+        had_moments, version = {p for p in trained if p in self.optimizer.state}, self.version
+
+        def restore() -> None:
+            torch._foreach_copy_(live, self._shadow)
+            for parameter in trained:
+                if parameter not in had_moments:
+                    self.optimizer.state.pop(parameter, None)
+            self.version = version
+
+        return restore
 
     def nonfinite(self) -> list[str]:
         """The trained parameters and the buffers that hold a NaN or an infinity (none after a sound update);

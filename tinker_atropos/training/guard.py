@@ -22,7 +22,7 @@ from tinker_atropos.training.core import TrainingCore
 
 
 class Stateful(Protocol):
-    """What an update changes (an algorithm's learner; a served model's trained network, optimizer and version)."""
+    """What an update changes besides the core's state (an algorithm's learner: its normaliser, its target networks)."""
 
     def state_dict(self) -> dict[str, Any]: ...
 
@@ -36,18 +36,27 @@ class NonfiniteGuard:
         self._counting = threading.Lock()  # the Tinker worker's lanes share one guard
 
     def update(
-        self, core: TrainingCore, state: Stateful, step: Callable[[], dict[str, float]]
+        self, core: TrainingCore, state: Stateful | None, step: Callable[[], dict[str, float]]
     ) -> tuple[dict[str, float], list[str]]:
-        """Run ``step``, an update of ``core`` that returns its metrics; undo it (``state`` as it was, no gradient
-        left) if it came out non-finite. Its metrics, and what was NaN or infinite (empty: the update stands)."""
-        saved = _cloned(state.state_dict())
+        """Run ``step``, an update of ``core`` that returns its metrics; undo it (as it was before, no gradient
+        left) if it came out non-finite. What it changes is the core's (``state`` None: ``core.snapshot``, one fused
+        copy; a Tinker step, an Atropos one), or all of ``state`` (an algorithm's learner, whose update may change
+        more: its state dict copied). Its metrics, and what was NaN or infinite (empty: the update stands)."""
+        if state is None:
+            restore = core.snapshot()
+        else:
+            saved = _cloned(state.state_dict())
+
+            def restore() -> None:
+                state.load_state_dict(saved)
+
         metrics = step()
         bad = [name for name, value in metrics.items() if not math.isfinite(value)] + core.nonfinite()
         if not bad:
             with self._counting:
                 self.in_a_row = 0
             return metrics, bad
-        state.load_state_dict(saved)
+        restore()
         core.discard_gradients()
         with self._counting:
             self.undone += 1

@@ -147,7 +147,7 @@ class RequestHandlers:
     def optim_step(self, model_id: str, seq: int, body: bytes, deadline: float) -> tuple[bytes, str]:
         model = self.model(model_id)
         adam = adam_params(json.loads(body).get("adam_params"))
-        metrics, bad = self.guard.update(model.core, model, lambda: model.core.optim_step(adam))
+        metrics, bad = self.guard.update(model.core, None, lambda: model.core.optim_step(adam))
         if bad:
             raise wire.WireError(f"the step made {', '.join(bad[:3])} non-finite; it was undone")
         model.core.version += 1
