@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch import nn
 
+from tinker_atropos.training import core as training_core
 from tinker_atropos.training.core import AdamParams, TrainingCore
 from tinker_atropos.training.guard import NonfiniteGuard
 
@@ -38,8 +39,13 @@ def assert_same(a: dict, b: dict) -> None:
         assert all(torch.equal(v, b["moments"][i][k]) for k, v in moments.items())
 
 
+@pytest.mark.parametrize("kept", [True, False], ids=["copies-kept", "copies-each-step"])
 @pytest.mark.parametrize("steps_before", [0, 2])
-def test_an_undone_step_restores_parameters_moments_and_version_exactly(steps_before: int) -> None:
+def test_an_undone_step_restores_parameters_moments_and_version_exactly(
+    steps_before: int, kept: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not kept:  # a model too large for its copies to be kept between steps
+        monkeypatch.setattr(training_core, "KEEP_SHADOW_BYTES", 0)
     c, guard, adam = core(), NonfiniteGuard(), AdamParams(learning_rate=1e-2)
     for _ in range(steps_before):
         gradients(c)

@@ -18,6 +18,7 @@ from torch import nn
 
 from tinker_atropos.models.weights import weights_to_bytes
 
+KEEP_SHADOW_BYTES = 64 << 20  # ``snapshot``'s copies kept between steps up to this size (the tiny LM's: 2 MB)
 LossFn = Callable[[nn.Module], tuple[torch.Tensor, dict[str, float]]]
 Publisher = Callable[[int, bytes, dict[str, Any]], None]  # (version, weights, spec)
 
@@ -71,31 +72,24 @@ class TrainingCore:
         self.optimizer.zero_grad(set_to_none=True)
 
     def snapshot(self) -> Callable[[], None]:
-        """Copy what a step changes (the trained parameters, the buffers, the optimizer's moments, the version) into
-        copies kept from the step before, in one fused copy: the non-finite guard takes one before every Tinker
+        """Copy what a step changes (the trained parameters, the buffers, the optimizer's moments, the version),
+        in one fused copy into the copies of the step before: the non-finite guard takes one before every Tinker
         step. Returns what puts it all back exactly, dropping the moments a first step created."""
         trained = [p for p in self.model.parameters() if p.requires_grad]
-        moments = [
-            t
-            for p in trained
-            for t in self.optimizer.state.get(p, {}).values()
-            if isinstance(t, torch.Tensor)
-        ]
-        live = (
-            [p.detach() for p in trained]
-            + [b for b in self.model.buffers() if b.is_floating_point()]
-            + moments
-        )
-        if len(live) != len(self._shadow) or any(
-            a.shape != b.shape for a, b in zip(live, self._shadow, strict=True)
-        ):
-            self._shadow = [t.detach().clone() for t in live]
+        moments = [t for p in trained for t in self.optimizer.state.get(p, {}).values() if torch.is_tensor(t)]
+        live = [p.detach() for p in trained] + [b for b in self.model.buffers() if b.is_floating_point()]
+        live += moments
+        shadow = self._shadow
+        if len(live) != len(shadow) or any(a.shape != b.shape for a, b in zip(live, shadow, strict=True)):
+            shadow = [t.detach().clone() for t in live]
         else:
-            torch._foreach_copy_(self._shadow, live)
+            torch._foreach_copy_(shadow, live)
+        # kept for the next step only while small: a fully trained LLM's would hold three times its weights
+        self._shadow = shadow if sum(t.nbytes for t in shadow) <= KEEP_SHADOW_BYTES else []
         had_moments, version = {p for p in trained if p in self.optimizer.state}, self.version
 
         def restore() -> None:
-            torch._foreach_copy_(live, self._shadow)
+            torch._foreach_copy_(live, shadow)
             for parameter in trained:
                 if parameter not in had_moments:
                     self.optimizer.state.pop(parameter, None)
