@@ -277,10 +277,17 @@ class ExperienceLoop:
         log.info("checkpoint %s", path.name)
 
     def publish(self) -> None:
+        """Publish the current version, or above it when another driver (a Tinker client's policy) published a
+        higher one: the loop continues from the version published."""
         assert self.learner is not None
+        wanted = self.version
         self.learner.core.publish_weights(
             functools.partial(publish_weights, self.client, self.run, key=self.weights_key)
         )
+        if self.version != wanted:
+            log.warning(
+                "Redis holds a policy version at or above %d; published as version %d", wanted, self.version
+            )
 
     def close(self) -> None:
         """Let an evaluation in flight finish (seconds); TensorBoard gets the episodes that ended since its last
