@@ -29,7 +29,7 @@ from tinker_atropos.frontends.atropos.datums import batch_datums, group_advantag
 from tinker_atropos.frontends.inference.app import build_app
 from tinker_atropos.frontends.inference.sampler import Sampler
 from tinker_atropos.models import tiny_lm
-from tinker_atropos.runtime import child_preexec, free_port
+from tinker_atropos.processes import child_preexec, free_port
 from tinker_atropos.state.registry import live_services
 from tinker_atropos.trainer.atropos_loop import AtroposLoop
 

@@ -31,12 +31,14 @@ import redis
 from tinker_atropos.algorithms import core as algorithms
 from tinker_atropos.algorithms.core import Learner, LearnerSetup
 from tinker_atropos.config import Config
+from tinker_atropos.device import resolve_device
 from tinker_atropos.environment.client import EnvDescription
+from tinker_atropos.errors import FatalError
+from tinker_atropos.logs import CountedWarnings
 from tinker_atropos.models.weights import load_weights
 from tinker_atropos.protocol.freshness import Freshness
 from tinker_atropos.protocol.trajectory import RecordError, Trajectory, TrajectorySpec, decode_trajectory
 from tinker_atropos.protocol.v1 import services_pb2
-from tinker_atropos.runtime import CountedWarnings, FatalError, resolve_device
 from tinker_atropos.security import signing_key
 from tinker_atropos.state.checkpoints import load_latest_checkpoint, save_checkpoint
 from tinker_atropos.state.experience import ExperienceReader, add_stats

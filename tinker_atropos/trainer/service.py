@@ -12,11 +12,12 @@ import grpc
 import redis
 import torch
 
-from tinker_atropos import runtime
+from tinker_atropos import service_host
 from tinker_atropos.config import Config
+from tinker_atropos.device import resolve_device
 from tinker_atropos.environment.client import EnvClient, EnvDescription
 from tinker_atropos.protocol.v1 import services_pb2
-from tinker_atropos.runtime import Endpoint
+from tinker_atropos.service_host import Endpoint
 from tinker_atropos.state.registry import live_services
 from tinker_atropos.state.run_dir import RunFolderInUse, RunFolderOwner
 from tinker_atropos.trainer.experience_loop import ExperienceLoop
@@ -60,12 +61,12 @@ class TrainerService:
         if config.trainer.tinker.enabled:  # imported only then: the SDK and FastAPI take half a second
             from tinker_atropos.frontends.tinker.server import TinkerAPI
 
-            self.tinker = TinkerAPI(config, client, run_dir, runtime.resolve_device(config.trainer.device))
+            self.tinker = TinkerAPI(config, client, run_dir, resolve_device(config.trainer.device))
         self.atropos = None
         if config.trainer.atropos.enabled:
             from tinker_atropos.trainer.atropos_loop import AtroposLoop
 
-            self.atropos = AtroposLoop(config, client, run_dir, runtime.resolve_device(config.trainer.device))
+            self.atropos = AtroposLoop(config, client, run_dir, resolve_device(config.trainer.device))
 
     def status(self) -> services_pb2.TrainerStatus:
         if self.loop:
@@ -121,4 +122,4 @@ def serve(config: Config, redis_url: str, endpoint: Endpoint, run_dir: Path) -> 
         )  # after limit_blas_threads: it may be the same BLAS
         return TrainerService(config, client, run_dir, incarnation)
 
-    runtime.serve("trainer", config, redis_url, endpoint, build)
+    service_host.serve("trainer", config, redis_url, endpoint, build)
