@@ -38,7 +38,6 @@ KNOWN_LONG = {
     "frontends/tinker/app.py:build_app",
     "frontends/tinker/worker.py:Worker",
     "launcher/up.py:_run_locked",
-    "trainer/experience_loop.py:ExperienceLoop",
 }
 
 
