@@ -214,7 +214,7 @@ def test_a_step_that_comes_out_nonfinite_is_undone_and_counted(
 
     assert_same(loop.model.state_dict(), before)
     assert loop.sampler.version == loop.model.core.version == 1
-    assert loop.status("test").updates_discarded_nonfinite == 1 and loop.counters["sequences_trained"] == 4
+    assert loop.status().updates_discarded_nonfinite == 1 and loop.counters["sequences_trained"] == 4
 
 
 @pytest.mark.integration

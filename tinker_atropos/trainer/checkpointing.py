@@ -1,4 +1,5 @@
-"""The experience loop's checkpoints: their format, writing one, and resuming from the latest.
+"""The experience loop's checkpoints: their format, writing one, resuming from the latest, and the version it goes
+on from (above newer weights in Redis, or above a version the rollouts hold when Redis lost the weights).
 
 A checkpoint holds plain data (tensors, numbers, dicts): it loads wherever the classes move. An off-policy
 learner's replay buffer is kept in the journal's segments beside it (``state/replay_journal.py``), each written
@@ -22,6 +23,7 @@ from tinker_atropos.config import Config
 from tinker_atropos.models.weights import load_weights
 from tinker_atropos.protocol.freshness import Freshness
 from tinker_atropos.state.checkpoints import load_latest_checkpoint, save_checkpoint
+from tinker_atropos.state.registry import live_services
 from tinker_atropos.state.replay_journal import ReplayJournal
 from tinker_atropos.state.run_dir import FolderWrites, RunFolderOwner
 from tinker_atropos.state.weights import fetch_weights
@@ -152,3 +154,25 @@ def adopt_newer_weights(client: redis.Redis, run: str, key: bytes | None, learne
         return
     log.info("continuing from the weights of version %d found in Redis", published.version)
     core.version = published.version
+
+
+def continue_above_rollouts(client: redis.Redis, run: str, ahead: int, learner: Learner) -> bool:
+    """Rollouts refuse weights older than those they act with. Chunks acted by a version above the trainer's
+    (up to ``ahead``), which a live rollout reports holding, mean that it resumed from a checkpoint while Redis had
+    lost the newer weights: it continues above that version, so that the rollouts take its next one. (The version
+    of a chunk alone is not enough: a holder of the token may write any.) Whether the registry could be read (if
+    not, the next sync asks again)."""
+    core = learner.core
+    try:
+        rollouts = live_services(client, run, "rollout")
+        held = max((int(r.figures.get("policy_version") or 0) for r in rollouts), default=0)
+    except redis.RedisError:
+        return False
+    except (ValueError, TypeError):  # a registry entry written by something else
+        held = 0
+    ahead = min(ahead, held)
+    if ahead > core.version:
+        log.warning("rollouts act with policy version %d, above this trainer's %d (its newer weights were lost with "
+                    "Redis's data); continuing at version %d", ahead, core.version, ahead + 1)  # fmt: skip
+        core.version = ahead + 1
+    return True

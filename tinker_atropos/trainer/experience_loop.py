@@ -20,13 +20,14 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import grpc
 import redis
 
 from tinker_atropos.algorithms import core as algorithms
 from tinker_atropos.algorithms.core import Learner, LearnerSetup
 from tinker_atropos.config import Config
 from tinker_atropos.device import resolve_device
-from tinker_atropos.environment.client import EnvDescription
+from tinker_atropos.environment.client import EnvClient, EnvDescription
 from tinker_atropos.errors import FatalError
 from tinker_atropos.protocol.freshness import Freshness
 from tinker_atropos.protocol.trajectory import Trajectory, TrajectorySpec
@@ -34,10 +35,10 @@ from tinker_atropos.protocol.v1 import services_pb2
 from tinker_atropos.security import signing_key
 from tinker_atropos.state.experience import ExperienceReader, add_stats
 from tinker_atropos.state.registry import live_services
-from tinker_atropos.state.run_dir import FolderWrites, RunFolderOwner, oldest_failure
+from tinker_atropos.state.run_dir import FolderWrites, RunFolderInUse, RunFolderOwner, oldest_failure
 from tinker_atropos.state.weights import publish_weights, verified_version
 from tinker_atropos.trainer.batcher import Batcher
-from tinker_atropos.trainer.checkpointing import Checkpointing, adopt_newer_weights
+from tinker_atropos.trainer.checkpointing import Checkpointing, adopt_newer_weights, continue_above_rollouts
 from tinker_atropos.trainer.evaluation import PeriodicEvaluation
 from tinker_atropos.trainer.metrics import BusyMeter
 from tinker_atropos.trainer.tensorboard import TensorBoardLog
@@ -48,6 +49,25 @@ log = logging.getLogger(__name__)
 SYNC_INTERVAL_S = 1.0
 
 
+def describe_env(client: redis.Redis, run: str, stop: threading.Event) -> EnvDescription | None:
+    """The spaces of the run's env, from the first env service of the registry that answers; None if stopped."""
+    while not stop.is_set():
+        try:
+            records = live_services(client, run, "env")
+        except redis.RedisError as error:
+            log.warning("registry unreadable (%s); retrying", error)
+            records = []
+        for record in records:
+            try:
+                with EnvClient(record.address, "grpc") as env:
+                    return env.describe(timeout_s=5)
+            except grpc.RpcError as error:
+                log.warning("cannot describe env service %s: %s", record.address, error.code())
+        log.info("waiting for an environment service to register")
+        stop.wait(1.0)
+    return None
+
+
 class TrainingDiverged(FatalError):
     """Updates kept coming out non-finite: restarting would not help, the config or the data must change."""
 
@@ -56,14 +76,14 @@ class ExperienceLoop:
     def __init__(
         self, config: Config, client: redis.Redis, run_dir: Path, owner: RunFolderOwner | None = None
     ) -> None:
-        self.config, self.client, self.run = config, client, config.run.name
+        self.config, self.client, self.run_name = config, client, config.run.name
         self.weights_key = signing_key("weights")  # what the rollouts check the published weights against
         self.device = resolve_device(config.trainer.device)
         self.algorithm = algorithms.algorithm(config.trainer.algorithm)
         self.checkpoints = Checkpointing(config, run_dir, self.algorithm.name, owner)
         self.batcher = Batcher(config.trainer, self.algorithm.name)
-        self.incarnation = ""
         self.learner: Learner | None = None
+        self.set_up = False  # built, resumed and published: what ``close`` keeps
         self.spec: TrajectorySpec | None = None
         self.updates = 0
         self.env_steps_trained = 0
@@ -72,18 +92,9 @@ class ExperienceLoop:
         self._unreported: Counter[str] = Counter()  # run counters not yet added in Redis
         self._last_sync = 0.0
         self.busy = BusyMeter()
-        self.tensorboard = (
-            TensorBoardLog(
-                run_dir / "tensorboard",
-                client,
-                self.run,
-                config.trainer.wandb,
-                config.model_dump(mode="json"),
-            )
-            if config.trainer.tensorboard
-            else None
-        )
-        self.evaluation = PeriodicEvaluation(config.trainer.evaluation, client, self.run, config.trainer.model.network,
+        self.tensorboard = (TensorBoardLog(run_dir / "tensorboard", client, self.run_name, config.trainer.wandb,
+                                           config.model_dump(mode="json")) if config.trainer.tensorboard else None)  # fmt: skip
+        self.evaluation = PeriodicEvaluation(config.trainer.evaluation, client, self.run_name, config.trainer.model.network,
                                              config.run.seed, self.tensorboard, self.checkpoints.directory)  # fmt: skip
 
     @property
@@ -99,7 +110,6 @@ class ExperienceLoop:
         batcher = self.batcher
         lag_min, lag_mean, lag_max = batcher.lag.summary()
         return services_pb2.TrainerStatus(
-            incarnation=self.incarnation,
             policy_version=self.version,
             updates=self.updates,
             env_steps_trained=self.env_steps_trained,
@@ -149,10 +159,11 @@ class ExperienceLoop:
             counters = state["counters"]
             self.updates, self.env_steps_trained = counters["updates"], counters["env_steps_trained"]
         resumed = self.version
-        adopt_newer_weights(self.client, self.run, self.weights_key, self.learner)
+        adopt_newer_weights(self.client, self.run_name, self.weights_key, self.learner)
         if self.version > resumed:  # what it learned past its checkpoint is in these weights, not freshness's
             self.batcher.freshness.restarted_at(self.version)
         self.publish()
+        self.set_up = True
 
     def checkpoint_state(self) -> dict[str, Any]:
         assert self.learner is not None
@@ -172,21 +183,37 @@ class ExperienceLoop:
         assert self.learner is not None
         wanted = self.version
         self.learner.core.publish_weights(
-            functools.partial(publish_weights, self.client, self.run, key=self.weights_key)
+            functools.partial(publish_weights, self.client, self.run_name, key=self.weights_key)
         )
         if self.version != wanted:
             log.warning(
                 "Redis holds a policy version at or above %d; published as version %d", wanted, self.version
             )
 
+    def run(self, stop: threading.Event) -> None:
+        """Learn from the run's experience until ``stop``, once an env service has told the env's spaces."""
+        env = describe_env(self.client, self.run_name, stop)
+        if env is not None:
+            self.setup(env)
+            self.train(stop)
+
     def close(self) -> None:
-        """Let an evaluation in flight finish (seconds); TensorBoard gets the episodes that ended since its last
-        look (the rollouts stopped first: those of every chunk they wrote), then its buffer is flushed."""
+        """After learning (also when it diverged: the parameters are the last finite ones), a last checkpoint; an
+        evaluation in flight may finish (seconds); TensorBoard gets the episodes that ended since its last look (the
+        rollouts stopped first: those of every chunk they wrote), then its buffer is flushed; the last counts."""
+        if not self.set_up:  # stopped before an env service answered, or setup failed: nothing to keep
+            return
+        try:
+            self.checkpoint()
+        except RunFolderInUse as error:
+            log.warning("no final checkpoint: %s", error)
         self.evaluation.join(timeout_s=10.0)
         if self.tensorboard is not None:
             with contextlib.suppress(redis.RedisError):  # Redis away: only these last episodes are missing
                 self._look()
             self.tensorboard.close()
+        with contextlib.suppress(redis.RedisError):  # Redis away: only these last counts are lost
+            self.report_counters()
 
     def report_counters(self) -> None:
         """Add this trainer's new counts to the run's counters; also called at shutdown, so the run's final
@@ -195,7 +222,7 @@ class ExperienceLoop:
         self._unreported["checkpoints_failed"] += self.checkpoints.writes.take_unreported()
         if self.tensorboard is not None:
             self._unreported["tensorboard_writes_failed"] += self.tensorboard.writes.take_unreported()
-        add_stats(self.client, self.run, **self._unreported)
+        add_stats(self.client, self.run_name, **self._unreported)
         self._unreported.clear()
 
     def sync_redis(self) -> None:
@@ -207,13 +234,15 @@ class ExperienceLoop:
         self.report_counters()
         self._look()
         try:
-            published = verified_version(self.client, self.run, self.weights_key)
+            published = verified_version(self.client, self.run_name, self.weights_key)
         except ValueError as error:  # a malformed record, or one this trainer did not sign: replace it
             log.warning("the weights in Redis are not this run's (%s); publishing version %d over them",
                         error, self.version)  # fmt: skip
             published = None
-        if self.batcher.ahead > self.version:
-            self.continue_above_rollouts()
+        if self.batcher.ahead > self.version and continue_above_rollouts(
+            self.client, self.run_name, self.batcher.ahead, self.learner
+        ):
+            self.batcher.ahead = 0
         if published is None or published < self.version:
             log.info("Redis lacks policy version %d; publishing it again", self.version)
             self.publish()
@@ -224,24 +253,6 @@ class ExperienceLoop:
             self.tensorboard.look(
                 self.version, self.updates, self.busy.fraction(), self.batcher.lag.summary()[1], self.losses
             )
-
-    def continue_above_rollouts(self) -> None:
-        """Rollouts refuse weights older than those they act with. Chunks acted by a version above this
-        trainer's, which a live rollout reports holding, mean that it resumed from a checkpoint while Redis had
-        lost the newer weights: it continues above that version, so that the rollouts take its next one. (The
-        version of a chunk alone is not enough: a holder of the token may write any.)"""
-        try:
-            rollouts = live_services(self.client, self.run, "rollout")
-            held = max((int(r.figures.get("policy_version") or 0) for r in rollouts), default=0)
-        except redis.RedisError:
-            return  # the next sync tries again
-        except (ValueError, TypeError):  # a registry entry written by something else
-            held = 0
-        ahead, self.batcher.ahead = min(self.batcher.ahead, held), 0
-        if ahead > self.version:
-            log.warning("rollouts act with policy version %d, above this trainer's %d (its newer weights were "
-                        "lost with Redis's data); continuing at version %d", ahead, self.version, ahead + 1)  # fmt: skip
-            self.version = ahead + 1
 
     # -- learning ------------------------------------------------------------------------------------
     def learn(self, trajectories: list[Trajectory]) -> bool:
@@ -270,7 +281,7 @@ class ExperienceLoop:
 
     def train(self, stop: threading.Event) -> None:
         assert self.learner is not None
-        reader = ExperienceReader(self.client, self.run, signing_key("experience"))
+        reader = ExperienceReader(self.client, self.run_name, signing_key("experience"))
         while not stop.is_set():
             try:
                 self.sync_redis()
