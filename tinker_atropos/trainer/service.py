@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -64,20 +65,22 @@ class TrainerService:
 
     def run(self, stop: threading.Event) -> None:
         """Every driver in a thread of its own until one ends (SIGTERM ends them all), then all of them closed,
-        last to first, and the first error raised; with no driver, until SIGTERM."""
-        if not self.drivers:
-            stop.wait()
-        try:
-            with ThreadPoolExecutor(max(len(self.drivers), 1), thread_name_prefix="driver") as pool:
-                runs = [pool.submit(_run_until_one_ends, driver, stop) for driver in self.drivers]
-            for run in runs:
-                run.result()
-        finally:
+        last to first, and the first error raised; with no driver, until SIGTERM. This thread only waits, waking
+        every second: the kernel may hand a SIGTERM to any thread, and its handler runs in this one."""
+        with ThreadPoolExecutor(max(len(self.drivers), 1), thread_name_prefix="driver") as pool:
+            runs = [pool.submit(_run_until_one_ends, driver, stop) for driver in self.drivers]
+            runs = runs or [pool.submit(stop.wait)]
             try:
-                for driver in reversed(self.drivers):
-                    driver.close()
+                while futures.wait(runs, timeout=1.0).not_done:
+                    pass
+                for run in runs:
+                    run.result()
             finally:
-                self.owner.close()
+                try:
+                    for driver in reversed(self.drivers):
+                        driver.close()
+                finally:
+                    self.owner.close()
 
 
 def _run_until_one_ends(driver: Driver, stop: threading.Event) -> None:
