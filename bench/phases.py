@@ -35,7 +35,7 @@ from bench import sf_peer
 from tinker_atropos.algorithms import core as algorithms
 from tinker_atropos.algorithms.core import LearnerSetup
 from tinker_atropos.config import Config, Transport, parse_config
-from tinker_atropos.environment.backends.base import EnvBatch, make_env_batch
+from tinker_atropos.environment.backends.base import BatchSetup, EnvBatch, make_env_batch
 from tinker_atropos.environment.backends.gymnasium_batch import GymnasiumBatch
 from tinker_atropos.environment.backends.mujoco_batch import MujocoBatch
 from tinker_atropos.environment.envs import check_env
@@ -124,7 +124,7 @@ def raw_meter(config: Config, timing: Timing, backend: str | None = None) -> Ite
     have in all."""
     env = config.env
     batch: EnvBatch = (
-        GymnasiumBatch(env.id, env.kwargs, env.total_instances)
+        GymnasiumBatch(BatchSetup(env.id, env.kwargs, env.total_instances))
         if backend is None
         else make_env_batch(backend, env.id, env.kwargs, env.total_instances, env.threads * env.services)
     )
@@ -150,7 +150,7 @@ class PhysicsLimit:
         from mujoco import rollout
 
         # the backend's task knows the env's health rule, time limit and reset noise; only qpos/qvel are read
-        rules = MujocoBatch(env_id, kwargs, 1, 1)
+        rules = MujocoBatch(BatchSetup(env_id, kwargs, 1, 1))
         self._task, self._max_steps = rules._task, rules._max_episode_steps
         self._noise, self._normal_qvel_noise = rules._noise_scale, rules._task.normal_qvel_noise
         self.model = mujoco.MjModel.from_xml_path(expand_model_path(self._task.params["xml_file"]))

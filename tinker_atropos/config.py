@@ -114,6 +114,13 @@ class RedisSection(Section):
         return url
 
 
+# env.backend's built-in names; a third party's backend is named 'module:Class' (environment/backends/base.py)
+BACKENDS = {
+    "gymnasium": "tinker_atropos.environment.backends.gymnasium_batch:GymnasiumBatch",
+    "mujoco": "tinker_atropos.environment.backends.mujoco_batch:MujocoBatch",
+}
+
+
 class EnvSection(Section):
     id: str = Field(
         "Pendulum-v1",
@@ -121,9 +128,10 @@ class EnvSection(Section):
         "'module:registered-id' (the module registers it when imported).",
     )
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for gymnasium.make.")
-    backend: Literal["gymnasium", "mujoco"] = Field(
+    backend: str = Field(
         "gymnasium",
-        description="'gymnasium' steps gymnasium.make instances; 'mujoco' is the batched MuJoCo one.",
+        description="'gymnasium' steps gymnasium.make instances; 'mujoco' is the batched MuJoCo one; "
+        "'module:Class' a third party's (a class built from a BatchSetup, environment/backends/base.py).",
     )
     instances: Annotated[int, Field(ge=1, le=4096)] | Auto = Field(
         16,
@@ -165,6 +173,15 @@ class EnvSection(Section):
     def total_instances(self) -> int:
         """The instances of all the env services `up` starts: what the benchmark's peers step in one place."""
         return self.instances * self.services
+
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, backend: str) -> str:
+        # a 'module:Class' is imported where a batch is built (check_env), not by every reader of the config
+        if backend not in BACKENDS and not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", backend):
+            raise ValueError(f"unknown env backend {backend!r}; allowed: {', '.join(map(repr, BACKENDS))} or "
+                             "'module:Class'")  # fmt: skip
+        return backend
 
     @field_validator("id")
     @classmethod

@@ -34,6 +34,7 @@ from bench.sf_peer import sf_workers
 from bench.throughput import BenchOptions, run_benchmark
 from tests.support.running import REPO
 from tinker_atropos.config import Config, parse_config
+from tinker_atropos.environment.backends.base import BatchSetup
 from tinker_atropos.environment.backends.gymnasium_batch import GymnasiumBatch
 from tinker_atropos.environment.envs import check_env, env_maker
 
@@ -194,7 +195,7 @@ def test_the_latency_is_paid_once_per_batch_step_not_once_per_instance(
 ) -> None:
     sleeps: list[float] = []
     monkeypatch.setattr(delay.time, "sleep", sleeps.append)
-    batch = GymnasiumBatch(delay.ENV_ID, {"env_id": "Pendulum-v1", "delay_s": 0.002}, 4)
+    batch = GymnasiumBatch(BatchSetup(delay.ENV_ID, {"env_id": "Pendulum-v1", "delay_s": 0.002}, 4))
     try:
         batch.reset(seed=1)
         for _ in range(3):

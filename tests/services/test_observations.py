@@ -14,6 +14,7 @@ import yaml
 from tests.support.reach_env import SIDE, Reach
 from tests.support.running import assert_learned, cli, leftovers, report_rows
 from tinker_atropos.config import parse_config
+from tinker_atropos.environment.backends.base import BatchSetup
 from tinker_atropos.environment.backends.gymnasium_batch import GymnasiumBatch
 from tinker_atropos.environment.envs import check_env
 from tinker_atropos.environment.spaces import space_from_proto, space_to_proto
@@ -36,7 +37,7 @@ def test_a_dict_space_crosses_the_wire_in_its_own_order() -> None:
 
 
 def test_the_backend_flattens_dict_observations_in_key_order_and_keeps_the_layout() -> None:
-    batch = GymnasiumBatch(ENV, {}, 3)
+    batch = GymnasiumBatch(BatchSetup(ENV, {}, 3))
     reference = Reach()
     try:
         assert batch.observation_space.shape == (FLAT,) and batch.observation_space.dtype == np.float32

@@ -92,4 +92,7 @@ def test_a_bad_config_names_the_field(tmp_path: Path) -> None:
     path.write_text("env:\n  id: Pendulum-v1\n  backend: bullet\n")
     result = cli("trainer", "--config", str(path), "--redis-url", "redis://127.0.0.1:1/0")
     assert result.returncode == 2
-    assert "env.backend: Input should be 'gymnasium' or 'mujoco' (got 'bullet')" in result.stderr
+    assert (
+        "env.backend: unknown env backend 'bullet'; allowed: 'gymnasium', 'mujoco' or 'module:Class'"
+        in result.stderr
+    )

@@ -18,6 +18,7 @@ from tinker.proto.request_conv import forward_backward_request_to_proto
 from tests.support.asserts import assert_names_nothing_of_the_package, assert_same
 from tinker_atropos.config import Config, parse_config
 from tinker_atropos.frontends.tinker import wire
+from tinker_atropos.frontends.tinker.checkpoints import tinker_path
 from tinker_atropos.frontends.tinker.store import DONE, FAILED, PENDING, Store, sampler_lane
 from tinker_atropos.frontends.tinker.worker import Worker
 
@@ -54,7 +55,7 @@ def _queue(store: Store) -> None:
 
 
 def _parameters(worker: Worker) -> torch.Tensor:
-    return torch.cat([p.detach().flatten() for p in worker.models[MODEL].core.model.parameters()])
+    return torch.cat([p.detach().flatten() for p in worker.requests.models[MODEL].core.model.parameters()])
 
 
 class Crash(BaseException):
@@ -95,7 +96,7 @@ def test_a_step_is_applied_once_whatever_instant_the_trainer_dies_at(
             pass
 
     assert store.progress(MODEL)[:2] == (2, 2)
-    assert worker.models[MODEL].core.version == reference.models[MODEL].core.version == 1
+    assert worker.requests.models[MODEL].core.version == reference.requests.models[MODEL].core.version == 1
     assert torch.equal(_parameters(worker), _parameters(reference))
     assert len(list((tmp_path / "crashing").glob("*/state-*.pt"))) == 1  # the older snapshots are gone
 
@@ -111,7 +112,7 @@ def test_a_snapshot_holds_plain_data_that_loads_wherever_the_classes_move(
         pass
     [snapshot] = tmp_path.glob("*/state-*.pt")
     assert_names_nothing_of_the_package(snapshot)
-    assert_names_nothing_of_the_package(worker.file_of(worker.tinker_path(MODEL, "weights", "saved")))
+    assert_names_nothing_of_the_package(worker.checkpoints.file_of(tinker_path(MODEL, "weights", "saved")))
 
 
 def test_a_step_that_comes_out_nonfinite_is_undone_and_counted(
@@ -125,7 +126,7 @@ def test_a_step_that_comes_out_nonfinite_is_undone_and_counted(
     worker = Worker(store, redis_client, _config(), tmp_path, torch.device("cpu"))
     while worker.step():  # a sound step first: the optimizer moments exist
         pass
-    model = worker.models[MODEL]
+    model = worker.requests.models[MODEL]
     before = copy.deepcopy(model.state_dict())
     store.submit("forward_backward", _forward_backward(3, advantage=3e38), MODEL, seq=3)
     step = store.submit(
@@ -165,7 +166,7 @@ def test_a_silent_session_is_finished_and_its_models_unloaded(
     while worker.step():
         pass
     assert store.session_state(session) == "heartbeat_expired"
-    assert not store.is_loaded(model) and model not in worker.models
+    assert not store.is_loaded(model) and model not in worker.requests.models
 
 
 def test_a_sample_past_its_time_budget_fails_naming_it_and_one_cut_by_a_shutdown_stays_queued(
@@ -207,7 +208,7 @@ def test_a_models_unload_waits_for_its_queued_requests_and_answers_the_stranded(
     while worker.step():
         pass
     assert store.result(optim).status == DONE and store.progress(MODEL)[0] == 2
-    assert not store.is_loaded(MODEL) and MODEL not in worker.models
+    assert not store.is_loaded(MODEL) and MODEL not in worker.requests.models
     failed = store.result(stranded)
     assert failed.status == FAILED and "was unloaded" in json.loads(failed.body)["error"]
 
@@ -241,7 +242,7 @@ def test_the_unnamed_weights_of_a_sampling_client_go_once_no_sample_used_them(
             pass
         answer = json.loads(store.result(saved).body)
         path = answer["path"]
-        file = worker.file_of(path)
+        file = worker.checkpoints.file_of(path)
         assert file.exists() and store.runs.checkpoints(model) == {}  # kept, not listed
         first = redis_client.zscore(expiry, member)
         assert first is not None and first == pytest.approx(time.time() + 60, abs=10)
@@ -250,7 +251,7 @@ def test_the_unnamed_weights_of_a_sampling_client_go_once_no_sample_used_them(
         assert redis_client.zscore(expiry, member) > first  # the sample started the time again
 
         redis_client.zadd(expiry, {member: time.time() - 1})  # as if unused for the whole time
-        worker.expire_checkpoints()
+        worker.checkpoints.expire()
         assert not file.exists() and not file.with_suffix(".json").exists()
         assert redis_client.zscore(expiry, member) is None
         failed = store.result(sample())
@@ -302,16 +303,20 @@ def test_a_stable_reinforce_accumulation_is_replayed_after_a_restart_from_the_sa
     worker.recover()
     while worker.step():
         pass
-    grads = [p.grad.clone() for p in worker.models[model].core.model.parameters() if p.grad is not None]
+    grads = [
+        p.grad.clone() for p in worker.requests.models[model].core.model.parameters() if p.grad is not None
+    ]
     assert grads and store.progress(model)[0] == 1
 
     restarted = Worker(store, redis_client, _config(), tmp_path, torch.device("cpu"))
     restarted.recover()  # the accumulation since the snapshot of create_model, replayed
-    again = [p.grad for p in restarted.models[model].core.model.parameters() if p.grad is not None]
+    again = [p.grad for p in restarted.requests.models[model].core.model.parameters() if p.grad is not None]
     assert len(again) == len(grads) and all(torch.equal(a, b) for a, b in zip(again, grads, strict=True))
 
     assert redis_client.delete(f"ta:replay-sr:tinker:sequence:{sequence}") == 1  # expired (a day unused)
     late = Worker(store, redis_client, _config(), tmp_path, torch.device("cpu"))
     late.recover()  # the model comes back without those gradients, and the worker serves on
-    assert model in late.models and store.progress(model)[0] == 1
-    assert all(p.grad is None or not p.grad.any() for p in late.models[model].core.model.parameters())
+    assert model in late.requests.models and store.progress(model)[0] == 1
+    assert all(
+        p.grad is None or not p.grad.any() for p in late.requests.models[model].core.model.parameters()
+    )

@@ -14,7 +14,7 @@ from tests.support.envs import pendulum_env
 from tests.support.records import serialized_chunk
 from tinker_atropos.config import ConfigError, parse_config
 from tinker_atropos.rollout.assignment import units_of
-from tinker_atropos.rollout.collector import Collector
+from tinker_atropos.rollout.collector import Collector, SessionContext
 from tinker_atropos.state.experience import ExperienceWriter, queued_chunks
 from tinker_atropos.trainer.experience_loop import ExperienceLoop
 
@@ -62,7 +62,8 @@ def test_a_pausing_session_waits_while_a_batch_of_samples_is_queued(chunk_size: 
     on; chunks of 8 x 64 make a whole one, so it waits until the trainer has taken some (7 left)."""
     writer = CountingWriter([7])
     unit = units_of("e", "env-0", "a", "", 8, 1)[0]
-    session = Collector(unit, 0, 64, None, writer, "r", None, lambda _: True, 0.1, 4096, "auto")
+    context = SessionContext(None, writer, "r", None, lambda _: True, pause_at_samples=4096)  # type: ignore[arg-type]
+    session = Collector(unit, 0, parse_config({"rollout": {"chunk_length": 64}}).rollout, context)
 
     session.wait_for_trainer(queued=8, chunk_size=chunk_size)
 

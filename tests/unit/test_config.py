@@ -27,7 +27,10 @@ def test_invalid_values_name_each_field_and_the_allowed_values() -> None:
     with pytest.raises(ConfigError) as error:
         parse_config({"env": {"backend": "bullet", "instances": 0}, "rollout": {"device": "tpu"}})
     message = str(error.value)
-    assert "env.backend: Input should be 'gymnasium' or 'mujoco' (got 'bullet')" in message
+    assert (
+        "env.backend: unknown env backend 'bullet'; allowed: 'gymnasium', 'mujoco' or 'module:Class'"
+        in message
+    )
     assert "env.instances: Input should be greater than or equal to 1, or 'auto' (got 0)" in message
     assert "rollout.device: allowed devices: cpu, cuda, cuda:N, auto (got 'tpu')" in message
 

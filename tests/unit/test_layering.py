@@ -32,11 +32,6 @@ KNOWN_FORBIDDEN: set[tuple[str, str]] = set()
 # Functions over MAX_FUNCTION_LINES and classes over MAX_CLASS_LINES today; issue 36 items 1-4 remove these.
 KNOWN_LONG = {
     "environment/conformance.py:Conformance",
-    "frontends/atropos/app.py:build_app",
-    "frontends/atropos/store.py:TrajectoryStore",
-    "frontends/inference/app.py:build_app",
-    "frontends/tinker/app.py:build_app",
-    "frontends/tinker/worker.py:Worker",
     "launcher/up.py:_run_locked",
 }
 

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tinker_atropos.environment.backends.base import make_env_batch
+from tinker_atropos.environment.backends.base import BatchSetup, make_env_batch
 from tinker_atropos.environment.backends.gymnasium_batch import GymnasiumBatch
 from tinker_atropos.environment.backends.mujoco_batch import MujocoBatch
 from tinker_atropos.protocol.steps import StepBatch
@@ -34,8 +34,8 @@ def run_both(
     env_id: str, kwargs: dict[str, Any], num_instances: int, steps: int, num_threads: int = 2, seed: int = 3
 ) -> dict[str, int]:
     """Step both backends side by side, asserting equality at every step; count the episode ends."""
-    reference = GymnasiumBatch(env_id, kwargs, num_instances)
-    fast = MujocoBatch(env_id, kwargs, num_instances, num_threads=num_threads)
+    reference = GymnasiumBatch(BatchSetup(env_id, kwargs, num_instances))
+    fast = MujocoBatch(BatchSetup(env_id, kwargs, num_instances, num_threads=num_threads))
     try:
         assert fast.observation_space == reference.observation_space
         assert fast.action_space == reference.action_space
@@ -109,36 +109,36 @@ def test_other_envs_match_gymnasium(env_id: str, kwargs: dict[str, Any], steps: 
 
 
 def test_reset_without_seed_continues_each_instance_rng() -> None:
-    reference = GymnasiumBatch("Hopper-v5", {}, 3)
-    fast = MujocoBatch("Hopper-v5", {}, 3)
+    reference = GymnasiumBatch(BatchSetup("Hopper-v5", {}, 3))
+    fast = MujocoBatch(BatchSetup("Hopper-v5", {}, 3))
     for seed in (11, None, None):
         np.testing.assert_allclose(fast.reset(seed), reference.reset(seed), **TOLERANCE)
 
 
 def test_unseeded_resets_differ_between_instances() -> None:
-    observations = MujocoBatch("HalfCheetah-v5", {}, 2).reset(None)
+    observations = MujocoBatch(BatchSetup("HalfCheetah-v5", {}, 2)).reset(None)
     assert not np.array_equal(observations[0], observations[1])
 
 
 def test_unsupported_env_id_names_the_supported_ones() -> None:
     with pytest.raises(ValueError, match=r"'CartPole-v1'.*Humanoid-v5.*'gymnasium'"):
-        MujocoBatch("CartPole-v1", {}, 2)
+        MujocoBatch(BatchSetup("CartPole-v1", {}, 2))
 
 
 @pytest.mark.parametrize("kwargs", [{"render_mode": "rgb_array"}, {"width": 64}])
 def test_unsupported_kwarg_is_named(kwargs: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match=repr(next(iter(kwargs)))):
-        MujocoBatch("Ant-v5", kwargs, 2)
+        MujocoBatch(BatchSetup("Ant-v5", kwargs, 2))
 
 
 @pytest.mark.parametrize("max_episode_steps", [0, 2.5])
 def test_bad_time_limit_is_rejected(max_episode_steps: Any) -> None:
     with pytest.raises(ValueError, match="max_episode_steps"):
-        MujocoBatch("Hopper-v5", {"max_episode_steps": max_episode_steps}, 2)
+        MujocoBatch(BatchSetup("Hopper-v5", {"max_episode_steps": max_episode_steps}, 2))
 
 
 def test_step_before_reset_is_refused() -> None:
-    batch = MujocoBatch("Hopper-v5", {}, 2)
+    batch = MujocoBatch(BatchSetup("Hopper-v5", {}, 2))
     with pytest.raises(RuntimeError, match="before reset"):
         batch.step(np.zeros((2, 3), np.float32))
 

@@ -1,6 +1,7 @@
 """Which experience records a reader has taken, so that it takes none twice: a signature proves who wrote a
-record, not that it is new (DESIGN §8). One holder of the Redis password can copy a signed record back into the
-stream; without this, an off-policy learner would learn it again as often as it is copied.
+record, not that it is new (README, Security, "What protects each link"). One holder of the Redis password can copy
+a signed record back into the stream; without this, an off-policy learner would learn it again as often as it is
+copied.
 
 Every record names its writer (``rollout_incarnation``, random per rollout start) and its number among that
 writer's records (``sequence``: 1, 2, 3, ...). Per writer the reader keeps the highest number taken and, one bit

@@ -13,12 +13,13 @@ import collections
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import grpc
 import numpy as np
 import redis
 
-from tinker_atropos.config import Transport
+from tinker_atropos.config import RolloutSection
 from tinker_atropos.environment.client import EnvClient, EnvDescription, EnvSession
 from tinker_atropos.protocol.steps import StepBatch
 from tinker_atropos.rollout.assignment import Unit
@@ -81,31 +82,31 @@ class SessionCounters:
         return dict(held)
 
 
+@dataclass(frozen=True)
+class SessionContext:
+    """What every session of one rollout service shares: where it acts from and writes to, and what it reports."""
+
+    policy: PolicySource
+    writer: ExperienceWriter
+    rollout_incarnation: str
+    counters: SessionCounters
+    in_view: Callable[[str], bool]  # whether a unit key is still in the registry's view
+    pause_at_samples: int | None  # flow control "pause": wait while a batch of this many samples is queued
+
+
 class Collector(threading.Thread):
     """Keeps one session open on ``unit``'s env service, turning its steps into trajectories, until ``halt``
     (at once: the service stops or the unit's lease was lost), ``release`` (once the chunk in progress is
     written: the unit goes to another rollout), or the unit's env service is gone."""
 
-    def __init__(
-        self,
-        unit: Unit,
-        seed: int,
-        chunk_length: int,
-        policy: PolicySource,
-        writer: ExperienceWriter,
-        rollout_incarnation: str,
-        counters: SessionCounters,
-        in_view: Callable[[str], bool],
-        backoff_s: float,
-        pause_at_samples: int | None,
-        transport: Transport,
-    ) -> None:
+    def __init__(self, unit: Unit, seed: int, section: RolloutSection, context: SessionContext) -> None:
         super().__init__(name=f"session-{unit.address}-{unit.slot}", daemon=True)
         self.unit, self.seed = unit, seed
-        self.chunk_length, self.policy, self.writer = chunk_length, policy, writer
-        self.rollout_incarnation, self.counters = rollout_incarnation, counters
-        self.in_view, self.first_backoff_s = in_view, backoff_s
-        self.pause_at_samples, self.transport = pause_at_samples, transport
+        self.chunk_length, self.first_backoff_s = section.chunk_length, section.reconnect_backoff_s
+        self.transport = section.transport
+        self.policy, self.writer = context.policy, context.writer
+        self.rollout_incarnation, self.counters = context.rollout_incarnation, context.counters
+        self.in_view, self.pause_at_samples = context.in_view, context.pause_at_samples
         self.halt, self.release = threading.Event(), threading.Event()
         self.opened_once = False
         self.env_replaced = False  # the env service at the address is another incarnation: the unit is gone

@@ -20,7 +20,7 @@ from tinker_atropos.device import resolve_device
 from tinker_atropos.processes import local_host_id
 from tinker_atropos.protocol.v1 import services_pb2
 from tinker_atropos.rollout.assignment import Unit, assign, units_of
-from tinker_atropos.rollout.collector import Collector, SessionCounters
+from tinker_atropos.rollout.collector import Collector, SessionContext, SessionCounters
 from tinker_atropos.rollout.policy import PolicySource
 from tinker_atropos.security import signing_key
 from tinker_atropos.service_host import Endpoint
@@ -57,7 +57,9 @@ class RolloutService:
         self.leases_lost = 0
         self._next_refresh = self._next_discovery = 0.0
         pausing = config.rollout.flow_control == "pause"
-        self.pause_at_samples = config.trainer.samples_per_update if pausing else None
+        self.context = SessionContext(self.policy, self.writer, incarnation, self.counters,
+                                      lambda unit: unit in self._units,
+                                      config.trainer.samples_per_update if pausing else None)  # fmt: skip
         self._sessions_started = 0  # numbers the sessions, so seeds are reproducible
 
     def status(self) -> services_pb2.RolloutStatus:
@@ -181,19 +183,7 @@ class RolloutService:
                 continue  # taken meanwhile: the next round reads who has it
             self._sessions_started += 1
             seed = self.config.run.seed * 1_000_000 + self._sessions_started * 10_000
-            session = Collector(
-                self._units[key],
-                seed,
-                self.config.rollout.chunk_length,
-                self.policy,
-                self.writer,
-                self.incarnation,
-                self.counters,
-                lambda unit: unit in self._units,
-                self.config.rollout.reconnect_backoff_s,
-                self.pause_at_samples,
-                self.config.rollout.transport,
-            )
+            session = Collector(self._units[key], seed, self.config.rollout, self.context)
             self.sessions[key] = session
             session.start()
 

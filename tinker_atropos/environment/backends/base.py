@@ -1,17 +1,25 @@
-"""The interface every simulation backend of the environment service implements.
+"""The interface every simulation backend of the environment service implements, and how one is chosen.
 
 A backend steps a batch of instances of one env together and resets finished episodes itself (autoreset).
 The service only validates requests, encodes tensors and keeps episode statistics, so a faster backend
 (threads, C-level batching) can replace the gymnasium one without touching the protocol.
+
+``env.backend`` names a backend as ``trainer.algorithm`` names an algorithm: a built-in name (``config.BACKENDS``) or
+``module:Class`` for a third party's, a class whose constructor takes a ``BatchSetup``; the module is imported only
+where a batch is built.
 """
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import gymnasium as gym
 import numpy as np
 
+from tinker_atropos.config import BACKENDS
 from tinker_atropos.protocol.steps import StepBatch
 
 
@@ -40,16 +48,34 @@ class EnvBatch(Protocol):
     def close(self) -> None: ...
 
 
+@dataclass(frozen=True)
+class BatchSetup:
+    """What a backend is built from: the env (``env.id``, ``env.kwargs``), how many instances, and the threads it
+    may simulate with (``env.threads``; a backend that steps in the caller's thread ignores them)."""
+
+    env_id: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    num_instances: int = 1
+    num_threads: int = 1
+
+
+def backend_class(backend: str) -> Callable[[BatchSetup], EnvBatch]:
+    """The class ``env.backend`` names; ValueError saying why it cannot be used."""
+    reference = BACKENDS.get(backend, backend)
+    module, _, name = reference.partition(":")
+    if not name:
+        raise ValueError(f"unknown env backend {backend!r}; allowed: {', '.join(map(repr, BACKENDS))} or "
+                         "'module:Class'")  # fmt: skip
+    try:
+        return getattr(importlib.import_module(module), name)
+    except Exception as error:  # ImportError, AttributeError, or whatever the module raises while imported
+        raise ValueError(
+            f"env.backend {backend!r} does not import: {type(error).__name__}: {error}"
+        ) from None
+
+
 def make_env_batch(
     backend: str, env_id: str, kwargs: dict[str, Any], num_instances: int, threads: int = 2
 ) -> EnvBatch:
     """Build the backend named in the config (``env.backend``); ``threads`` is for backends that use them."""
-    if backend == "gymnasium":
-        from tinker_atropos.environment.backends.gymnasium_batch import GymnasiumBatch
-
-        return GymnasiumBatch(env_id, kwargs, num_instances)
-    if backend == "mujoco":
-        from tinker_atropos.environment.backends.mujoco_batch import MujocoBatch
-
-        return MujocoBatch(env_id, kwargs, num_instances, num_threads=threads)
-    raise ValueError(f"unknown env backend {backend!r}; allowed: 'gymnasium', 'mujoco'")
+    return backend_class(backend)(BatchSetup(env_id, kwargs, num_instances, threads))

@@ -10,14 +10,15 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from tinker_atropos.environment.backends.base import BatchSetup
 from tinker_atropos.environment.envs import env_maker, flat_box, observation_layout, supported_spaces
 from tinker_atropos.protocol.steps import StepBatch
 
 
 class GymnasiumBatch:
-    def __init__(self, env_id: str, kwargs: dict[str, Any], num_instances: int) -> None:
-        make = env_maker(env_id)
-        self.envs: list[gym.Env] = [make(**kwargs) for _ in range(num_instances)]
+    def __init__(self, setup: BatchSetup) -> None:
+        make, num_instances = env_maker(setup.env_id), setup.num_instances
+        self.envs: list[gym.Env] = [make(**setup.kwargs) for _ in range(num_instances)]
         self.observation_layout = observation_layout(self.envs[0].observation_space)
         observed = (
             self.envs[0].observation_space

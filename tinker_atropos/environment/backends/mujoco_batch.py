@@ -23,6 +23,7 @@ from gymnasium.envs.mujoco.mujoco_env import expand_model_path
 from gymnasium.utils import seeding
 from mujoco.batch import Batch
 
+from tinker_atropos.environment.backends.base import BatchSetup
 from tinker_atropos.protocol.steps import StepBatch
 
 Fields = dict[str, np.ndarray]  # MjData field name -> its values for a batch of instances, [K, *field_shape]
@@ -354,7 +355,13 @@ _MAKE_KWARGS = ("max_episode_steps", "disable_env_checker")
 class MujocoBatch:
     """N instances of one gymnasium MuJoCo locomotion env, equal in results to N ``gymnasium.make`` envs."""
 
-    def __init__(self, env_id: str, kwargs: dict[str, Any], num_instances: int, num_threads: int = 2) -> None:
+    def __init__(self, setup: BatchSetup) -> None:
+        env_id, kwargs, num_instances, num_threads = (
+            setup.env_id,
+            setup.kwargs,
+            setup.num_instances,
+            setup.num_threads,
+        )
         if env_id not in _TASKS:
             raise ValueError(
                 f"the mujoco backend does not implement {env_id!r}; it supports {', '.join(sorted(_TASKS))}"

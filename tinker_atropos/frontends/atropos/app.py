@@ -8,15 +8,18 @@ counted, where the reference queues it and the trainer fails on its batch; ``/st
 registered is a 404 with a message instead of a 500; Redis away is a 503 and the state is read back from Redis
 when it returns; an API key on every route but ``/`` and ``/healthz``. Handlers run one at a time on the event loop
 (the store is not shared with any thread), which makes each request's change atomic in the mirror as in Redis.
+
+Two routers: the trainer's side (register, batches, status) and the environments' (register, post scored data),
+each route reaching the store as a dependency.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Annotated, Any
 
 import redis
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.gzip import GZipMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse
@@ -118,6 +121,149 @@ class ScoredData(BaseModel):
 SCORED_ROUTES = ("/scored_data", "/scored_data_list")
 
 
+async def _store(request: Request) -> TrajectoryStore:  # async: a plain def would run in the thread pool
+    return request.app.state.store
+
+
+Store = Annotated[TrajectoryStore, Depends(_store)]
+
+
+# the trainer's side -----------------------------------------------------------------------------------------
+trainers = APIRouter()
+
+
+@trainers.get("/")
+async def root() -> dict[str, str]:
+    return {"message": "AtroposLib API"}
+
+
+@trainers.get("/healthz")
+async def healthz(store: Store) -> dict[str, Any]:
+    return {"status": "ok", **store.figures()}
+
+
+@trainers.post("/register")
+async def register(registration: Registration, store: Store) -> dict[str, Any]:
+    return store.register(registration.model_dump())
+
+
+@trainers.get("/wandb_info")
+async def wandb_info(store: Store) -> dict[str, Any]:
+    return store.wandb_info()
+
+
+@trainers.get("/info")
+async def info(store: Store) -> dict[str, Any]:
+    return store.info()
+
+
+@trainers.get("/batch")
+async def batch(store: Store) -> dict[str, Any]:
+    return store.batch()
+
+
+@trainers.get("/latest_example")
+async def latest_example(store: Store) -> Any:
+    return store.latest_example()
+
+
+@trainers.get("/status")
+async def status(store: Store) -> dict[str, Any]:
+    return store.status()
+
+
+@trainers.get("/reset_data")
+async def reset_data(store: Store) -> PlainTextResponse:
+    store.reset()
+    return PlainTextResponse("Reset successful")
+
+
+# the environments' side -------------------------------------------------------------------------------------
+envs = APIRouter()
+
+
+@envs.post("/register-env")
+async def register_env(fields: RegisterEnv, store: Store) -> dict[str, Any]:
+    return store.register_env(fields.model_dump())
+
+
+@envs.post("/disconnect-env")
+async def disconnect_env(env: EnvIdentifier, store: Store) -> dict[str, Any]:
+    return store.disconnect_env(env.env_id)
+
+
+def _within_token_length(store: TrajectoryStore, groups: list[ScoredData]) -> None:
+    """422 (counted) for a sequence past the ``max_token_len`` the trainer registered: it could not learn it."""
+    limit = store.info()["max_token_len"]
+    for g, group in enumerate(groups):
+        for i, tokens in enumerate(group.tokens):
+            if 0 < limit < len(tokens):
+                store.refuse_invalid(len(groups))
+                where = f"[{g}]" if len(groups) > 1 else ""
+                raise _Refused(f"body{where}.tokens[{i}] has {len(tokens)} tokens; the trainer registered "
+                               f"max_token_len {limit}")  # fmt: skip
+
+
+@envs.post("/scored_data")
+async def scored_data(group: ScoredData, store: Store) -> dict[str, Any]:
+    _within_token_length(store, [group])
+    return store.post([group.model_dump()])[0]
+
+
+@envs.post("/scored_data_list")
+async def scored_data_list(groups: list[ScoredData], store: Store) -> dict[str, Any]:
+    _within_token_length(store, groups)
+    answers = store.post([g.model_dump() for g in groups])
+    buffered = [a for a in answers if a["status"] == "buffered"]
+    answer: dict[str, Any] = {"status": "received", "groups_processed": len(groups)}
+    if buffered:
+        answer |= {"buffered": len(buffered), "last_buffer_size": buffered[-1]["buffer_size"]}
+    return answer
+
+
+@envs.get("/status-env")
+async def status_env(
+    env: EnvIdentifier, store: Store
+) -> Any:  # a GET with a JSON body, as atroposlib sends it
+    answer = store.status_env(env.env_id)
+    if answer is None:
+        return JSONResponse({"detail": f"env_id {env.env_id} is not registered (POST /register-env)"},
+                            status_code=404)  # fmt: skip
+    return answer
+
+
+# errors -----------------------------------------------------------------------------------------------------
+def _retry_later(request: Request, detail: str) -> JSONResponse:
+    """503 with the ``Retry-After`` this API was built with."""
+    return JSONResponse({"detail": detail}, status_code=503,
+                        headers={"Retry-After": str(request.app.state.retry_after_s)})  # fmt: skip
+
+
+async def _redis_away(request: Request, error: redis.RedisError) -> JSONResponse:
+    request.app.state.store.stale = (
+        True  # a write may have failed half-way in the mirror: read Redis back first
+    )
+    log.warning("Redis unavailable during %s: %s", request.url.path, error)
+    return _retry_later(request, f"the state store (Redis) is unavailable: {error}")
+
+
+async def _invalid(request: Request, error: RequestValidationError) -> JSONResponse:
+    """422 as FastAPI answers it (without the values given: a NaN is no JSON), the refused groups of a scored-data
+    post counted."""
+    if request.url.path in SCORED_ROUTES:
+        request.app.state.store.refuse_invalid(_posted_groups(error.body))
+    detail = [{"type": e["type"], "loc": list(e["loc"]), "msg": e["msg"]} for e in error.errors()]
+    return JSONResponse({"detail": detail}, status_code=422)
+
+
+async def _refused(request: Request, error: _Refused) -> JSONResponse:
+    return JSONResponse({"detail": str(error)}, status_code=422)
+
+
+async def _queue_full(request: Request, error: QueueFull) -> JSONResponse:
+    return _retry_later(request, str(error))
+
+
 def build_app(
     store: TrajectoryStore, api_keys: list[str], max_request_bytes: int, retry_after_s: int = 1
 ) -> FastAPI:
@@ -125,6 +271,7 @@ def build_app(
     app = FastAPI(
         title="tinker-atropos Atropos trajectory API", docs_url=None, redoc_url=None, openapi_url=None
     )
+    app.state.store, app.state.retry_after_s = store, retry_after_s
     app.add_middleware(GZipMiddleware, minimum_size=1000)  # batches are large: gzip answers to who accepts it
     app.add_middleware(GzipRequests, limit=max_request_bytes, setting="atropos.max_request_mb")
     app.add_middleware(BodyLimit, limit=max_request_bytes, setting="atropos.max_request_mb")
@@ -132,112 +279,9 @@ def build_app(
         app.add_middleware(
             APIKeys, keys=[k.encode() for k in api_keys], open_paths=frozenset({"/", "/healthz"})
         )
-
-    @app.exception_handler(redis.RedisError)
-    async def redis_away(request: Request, error: redis.RedisError) -> JSONResponse:
-        store.stale = (
-            True  # a write may have failed half-way in the mirror: read Redis back before the next one
-        )
-        log.warning("Redis unavailable during %s: %s", request.url.path, error)
-        return JSONResponse({"detail": f"the state store (Redis) is unavailable: {error}"}, status_code=503,
-                            headers={"Retry-After": str(retry_after_s)})  # fmt: skip
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request: Request, error: RequestValidationError) -> JSONResponse:
-        """422 as FastAPI answers it (without the values given: a NaN is no JSON), the refused groups of a
-        scored-data post counted."""
-        if request.url.path in SCORED_ROUTES:
-            store.refuse_invalid(_posted_groups(error.body))
-        detail = [{"type": e["type"], "loc": list(e["loc"]), "msg": e["msg"]} for e in error.errors()]
-        return JSONResponse({"detail": detail}, status_code=422)
-
-    def within_token_length(groups: list[ScoredData]) -> None:
-        """422 (counted) for a sequence past the ``max_token_len`` the trainer registered: it could not learn it."""
-        limit = store.info()["max_token_len"]
-        for g, group in enumerate(groups):
-            for i, tokens in enumerate(group.tokens):
-                if 0 < limit < len(tokens):
-                    store.refuse_invalid(len(groups))
-                    where = f"[{g}]" if len(groups) > 1 else ""
-                    raise _Refused(f"body{where}.tokens[{i}] has {len(tokens)} tokens; the trainer registered "
-                                   f"max_token_len {limit}")  # fmt: skip
-
-    @app.exception_handler(_Refused)
-    async def refused(request: Request, error: _Refused) -> JSONResponse:
-        return JSONResponse({"detail": str(error)}, status_code=422)
-
-    @app.exception_handler(QueueFull)
-    async def queue_full(request: Request, error: QueueFull) -> JSONResponse:
-        return JSONResponse(
-            {"detail": str(error)}, status_code=503, headers={"Retry-After": str(retry_after_s)}
-        )
-
-    @app.get("/")
-    async def root() -> dict[str, str]:
-        return {"message": "AtroposLib API"}
-
-    @app.get("/healthz")
-    async def healthz() -> dict[str, Any]:
-        return {"status": "ok", **store.figures()}
-
-    @app.post("/register")
-    async def register(registration: Registration) -> dict[str, Any]:
-        return store.register(registration.model_dump())
-
-    @app.post("/register-env")
-    async def register_env(fields: RegisterEnv) -> dict[str, Any]:
-        return store.register_env(fields.model_dump())
-
-    @app.post("/disconnect-env")
-    async def disconnect_env(env: EnvIdentifier) -> dict[str, Any]:
-        return store.disconnect_env(env.env_id)
-
-    @app.get("/wandb_info")
-    async def wandb_info() -> dict[str, Any]:
-        return store.wandb_info()
-
-    @app.get("/info")
-    async def info() -> dict[str, Any]:
-        return store.info()
-
-    @app.get("/batch")
-    async def batch() -> dict[str, Any]:
-        return store.batch()
-
-    @app.get("/latest_example")
-    async def latest_example() -> Any:
-        return store.latest_example()
-
-    @app.post("/scored_data")
-    async def scored_data(group: ScoredData) -> dict[str, Any]:
-        within_token_length([group])
-        return store.post([group.model_dump()])[0]
-
-    @app.post("/scored_data_list")
-    async def scored_data_list(groups: list[ScoredData]) -> dict[str, Any]:
-        within_token_length(groups)
-        answers = store.post([g.model_dump() for g in groups])
-        buffered = [a for a in answers if a["status"] == "buffered"]
-        answer: dict[str, Any] = {"status": "received", "groups_processed": len(groups)}
-        if buffered:
-            answer |= {"buffered": len(buffered), "last_buffer_size": buffered[-1]["buffer_size"]}
-        return answer
-
-    @app.get("/status")
-    async def status() -> dict[str, Any]:
-        return store.status()
-
-    @app.get("/status-env")
-    async def status_env(env: EnvIdentifier) -> Any:  # a GET with a JSON body, as atroposlib sends it
-        answer = store.status_env(env.env_id)
-        if answer is None:
-            return JSONResponse({"detail": f"env_id {env.env_id} is not registered (POST /register-env)"},
-                                status_code=404)  # fmt: skip
-        return answer
-
-    @app.get("/reset_data")
-    async def reset_data() -> PlainTextResponse:
-        store.reset()
-        return PlainTextResponse("Reset successful")
-
+    for error, handler in ((redis.RedisError, _redis_away), (RequestValidationError, _invalid),
+                           (_Refused, _refused), (QueueFull, _queue_full)):  # fmt: skip
+        app.add_exception_handler(error, handler)
+    app.include_router(trainers)
+    app.include_router(envs)
     return app

@@ -2,6 +2,6 @@
 
 ``wire`` reads and writes the SDK's own Protobuf and JSON types, ``store`` keeps sessions, models and futures
 in Redis, ``registry`` builds the models it can serve (the models, their losses and data checks are the training
-floor's: ``training.served``, ``training.losses``, ``training.data``), ``worker`` applies each model's requests in
-order, and ``app`` is the HTTP surface.
+floor's: ``training.served``, ``training.losses``, ``training.data``), ``worker`` runs each model's requests in
+order (``requests`` what each kind does, ``checkpoints`` the files on disk), and ``app`` is the HTTP surface.
 """

@@ -66,9 +66,9 @@ def _frombuffer(what: str, data: bytes, dtype: type) -> np.ndarray:
     return np.frombuffer(data, dtype=dtype)
 
 
-def _tensor(name: str, msg: pb.Tensor, budget: Budget) -> np.ndarray:
-    """A loss_fn_inputs tensor as a dense int64 or float32 array, its size checked against ``budget`` before
-    anything of that size is allocated."""
+def _tensor(name: str, msg: pb.Tensor, budget: Budget, densify: bool) -> np.ndarray | None:
+    """A loss_fn_inputs tensor checked, its densified size taken from ``budget`` before anything of that size is
+    allocated; as a dense int64 or float32 array when ``densify`` (else None: checked only)."""
     what = f"loss_fn_inputs[{name!r}]"
     dtype = _DTYPES.get(msg.dtype)
     if dtype is None:
@@ -89,6 +89,8 @@ def _tensor(name: str, msg: pb.Tensor, budget: Budget) -> np.ndarray:
         if (len(crow) != shape[0] + 1 or len(col) != len(values) or crow[0] != 0 or crow[-1] != len(values)
                 or np.any(np.diff(crow) < 0) or (len(col) and (col.min() < 0 or col.max() >= shape[1]))):  # fmt: skip
             raise WireError(f"{what}: inconsistent sparse CSR indices")
+        if not densify:
+            return None
         dense = np.zeros(shape, dtype=out_dtype)
         dense[np.repeat(np.arange(shape[0]), np.diff(crow)), col] = values
         return dense
@@ -97,10 +99,12 @@ def _tensor(name: str, msg: pb.Tensor, budget: Budget) -> np.ndarray:
         if math.prod(shape) != array.size:
             raise WireError(f"{what}: {array.size} values for shape {shape}")
         array = array.reshape(shape)
-    return array.astype(out_dtype, copy=True)
+    return array.astype(out_dtype, copy=True) if densify else None
 
 
-def _tokens(datum: pb.Datum, index: int, budget: Budget) -> np.ndarray:
+def _tokens(datum: pb.Datum, index: int, budget: Budget) -> tuple[list[np.ndarray], int]:
+    """The datum's model_input chunks (int32 views of the body) and their length, its size as int64 taken from
+    ``budget``."""
     parts = []
     for chunk in datum.model_input:
         if chunk.WhichOneof("chunk") != "encoded_text":
@@ -108,8 +112,9 @@ def _tokens(datum: pb.Datum, index: int, budget: Budget) -> np.ndarray:
                 f"datum {index}: only token chunks are served here, not {chunk.WhichOneof('chunk')}"
             )
         parts.append(_frombuffer(f"datum {index}: model_input", chunk.encoded_text.tokens, np.int32))
-    budget.take(f"datum {index}: model_input", 8 * sum(len(p) for p in parts))
-    return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
+    length = sum(len(p) for p in parts)
+    budget.take(f"datum {index}: model_input", 8 * length)
+    return parts, length
 
 
 def _provenance(datum: pb.Datum, index: int, length: int) -> list[Span] | None:
@@ -147,13 +152,9 @@ def read_forward_backward(body: bytes) -> pb.ForwardBackwardRequest:
     return msg
 
 
-def request_tokens(msg: pb.ForwardBackwardRequest) -> int:
-    """The tokens (steps, for a control policy) of a request's data, counted without reading them."""
-    return sum(len(chunk.encoded_text.tokens) // 4 for d in msg.data for chunk in d.model_input)
-
-
-def parse_forward_backward(body: bytes, budget: Budget) -> ForwardBackward:
-    """The request with its arrays densified within ``budget``; WireError for anything the SDK would not send."""
+def _read(body: bytes, budget: Budget, densify: bool) -> tuple[ForwardBackward, int]:
+    """The request checked whole, its arrays densified within ``budget`` when ``densify`` (else ``data`` is left
+    empty), and the tokens it holds; WireError for anything the SDK would not send."""
     msg = read_forward_backward(body)
     config: dict[str, float | str] = {k: float(v) for k, v in msg.loss_fn_config.items()}
     for key, value in msg.loss_fn_config_v2.items():
@@ -161,10 +162,31 @@ def parse_forward_backward(body: bytes, budget: Budget) -> ForwardBackward:
     for key, value in config.items():
         if isinstance(value, float) and not math.isfinite(value):
             raise WireError(f"loss_fn_config[{key!r}] is {value}: a number must be finite")
-    data = [Datum(_tokens(d, i, budget), {name: _tensor(name, t, budget) for name, t in d.loss_fn_inputs.items()})
-            for i, d in enumerate(msg.data)]  # fmt: skip
-    provenance = [_provenance(msg.data[i], i, len(datum.tokens)) for i, datum in enumerate(data)]
-    return ForwardBackward(msg.model_id, msg.seq_id, msg.loss_fn, config, msg.forward_only, data, provenance)
+    data, lengths = [], []
+    for i, datum in enumerate(msg.data):
+        parts, length = _tokens(datum, i, budget)
+        inputs = {name: _tensor(name, t, budget, densify) for name, t in datum.loss_fn_inputs.items()}
+        lengths.append(length)
+        if densify:
+            tokens = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
+            data.append(Datum(tokens, inputs))
+    provenance = [_provenance(msg.data[i], i, length) for i, length in enumerate(lengths)]
+    request = ForwardBackward(
+        msg.model_id, msg.seq_id, msg.loss_fn, config, msg.forward_only, data, provenance
+    )
+    return request, sum(lengths)
+
+
+def check_forward_backward(body: bytes, budget: Budget) -> tuple[str, int, int]:
+    """The model, number and token count of a request checked whole as ``parse_forward_backward`` checks it, with
+    nothing densified: what the API needs to queue it (the worker parses it)."""
+    request, tokens = _read(body, budget, densify=False)
+    return request.model_id, request.seq_id, tokens
+
+
+def parse_forward_backward(body: bytes, budget: Budget) -> ForwardBackward:
+    """The request with its arrays densified within ``budget``; WireError for anything the SDK would not send."""
+    return _read(body, budget, densify=True)[0]
 
 
 def prompt_tokens(request: dict) -> list[int]:

@@ -1,0 +1,55 @@
+"""Sampling sessions and samples (queued to the sampler's lane; the sequences' ids handed out at once)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from tinker import types
+
+from tinker_atropos.frontends.tinker.routes.shared import HTTPError, Shared, parse_body
+from tinker_atropos.frontends.tinker.stability import sequence_ids
+from tinker_atropos.frontends.tinker.store import sampler_lane
+
+sampling = APIRouter()
+
+
+@sampling.post("/create_sampling_session")
+async def create_sampling_session(request: Request, api: Shared) -> dict[str, Any]:
+    body = parse_body(types.CreateSamplingSessionRequest, await request.body())
+    api.session(body.session_id)
+    if body.model_path is not None:
+        base_model = (await api.checkpoint_record(body.model_path))["base_model"]
+    elif body.base_model in {c.name for c in api.capabilities}:
+        base_model = body.base_model
+    else:
+        raise HTTPError(404, f"unknown base model {body.base_model!r}")
+    sampler = f"{body.session_id}:sample:{body.sampling_session_seq_id}"
+    api.store.add_sampler(sampler, base_model, body.model_path)
+    return {"type": "create_sampling_session", "sampling_session_id": sampler}
+
+
+@sampling.get("/samplers/{sampler_id}")
+async def get_sampler(sampler_id: str, api: Shared) -> dict[str, Any]:
+    found = api.store.sampler(sampler_id)
+    if found is None:
+        raise HTTPError(404, f"no sampling session {sampler_id!r}")
+    return {"sampler_id": sampler_id, "base_model": found[0], "model_path": found[1]}
+
+
+@sampling.post("/asample")
+async def asample(request: Request, api: Shared) -> dict[str, Any]:
+    raw = await request.body()
+    body = parse_body(types.SampleRequest, raw)
+    found = api.store.sampler(body.sampling_session_id) if body.sampling_session_id is not None else None
+    if found is None:
+        raise HTTPError(404, f"no sampling session {body.sampling_session_id!r}")
+    if not 1 <= body.num_samples <= 64:
+        raise HTTPError(400, f"num_samples must lie in [1, 64], got {body.num_samples}")
+    tokens = body.num_samples * (body.prompt.length + (body.sampling_params.max_tokens or 16))
+    if tokens > api.max_request_tokens:
+        raise HTTPError(400, f"num_samples x (prompt + max_tokens) is {tokens} tokens; a request may take "
+                             f"{api.max_request_tokens} (trainer.tinker.max_request_tokens)")  # fmt: skip
+    dedup = f"sample:{body.sampling_session_id}:{body.seq_id}" if body.seq_id is not None else None
+    request_id = api.store.submit("sample", raw, dedup=dedup, lane=sampler_lane(*found))
+    return api.queued(request_id, sample_sequence_ids=sequence_ids(request_id, body.num_samples))
