@@ -34,17 +34,19 @@ class PublishedWeights:
 
 # The record is written only above the version Redis holds, or at it for the very same weights (a trainer
 # publishing its version again after Redis lost or missed it): two publishers (the experience loop and a
-# Tinker-driven policy) can neither make the version go down nor give two policies one number. Returns -1 when
-# written, else the version held, for the caller to sign the next one above it.
+# Tinker-driven policy) can neither make the version go down nor give two policies one number. The record is
+# written to a staging key in the same transaction and renamed into place (the blob never passes through Lua,
+# which would copy it twice). Returns -1 when published, else the version held, for the caller to sign the next
+# one above it.
 _PUBLISH = """
 local held, digest, spec = unpack(redis.call('HMGET', KEYS[1], 'version', 'digest', 'spec'))
 held = tonumber(held)
 local version = tonumber(ARGV[1])
 if held and (held > version or (held == version and (digest ~= ARGV[2] or spec ~= ARGV[3]))) then
+  redis.call('DEL', KEYS[2])
   return held
 end
-redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], unpack(ARGV, 5))
+redis.call('RENAME', KEYS[2], KEYS[1])
 redis.call('PUBLISH', ARGV[4], ARGV[1])
 return -1
 """
@@ -57,15 +59,20 @@ def publish_weights(
     lower, signed with ``key`` (the run's ``security.signing_key("weights")``) when given; the version published.
     One round trip, unless another publisher got there first."""
     spec_json, digest = json.dumps(spec), hashlib.sha256(blob).hexdigest()
-    publish = client.register_script(_PUBLISH)
+    staging = keys.weights_staging(run)
     while True:
         mapping: dict[str, Any] = {"version": version, "blob": blob, "spec": spec_json, "digest": digest,
                                    "published_at": time.time()}  # fmt: skip
         if key is not None:
             mapping["sig"] = signature(key, str(version).encode(), spec_json.encode(), digest.encode())
-        fields = [item for pair in mapping.items() for item in pair]
-        held = int(publish(keys=[keys.weights(run)],
-                           args=[version, digest, spec_json, keys.weights_channel(run), *fields]))  # fmt: skip
+        with client.pipeline(transaction=True) as pipe:
+            pipe.delete(staging)
+            pipe.hset(staging, mapping=mapping)
+            # EVAL, not EVALSHA: a pipeline would ask SCRIPT EXISTS first, a round trip more
+            pipe.eval(
+                _PUBLISH, 2, keys.weights(run), staging, version, digest, spec_json, keys.weights_channel(run)
+            )
+            held = int(pipe.execute()[-1])
         if held < 0:
             return version
         version = held + 1
