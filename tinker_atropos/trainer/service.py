@@ -27,8 +27,9 @@ log = logging.getLogger(__name__)
 
 
 def build_drivers(config: Config, client: redis.Redis, run_dir: Path, owner: RunFolderOwner) -> list[Driver]:
-    """The drivers ``trainer`` enables, in the order they are closed last to first. The Tinker API and the Atropos
-    loop are imported only when enabled: the SDK and FastAPI take half a second."""
+    """The drivers ``trainer`` enables; they are closed last to first, so the Tinker API serves until the loops
+    have written their last checkpoints. The Tinker API and the Atropos loop are imported only when enabled: the
+    SDK and FastAPI take half a second."""
     trainer, drivers = config.trainer, []
     if trainer.tinker.enabled:
         from tinker_atropos.trainer.tinker_api import TinkerDriver
