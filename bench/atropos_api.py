@@ -33,7 +33,7 @@ from rich.table import Table
 
 from bench import report
 from tinker_atropos.frontends.http import run_key
-from tinker_atropos.runtime import child_preexec, free_port
+from tinker_atropos.processes import child_preexec, free_port
 from tinker_atropos.state.embedded import EmbeddedValkey
 
 SERVERS = ("tinker_atropos", "reference")

@@ -29,7 +29,7 @@ from rich.table import Table
 from bench.report import machine, package_versions, read_jsonl
 from tinker_atropos.config import Config
 from tinker_atropos.launcher.progress import RETURN_WINDOW
-from tinker_atropos.runtime import child_preexec
+from tinker_atropos.processes import child_preexec
 
 KINDS = ("env", "rollout", "trainer")
 KIND_COLORS = {"env": "tab:green", "rollout": "tab:orange", "trainer": "tab:red"}

@@ -34,7 +34,7 @@ from bench.sf_peer import SF_ENV_VERSION, sf_command
 from bench.throughput import STEP_CONVENTION
 from tinker_atropos.config import Config, load_config
 from tinker_atropos.launcher.progress import RETURN_WINDOW
-from tinker_atropos.runtime import child_preexec
+from tinker_atropos.processes import child_preexec
 
 SYSTEMS = ("tinker_atropos", "sb3_ppo", "sb3_sac", "sf_appo_sync", "sf_appo_async")
 OURS_WITH = "tinker_atropos@"  # + a config path: ours with that config, beside the benchmark's own

@@ -17,7 +17,6 @@ import yaml
 from pydantic import (
     AfterValidator,
     BaseModel,
-    ConfigDict,
     Field,
     ModelWrapValidatorHandler,
     PrivateAttr,
@@ -30,6 +29,9 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from tinker_atropos.errors import EnvError
+from tinker_atropos.sections import Section
+
 
 def _device(value: str) -> str:
     if not re.fullmatch(r"cpu|cuda(:\d+)?|auto", value):
@@ -40,11 +42,6 @@ def _device(value: str) -> str:
 Device = Annotated[str, AfterValidator(_device)]
 Transport = Literal["auto", "grpc"]  # how a rollout reaches an env service: see RolloutSection.transport
 Auto = Literal["auto"]  # a size the launcher computes from the machine (launcher/sizing.py)
-
-
-class Section(BaseModel):
-    # NaN and infinity are no setting: refused by field, also because they do not survive the YAML round trip
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class RunSection(Section):
@@ -117,6 +114,13 @@ class RedisSection(Section):
         return url
 
 
+# env.backend's built-in names; a third party's backend is named 'module:Class' (environment/backends/base.py)
+BACKENDS = {
+    "gymnasium": "tinker_atropos.environment.backends.gymnasium_batch:GymnasiumBatch",
+    "mujoco": "tinker_atropos.environment.backends.mujoco_batch:MujocoBatch",
+}
+
+
 class EnvSection(Section):
     id: str = Field(
         "Pendulum-v1",
@@ -174,8 +178,6 @@ class EnvSection(Section):
     @classmethod
     def _known_backend(cls, backend: str) -> str:
         # a 'module:Class' is imported where a batch is built (check_env), not by every reader of the config
-        from tinker_atropos.environment.backends.base import BACKENDS
-
         if backend not in BACKENDS and not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", backend):
             raise ValueError(f"unknown env backend {backend!r}; allowed: {', '.join(map(repr, BACKENDS))} or "
                              "'module:Class'")  # fmt: skip
@@ -186,10 +188,18 @@ class EnvSection(Section):
     def _registered(cls, env_id: str) -> str:
         # A 'module:…' form is imported where the env is served (check_env), not by every reader of the config
         if ":" not in env_id:
-            from tinker_atropos.environment.envs import check_registered
-
             check_registered(env_id)
         return env_id
+
+
+def check_registered(env_id: str) -> None:
+    """Raise EnvError, with the closest registered ids, unless ``env_id`` is a registered Gymnasium id."""
+    import gymnasium as gym
+
+    if env_id not in gym.registry:
+        close = difflib.get_close_matches(env_id, list(gym.registry), n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise EnvError(f"unknown Gymnasium env id {env_id!r}{hint}")
 
 
 class RolloutSection(Section):

@@ -31,7 +31,8 @@ from typing import Any
 
 import grpc
 
-from tinker_atropos.runtime import CountedWarnings, FatalError, peer_host
+from tinker_atropos.errors import FatalError
+from tinker_atropos.logs import CountedWarnings, peer_host
 
 OPEN_METHODS = ("/grpc.health.v1.Health/",)  # prefixes of the methods served without the token
 

@@ -42,7 +42,7 @@ from tests.support.deploy import (
     the_object,
 )
 from tinker_atropos.launcher.secrets import write_secrets
-from tinker_atropos.runtime import child_preexec
+from tinker_atropos.processes import child_preexec
 
 # --- Run as deployed ------------------------------------------------------------------------------------------
 

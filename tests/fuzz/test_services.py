@@ -25,7 +25,7 @@ from tinker_atropos.environment.client import EnvClient
 from tinker_atropos.protocol import local_stream
 from tinker_atropos.protocol.v1 import environment_pb2 as pb
 from tinker_atropos.protocol.v1 import services_pb2, services_pb2_grpc
-from tinker_atropos.runtime import check_health
+from tinker_atropos.service_host import check_health
 from tinker_atropos.state import registry
 
 

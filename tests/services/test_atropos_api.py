@@ -30,7 +30,7 @@ from tests.support.atropos import HEADERS, KEY, TOKEN, env_registration, registr
 from tests.support.processes import wait_for
 from tests.support.running import REPO
 from tinker_atropos.frontends.atropos.packing import EnvEntry, Queued, next_batch, summing_to
-from tinker_atropos.runtime import child_preexec, free_port
+from tinker_atropos.processes import child_preexec, free_port
 from tinker_atropos.state.registry import live_services
 
 # ---------------------------------------------------------------------------------------------- the maths

@@ -20,7 +20,7 @@ from examples.atropos_env import COMPLETION_TOKENS, PROMPTS, lowercase_fraction
 from tests.support.processes import wait_for
 from tests.support.running import REPO, cli, leftovers, report_rows, start_up, stop_up
 from tinker_atropos.models import tiny_lm
-from tinker_atropos.runtime import free_port
+from tinker_atropos.processes import free_port
 from tinker_atropos.training.served import LANGUAGE_MODELS, TINY_LM
 
 pytestmark = pytest.mark.integration

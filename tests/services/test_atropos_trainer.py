@@ -29,7 +29,7 @@ from tinker_atropos.frontends.atropos.datums import batch_datums, group_advantag
 from tinker_atropos.frontends.inference.app import build_app
 from tinker_atropos.frontends.inference.sampler import Sampler
 from tinker_atropos.models import tiny_lm
-from tinker_atropos.runtime import child_preexec, free_port
+from tinker_atropos.processes import child_preexec, free_port
 from tinker_atropos.state.registry import live_services
 from tinker_atropos.trainer.atropos_loop import AtroposLoop
 
@@ -214,7 +214,7 @@ def test_a_step_that_comes_out_nonfinite_is_undone_and_counted(
 
     assert_same(loop.model.state_dict(), before)
     assert loop.sampler.version == loop.model.core.version == 1
-    assert loop.status("test").updates_discarded_nonfinite == 1 and loop.counters["sequences_trained"] == 4
+    assert loop.status().updates_discarded_nonfinite == 1 and loop.counters["sequences_trained"] == 4
 
 
 @pytest.mark.integration

@@ -17,7 +17,7 @@ from tests.support.raw_env import RUN, RawStream, start_env
 from tinker_atropos.protocol import local_stream, tensors
 from tinker_atropos.protocol.v1 import environment_pb2 as pb
 from tinker_atropos.protocol.v1 import environment_pb2_grpc
-from tinker_atropos.runtime import MAX_REQUEST_BYTES, check_health
+from tinker_atropos.service_host import MAX_REQUEST_BYTES, check_health
 from tinker_atropos.state.registry import live_services
 
 pytestmark = pytest.mark.integration

@@ -58,7 +58,12 @@ def test_a_user_network_learns_and_the_rollout_acts_with_its_published_weights(n
     assert any(k.startswith("actor.") for k in changed), changed
 
     published = {}
-    trained.core.publish_weights(lambda version, blob, spec: published.update(blob=blob, spec=spec))
+
+    def publish(version: int, blob: bytes, spec: dict) -> int:
+        published.update(blob=blob, spec=spec)
+        return version
+
+    trained.core.publish_weights(publish)
     assert published["spec"]["network"] == USER
     policy = load_policy(published["spec"], published["blob"], torch.device("cpu"), network=USER)
     observations = rng.normal(size=(8, 3)).astype(np.float32)

@@ -21,7 +21,7 @@ import yaml
 from tests.support.processes import wait_for
 from tests.support.running import REPO
 from tinker_atropos.environment.client import EnvClient
-from tinker_atropos.runtime import free_port
+from tinker_atropos.processes import free_port
 from tinker_atropos.state.registry import live_services
 
 pytestmark = pytest.mark.integration

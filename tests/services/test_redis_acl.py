@@ -27,7 +27,7 @@ from tests.support.processes import Processes, wait_for
 from tests.support.running import REPO, cli, config_file
 from tests.support.tinker_server import KEY
 from tinker_atropos.models.tiny_lm import ByteTokenizer
-from tinker_atropos.runtime import child_preexec, free_port, stop_process
+from tinker_atropos.processes import child_preexec, free_port, stop_process
 from tinker_atropos.state import keys
 from tinker_atropos.state.experience import read_stats
 from tinker_atropos.state.registry import live_services

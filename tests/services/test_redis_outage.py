@@ -11,7 +11,7 @@ import pytest
 
 from tests.support.processes import child_pids, wait_for
 from tests.support.running import cli, config_file, leftovers, report_rows, start_up
-from tinker_atropos.runtime import free_port
+from tinker_atropos.processes import free_port
 from tinker_atropos.state.embedded import EmbeddedValkey
 
 pytestmark = pytest.mark.integration

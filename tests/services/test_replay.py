@@ -68,25 +68,25 @@ def test_a_restarted_trainer_refuses_what_it_learned_before_and_what_its_newer_w
     first = ExperienceLoop(config, redis_client, tmp_path)
     first.setup(pendulum_env())
     taken = serialized_chunk(2, 0, 0)
-    assert first.accept(taken) is not None
-    assert first.accept(taken) is None and first.rejected.totals == {"replayed": 1}
+    assert first.batcher.accept(taken) is not None
+    assert first.batcher.accept(taken) is None and first.batcher.rejected.totals == {"replayed": 1}
     first.checkpoint()
 
     second = ExperienceLoop(config, redis_client, tmp_path)  # resumed from that checkpoint
     second.setup(pendulum_env())
-    assert second.accept(taken) is None and second.rejected.totals == {"replayed": 1}
+    assert second.batcher.accept(taken) is None and second.batcher.rejected.totals == {"replayed": 1}
     second.version = 1  # it learned on, past its checkpoint,
     learned_past_the_checkpoint = serialized_chunk(2, 1, 1)
-    assert second.accept(learned_past_the_checkpoint) is not None
+    assert second.batcher.accept(learned_past_the_checkpoint) is not None
     second.version = 2  # from this chunk too, published version 2, and was killed before its next checkpoint
     second.publish()
 
     third = ExperienceLoop(config, redis_client, tmp_path)
     third.setup(pendulum_env())
     assert third.version == 2  # continues from the newer weights, which learned from that chunk
-    assert third.accept(learned_past_the_checkpoint) is None
-    assert third.rejected.totals == {"before_restart": 1}
-    assert third.accept(serialized_chunk(2, 2, 2)) is not None
+    assert third.batcher.accept(learned_past_the_checkpoint) is None
+    assert third.batcher.rejected.totals == {"before_restart": 1}
+    assert third.batcher.accept(serialized_chunk(2, 2, 2)) is not None
 
 
 def test_a_trainer_behind_the_rollouts_continues_above_the_version_they_hold(
@@ -99,15 +99,15 @@ def test_a_trainer_behind_the_rollouts_continues_above_the_version_they_hold(
     loop.setup(pendulum_env())
     assert loop.version == 0
     careless = serialized_chunk(2, 0, version=2**62)  # a holder of the token writes any version
-    assert loop.accept(careless) is None
+    assert loop.batcher.accept(careless) is None
     loop._last_sync = 0.0
     loop.sync_redis()
     assert loop.version == 0  # no rollout holds it: not followed
 
     Registration(redis_client, "behind", "rollout", "127.0.0.1:1", "r", lambda: {"policy_version": 9},
                  interval_s=1.0, ttl_s=30.0).beat()  # fmt: skip
-    assert loop.accept(serialized_chunk(2, 1, 9)) is None  # acted by the weights Redis lost
-    assert loop.rejected.totals == {"impossible_version": 2}
+    assert loop.batcher.accept(serialized_chunk(2, 1, 9)) is None  # acted by the weights Redis lost
+    assert loop.batcher.rejected.totals == {"impossible_version": 2}
     loop._last_sync = 0.0
     loop.sync_redis()
     assert loop.version == 10 and published_version(redis_client, "behind") == 10

@@ -11,7 +11,7 @@ PROBE = """
 import json
 import numpy
 from threadpoolctl import threadpool_info
-from tinker_atropos.runtime import limit_blas_threads
+from tinker_atropos.processes import limit_blas_threads
 before = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
 limit_blas_threads()
 after = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
@@ -30,7 +30,7 @@ def test_limit_blas_threads_leaves_numpy_one_blas_thread() -> None:
 
 PARENT = """
 import functools, signal, subprocess, sys
-from tinker_atropos.runtime import child_preexec
+from tinker_atropos.processes import child_preexec
 child = subprocess.Popen(["sleep", "60"], preexec_fn=functools.partial(child_preexec, signal.SIGKILL))
 child.send_signal(signal.SIGSTOP)
 print(child.pid, flush=True)

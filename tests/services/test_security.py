@@ -22,7 +22,7 @@ from tests.support.tls_proxy import TlsProxy
 from tinker_atropos.config import load_config
 from tinker_atropos.environment.client import EnvClient
 from tinker_atropos.launcher.secrets import write_secrets
-from tinker_atropos.runtime import check_health
+from tinker_atropos.service_host import check_health
 from tinker_atropos.state.connection import connect, connect_fast, masked
 from tinker_atropos.state.embedded import EmbeddedValkey
 from tinker_atropos.state.registry import live_services

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import redis
 import torch
 
+from tests.support.envs import pendulum_env
 from tests.support.processes import wait_for
+from tinker_atropos.config import parse_config
+from tinker_atropos.models.mlp import ActorCritic, mlp_spec
+from tinker_atropos.models.weights import weights_to_bytes
+from tinker_atropos.rollout.policy import PolicySource
+from tinker_atropos.state import keys
 from tinker_atropos.state.checkpoints import load_latest_checkpoint, save_checkpoint
 from tinker_atropos.state.experience import ExperienceReader, ExperienceWriter, read_stats, recent_episodes
 from tinker_atropos.state.registry import Registration, live_services
@@ -59,6 +67,56 @@ def test_weights_are_versioned_and_read_whole(redis_client) -> None:
     weights = fetch_weights(redis_client, "r")
     assert (weights.version, weights.blob, weights.spec) == (4, b"\x01blob", {"obs_shape": [3]})
     assert published_version(redis_client, "r") == 4
+
+
+def test_a_lower_version_is_published_above_the_one_held_and_the_same_one_only_for_the_same_weights(
+    redis_client,
+) -> None:
+    assert publish_weights(redis_client, "r", 5, b"a", {}) == 5
+    assert (
+        publish_weights(redis_client, "r", 5, b"a", {}) == 5
+    )  # published again (Redis missed it): unchanged
+    assert publish_weights(redis_client, "r", 5, b"b", {}) == 6  # other weights never share a number
+    assert publish_weights(redis_client, "r", 2, b"c", {}) == 7
+    assert (fetch_weights(redis_client, "r").version, fetch_weights(redis_client, "r").blob) == (7, b"c")
+
+
+def test_two_drivers_publishing_interleaved_raise_the_version_each_time_and_no_rollout_refuses_any(
+    redis_client: redis.Redis,
+) -> None:
+    """The experience loop publishes its own numbers and goes on from what was published; a Tinker-driven policy
+    asks for any version. Side by side, each publication is announced above the last and rollouts take them all."""
+    env = pendulum_env()
+    spec = mlp_spec(env.observation_space, env.action_space, parse_config({}).trainer.model, True, True)
+    blobs = [weights_to_bytes(ActorCritic(spec)) for _ in range(4)]
+    announced = redis_client.pubsub()
+    announced.subscribe(keys.weights_channel("both"))
+    assert announced.get_message(timeout=5)["type"] == "subscribe"
+    policies = PolicySource(redis_client, "both", torch.device("cpu"))
+    rounds = 40
+
+    def experience_loop() -> list[int]:
+        version, published = 0, []
+        for i in range(rounds):
+            version = publish_weights(redis_client, "both", version, blobs[i % 2], spec)
+            published.append(version)
+            policies.refresh()
+            version += 1
+        return published
+
+    def tinker_policy() -> list[int]:
+        return [publish_weights(redis_client, "both", 1, blobs[2 + i % 2], spec) for i in range(rounds)]
+
+    with ThreadPoolExecutor(2) as pool:
+        loop, tinker = pool.submit(experience_loop), pool.submit(tinker_policy)
+        loop_versions, tinker_versions = loop.result(60), tinker.result(60)
+    order = []
+    while (message := announced.get_message(timeout=1)) is not None:
+        order.append(int(message["data"]))
+    announced.close()
+    assert order == sorted(set(order)) and len(order) == 2 * rounds, order
+    assert sorted(loop_versions + tinker_versions) == order
+    assert policies.refresh().version == order[-1] and policies.rejected == 0, policies.refused
 
 
 def test_checkpoints_are_atomic_retained_and_corrupt_ones_skipped(tmp_path: Path, caplog) -> None:

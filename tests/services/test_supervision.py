@@ -16,9 +16,9 @@ from rich.console import Console
 from tests.support.processes import child_pids, stop_process, wait_for
 from tests.support.running import REPO, start_up
 from tests.support.running import report_rows as metrics
+from tinker_atropos.errors import EXIT_FATAL
 from tinker_atropos.launcher import supervisor
 from tinker_atropos.launcher.supervisor import Child, kill_hung, supervise
-from tinker_atropos.runtime import EXIT_FATAL
 
 
 def service_pid(run_dir: Path, kind: str) -> int | None:

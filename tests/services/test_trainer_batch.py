@@ -44,7 +44,7 @@ def test_an_update_takes_whole_chunks_until_it_holds_samples_per_update(
         thread.join(timeout=30)
 
     assert trainer.updates == 2 and trainer.env_steps_trained == 2 * 48
-    assert trainer.chunks_consumed == 7, "6 for the updates, and the 7th read towards the next one"
+    assert trainer.batcher.chunks_consumed == 7, "6 for the updates, and the 7th read towards the next one"
     assert queued_chunks(redis_client, "batch") == 0
 
 

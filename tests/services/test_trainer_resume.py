@@ -96,7 +96,7 @@ def test_sac_resumes_its_replay_buffer_from_the_journal_beside_small_checkpoints
         first.checkpoint()
     replay = first.learner.replay
     # each checkpoint wrote the 16 transitions it had not written, and counts them; none inside the file
-    segments = [(start, stop) for start, stop, _ in first.journal.segments()]
+    segments = [(start, stop) for start, stop, _ in first.checkpoints.journal.segments()]
     assert segments == [(0, 16), (16, 32), (32, 48)]
     [*_, latest] = sorted((tmp_path / "checkpoints").glob("checkpoint-*.pt"))
     assert read_checkpoint(latest)["replay"] == {"added": 48}
@@ -109,7 +109,7 @@ def test_sac_resumes_its_replay_buffer_from_the_journal_beside_small_checkpoints
     # it goes on numbering from there: its next checkpoint's segment follows the last
     second.learner.learn([trajectory_chunk(7, 8, act_dim=1, version=second.version)])
     second.checkpoint()
-    assert [(a, b) for a, b, _ in second.journal.segments()][-1] == (48, 64)
+    assert [(a, b) for a, b, _ in second.checkpoints.journal.segments()][-1] == (48, 64)
 
     # a checkpoint of the earlier format held the transitions: they come back, then journal on
     old = tmp_path / "format-2"
@@ -120,4 +120,4 @@ def test_sac_resumes_its_replay_buffer_from_the_journal_beside_small_checkpoints
     third.setup(pendulum_env())
     assert third.learner.replay.added == 48
     np.testing.assert_array_equal(third.learner.replay.since(0)["rewards"], replay.since(0)["rewards"])
-    assert [(a, b) for a, b, _ in third.journal.segments()] == [(0, 48)]
+    assert [(a, b) for a, b, _ in third.checkpoints.journal.segments()] == [(0, 48)]

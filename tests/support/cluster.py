@@ -20,7 +20,7 @@ from pathlib import Path
 
 from tests.support.netns import Network, Node, unavailable_reason
 from tinker_atropos.launcher.secrets import SERVICE_NAME, write_secrets
-from tinker_atropos.runtime import stop_on_signals
+from tinker_atropos.processes import stop_on_signals
 from tinker_atropos.state.embedded import EmbeddedValkey
 
 REDIS_PORT = 6379

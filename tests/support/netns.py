@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tinker_atropos.runtime import child_preexec
+from tinker_atropos.processes import child_preexec
 
 SUBNET_PREFIX = "10.213"  # a private /16; each network takes one free /24 of it
 BRIDGE = "br0"  # inside the hub namespace, so its name is private to the run

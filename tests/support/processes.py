@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.running import REPO
-from tinker_atropos.runtime import child_preexec
+from tinker_atropos.processes import child_preexec
 
 
 class Processes:

@@ -19,7 +19,7 @@ from tinker.proto.request_conv import forward_backward_request_to_proto
 from tinker.proto.response_conv import deserialize_forward_backward_output
 
 from tests.support.processes import Processes, wait_for
-from tinker_atropos.runtime import free_port
+from tinker_atropos.processes import free_port
 
 KEY = "tml-test-key-0123456789abcdef"
 

@@ -15,9 +15,9 @@ import torch
 from pydantic import Field
 
 from tinker_atropos.algorithms.core import Algorithm, LearnerSetup, register
-from tinker_atropos.config import Section
 from tinker_atropos.models.mlp import ActorCritic, mlp_spec
 from tinker_atropos.protocol.trajectory import Trajectory
+from tinker_atropos.sections import Section
 from tinker_atropos.training.core import AdamParams, TrainingCore
 
 

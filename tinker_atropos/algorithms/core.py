@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     import gymnasium as gym
     import torch
 
-    from tinker_atropos.config import TrainerSection
     from tinker_atropos.protocol.trajectory import Trajectory
     from tinker_atropos.training.core import TrainingCore
     from tinker_atropos.training.replay import ReplayBuffer
@@ -39,7 +38,7 @@ class LearnerSetup:
 
     observation_space: gym.Space
     action_space: gym.Space
-    trainer: TrainerSection
+    trainer: Any  # the run's config.TrainerSection (not imported: the config validates through this registry)
     hyperparameters: Any  # the algorithm's validated section, an instance of ``Algorithm.hyperparameters``
     device: torch.device
     seed: int

@@ -19,11 +19,11 @@ from tinker_atropos.environment.streams import SessionStream, open_stream
 from tinker_atropos.protocol import tensors
 from tinker_atropos.protocol.steps import StepBatch
 from tinker_atropos.protocol.v1 import environment_pb2, environment_pb2_grpc
-from tinker_atropos.runtime import GRPC_OPTIONS
 from tinker_atropos.security import open_channel
 
 CHANNEL_OPTIONS = [
-    *GRPC_OPTIONS,
+    ("grpc.max_send_message_length", 256 * 1024 * 1024),
+    ("grpc.max_receive_message_length", 256 * 1024 * 1024),
     ("grpc.keepalive_time_ms", 2000),  # notice a peer that stopped answering (SIGSTOP, cut link)
     ("grpc.keepalive_timeout_ms", 3000),
     ("grpc.keepalive_permit_without_calls", 1),

@@ -7,7 +7,6 @@ is one line naming the problem, within seconds, instead of a crash loop or a run
 
 from __future__ import annotations
 
-import difflib
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,19 +16,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.envs.registration import EnvSpec
 
-from tinker_atropos.runtime import FatalError
-
-
-class EnvError(FatalError, ValueError):
-    """An env that cannot be served; the message is one line that names the problem."""
-
-
-def check_registered(env_id: str) -> None:
-    """Raise EnvError, with the closest registered ids, unless ``env_id`` is registered."""
-    if env_id not in gym.registry:
-        close = difflib.get_close_matches(env_id, list(gym.registry), n=3)
-        hint = f"; did you mean {', '.join(close)}?" if close else ""
-        raise EnvError(f"unknown Gymnasium env id {env_id!r}{hint}")
+from tinker_atropos.config import check_registered
+from tinker_atropos.errors import EnvError
 
 
 def env_maker(env_id: str) -> Callable[..., gym.Env]:

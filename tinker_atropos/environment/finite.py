@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from tinker_atropos.environment.backends.base import EnvBatch
-from tinker_atropos.environment.envs import EnvError
+from tinker_atropos.errors import EnvError
 from tinker_atropos.protocol.steps import StepBatch
 
 

@@ -15,9 +15,9 @@ from typing import NoReturn
 
 import grpc
 
+from tinker_atropos.logs import CountedWarnings
 from tinker_atropos.protocol import local_stream
 from tinker_atropos.protocol.v1 import environment_pb2
-from tinker_atropos.runtime import CountedWarnings
 
 log = logging.getLogger(__name__)
 

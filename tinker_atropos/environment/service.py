@@ -22,17 +22,19 @@ from typing import NoReturn, Protocol
 import grpc
 from google.protobuf.message import DecodeError
 
-from tinker_atropos import runtime
+from tinker_atropos import service_host
 from tinker_atropos.config import Config, EnvSection
 from tinker_atropos.environment.backends.base import make_env_batch
-from tinker_atropos.environment.envs import EnvError, EnvSpaces, check_env
+from tinker_atropos.environment.envs import EnvSpaces, check_env
 from tinker_atropos.environment.episodes import EpisodeTracker
 from tinker_atropos.environment.finite import FiniteGuard
 from tinker_atropos.environment.local_server import LocalSessionServer
 from tinker_atropos.environment.spaces import ActionError, check_actions, space_to_proto
+from tinker_atropos.errors import EnvError
+from tinker_atropos.logs import CountedWarnings, peer_host
 from tinker_atropos.protocol import local_stream, tensors
 from tinker_atropos.protocol.v1 import environment_pb2, environment_pb2_grpc, services_pb2
-from tinker_atropos.runtime import CountedWarnings, Endpoint
+from tinker_atropos.service_host import Endpoint
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +179,7 @@ class EnvironmentServicer(environment_pb2_grpc.EnvironmentServicer):
         """End a stream for what its client did: a warning with the peer (rate-limited), no traceback."""
         if code == grpc.StatusCode.INVALID_ARGUMENT:
             self.bad_requests += 1
-        self.streams_ended.add(f"{code.name} from {runtime.peer_host(control.peer)}", message)
+        self.streams_ended.add(f"{code.name} from {peer_host(control.peer)}", message)
         control.abort(code, message)
 
     def session(
@@ -300,7 +302,7 @@ class EnvironmentServicer(environment_pb2_grpc.EnvironmentServicer):
             stream.ended_by_watchdog = True
             self.streams_timed_out += 1
             what = "no step request" if stream.opened else "no 'open' request"
-            peer = runtime.peer_host(stream.control.peer)
+            peer = peer_host(stream.control.peer)
             self.streams_ended.add(f"{what} from {peer}", f"{what} for {limit:.0f} s")
             stream.control.cancel()
 
@@ -362,7 +364,7 @@ def serve(config: Config, redis_url: str, endpoint: Endpoint, role: str = "train
     cannot be served. ``role`` eval registers it as the run's evaluation env service (kind ``eval_env``),
     which rollouts do not see and the trainer's periodic evaluation plays on."""
     spaces = check_env(config.env)
-    runtime.serve(
+    service_host.serve(
         "eval_env" if role == "eval" else "env",
         config,
         redis_url,

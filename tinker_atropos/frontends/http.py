@@ -25,7 +25,7 @@ import uvicorn
 from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from tinker_atropos.runtime import FatalError
+from tinker_atropos.errors import FatalError
 from tinker_atropos.security import derive_key, insecure, read_keys, service_token
 
 # what a middleware that refused a request tells the app: the request, its body's first bytes (``PREFIX_BYTES``

@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import typer
 
 from tinker_atropos.config import Config, ConfigError, load_config
-from tinker_atropos.runtime import Endpoint
+from tinker_atropos.service_host import Endpoint
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 
@@ -73,7 +73,7 @@ def read_config(path: Path, settings: list[str] | None = None) -> Config:
     except ConfigError as error:
         typer.echo(str(error), err=True)
         raise typer.Exit(2) from None
-    from tinker_atropos.environment.envs import EnvError
+    from tinker_atropos.errors import EnvError
     from tinker_atropos.launcher.sizing import resolve_auto
 
     try:
@@ -153,7 +153,7 @@ def up(
 
 def _or_exit(call: Callable[..., Any], *args: object) -> Any:
     """``call(*args)``; a FatalError ends the command with its one line and exit code 2."""
-    from tinker_atropos.runtime import EXIT_FATAL, FatalError
+    from tinker_atropos.errors import EXIT_FATAL, FatalError
 
     try:
         return call(*args)
@@ -378,7 +378,7 @@ BestOpt = Annotated[
 def _checkpoint(run_dir: Path, checkpoint: Path | None, best: bool) -> Path | None:
     """The checkpoint ``--checkpoint`` or ``--best`` names (None: the run's newest); exit 2 when ``--best`` finds
     none, or both are given."""
-    from tinker_atropos.runtime import EXIT_FATAL
+    from tinker_atropos.errors import EXIT_FATAL
     from tinker_atropos.state.checkpoints import BEST
 
     if not best:
@@ -397,7 +397,7 @@ def _checkpoint(run_dir: Path, checkpoint: Path | None, best: bool) -> Path | No
 def _run_config(run_dir: Path, config: Path | None) -> Config:
     """The config of a run folder: ``config``, or the one ``up`` wrote there; exit 2 when there is none, or no
     such folder."""
-    from tinker_atropos.runtime import EXIT_FATAL
+    from tinker_atropos.errors import EXIT_FATAL
 
     if not run_dir.is_dir():
         typer.echo(f"error: run folder {run_dir} does not exist (`up` makes runs/RUN_NAME)", err=True)
@@ -536,9 +536,9 @@ def export(
     best: BestOpt = False,
 ) -> None:
     """Write a run's deterministic policy, its observation normaliser folded in, for ONNX Runtime or torch."""
+    from tinker_atropos.errors import EXIT_FATAL
     from tinker_atropos.launcher.run_folder import run_policy
     from tinker_atropos.models.export import FORMATS, export_policy
-    from tinker_atropos.runtime import EXIT_FATAL
 
     if fmt not in FORMATS:
         typer.echo(f"error: --format {fmt!r} is not one of: {', '.join(FORMATS)}", err=True)
@@ -595,7 +595,7 @@ def api_keys() -> None:
 @app.command()
 def health(address: Annotated[str, typer.Argument(help="host:port of a service.")]) -> None:
     """Exit 0 when the service's gRPC health check reports SERVING (for container health checks)."""
-    from tinker_atropos.runtime import check_health
+    from tinker_atropos.service_host import check_health
 
     serving = check_health(address)
     typer.echo("SERVING" if serving else "NOT_SERVING")

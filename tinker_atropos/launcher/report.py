@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tinker_atropos.errors import FatalError
 from tinker_atropos.launcher.run_folder import metric_rows
-from tinker_atropos.runtime import FatalError
 
 PANELS = (  # (row key, title, y label), each against wall time but the first
     ("episode_return_mean", "learning curve", "mean return of the last 10 episodes"),

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tinker_atropos.runtime import FatalError
+from tinker_atropos.errors import FatalError
 from tinker_atropos.state.checkpoints import PREFIX as CHECKPOINT_PREFIX
 
 if TYPE_CHECKING:

@@ -20,7 +20,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from tinker_atropos.runtime import FatalError
+from tinker_atropos.errors import FatalError
 from tinker_atropos.state.connection import connect_fast, describe, login_refused, masked
 from tinker_atropos.state.experience import queued_chunks, read_stats
 from tinker_atropos.state.registry import live_services

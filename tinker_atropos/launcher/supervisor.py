@@ -27,7 +27,8 @@ from typing import TextIO
 from rich.console import Console
 from rich.markup import escape
 
-from tinker_atropos.runtime import EXIT_FATAL, child_preexec
+from tinker_atropos.errors import EXIT_FATAL
+from tinker_atropos.processes import child_preexec
 
 MAX_RESTARTS = 10
 HEALTHY_AFTER_S = 60.0

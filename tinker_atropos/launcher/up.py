@@ -27,7 +27,8 @@ import yaml
 from rich.console import Console
 
 from tinker_atropos.config import Config
-from tinker_atropos.environment.envs import EnvError, check_env
+from tinker_atropos.environment.envs import check_env
+from tinker_atropos.errors import EXIT_FATAL, EnvError, FatalError
 from tinker_atropos.frontends.http import run_key
 from tinker_atropos.launcher.progress import RETURN_WINDOW, ProgressReporter
 from tinker_atropos.launcher.run_folder import (
@@ -38,7 +39,6 @@ from tinker_atropos.launcher.run_folder import (
     previous_run,
 )
 from tinker_atropos.launcher.supervisor import Child, kill_hung, rotate_logs, supervise
-from tinker_atropos.runtime import EXIT_FATAL, FatalError
 from tinker_atropos.security import read_keys, service_token
 from tinker_atropos.state import keys
 from tinker_atropos.state.connection import (

@@ -19,8 +19,8 @@ import numpy as np
 from tinker_atropos.config import Config
 from tinker_atropos.environment.envs import env_maker
 from tinker_atropos.environment.spaces import check_actions
+from tinker_atropos.errors import FatalError
 from tinker_atropos.models.acting import InferencePolicy
-from tinker_atropos.runtime import FatalError
 
 WIDTH, HEIGHT = 480, 320  # multiples of 16, as H.264 encoders want
 GIF_FPS, GIF_WIDTH = 20, 240  # a GIF small enough for a README

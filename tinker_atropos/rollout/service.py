@@ -14,14 +14,16 @@ import grpc
 import numpy as np
 import redis
 
-from tinker_atropos import runtime
+from tinker_atropos import service_host
 from tinker_atropos.config import Config
+from tinker_atropos.device import resolve_device
+from tinker_atropos.processes import local_host_id
 from tinker_atropos.protocol.v1 import services_pb2
 from tinker_atropos.rollout.assignment import Unit, assign, units_of
 from tinker_atropos.rollout.collector import Collector, SessionContext, SessionCounters
 from tinker_atropos.rollout.policy import PolicySource
-from tinker_atropos.runtime import Endpoint, local_host_id, resolve_device
 from tinker_atropos.security import signing_key
+from tinker_atropos.service_host import Endpoint
 from tinker_atropos.state.experience import ExperienceWriter
 from tinker_atropos.state.leases import Leases, Member
 from tinker_atropos.state.registry import ServiceRecord, live_services
@@ -195,4 +197,4 @@ def serve(config: Config, redis_url: str, endpoint: Endpoint) -> None:
         os.environ["OMP_NUM_THREADS"] = "1"
         return RolloutService(config, client, incarnation)
 
-    runtime.serve("rollout", config, redis_url, endpoint, build)
+    service_host.serve("rollout", config, redis_url, endpoint, build)

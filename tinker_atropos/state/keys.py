@@ -29,6 +29,11 @@ def weights(run: str) -> str:
     return f"ta:{run}:weights"
 
 
+def weights_staging(run: str) -> str:
+    """Hash: a record being published, renamed to ``weights`` within the transaction that wrote it (or deleted)."""
+    return f"ta:{run}:weights:staging"
+
+
 def weights_channel(run: str) -> str:
     """Pub/sub channel announcing each new weights version."""
     return f"ta:{run}:weights:published"

@@ -36,7 +36,7 @@ class ServiceRecord:
     name: str = ""
     starts: int = 1
     figures: dict[str, Any] = field(default_factory=dict)
-    host: str = ""  # ``runtime.local_host_id``: equal for services that reach each other's local fast path
+    host: str = ""  # ``processes.local_host_id``: equal for services that reach each other's local fast path
 
     @property
     def restarts(self) -> int:

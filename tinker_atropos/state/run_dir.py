@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tinker_atropos.runtime import FatalError
+from tinker_atropos.errors import FatalError
 
 log = logging.getLogger(__name__)
 

@@ -5,6 +5,8 @@ record carries the blob's SHA-256 (``digest``), checked before anything loads it
 HMAC of version, spec and digest under a key derived from the token (``sig``): a process with Redis access alone
 cannot replace the weights the rollouts act with. The version is signed with the rest, so an older record written
 back is still the trainer's: a rollout refuses any version below the one it acts with (``rollout/policy.py``).
+Every driver publishes here (the experience loop, a Tinker-driven policy): the version is allocated in Redis, so
+that it only rises whoever publishes.
 """
 
 from __future__ import annotations
@@ -30,20 +32,50 @@ class PublishedWeights:
     spec: dict[str, Any]  # what a rollout needs to build the network: sizes, action kind, …
 
 
+# The record is written only above the version Redis holds, or at it for the very same weights (a trainer
+# publishing its version again after Redis lost or missed it): two publishers (the experience loop and a
+# Tinker-driven policy) can neither make the version go down nor give two policies one number. The record is
+# written to a staging key in the same transaction and renamed into place (the blob never passes through Lua,
+# which would copy it twice). Returns -1 when published, else the version held, for the caller to sign the next
+# one above it.
+_PUBLISH = """
+local held, digest, spec = unpack(redis.call('HMGET', KEYS[1], 'version', 'digest', 'spec'))
+held = tonumber(held)
+local version = tonumber(ARGV[1])
+if held and (held > version or (held == version and (digest ~= ARGV[2] or spec ~= ARGV[3]))) then
+  redis.call('DEL', KEYS[2])
+  return held
+end
+redis.call('RENAME', KEYS[2], KEYS[1])
+redis.call('PUBLISH', ARGV[4], ARGV[1])
+return -1
+"""
+
+
 def publish_weights(
     client: redis.Redis, run: str, version: int, blob: bytes, spec: dict[str, Any], key: bytes | None = None
-) -> None:
-    """Publish ``version``, signed with ``key`` (the run's ``security.signing_key("weights")``) when given."""
+) -> int:
+    """Publish the weights as ``version``, or as the next version above the one Redis holds if that is not
+    lower, signed with ``key`` (the run's ``security.signing_key("weights")``) when given; the version published.
+    One round trip, unless another publisher got there first."""
     spec_json, digest = json.dumps(spec), hashlib.sha256(blob).hexdigest()
-    mapping: dict[str, Any] = {"version": version, "blob": blob, "spec": spec_json, "digest": digest,
-                               "published_at": time.time()}  # fmt: skip
-    if key is not None:
-        mapping["sig"] = signature(key, str(version).encode(), spec_json.encode(), digest.encode())
-    with client.pipeline(transaction=True) as pipe:
-        pipe.delete(keys.weights(run))  # no field of an earlier record (its signature) outlives it
-        pipe.hset(keys.weights(run), mapping=mapping)
-        pipe.publish(keys.weights_channel(run), version)
-        pipe.execute()
+    staging = keys.weights_staging(run)
+    while True:
+        mapping: dict[str, Any] = {"version": version, "blob": blob, "spec": spec_json, "digest": digest,
+                                   "published_at": time.time()}  # fmt: skip
+        if key is not None:
+            mapping["sig"] = signature(key, str(version).encode(), spec_json.encode(), digest.encode())
+        with client.pipeline(transaction=True) as pipe:
+            pipe.delete(staging)
+            pipe.hset(staging, mapping=mapping)
+            # EVAL, not EVALSHA: a pipeline would ask SCRIPT EXISTS first, a round trip more
+            pipe.eval(
+                _PUBLISH, 2, keys.weights(run), staging, version, digest, spec_json, keys.weights_channel(run)
+            )
+            held = int(pipe.execute()[-1])
+        if held < 0:
+            return version
+        version = held + 1
 
 
 class WeightsRecordError(ValueError):

@@ -100,9 +100,9 @@ class AtroposLoop:
             with contextlib.suppress(redis.RedisError):  # Redis away: counted in the status only
                 add_stats(self.client, self.run_name, checkpoints_failed=failed)
 
-    def status(self, incarnation: str) -> services_pb2.TrainerStatus:
+    def status(self) -> services_pb2.TrainerStatus:
         writes = self.checkpoint_writes
-        return services_pb2.TrainerStatus(incarnation=incarnation, policy_version=self.model.core.version,
+        return services_pb2.TrainerStatus(policy_version=self.model.core.version,
                                           updates=self.step, losses=self.figures, busy_fraction=self.busy.fraction(),
                                           updates_discarded_nonfinite=self.guard.undone,
                                           writes_failed={writes.what: writes.failed}, write_failure=writes.error,
@@ -136,16 +136,17 @@ class AtroposLoop:
 
     def run(self, stop: threading.Event) -> None:
         self.inference.start(stop)
-        try:
-            log.info("inference endpoint at %s (OpenAI /v1, SGLang /generate)", self.inference.url)
-            self.api_url = self._find_api(stop) or ""
-            with service_client(self.api_url, key=self.api_key) as http:
-                if self.api_url and self._register(http, stop):
-                    log.info("learning from the trajectory API at %s", self.api_url)
-                    self._learn(http, stop)
-        finally:
-            self._checkpoint()
-            self.inference.close()
+        log.info("inference endpoint at %s (OpenAI /v1, SGLang /generate)", self.inference.url)
+        self.api_url = self._find_api(stop) or ""
+        with service_client(self.api_url, key=self.api_key) as http:
+            if self.api_url and self._register(http, stop):
+                log.info("learning from the trajectory API at %s", self.api_url)
+                self._learn(http, stop)
+
+    def close(self) -> None:
+        """A last checkpoint, and the inference endpoint closed."""
+        self._checkpoint()
+        self.inference.close()
 
     def _learn(self, http: httpx.Client, stop: threading.Event) -> None:
         while not stop.is_set():

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from tinker_atropos.config import WandbSection
-from tinker_atropos.runtime import FatalError
+from tinker_atropos.errors import FatalError
 from tinker_atropos.state.experience import read_stats, recent_episodes
 from tinker_atropos.state.run_dir import FolderWrites
 

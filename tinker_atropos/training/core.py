@@ -20,7 +20,8 @@ from tinker_atropos.models.weights import weights_to_bytes
 
 KEEP_SHADOW_BYTES = 64 << 20  # ``snapshot``'s copies kept between steps up to this size (the tiny LM's: 2 MB)
 LossFn = Callable[[nn.Module], tuple[torch.Tensor, dict[str, float]]]
-Publisher = Callable[[int, bytes, dict[str, Any]], None]  # (version, weights, spec)
+# (version, weights, spec) -> the version published: higher than asked when another driver published above it
+Publisher = Callable[[int, bytes, dict[str, Any]], int]
 
 
 @dataclass(frozen=True)
@@ -110,8 +111,9 @@ class TrainingCore:
         return weights_to_bytes(self.model)
 
     def publish_weights(self, publish: Publisher) -> None:
-        """Hand the current version's weights and spec to ``publish``."""
-        publish(self.version, self.weights(), self.spec)
+        """Hand the current version's weights and spec to ``publish``; the core goes on from the version they were
+        published as (the versions of every driver of a run share one sequence that only rises)."""
+        self.version = publish(self.version, self.weights(), self.spec)
 
     def state_dict(self) -> dict[str, Any]:
         return {

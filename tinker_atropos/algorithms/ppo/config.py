@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from tinker_atropos.config import Section
+from tinker_atropos.sections import Section
 
 
 class ClippedObjectiveConfig(Section):

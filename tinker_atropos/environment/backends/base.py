@@ -4,7 +4,7 @@ A backend steps a batch of instances of one env together and resets finished epi
 The service only validates requests, encodes tensors and keeps episode statistics, so a faster backend
 (threads, C-level batching) can replace the gymnasium one without touching the protocol.
 
-``env.backend`` names a backend as ``trainer.algorithm`` names an algorithm: a built-in name (``BACKENDS``) or
+``env.backend`` names a backend as ``trainer.algorithm`` names an algorithm: a built-in name (``config.BACKENDS``) or
 ``module:Class`` for a third party's, a class whose constructor takes a ``BatchSetup``; the module is imported only
 where a batch is built.
 """
@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import gymnasium as gym
 import numpy as np
 
+from tinker_atropos.config import BACKENDS
 from tinker_atropos.protocol.steps import StepBatch
 
 
@@ -56,12 +57,6 @@ class BatchSetup:
     kwargs: dict[str, Any] = field(default_factory=dict)
     num_instances: int = 1
     num_threads: int = 1
-
-
-BACKENDS = {
-    "gymnasium": "tinker_atropos.environment.backends.gymnasium_batch:GymnasiumBatch",
-    "mujoco": "tinker_atropos.environment.backends.mujoco_batch:MujocoBatch",
-}
 
 
 def backend_class(backend: str) -> Callable[[BatchSetup], EnvBatch]:

@@ -14,8 +14,8 @@ from tinker_atropos.frontends.atropos.app import build_app
 from tinker_atropos.frontends.atropos.store import TrajectoryStore
 from tinker_atropos.frontends.http import BackgroundServer, endpoint_keys
 from tinker_atropos.protocol.v1 import services_pb2
-from tinker_atropos.runtime import Endpoint
-from tinker_atropos.runtime import serve as serve_service
+from tinker_atropos.service_host import Endpoint
+from tinker_atropos.service_host import serve as serve_service
 
 log = logging.getLogger(__name__)
 

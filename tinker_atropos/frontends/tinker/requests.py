@@ -24,7 +24,7 @@ from tinker_atropos.frontends.tinker.sampling import Interrupted, Job, SamplingP
 from tinker_atropos.frontends.tinker.stability import Record
 from tinker_atropos.frontends.tinker.store import Store
 from tinker_atropos.security import signing_key
-from tinker_atropos.state.weights import publish_weights, published_version
+from tinker_atropos.state.weights import publish_weights
 from tinker_atropos.training.core import AdamParams
 from tinker_atropos.training.guard import NonfiniteGuard
 from tinker_atropos.training.served import LANGUAGE_MODELS, PolicyModel, ServedModel, checkpoint, run_loss
@@ -181,9 +181,8 @@ class RequestHandlers:
         if name is None:  # kept while its sampling client samples
             self.checkpoints.keep_ephemeral(path)
         if isinstance(model, PolicyModel):  # the rollouts act with it from now on
-            version = (published_version(self.client, self.config.run.name) or 0) + 1
-            publish_weights(self.client, self.config.run.name, version, model.core.weights(), model.core.spec,
-                            signing_key("weights"))  # fmt: skip
+            version = publish_weights(self.client, self.config.run.name, 1, model.core.weights(), model.core.spec,
+                                      signing_key("weights"))  # fmt: skip
             log.info("Tinker model %s published as policy version %d", model_id, version)
         if name is not None:
             self.checkpoints.saved(model_id, "sampler_weights", name, request)

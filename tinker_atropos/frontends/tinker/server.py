@@ -14,12 +14,12 @@ import torch
 
 from tinker_atropos.config import Config
 from tinker_atropos.environment.envs import env_maker
+from tinker_atropos.errors import FatalError
 from tinker_atropos.frontends.http import BackgroundServer
 from tinker_atropos.frontends.tinker import registry
 from tinker_atropos.frontends.tinker.app import build_app
 from tinker_atropos.frontends.tinker.store import Store
 from tinker_atropos.frontends.tinker.worker import Worker
-from tinker_atropos.runtime import FatalError
 from tinker_atropos.security import insecure, read_keys
 
 log = logging.getLogger(__name__)

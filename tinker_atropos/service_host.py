@@ -3,51 +3,30 @@ status RPC, its registry entry, its incarnation id, and a SIGTERM that drains in
 
 from __future__ import annotations
 
-import ctypes
 import logging
-import signal
 import socket
-import subprocess
 import threading
-import time
 import uuid
-from collections import Counter
 from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import grpc
 import redis
 from google.protobuf.message import Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from threadpoolctl import threadpool_limits
 
 from tinker_atropos.config import Config
+from tinker_atropos.logs import configure_logging
+from tinker_atropos.processes import limit_blas_threads, local_host_id, stop_on_signals
 from tinker_atropos.protocol.v1 import services_pb2, services_pb2_grpc
 from tinker_atropos.state.connection import connect_when_reachable
 from tinker_atropos.state.registry import Registration
 
-if TYPE_CHECKING:
-    import torch
-
 log = logging.getLogger(__name__)
 
 
-def limit_blas_threads() -> None:
-    """One thread for numpy's BLAS in every service process.
-
-    Each service sizes its own parallelism (``env.threads``, ``trainer.torch_threads``). OpenBLAS would add a
-    thread per core that spins after each matmul, and on a host where the physics fills the cores those spins
-    take one from it: collection of Humanoid on 2 cores went from 1,945 to 3,480 steps/s without them.
-    """
-    threadpool_limits(limits=1, user_api="blas")
-
-
-GRPC_OPTIONS = [
-    ("grpc.max_send_message_length", 256 * 1024 * 1024),
-    ("grpc.max_receive_message_length", 256 * 1024 * 1024),
-]
 # Clients ping every few seconds to notice a stopped or unreachable peer, also while a paused stream carries
 # no data; by default a server answers such pings with GOAWAY ("too many pings") and breaks the stream.
 # Servers ping too: a client cut off by the network (or whose machine died) never closes its streams, and an
@@ -55,6 +34,8 @@ GRPC_OPTIONS = [
 # What a server accepts in one message: its requests are actions, a session's opening or a status query, a few
 # KiB; a client cannot make it hold more (over the bound: RESOURCE_EXHAUSTED for that call, the rest served).
 MAX_REQUEST_BYTES = 16 * 1024 * 1024
+
+
 SERVER_OPTIONS = [
     ("grpc.max_send_message_length", 256 * 1024 * 1024),
     ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
@@ -64,127 +45,11 @@ SERVER_OPTIONS = [
     ("grpc.keepalive_time_ms", 5000),
     ("grpc.keepalive_timeout_ms", 5000),
 ]
-_PR_SET_PDEATHSIG = 1
-# A service exits with EXIT_FATAL for a failure that a restart cannot fix (a bad config or env, a training run
-# that diverged): `up` stops the run instead of restarting it. Any other non-zero code is worth a restart.
-EXIT_FATAL = 2
-
-
-class FatalError(Exception):
-    """A failure a restart cannot fix; the command prints its one-line message and exits with EXIT_FATAL."""
 
 
 def new_incarnation() -> str:
     """Random per process start: lets peers tell a restarted service from the one they knew."""
     return uuid.uuid4().hex[:12]
-
-
-def local_host_id() -> str:
-    """Who can take this process's local fast path: the host (name and boot id) and the network namespace, whose
-    abstract Unix sockets are shared by its processes and no others. Written to the registry, so that a rollout
-    prefers env services it reaches without gRPC; empty where it cannot be read (not Linux)."""
-    import os
-
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as boot:
-            boot_id = boot.read().strip()[:8]
-        namespace = os.stat("/proc/self/ns/net").st_ino
-    except OSError:
-        return ""
-    return f"{socket.gethostname()}/{boot_id}/{namespace}"
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def child_preexec(death_signal: int = signal.SIGTERM) -> None:
-    """Run in a forked child: its own session (Ctrl-C reaches only the launcher, which drains it) and
-    ``death_signal`` when the launcher dies, so that no child outlives it even after a SIGKILL. A child that may
-    be paused (SIGSTOP) needs SIGKILL there: a stopped process leaves a SIGTERM pending for ever."""
-    import os
-
-    os.setsid()
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, death_signal)
-
-
-def stop_process(process: subprocess.Popen, timeout_s: float = 10.0) -> None:
-    """SIGTERM, then SIGKILL if it is still there after ``timeout_s``; reaped either way (no zombie)."""
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-def configure_logging(kind: str) -> None:
-    logging.basicConfig(
-        level=logging.INFO, format=f"%(asctime)s {kind} %(levelname)s %(name)s: %(message)s", force=True
-    )
-
-
-def stop_on_signals() -> threading.Event:
-    """An event set by SIGTERM or SIGINT: service loops finish their step and return."""
-    stop = threading.Event()
-
-    def handler(signum: int, _frame: Any) -> None:
-        log.info("received %s, draining", signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)
-    return stop
-
-
-class CountedWarnings:
-    """Events counted by reason and logged at most once per ``log_interval_s`` for each reason, with the count
-    since the last line: a flood of bad records, blown-up envs or refused calls is visible without flooding the
-    log. A reason may name the peer (``peer_host``): beyond ``MAX_REASONS`` distinct ones, new ones count as
-    ``other``, so that no peer can make it grow without bound."""
-
-    MAX_REASONS = 1000
-
-    def __init__(self, what: str, log_interval_s: float = 10.0) -> None:
-        self.what, self.log_interval_s = what, log_interval_s
-        self.totals: Counter[str] = Counter()
-        self._unreported: Counter[str] = Counter()
-        self._unlogged: Counter[str] = Counter()
-        self._logged_at: dict[str, float] = {}
-
-    def add(self, reason: str, message: str, count: int = 1) -> None:
-        if reason not in self.totals and len(self.totals) >= self.MAX_REASONS:
-            reason = "other"
-        self.totals[reason] += count
-        self._unreported[reason] += count
-        self._unlogged[reason] += count
-        now = time.monotonic()
-        last = self._logged_at.get(reason)
-        if last is None or now - last >= self.log_interval_s:
-            logged, self._unlogged[reason] = self._unlogged[reason], 0
-            self._logged_at[reason] = now
-            since = "" if last is None else f" in the last {now - last:.0f} s"
-            log.warning("%d %s (%s)%s; latest: %s", logged, self.what, reason, since, message)
-
-    def total(self) -> int:
-        return sum(self.totals.values())
-
-    def take_unreported(self) -> dict[str, int]:
-        """The counts added since the last call: what a service still has to add to the run's counters."""
-        counts, self._unreported = dict(self._unreported), Counter()
-        return counts
-
-
-def peer_host(peer: str) -> str:
-    """A gRPC peer (``ipv4:127.0.0.1:53412``, ``ipv6:[::1]:53412``) without its port: who to count a refusal
-    against (a client reconnecting gets a new port every time)."""
-    kind, _, address = peer.partition(":")
-    if kind in ("ipv4", "ipv6") and ":" in address:
-        return f"{kind}:{address.rsplit(':', 1)[0]}"
-    return peer
 
 
 @dataclass(frozen=True)
@@ -346,15 +211,6 @@ def serve(
         service.run(stop)
     finally:
         host.stop()
-
-
-def resolve_device(name: str) -> torch.device:
-    """``auto``: CUDA when there is one."""
-    import torch
-
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 def status_figures(status: Message) -> dict[str, Any]:
