@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 
 class AtroposAPI:
-    """A ``runtime.Service``: its HTTP server in a thread until the stop event."""
+    """A ``service_host.Service``: its HTTP server in a thread until the stop event."""
 
     def __init__(self, config: Config, client: redis.Redis, incarnation: str, endpoint: Endpoint,
                  http_fd: int | None = None) -> None:  # fmt: skip
