@@ -279,76 +279,19 @@ def _run_locked(
     console: Console,
     lock: RunFolderLock,
 ) -> int:
-    run = config.run.name
     url = redis_url or config.redis.url
-    if options.fresh:
-        removed = clear_run_folder(run_dir)
-        if url is not None:
-            try:
-                removed.append(f"{_clear_redis_run(url, run)} Redis keys")
-            except redis.RedisError as error:
-                console.print(
-                    f"[red]--fresh cannot clear run {run!r} in Redis at {masked(url)}: {describe(error)}"
-                )
-                return 1
-        console.print(f"--fresh: removed {', '.join(removed) or 'nothing'}")
-    previous = previous_run(run_dir)
-    if previous is not None:
-        console.print(
-            f"[bold]resuming run {run!r} at version {previous.policy_version or 0}, {previous.env_steps:,} env "
-            "steps[/] (--fresh starts over)"
-        )
-        if options.total_steps is not None and previous.env_steps >= options.total_steps:
-            console.print(f"run {run!r} already has {previous.env_steps:,} env steps (--total-steps "
-                          f"{options.total_steps:,}): nothing to do")  # fmt: skip
-            return 0
-
+    previous, code = _fresh_or_resumed(config, run_dir, url, options, console)
+    if code is not None:
+        return code
     stopping: list[str] = []
     signal.signal(signal.SIGINT, lambda *_: stopping.append("Ctrl-C"))
     signal.signal(signal.SIGTERM, lambda *_: stopping.append("SIGTERM"))
-
-    server = None
     try:  # what up writes before the services start: a folder that takes nothing is one line, now
-        config_path = run_dir / "config.yaml"
-        config_path.write_text(config.to_yaml())
-        if previous is not None:
-            mark_resume(run_dir / "metrics.jsonl", run, previous)
-        if url is None:
-            password_file = run_secret(run_dir, "redis-password")
-            server = EmbeddedValkey(
-                run_dir / "valkey",
-                append_only=config.redis.append_only,
-                password=password_file.read_text().strip(),
-            )
-            url = server.url
-            console.print(f"embedded Valkey at {url} (its password: {password_file})")
-        children = service_children(config, config_path, url, run_dir, options.metrics)
-        for child in children:  # the run's secrets by file name, never on a command line
-            if not (
-                os.environ.get("TA_TOKEN_FILE") or os.environ.get("TA_TOKEN")
-            ):  # else the children inherit it
-                child.environment["TA_TOKEN_FILE"] = str(run_secret(run_dir, "token"))
-            if server is not None:
-                child.environment["TA_REDIS_PASSWORD_FILE"] = str(password_file)
-            child.environment[OWNER_VARIABLE] = lock.holder.id  # checked before they write in the folder
-            if options.insecure:
-                child.environment["TA_INSECURE"] = "1"
-        if config.atropos.environments:
-            token = (
-                None
-                if options.insecure
-                else (service_token() or run_secret(run_dir, "token").read_text().strip())
-            )
-            write_atropos_config(config, run_dir, token)
-        client, tinker_keys = _client_variables(
-            config, run_dir, url, password_file if server else None, options
-        )
-        write_client_env(run_dir, client, tinker_keys)
-    except OSError as error:
-        console.print(f"[red]error: {_os_failure(error, run_dir)}", highlight=False)
-        if server is not None:
-            server.stop()
+        prepared = _prepare(config, run_dir, url, options, console, lock, previous)
+    except _Prepared.Failed as failed:
+        console.print(f"[red]error: {_os_failure(failed.error, run_dir)}", highlight=False)
         return 1
+    server, url = prepared.server, prepared.url
     lock.update(without_password(url))  # where `status RUN_DIR` finds the run
     if options.insecure:
         console.print(
@@ -365,7 +308,7 @@ def _run_locked(
             return EXIT_FATAL
     reporter = ProgressReporter(
         server.client_url if server is not None else url,
-        run,
+        config.run.name,
         run_dir / "metrics.jsonl",
         console,
         counters=previous.counters if previous else None,
@@ -375,6 +318,7 @@ def _run_locked(
     reporter.total_steps, reporter.max_seconds = options.total_steps, options.max_seconds
     started = time.monotonic()
     outcome = _Stop("stopped")
+    children, client, tinker_keys = prepared.children, prepared.client, prepared.tinker_keys
     try:
         _supervise_run(config, options, children, server, reporter, stopping, started, run_dir,
                        lambda tinker_url: write_client_env(run_dir, {**client, "TINKER_BASE_URL": tinker_url},
@@ -393,6 +337,99 @@ def _run_locked(
         console, config, run_dir, outcome.reason, time.monotonic() - started, reporter, previous, children
     )
     return outcome.code
+
+
+def _fresh_or_resumed(
+    config: Config, run_dir: Path, url: str | None, options: UpOptions, console: Console
+) -> tuple[PreviousRun | None, int | None]:
+    """``--fresh``: the folder and the run's Redis keys cleared; else what an earlier run left to resume. And the
+    exit code when there is nothing to run (Redis cannot be cleared, the steps asked for are done)."""
+    run = config.run.name
+    if options.fresh:
+        removed = clear_run_folder(run_dir)
+        if url is not None:
+            try:
+                removed.append(f"{_clear_redis_run(url, run)} Redis keys")
+            except redis.RedisError as error:
+                console.print(
+                    f"[red]--fresh cannot clear run {run!r} in Redis at {masked(url)}: {describe(error)}"
+                )
+                return None, 1
+        console.print(f"--fresh: removed {', '.join(removed) or 'nothing'}")
+    previous = previous_run(run_dir)
+    if previous is not None:
+        console.print(
+            f"[bold]resuming run {run!r} at version {previous.policy_version or 0}, {previous.env_steps:,} env "
+            "steps[/] (--fresh starts over)"
+        )
+        if options.total_steps is not None and previous.env_steps >= options.total_steps:
+            console.print(f"run {run!r} already has {previous.env_steps:,} env steps (--total-steps "
+                          f"{options.total_steps:,}): nothing to do")  # fmt: skip
+            return previous, 0
+    return previous, None
+
+
+@dataclass
+class _Prepared:
+    """What ``up`` wrote and started before the services: the embedded Valkey (None with a given Redis), the
+    Redis URL, the services to start with their environment, and what clients read (``client.env``)."""
+
+    server: EmbeddedValkey | None
+    url: str
+    children: list[Child]
+    client: dict[str, str]
+    tinker_keys: Path | None
+
+    class Failed(Exception):
+        def __init__(self, error: OSError) -> None:
+            super().__init__(str(error))
+            self.error = error
+
+
+def _prepare(config: Config, run_dir: Path, url: str | None, options: UpOptions, console: Console,
+             lock: RunFolderLock, previous: PreviousRun | None) -> _Prepared:  # fmt: skip
+    """Write the resolved config, start the embedded Valkey if no Redis is given, give each service its secrets by
+    file name (never on a command line), write the Atropos environments' config and ``client.env``.
+    ``_Prepared.Failed`` (the embedded Valkey stopped) when the folder takes nothing."""
+    server, password_file = None, None
+    try:
+        config_path = run_dir / "config.yaml"
+        config_path.write_text(config.to_yaml())
+        if previous is not None:
+            mark_resume(run_dir / "metrics.jsonl", config.run.name, previous)
+        if url is None:
+            password_file = run_secret(run_dir, "redis-password")
+            server = EmbeddedValkey(
+                run_dir / "valkey",
+                append_only=config.redis.append_only,
+                password=password_file.read_text().strip(),
+            )
+            url = server.url
+            console.print(f"embedded Valkey at {url} (its password: {password_file})")
+        children = service_children(config, config_path, url, run_dir, options.metrics)
+        for child in children:
+            if not (
+                os.environ.get("TA_TOKEN_FILE") or os.environ.get("TA_TOKEN")
+            ):  # else the children inherit it
+                child.environment["TA_TOKEN_FILE"] = str(run_secret(run_dir, "token"))
+            if password_file is not None:
+                child.environment["TA_REDIS_PASSWORD_FILE"] = str(password_file)
+            child.environment[OWNER_VARIABLE] = lock.holder.id  # checked before they write in the folder
+            if options.insecure:
+                child.environment["TA_INSECURE"] = "1"
+        if config.atropos.environments:
+            insecure = options.insecure
+            token = (
+                None if insecure else (service_token() or run_secret(run_dir, "token").read_text().strip())
+            )
+            write_atropos_config(config, run_dir, token)
+        client, tinker_keys = _client_variables(config, run_dir, url, password_file, options)
+        write_client_env(run_dir, client, tinker_keys)
+    except OSError as error:
+        if server is not None:
+            server.stop()
+        raise _Prepared.Failed(error) from None
+    return _Prepared(server, url, children, client, tinker_keys)
 
 
 def _stop_children(children: list[Child]) -> None:
