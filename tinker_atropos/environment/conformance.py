@@ -42,8 +42,9 @@ class Row:
     detail: str
 
 
-class Conformance:
-    """The checks, in order; ``run`` gives one row each."""
+class Probe:
+    """A connection to the server under test, and what every check asks of it: its description, its free
+    instances, random valid actions, a call expected to fail with a status."""
 
     def __init__(
         self, address: str, seed: int = 0, max_steps: int = 5000, free_timeout_s: float = 5.0
@@ -60,38 +61,10 @@ class Conformance:
         self.info: EnvDescription | None = None
         self._rng = np.random.default_rng(seed)
 
-    CLAUSES: tuple[tuple[str, str], ...] = (
-        ("describe", "Describe: spaces, capacity"),
-        ("open", "open: n instances, reset observations, instances held"),
-        ("seeded_reset", "open's seed: instance i reset with seed + i, reproducibly"),
-        ("step", "step: one answer for all instances, shapes and dtypes"),
-        ("episodes", "autoreset and episode reports"),
-        ("bad_actions", "bad actions: INVALID_ARGUMENT, that session only"),
-        ("unknown_session", "a step of another session: INVALID_ARGUMENT"),
-        ("open_first", "a stream that does not open first: INVALID_ARGUMENT"),
-        ("capacity", "more instances than free: RESOURCE_EXHAUSTED"),
-        ("close", "closing a session frees its instances"),
-    )
-
-    def run(self) -> list[Row]:
-        rows = []
-        for name, clause in self.CLAUSES:
-            check: Callable[[], str] = getattr(self, f"check_{name}")
-            try:
-                rows.append(Row(name, clause, True, check()))
-            except Violation as error:
-                rows.append(Row(name, clause, False, str(error)))
-            except grpc.RpcError as error:
-                rows.append(Row(name, clause, False, f"unexpected {error.code().name}: {error.details()}"))
-            except Exception as error:  # a reply that does not decode, a space we cannot read
-                rows.append(Row(name, clause, False, f"{type(error).__name__}: {error}"))
-        return rows
-
     def close(self) -> None:
         self.client.close()
         self._channel.close()
 
-    # -- helpers -------------------------------------------------------------------------------------
     @property
     def _info(self) -> EnvDescription:
         if self.info is None:
@@ -127,7 +100,37 @@ class Conformance:
             time.sleep(0.05)
         return False
 
-    # -- the clauses ---------------------------------------------------------------------------------
+
+class Conformance(Probe):
+    """The checks, in order; ``run`` gives one row each."""
+
+    CLAUSES: tuple[tuple[str, str], ...] = (
+        ("describe", "Describe: spaces, capacity"),
+        ("open", "open: n instances, reset observations, instances held"),
+        ("seeded_reset", "open's seed: instance i reset with seed + i, reproducibly"),
+        ("step", "step: one answer for all instances, shapes and dtypes"),
+        ("episodes", "autoreset and episode reports"),
+        ("bad_actions", "bad actions: INVALID_ARGUMENT, that session only"),
+        ("unknown_session", "a step of another session: INVALID_ARGUMENT"),
+        ("open_first", "a stream that does not open first: INVALID_ARGUMENT"),
+        ("capacity", "more instances than free: RESOURCE_EXHAUSTED"),
+        ("close", "closing a session frees its instances"),
+    )
+
+    def run(self) -> list[Row]:
+        rows = []
+        for name, clause in self.CLAUSES:
+            check: Callable[[], str] = getattr(self, f"check_{name}")
+            try:
+                rows.append(Row(name, clause, True, check()))
+            except Violation as error:
+                rows.append(Row(name, clause, False, str(error)))
+            except grpc.RpcError as error:
+                rows.append(Row(name, clause, False, f"unexpected {error.code().name}: {error.details()}"))
+            except Exception as error:  # a reply that does not decode, a space we cannot read
+                rows.append(Row(name, clause, False, f"{type(error).__name__}: {error}"))
+        return rows
+
     def check_describe(self) -> str:
         info = self.client.describe()
         self.info = info
