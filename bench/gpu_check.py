@@ -13,8 +13,8 @@ import numpy as np
 import torch
 import yaml
 
-from tinker_atropos.algorithms import core as algorithms
-from tinker_atropos.algorithms.core import LearnerSetup
+from tinker_atropos.algorithms import base as algorithms
+from tinker_atropos.algorithms.base import LearnerSetup
 from tinker_atropos.config import TrainerSection
 from tinker_atropos.models.acting import InferencePolicy
 from tinker_atropos.models.mlp import ActorCritic

@@ -32,8 +32,8 @@ import yaml
 from gymnasium.envs.mujoco.mujoco_env import expand_model_path
 
 from bench import sf_peer
-from tinker_atropos.algorithms import core as algorithms
-from tinker_atropos.algorithms.core import LearnerSetup
+from tinker_atropos.algorithms import base as algorithms
+from tinker_atropos.algorithms.base import LearnerSetup
 from tinker_atropos.config import Config, Transport, parse_config
 from tinker_atropos.environment.backends.base import BatchSetup, EnvBatch, make_env_batch
 from tinker_atropos.environment.backends.gymnasium_batch import GymnasiumBatch
@@ -48,7 +48,7 @@ from tinker_atropos.state.embedded import EmbeddedValkey
 from tinker_atropos.state.experience import ExperienceReader, read_stats
 from tinker_atropos.state.registry import live_services
 from tinker_atropos.state.weights import publish_weights
-from tinker_atropos.trainer.metrics import BUSY_WINDOW_S
+from tinker_atropos.trainer.figures import BUSY_WINDOW_S
 
 STARTUP_TIMEOUT_S = 120.0
 # Env steps per mujoco.rollout call of the physics limit: one call's Python (controls drawn, health checked)

@@ -24,7 +24,7 @@ from rich.table import Table
 
 from bench import tinker_sampling
 from tinker_atropos.config import parse_config
-from tinker_atropos.frontends.tinker import registry
+from tinker_atropos.frontends.tinker import base_models
 from tinker_atropos.frontends.tinker.worker import adam_params
 from tinker_atropos.processes import child_preexec, free_port
 from tinker_atropos.state.embedded import EmbeddedValkey
@@ -72,7 +72,9 @@ def cases(rng: np.random.Generator) -> list[Case]:
 
 
 def in_process(case: Case, model_section: object, iterations: int) -> list[float]:
-    model = registry.build(case.base_model, {"rank": case.lora_rank}, model_section, torch.device("cpu"), 1)
+    model = base_models.build(
+        case.base_model, {"rank": case.lora_rank}, model_section, torch.device("cpu"), 1
+    )
     params = adam_params(ADAM)
     times = []
     for _ in range(iterations):

@@ -1,4 +1,4 @@
-"""PPO on Pendulum-v1 written only against the tinker SDK and ``tinker_atropos.client``: our env and rollout
+"""PPO on Pendulum-v1 written only against the tinker SDK and ``tinker_atropos.experience_source``: our env and rollout
 services collect with the policy this loop last saved, the trainer's Tinker API learns.
 
     tinker-atropos up examples/tinker_pendulum.yaml &     # env, rollout, trainer serving the Tinker API
@@ -26,7 +26,7 @@ import numpy as np
 import tinker
 from tinker import types
 
-from tinker_atropos.client import ExperienceSource, Trajectory
+from tinker_atropos.experience_source import ExperienceSource, Trajectory
 
 
 @dataclass

@@ -421,7 +421,7 @@ class TrainerSection(Section):
     experience_loop: bool = Field(
         True,
         description="Learn from the experience stream with trainer.algorithm. False: the trainer only serves "
-        "the Tinker API, and learning is what its clients do (they read the stream with tinker_atropos.client).",
+        "the Tinker API, and learning is what its clients do (they read the stream with tinker_atropos.experience_source).",
     )
     tensorboard: bool = Field(
         True,
@@ -446,7 +446,7 @@ class TrainerSection(Section):
         name; errors of both parts are reported together, at their full paths."""
         if not isinstance(data, dict) or isinstance(data.get("hyperparameters"), BaseModel):
             return handler(data)  # an instance, or a model_copy's fields
-        from tinker_atropos.algorithms import core
+        from tinker_atropos.algorithms import base as algorithms
 
         data, errors = dict(data), []
         if "hyperparameters" in data:  # no field of a config file: the algorithm's section is trainer.<name>
@@ -456,12 +456,12 @@ class TrainerSection(Section):
             errors.append(_error("renamed", "chunks_per_update", _RENAMED_CHUNKS, None))
         reference = data.get("algorithm", "ppo")
         try:
-            algorithm = core.algorithm(reference) if isinstance(reference, str) else None
+            algorithm = algorithms.algorithm(reference) if isinstance(reference, str) else None
         except ValueError as error:
             errors.append(_error("unknown_algorithm", "algorithm", str(error), reference))
             algorithm = None
         hyperparameters = None
-        for name in core.names():
+        for name in algorithms.names():
             if name in data and (algorithm is None or name != algorithm.name):
                 section = data.pop(name)
                 if algorithm is not None:
@@ -483,9 +483,9 @@ class TrainerSection(Section):
     @model_serializer(mode="wrap")
     def _with_algorithm_section(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         data = handler(self)
-        from tinker_atropos.algorithms import core
+        from tinker_atropos.algorithms import base as algorithms
 
-        data[core.algorithm(self.algorithm).name] = self.hyperparameters.model_dump(mode="json")
+        data[algorithms.algorithm(self.algorithm).name] = self.hyperparameters.model_dump(mode="json")
         return data
 
 
@@ -623,12 +623,12 @@ class ConfigError(ValueError):
 
 def _known_fields(loc: tuple[Any, ...]) -> list[str]:
     """The field names of the section at ``loc`` (a path of field names from the top of the config)."""
-    from tinker_atropos.algorithms import core
+    from tinker_atropos.algorithms import base as algorithms
 
     model: type[BaseModel] = Config
     for name in loc:
-        if model is TrainerSection and str(name) in core.names():
-            model = core.algorithm(str(name)).hyperparameters
+        if model is TrainerSection and str(name) in algorithms.names():
+            model = algorithms.algorithm(str(name)).hyperparameters
             continue
         field = model.model_fields.get(str(name))
         if field is None or not (

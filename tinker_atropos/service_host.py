@@ -114,7 +114,7 @@ class ServiceHost:
         incarnation: str,
         max_workers: int = 16,
     ) -> None:
-        from tinker_atropos.metrics import CallCounter
+        from tinker_atropos.prometheus import CallCounter
         from tinker_atropos.security import TokenCheck, server_credentials, service_token
 
         self.kind, self.incarnation, self.endpoint = kind, incarnation, endpoint
@@ -164,7 +164,7 @@ class ServiceHost:
 
     def start(self) -> None:
         if self.endpoint.metrics_port is not None:  # before the registration: its first entry names it
-            from tinker_atropos.metrics import ServiceCollector, serve_metrics
+            from tinker_atropos.prometheus import ServiceCollector, serve_metrics
 
             collector = ServiceCollector(self.kind, self.run, self.figures, self.calls)
             self.metrics_server = serve_metrics(self.endpoint.host, self.endpoint.metrics_port, collector)

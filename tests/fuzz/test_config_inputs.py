@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from tests.support.fuzz import fuzz
 from tests.support.running import REPO
-from tinker_atropos.algorithms import core
+from tinker_atropos.algorithms import base as algorithms
 from tinker_atropos.config import Config, ConfigError, load_config, parse_config
 
 # -- the config loader (config.py) ------------------------------------------------------------------------
@@ -23,7 +23,7 @@ BASE_CONFIGS = [yaml.safe_load(path.read_text()) for path in CONFIG_FILES]
 SECTIONS = {name: field.annotation for name, field in Config.model_fields.items()}
 SECTIONS |= {f"trainer.{name}": field.annotation for name, field in SECTIONS["trainer"].model_fields.items()
              if isinstance(field.annotation, type) and field.annotation.__module__ == Config.__module__}  # fmt: skip
-SECTIONS["trainer.ppo"] = core.algorithm("ppo").hyperparameters
+SECTIONS["trainer.ppo"] = algorithms.algorithm("ppo").hyperparameters
 # No ':' (a 'module:name' algorithm is imported while validating), '@' or brackets (a URL that masks differently)
 plain_text = st.text(st.characters(blacklist_characters=":@[]", blacklist_categories=("Cs",)), max_size=12)
 config_values = st.recursive(

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from tests.support.fuzz import arrays, bytes_like, dimensions, fuzz
 from tests.support.raw_env import RUN
 from tests.support.records import serialized_chunk
-from tinker_atropos.models.weights import weights_from_bytes, weights_to_bytes
+from tinker_atropos.models.weight_bytes import weights_from_bytes, weights_to_bytes
 from tinker_atropos.protocol import tensors
 from tinker_atropos.protocol.trajectory import (
     CRITIC,
@@ -163,7 +163,7 @@ def test_a_stream_entry_is_its_record_or_a_record_error(data, signed: bool) -> N
         assert result == fields[experience.RECORD_FIELD]
 
 
-# -- weights blobs (models/weights.py) and the weights hash (state/weights.py) -------------------------------
+# -- weights blobs (models/weight_bytes.py) and the weights hash (state/weights.py) -------------------------------
 def blob_of(state: dict) -> bytes:
     """A state dict in torch's own format: what versions before the npz published, still read."""
     buffer = io.BytesIO()

@@ -15,7 +15,7 @@ import torch
 from tinker_atropos.models.acting import InferencePolicy, load_policy
 from tinker_atropos.models.mlp import ActorCritic
 from tinker_atropos.models.spec import mlp_state_shapes
-from tinker_atropos.models.weights import weights_to_bytes
+from tinker_atropos.models.weight_bytes import weights_to_bytes
 
 BASE = {"obs_shape": [3], "hidden_sizes": [8, 6], "activation": "tanh", "init_log_std": -0.5,
         "normalize_observations": True, "normalize_returns": True}  # fmt: skip

@@ -15,7 +15,7 @@ import yaml
 
 from tests.support.records import serialized_chunk
 from tests.support.running import REPO, Sidecar, assert_learned, report_rows, run_up_with
-from tinker_atropos.algorithms.core import LearnerSetup
+from tinker_atropos.algorithms.base import LearnerSetup
 from tinker_atropos.algorithms.ppo.learner import PPOLearner
 from tinker_atropos.algorithms.ppo.learning import Batch, ppo_loss
 from tinker_atropos.config import parse_config

@@ -1,4 +1,4 @@
-"""tinker_atropos.client: a researcher's loop gets whole trajectories of the published policy's spaces off the
+"""tinker_atropos.experience_source: a researcher's loop gets whole trajectories of the published policy's spaces off the
 run's stream; what is not one is skipped and counted, never handed over."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import redis
 
 from tests.support.records import serialized_chunk
-from tinker_atropos.client import ExperienceSource
+from tinker_atropos.experience_source import ExperienceSource
 from tinker_atropos.state import keys
 from tinker_atropos.state.weights import publish_weights
 

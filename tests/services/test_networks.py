@@ -11,7 +11,7 @@ import yaml
 
 from tests.support.running import REPO, cli
 from tests.support.user_networks import LayerNormActorCritic
-from tinker_atropos.algorithms.core import LearnerSetup, algorithm
+from tinker_atropos.algorithms.base import LearnerSetup, algorithm
 from tinker_atropos.config import ConfigError, parse_config
 from tinker_atropos.models.acting import load_policy
 from tinker_atropos.models.networks import build_network

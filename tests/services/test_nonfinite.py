@@ -19,7 +19,7 @@ from tests.support.records import serialized_chunk
 from tests.support.running import Sidecar, config_file, report_rows, run_up_with
 from tinker_atropos.config import parse_config
 from tinker_atropos.models.mlp import ActorCritic, mlp_spec
-from tinker_atropos.models.weights import weights_from_bytes, weights_to_bytes
+from tinker_atropos.models.weight_bytes import weights_from_bytes, weights_to_bytes
 from tinker_atropos.protocol.trajectory import decode_trajectory
 from tinker_atropos.rollout.policy import PolicySource
 from tinker_atropos.state.checkpoints import load_latest_checkpoint

@@ -131,7 +131,7 @@ def test_the_remote_vector_env_snippet_runs_as_written(tmp_path: Path) -> None:
 
 
 def test_the_tinker_ppo_loop_snippet_runs_as_written_and_learns(tmp_path: Path) -> None:
-    """The example PPO loop, written only against the tinker SDK and ``tinker_atropos.client``, learns Pendulum-v1
+    """The example PPO loop, written only against the tinker SDK and ``tinker_atropos.experience_source``, learns Pendulum-v1
     through our env and rollout services and the trainer's Tinker API. The test appends one thing to the README's
     command: a lower target (-700, from random play's -1,200: learning shown in half the time of -400)."""
     config = yaml.safe_load((REPO / "examples" / "tinker_pendulum.yaml").read_text())

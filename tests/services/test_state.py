@@ -14,7 +14,7 @@ from tests.support.envs import pendulum_env
 from tests.support.processes import wait_for
 from tinker_atropos.config import parse_config
 from tinker_atropos.models.mlp import ActorCritic, mlp_spec
-from tinker_atropos.models.weights import weights_to_bytes
+from tinker_atropos.models.weight_bytes import weights_to_bytes
 from tinker_atropos.rollout.policy import PolicySource
 from tinker_atropos.state import keys
 from tinker_atropos.state.checkpoints import load_latest_checkpoint, save_checkpoint

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from tinker_atropos.algorithms.core import Algorithm, LearnerSetup, register
+from tinker_atropos.algorithms.base import Algorithm, LearnerSetup, register
 from tinker_atropos.models.mlp import ActorCritic, mlp_spec
 from tinker_atropos.protocol.trajectory import Trajectory
 from tinker_atropos.sections import Section

@@ -9,7 +9,7 @@ import torch
 from tests.support.records import trajectory_chunk
 from tinker_atropos.algorithms.appo.learner import APPOLearner
 from tinker_atropos.algorithms.appo.learning import compute_vtrace
-from tinker_atropos.algorithms.core import LearnerSetup
+from tinker_atropos.algorithms.base import LearnerSetup
 from tinker_atropos.algorithms.ppo.learning import compute_gae
 from tinker_atropos.config import ConfigError, TrainerSection, parse_config
 

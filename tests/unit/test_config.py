@@ -79,13 +79,13 @@ def _field_paths(model, prefix: str = "") -> list[str]:
 
 
 def test_readme_documents_every_config_field() -> None:
-    from tinker_atropos.algorithms import core
+    from tinker_atropos.algorithms import base as algorithms
     from tinker_atropos.config import Config
 
     readme = (REPO / "README.md").read_text()
     paths = _field_paths(Config)
-    for name in core.names():  # every built-in algorithm's section
-        paths += _field_paths(core.algorithm(name).hyperparameters, f"trainer.{name}.")
+    for name in algorithms.names():  # every built-in algorithm's section
+        paths += _field_paths(algorithms.algorithm(name).hyperparameters, f"trainer.{name}.")
     missing = [p for p in paths if f"`{p}`" not in readme]
     assert not missing, f"README's config reference lacks {missing}"
 

@@ -15,7 +15,7 @@ from tests.support.running import REPO, cli
 from tinker_atropos.models.acting import InferencePolicy
 from tinker_atropos.models.export import export_policy
 from tinker_atropos.models.mlp import ActorCritic
-from tinker_atropos.models.weights import weights_to_bytes
+from tinker_atropos.models.weight_bytes import weights_to_bytes
 from tinker_atropos.state.checkpoints import save_checkpoint
 
 ACTIONS = {

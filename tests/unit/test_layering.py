@@ -117,14 +117,14 @@ def only_shrinks(found: set, known: set, what: str) -> None:
 
 
 def test_neither_the_trainer_nor_the_rollout_imports_an_algorithm() -> None:
-    """The drivers and the rollouts reach an algorithm by name through algorithms/core.py, never its module."""
+    """The drivers and the rollouts reach an algorithm by name through algorithms/base.py, never its module."""
     bad = {
         (module.path, name)
         for module in modules()
         if module.folder in ("trainer", "rollout")
         for name in imports(module)
         if name.startswith("tinker_atropos.algorithms.")
-        and not name.startswith("tinker_atropos.algorithms.core")
+        and not name.startswith("tinker_atropos.algorithms.base")
     }
     assert not bad
 

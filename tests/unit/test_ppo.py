@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tests.support.records import trajectory_chunk
-from tinker_atropos.algorithms.core import LearnerSetup
+from tinker_atropos.algorithms.base import LearnerSetup
 from tinker_atropos.algorithms.ppo.config import PPOConfig
 from tinker_atropos.algorithms.ppo.learner import PPOLearner, contiguous_runs
 from tinker_atropos.algorithms.ppo.learning import Batch, compute_gae, ppo_loss

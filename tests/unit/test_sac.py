@@ -12,7 +12,7 @@ import torch
 from torch.distributions import AffineTransform, Normal, TanhTransform, TransformedDistribution
 
 from tests.support.records import ACT, OBS, trajectory_chunk
-from tinker_atropos.algorithms.core import LearnerSetup, algorithm
+from tinker_atropos.algorithms.base import LearnerSetup, algorithm
 from tinker_atropos.algorithms.sac.learning import soft_bellman_target
 from tinker_atropos.config import ConfigError, parse_config
 from tinker_atropos.models.acting import InferencePolicy

@@ -20,7 +20,7 @@ from tinker_atropos.models.spec import (
     mlp_state_shapes,
     squash_bounds,
 )
-from tinker_atropos.models.weights import load_weights, state_arrays, weights_from_bytes
+from tinker_atropos.models.weight_bytes import load_weights, state_arrays, weights_from_bytes
 
 if TYPE_CHECKING:
     import torch

@@ -42,7 +42,7 @@ from tinker_atropos.state.checkpoints import save_torch
 from tinker_atropos.state.experience import MAX_EPISODES_KEPT, add_stats
 from tinker_atropos.state.registry import live_services
 from tinker_atropos.state.run_dir import FolderWrites
-from tinker_atropos.trainer.metrics import BusyMeter
+from tinker_atropos.trainer.figures import BusyMeter
 from tinker_atropos.training.core import AdamParams
 from tinker_atropos.training.data import ClientError, Datum
 from tinker_atropos.training.guard import NonfiniteGuard

@@ -12,12 +12,12 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-from tinker_atropos.algorithms.core import Learner
+from tinker_atropos.algorithms.base import Learner
 from tinker_atropos.config import TrainerSection
 from tinker_atropos.logs import CountedWarnings
 from tinker_atropos.protocol.freshness import Freshness
 from tinker_atropos.protocol.trajectory import RecordError, Trajectory, TrajectorySpec, decode_trajectory
-from tinker_atropos.trainer.metrics import LagMeter
+from tinker_atropos.trainer.figures import LagMeter
 
 
 class Batcher:

@@ -18,9 +18,9 @@ from typing import Any
 
 import redis
 
-from tinker_atropos.algorithms.core import Learner
+from tinker_atropos.algorithms.base import Learner
 from tinker_atropos.config import Config
-from tinker_atropos.models.weights import load_weights
+from tinker_atropos.models.weight_bytes import load_weights
 from tinker_atropos.protocol.freshness import Freshness
 from tinker_atropos.state.checkpoints import load_latest_checkpoint, save_checkpoint
 from tinker_atropos.state.registry import live_services

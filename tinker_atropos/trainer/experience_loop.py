@@ -23,8 +23,8 @@ from typing import Any
 import grpc
 import redis
 
-from tinker_atropos.algorithms import core as algorithms
-from tinker_atropos.algorithms.core import Learner, LearnerSetup
+from tinker_atropos.algorithms import base as algorithms
+from tinker_atropos.algorithms.base import Learner, LearnerSetup
 from tinker_atropos.config import Config
 from tinker_atropos.device import resolve_device
 from tinker_atropos.environment.client import EnvClient, EnvDescription
@@ -39,8 +39,8 @@ from tinker_atropos.state.run_dir import FolderWrites, RunFolderInUse, RunFolder
 from tinker_atropos.state.weights import publish_weights, verified_version
 from tinker_atropos.trainer.batcher import Batcher
 from tinker_atropos.trainer.checkpointing import Checkpointing, adopt_newer_weights, continue_above_rollouts
-from tinker_atropos.trainer.evaluation import PeriodicEvaluation
-from tinker_atropos.trainer.metrics import BusyMeter
+from tinker_atropos.trainer.figures import BusyMeter
+from tinker_atropos.trainer.periodic_eval import PeriodicEvaluation
 from tinker_atropos.trainer.tensorboard import TensorBoardLog
 from tinker_atropos.training.guard import NonfiniteGuard
 

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from tinker_atropos.models.weights import weights_to_bytes
+from tinker_atropos.models.weight_bytes import weights_to_bytes
 
 KEEP_SHADOW_BYTES = 64 << 20  # ``snapshot``'s copies kept between steps up to this size (the tiny LM's: 2 MB)
 LossFn = Callable[[nn.Module], tuple[torch.Tensor, dict[str, float]]]

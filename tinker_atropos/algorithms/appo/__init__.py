@@ -3,7 +3,7 @@ section), ``learning`` (V-trace, top to bottom), ``learner`` (trajectories of la
 Registering it imports neither torch nor the learner."""
 
 from tinker_atropos.algorithms.appo.config import APPOConfig
-from tinker_atropos.algorithms.core import Algorithm, register
+from tinker_atropos.algorithms.base import Algorithm, register
 
 APPO = register(
     Algorithm(

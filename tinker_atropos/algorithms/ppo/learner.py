@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from tinker_atropos.algorithms.core import Experience, LearnerSetup
+from tinker_atropos.algorithms.base import Experience, LearnerSetup
 from tinker_atropos.algorithms.ppo.learning import Batch, compute_gae, learning_rate, ppo_update
 from tinker_atropos.models.mlp import mlp_spec
 from tinker_atropos.models.networks import build_network

@@ -2,7 +2,7 @@
 to bottom), ``learner`` (chunks into the replay buffer, gradient steps at the configured ratio out). Registering it
 imports neither torch nor the learner."""
 
-from tinker_atropos.algorithms.core import Algorithm, register
+from tinker_atropos.algorithms.base import Algorithm, register
 from tinker_atropos.algorithms.sac.config import SACConfig
 
 SAC = register(

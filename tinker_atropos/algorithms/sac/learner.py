@@ -19,7 +19,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from tinker_atropos.algorithms.core import Experience, LearnerSetup
+from tinker_atropos.algorithms.base import Experience, LearnerSetup
 from tinker_atropos.algorithms.sac.learning import Critics, TwinQ, sac_step
 from tinker_atropos.models.mlp import mlp_spec
 from tinker_atropos.models.networks import build_network

@@ -17,7 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from tinker_atropos.frontends.http import APIKeys, BodyLimit
-from tinker_atropos.frontends.tinker import registry
+from tinker_atropos.frontends.tinker import base_models
 from tinker_atropos.frontends.tinker.routes.runs import runs
 from tinker_atropos.frontends.tinker.routes.sampling import sampling
 from tinker_atropos.frontends.tinker.routes.service import service
@@ -28,7 +28,7 @@ from tinker_atropos.frontends.tinker.store import Store
 from tinker_atropos.frontends.tinker.worker import Worker
 
 
-def build_app(store: Store, worker: Worker, api_keys: list[str], capabilities: list[registry.Capability],
+def build_app(store: Store, worker: Worker, api_keys: list[str], capabilities: list[base_models.Capability],
               long_poll_s: float = 20.0, max_request_bytes: int = 64 << 20,
               max_request_tokens: int = 65_536) -> FastAPI:  # fmt: skip
     """The API; ``api_keys`` empty: no key asked (an ``--insecure`` run)."""

@@ -18,7 +18,7 @@ import redis
 import torch
 
 from tinker_atropos.config import Config
-from tinker_atropos.frontends.tinker import registry, wire
+from tinker_atropos.frontends.tinker import base_models, wire
 from tinker_atropos.frontends.tinker.checkpoints import EPHEMERAL, Checkpoints, named, parts, tinker_path
 from tinker_atropos.frontends.tinker.sampling import Interrupted, Job, SamplingProcess
 from tinker_atropos.frontends.tinker.stability import Record
@@ -71,7 +71,7 @@ class RequestHandlers:
     def build(self, record: dict[str, Any]) -> ServedModel:
         lora = record.get("lora") or {}
         seed = lora.get("seed") if lora.get("seed") is not None else self.config.run.seed
-        return registry.build(record["base_model"], lora, self.config.trainer.model, self.device, seed)
+        return base_models.build(record["base_model"], lora, self.config.trainer.model, self.device, seed)
 
     def restore(self, model_id: str, record: dict[str, Any], snapshot: str) -> None:
         """The model rebuilt from its snapshot (a restarted worker's)."""

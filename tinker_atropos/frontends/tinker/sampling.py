@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from tinker_atropos.config import ModelSection
-from tinker_atropos.frontends.tinker import registry, wire
+from tinker_atropos.frontends.tinker import base_models, wire
 from tinker_atropos.models import tiny_lm
 from tinker_atropos.training.data import ClientError
 from tinker_atropos.training.served import LanguageModel
@@ -220,7 +220,9 @@ class Samplers:
             if job.file is not None:
                 state = torch.load(job.file, map_location=self.device, weights_only=False)
                 lora = state["record"].get("lora") or {}
-            built = registry.build(job.base_model, lora, self.settings.model, self.device, self.settings.seed)
+            built = base_models.build(
+                job.base_model, lora, self.settings.model, self.device, self.settings.seed
+            )
             assert isinstance(built, LanguageModel)
             if state is not None:
                 built.load_model_state(state["model"])

@@ -16,7 +16,7 @@ from tinker_atropos.config import Config
 from tinker_atropos.environment.envs import env_maker
 from tinker_atropos.errors import FatalError
 from tinker_atropos.frontends.http import BackgroundServer
-from tinker_atropos.frontends.tinker import registry
+from tinker_atropos.frontends.tinker import base_models
 from tinker_atropos.frontends.tinker.app import build_app
 from tinker_atropos.frontends.tinker.store import Store
 from tinker_atropos.frontends.tinker.worker import Worker
@@ -65,7 +65,7 @@ class TinkerAPI:
         checkpoints = Path(section.checkpoint_dir) if section.checkpoint_dir else run_dir / "tinker"
         store = Store(client, config.run.name, section.future_ttl_s)
         self.worker = Worker(store, client, config, checkpoints, device)
-        capabilities = registry.capabilities(config.env.id, _run_env_action_space(config))
+        capabilities = base_models.capabilities(config.env.id, _run_env_action_space(config))
         app = build_app(store, self.worker, keys, capabilities, section.long_poll_s,
                         int(section.max_request_mb * 2**20), section.max_request_tokens)  # fmt: skip
         self.http = BackgroundServer(app, section.host, section.port, "Tinker API")

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.types import Scope
 
-from tinker_atropos.frontends.tinker import registry, wire
+from tinker_atropos.frontends.tinker import base_models, wire
 from tinker_atropos.frontends.tinker.store import Store
 from tinker_atropos.frontends.tinker.worker import Worker
 from tinker_atropos.training.served import LANGUAGE_MODELS
@@ -84,7 +84,7 @@ class Api:
 
     store: Store
     worker: Worker
-    capabilities: list[registry.Capability]
+    capabilities: list[base_models.Capability]
     long_poll_s: float
     max_request_bytes: int
     max_request_tokens: int

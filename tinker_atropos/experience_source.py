@@ -3,7 +3,7 @@ the policy the rollouts hold (the one a Tinker client last saved with ``save_wei
 
 The env and rollout services collect; the loop learns through the Tinker API::
 
-    from tinker_atropos.client import ExperienceSource
+    from tinker_atropos.experience_source import ExperienceSource
 
     source = ExperienceSource("redis://127.0.0.1:6379/0", run="pendulum")
     batch = source.batch(steps=2048, min_policy_version=version - 1)   # list[Trajectory], [T, N, …] arrays
