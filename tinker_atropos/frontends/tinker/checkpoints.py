@@ -124,7 +124,7 @@ class Checkpoints:
         """The model's state after its request ``seq``, to a file of its own: the store points at it only in the
         transaction that records the request as applied, so a crash in between leaves the previous snapshot."""
         file = self.folder(model_id) / f"state-{seq:09d}.pt"
-        self.save(file, state)
+        save_torch(file, state)  # no JSON record beside it: a restart rebuilds the model from the store's record
         return seq, str(file)
 
     def snapshot_taken(self, model_id: str, path: str) -> None:
@@ -132,7 +132,6 @@ class Checkpoints:
         previous = self.snapshots.get(model_id)
         if previous is not None and previous != path:
             Path(previous).unlink(missing_ok=True)
-            Path(previous).with_suffix(".json").unlink(missing_ok=True)
         self.snapshots[model_id] = path
 
     def restored(self, model_id: str, path: str) -> None:
@@ -142,3 +141,5 @@ class Checkpoints:
         for orphan in self.folder(model_id).glob("state-*.pt"):
             if orphan.stem != Path(path).stem:
                 orphan.unlink()
+        for record in self.folder(model_id).glob("state-*.json"):  # beside each snapshot, before 2026-12-05
+            record.unlink()
