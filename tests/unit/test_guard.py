@@ -67,3 +67,15 @@ def test_an_undone_step_restores_parameters_moments_and_version_exactly(
     gradients(c)  # and it learns on from there
     _, bad = guard.update(c, None, lambda: c.optim_step(adam))
     assert not bad and guard.in_a_row == 0
+
+
+def test_nonfinite_names_the_trained_tensors_and_buffers_that_hold_nan_or_inf_and_nothing_frozen() -> None:
+    c = core()
+    c.model.register_buffer("running", torch.zeros(3))
+    assert c.nonfinite() == []
+    with torch.no_grad():
+        c.model[2].bias.fill_(float("-inf"))
+        c.model[0].weight.fill_(float("nan"))  # frozen: it cannot have changed, it is not looked at
+    c.model.running[1] = float("nan")
+    assert c.nonfinite() == ["2.bias", "running"]
+    assert torch.isneginf(c.model[2].bias).all()  # looked at, not changed

@@ -124,7 +124,9 @@ class Checkpoints:
         """The model's state after its request ``seq``, to a file of its own: the store points at it only in the
         transaction that records the request as applied, so a crash in between leaves the previous snapshot."""
         file = self.folder(model_id) / f"state-{seq:09d}.pt"
-        save_torch(file, state)  # no JSON record beside it: a restart rebuilds the model from the store's record
+        save_torch(
+            file, state
+        )  # no JSON record beside it: a restart rebuilds the model from the store's record
         return seq, str(file)
 
     def snapshot_taken(self, model_id: str, path: str) -> None:
