@@ -58,11 +58,11 @@ class AtroposAPI:
         """No RPC of its own: its API is HTTP."""
 
     def run(self, stop: threading.Event) -> None:
-        self.http.start(stop)
-        log.info("Atropos trajectory API at %s (state in Redis, %s)", self.url, self.store.prefix)
-        if self.open:
+        if self.open:  # said before it answers anyone
             log.warning("the Atropos trajectory API takes no API key (--insecure): anyone who reaches it can post "
                         "groups and reset its data")  # fmt: skip
+        self.http.start(stop)
+        log.info("Atropos trajectory API at %s (state in Redis, %s)", self.url, self.store.prefix)
         stop.wait()
         self.http.close()
 
