@@ -548,7 +548,8 @@ class AtroposSection(Section):
         default_factory=list,
         description="Atropos environment programs `up` starts and restarts, one argv each; {python}, {api_url}, "
         "{inference_url} and {atropos_config} are replaced by this Python, the trajectory API's URL, trainer.atropos's "
-        "inference URL, and an atroposlib --config file (mode 0600) holding both URLs with the run's keys.",
+        "inference URL, and an atroposlib --config file (mode 0600) holding both URLs with the run's keys. The two bare "
+        "URLs carry no key: `up` refuses them unless --insecure.",
     )
 
     @field_validator("environments")

@@ -5,10 +5,12 @@ model's; the API service is SIGKILLed on the way, up restarts it and the environ
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -17,8 +19,10 @@ import pytest
 import yaml
 
 from examples.atropos_env import COMPLETION_TOKENS, PROMPTS, lowercase_fraction
+from tests.support.atropos import scored_group
 from tests.support.processes import wait_for
 from tests.support.running import REPO, cli, leftovers, report_rows, start_up, stop_up
+from tinker_atropos.frontends.http import run_key
 from tinker_atropos.models import tiny_lm
 from tinker_atropos.processes import free_port
 from tinker_atropos.training.served import LANGUAGE_MODELS, TINY_LM
@@ -74,6 +78,13 @@ def test_the_toy_environment_learns_through_our_api_and_trainer_across_a_killed_
             return len(rows) >= 3 and min(r["episode_return_mean"] for r in rows[-3:]) >= TARGET
 
         wait_for(learned, 180, f"a mean score of {TARGET}")
+        # a group no trainer could learn from: refused and counted by the API, and named in up's summary
+        key = run_key("atropos-api", (run_dir / "token").read_text().strip())
+        bad = scored_group(None, 2, 1, scores=[0.0, float("nan")])
+        refused = httpx.post(f"{api}/scored_data", content=json.dumps(bad), timeout=10,
+                             headers={"X-API-Key": key, "Content-Type": "application/json"})  # fmt: skip
+        assert refused.status_code == 422, refused.text
+        time.sleep(2 * config["run"]["report_interval_s"] + 1)  # a report of up sees the API's figure
     finally:
         stop_up(up)
     reader.join(timeout=5)
@@ -90,6 +101,8 @@ def test_the_toy_environment_learns_through_our_api_and_trainer_across_a_killed_
         env_log
     )  # atroposlib's debug lines: off
     assert f"checkpoints  {run_dir / 'atropos'}/ (latest: state.pt)" in output, output[-2000:]
+    problems = next(line for line in output.splitlines() if line.startswith("  problems     "))
+    assert "groups_refused_invalid 1" in problems, problems  # the API's own counter, not a run counter
     trainer = (run_dir / "logs" / "trainer.log").read_text()
     assert "learning from the trajectory API" in trainer
     shown = cli("report", str(run_dir))  # the score curve from metrics.jsonl, as a PNG

@@ -13,6 +13,7 @@ from tests.support.running import cli, config_file
 from tinker_atropos.config import parse_config
 from tinker_atropos.environment.envs import check_env
 from tinker_atropos.errors import EnvError
+from tinker_atropos.processes import free_port
 
 
 @pytest.mark.parametrize(
@@ -82,3 +83,28 @@ def test_an_env_service_refuses_a_bad_env_in_one_line(tmp_path: Path, name: str)
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("error: ") and message in last, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("placeholder", ["api_url", "inference_url"])
+def test_up_refuses_an_atropos_environment_handed_a_url_without_its_key(
+    tmp_path: Path, placeholder: str
+) -> None:
+    # an older config: the bare URL carries no key, so the environment would exit on 401 until up gave up
+    command = [
+        "{python}",
+        "examples/atropos_env.py",
+        "serve",
+        "--env.rollout_server_url",
+        f"{{{placeholder}}}",
+    ]
+    config = config_file(
+        tmp_path, "atropos-toy.yaml", atropos={"port": free_port(), "environments": [command]}
+    )
+    run_dir = tmp_path / "run"
+    result = cli("up", str(config), "--run-dir", str(run_dir), timeout=60)
+    assert result.returncode == 2, result.stdout[-2000:]
+    assert result.stdout.startswith("error: atropos.environments[0] passes {" + placeholder + "}")
+    assert "{atropos_config}" in result.stdout and "--insecure" in result.stdout
+    assert len(result.stdout.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+    assert not run_dir.exists()  # nothing was started nor written

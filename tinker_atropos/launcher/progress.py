@@ -40,6 +40,16 @@ def _duration(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{seconds:02d}s"
 
 
+# the words that name a counter of something refused, rejected, lost or gone wrong, whatever service counts it
+INCIDENT_WORDS = ("rejected", "refused", "failed", "nonfinite", "repaired", "skipped", "lost", "invalid", "dropped",
+                  "timed_out", "bad_requests", "taken_over")  # fmt: skip
+
+
+def is_incident(name: str) -> bool:
+    """Whether the counter ``name`` counts something refused, skipped, lost or failed."""
+    return any(word in name for word in INCIDENT_WORDS)
+
+
 class ProgressReporter:
     """Reports a run's figures; ``counters``, ``wall_offset_s`` and ``policy_version`` continue a resumed run."""
 
@@ -66,6 +76,9 @@ class ProgressReporter:
         self.last_row: dict[str, Any] | None = None
         self.unreachable_since: float | None = None
         self.answering_since = time.monotonic()  # since when Redis has answered this reporter's reads
+        # (service name, incarnation) -> its incident counters at the last report that saw it: a service that
+        # restarted starts from 0, and a stopped one is gone from the registry by the time `up` sums up
+        self.service_incidents: dict[tuple[str, str], dict[str, int]] = {}
         self.heartbeats: dict[
             str, float
         ] = {}  # a service's name -> when a report last saw it in the registry
@@ -182,6 +195,11 @@ class ProgressReporter:
         episodes = recent_episodes(self.client, self.run, RETURN_WINDOW)
         services = live_services(self.client, self.run)
         self.heartbeats |= dict.fromkeys((service.name for service in services), now)
+        for service in services:
+            self.service_incidents[(service.name or service.kind, service.incarnation)] = {
+                name: value for name, value in service.figures.items()
+                if type(value) is int and value and is_incident(name)
+            }  # fmt: skip
         trainer = next((service.figures for service in services if service.kind == "trainer"), {})
         self.tinker_api = str(trainer.get("tinker_api") or self.tinker_api)
         self._note_trainer_failure(trainer)
@@ -220,6 +238,16 @@ class ProgressReporter:
         }
         self.last_time, self.last_steps, self.counters = now, steps, stats
         return row
+
+    def incidents(self) -> dict[str, int]:
+        """Every counter of something refused, skipped, lost or failed, by name: the run's (Redis) and each
+        service incarnation's (its registry figures, added up), a run counter where both count it."""
+        counts = {name: n for name, n in self.counters.items() if n and is_incident(name)}
+        from_services: dict[str, int] = {}
+        for figures in self.service_incidents.values():
+            for name, n in figures.items():
+                from_services[name] = from_services.get(name, 0) + n
+        return {**from_services, **counts}
 
     def _print(self, row: dict[str, Any]) -> None:
         ret = "-" if row["episode_return_mean"] is None else f"{row['episode_return_mean']:.1f}"

@@ -225,7 +225,8 @@ def run_local(config: Config, run_dir: Path, redis_url: str | None, options: UpO
     """Run until a stop condition of ``options``, Ctrl-C, or a failure; returns the exit code. The run folder is
     locked for the whole of it: a second ``up`` on it says who holds it and exits with EXIT_FATAL."""
     console = Console(soft_wrap=True)
-    failure = _config_failure(config)  # before the resolved config: the one line is what the user must see
+    # before the resolved config: the one line is what the user must see
+    failure = _config_failure(config, options.insecure)
     if failure is not None:
         console.print(f"[red]error: {' '.join(failure.split())}", highlight=False)
         return EXIT_FATAL
@@ -251,8 +252,12 @@ def run_local(config: Config, run_dir: Path, redis_url: str | None, options: UpO
         lock.release()
 
 
-def _config_failure(config: Config) -> str | None:
-    """Why the config cannot run here (its env does not build, the Atropos API's port is taken), or None."""
+def _config_failure(config: Config, insecure: bool) -> str | None:
+    """Why the config cannot run here (its env does not build, the Atropos API's port is taken, an Atropos
+    environment would be handed a URL without the key its endpoint asks), or None."""
+    keyless = None if insecure else _keyless_environment(config)
+    if keyless is not None:
+        return keyless
     try:
         if config.env.services:  # an Atropos run has no env service: its environments are Atropos programs
             check_env(config.env)
@@ -264,6 +269,23 @@ def _config_failure(config: Config) -> str | None:
         except OSError as error:
             return (f"the Atropos trajectory API cannot bind atropos.host:atropos.port "
                     f"{config.atropos.host}:{config.atropos.port}: {error.strerror}")  # fmt: skip
+    return None
+
+
+# the placeholders of an environment command that are bare URLs, and the endpoint each names
+KEYLESS_URLS = {"api_url": "the trajectory API", "inference_url": "the inference endpoint"}
+
+
+def _keyless_environment(config: Config) -> str | None:
+    """Why an Atropos environment command would be refused by the endpoints it posts to: ``{api_url}`` and
+    ``{inference_url}`` carry no key (a key on a command line is readable by every local user), so such an
+    environment would exit on 401 and be restarted until up gives up."""
+    for i, argv in enumerate(config.atropos.environments):
+        for name, what in KEYLESS_URLS.items():
+            if any(f"{{{name}}}" in arg for arg in argv):
+                return (f"atropos.environments[{i}] passes {{{name}}}, a URL without the key {what} asks: pass "
+                        "`--config {atropos_config}` instead (an atroposlib config file, mode 0600, holding both "
+                        "URLs with the run's keys), or run with --insecure")  # fmt: skip
     return None
 
 
@@ -538,7 +560,7 @@ def _summary(
         f"({this_session:,} in this session), policy version {row.get('policy_version', '-')}, mean return "
         f"{'-' if mean is None else f'{mean:.1f}'} (last {RETURN_WINDOW} episodes)\n"
         f"  restarts     {restarts}\n"
-        f"  problems     {_incidents(reporter.counters) or 'none counted'}\n"
+        f"  problems     {_incidents(reporter.incidents()) or 'none counted'}\n"
         f"  metrics      {run_dir / 'metrics.jsonl'}\n"
         f"  logs         {run_dir / 'logs'}/\n"
         f"  checkpoints  {where}/ (latest: {latest})",
@@ -546,11 +568,5 @@ def _summary(
     )
 
 
-INCIDENT_WORDS = ("rejected", "refused", "failed", "nonfinite", "repaired")
-
-
-def _incidents(counters: dict[str, int]) -> str:
-    """Every run counter of something refused, rejected, failed or not finite (whatever counts it, by name), with
-    its count: a bad record, a refused weights version, a checkpoint the disk did not take."""
-    named = {name: n for name, n in counters.items() if n and any(word in name for word in INCIDENT_WORDS)}
-    return ", ".join(f"{name} {n:,}" for name, n in sorted(named.items()))
+def _incidents(counts: dict[str, int]) -> str:
+    return ", ".join(f"{name} {n:,}" for name, n in sorted(counts.items()))
