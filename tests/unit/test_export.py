@@ -73,6 +73,7 @@ def test_export_from_a_run_folder_and_its_errors(tmp_path: Path) -> None:
     made = cli("export", str(run_dir), "--format", "onnx")
     assert made.returncode == 0, made.stderr[-3000:]
     assert made.stdout.startswith(f"{run_dir / 'policy.onnx'}: policy version 12 of ")
+    assert made.stderr == ""  # nothing of torch's exporters: no mode warning, no torchvision, no deprecation
     # one self-contained file: copied alone, it loads and acts
     assert sorted(p.name for p in run_dir.iterdir() if p.name.startswith("policy")) == ["policy.onnx"]
     copied = tmp_path / "robot" / "controller.onnx"
@@ -84,6 +85,15 @@ def test_export_from_a_run_folder_and_its_errors(tmp_path: Path) -> None:
         actions, InferencePolicy.of_model(model, "cpu").act(obs, deterministic=True)[0], atol=1e-5
     )
 
+    elsewhere = cli(
+        "export", str(run_dir), "--format", "pt2", "--out", str(tmp_path / "new" / "folder" / "p.pt2")
+    )
+    assert elsewhere.returncode == 0 and elsewhere.stderr == "", elsewhere.stderr[-3000:]
+    assert (tmp_path / "new" / "folder" / "p.pt2").stat().st_size > 0  # the folder made, as SB3's save does
+    unwritable = cli("export", str(run_dir), "--out", str(run_dir / "config.yaml" / "p.onnx"))
+    assert (unwritable.returncode, unwritable.stderr.strip()) == (
+        1, f"error: cannot write {run_dir / 'config.yaml' / 'p.onnx'}: a file stands where its folder would be"
+    )  # fmt: skip
     wrong = cli("export", str(run_dir), "--format", "tflite")
     assert (wrong.returncode, wrong.stderr.strip()) == (
         2, "error: --format 'tflite' is not one of: onnx, pt2"

@@ -545,7 +545,17 @@ def export(
         raise typer.Exit(EXIT_FATAL)
     cfg = _run_config(run_dir, config)
     found = _or_exit(run_policy, run_dir, _checkpoint(run_dir, checkpoint, best), cfg.trainer.model.network)
-    paths = export_policy(found.model, out or run_dir / f"policy.{fmt}", fmt)
+    target = out or run_dir / f"policy.{fmt}"
+    try:
+        paths = export_policy(found.model, target, fmt)
+    except OSError as error:
+        why = (
+            "a file stands where its folder would be"
+            if isinstance(error, FileExistsError)
+            else error.strerror
+        )
+        typer.echo(f"error: cannot write {target}: {why or error}", err=True)
+        raise typer.Exit(1) from None
     written = " and ".join(str(path) for path in paths)
     typer.echo(
         f"{written}: policy version {found.version} of {found.checkpoint}, observations in, actions out"

@@ -13,6 +13,10 @@ told of both files.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
 
@@ -37,18 +41,35 @@ class ModePolicy(nn.Module):
         return self.model.mode(self.model.normalize_obs(observations))
 
 
+@contextlib.contextmanager
+def _exporters_quiet() -> Iterator[None]:
+    """Silence what torch's exporters say of themselves, not of the policy: the ONNX exporter's note that
+    torchvision's operators are not registered (no policy uses them), and a deprecation inside torch's pytree."""
+    registration = logging.getLogger("torch.onnx._internal.exporter._registration")
+    level = registration.level
+    registration.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r".*LeafSpec", category=FutureWarning)
+            yield
+    finally:
+        registration.setLevel(level)
+
+
 def export_policy(model: ActorCritic, path: Path, fmt: Format) -> list[Path]:
-    """Write ``model``'s deterministic policy to ``path`` in ``fmt``; any batch size is accepted. Every file
-    written, ``path`` first."""
+    """Write ``model``'s deterministic policy to ``path`` in ``fmt`` (its folder made if missing); any batch size
+    is accepted. Every file written, ``path`` first."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown export format {fmt!r}; allowed: {', '.join(FORMATS)}")
-    policy = ModePolicy(model)
+    if not path.parent.is_dir():  # a file where the folder would be: mkdir's "File exists" would mislead
+        path.parent.mkdir(parents=True)
+    policy = ModePolicy(model).eval()
     example = torch.zeros((2, *model.spec["obs_shape"]), dtype=torch.float32)
     batch = {"observations": {0: torch.export.Dim("batch")}}
     weights_bytes = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
     external = fmt == "onnx" and weights_bytes > INLINE_LIMIT_BYTES
     data = path.with_name(path.name + ".data")  # where torch's exporter puts external weights
-    with torch.no_grad():
+    with torch.no_grad(), _exporters_quiet():
         if fmt == "pt2":
             torch.export.save(torch.export.export(policy, (example,), dynamic_shapes=batch), str(path))
         else:
