@@ -205,7 +205,9 @@ class FolderWrites:
             self.failed += 1
             self._unreported += 1
             self._next_try = time.monotonic() + self.retry_s
-            message = f"{self.what}: {error.filename or path}: {describe_os_error(error)}"
+            # the path the caller names, not the error's: a refused temporary file has a new random name at
+            # each attempt (a read-only folder's line would repeat every retry), and some writers' are bytes
+            message = f"{self.what}: {path}: {describe_os_error(error)}"
             if message != self.error:
                 self.report(f"cannot write {message}; {self.consequence}, retrying every {self.retry_s:g} s")
             self.error = message
