@@ -1,41 +1,73 @@
-"""The package's layers and sizes, read from its source by an AST walk (nothing is imported): the floors of issue 36.
+"""The package's floors and sizes, read from its source by an AST walk (nothing is imported).
 
-What holds today is asserted as it is. Where today's code breaks a floor, its offenders are listed below by name:
-a new offender fails here, and so does a listed one that is gone, so the lists only shrink (issue 36 items 1-4
-remove these)."""
+The floors are data (``FLOORS``: which folder may import which); every import of every module is checked against
+them, a function's late import and a ``TYPE_CHECKING`` one included, and the training floor is followed
+transitively: whatever ``training/`` reaches stays on its floor or below and imports no transport. Each check is a
+function of a package root that fails on an empty tree, and a planted forbidden import in a copy of the package
+fails the check that guards it (the last tests), so none of them can pass by seeing nothing."""
 
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
+import shutil
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
+
+import pytest
 
 from tests.support.running import REPO
 
 PACKAGE = REPO / "tinker_atropos"
 MAX_FUNCTION_LINES, MAX_CLASS_LINES, MAX_TEST_FILE_LINES = 100, 250, 800
 
-# Import circles between folders (a module at the package's top, errors.py or config.py, is a folder of its own):
-# none since FatalError moved to errors.py and runtime.py was split by concern.
-KNOWN_CIRCLES: set[frozenset[str]] = set()
-# What a folder must not import: nothing below trainer/ reaches up into the drivers, and training/ (the floor
-# items 1-2 build) holds no transport.
-FORBIDDEN = {
-    "algorithms": ("tinker_atropos.trainer",),
-    "frontends": ("tinker_atropos.trainer",),
-    "training": ("tinker_atropos.trainer", "tinker_atropos.frontends", "tinker_atropos.state", "grpc", "redis",
-                 "fastapi", "starlette", "uvicorn", "httpx"),
+# Folder (or module at the package's top) -> the folders it may import. Read bottom to top: the ground imports no
+# other folder; ``training/`` (the core, losses, the guard) sits on models and the protocol only; algorithms on
+# training; the services' hosts, then the services, their drivers and front-ends; the launcher on everything.
+FLOORS: dict[str, frozenset[str]] = {
+    folder: frozenset(below)
+    for folder, below in {
+        "errors": (), "logs": (), "processes": (), "sections": (), "device": (), "prometheus": (), "protocol": (),
+        "models": (),
+        "security": ("errors", "logs"),
+        "state": ("errors", "processes", "protocol", "security"),
+        "training": ("models", "protocol"),
+        "algorithms": ("models", "protocol", "sections", "training"),
+        "config": ("algorithms", "errors", "sections", "state"),
+        "service_host": ("config", "logs", "processes", "prometheus", "protocol", "security", "state"),
+        "experience_source": ("protocol", "security", "state"),
+        "environment": ("config", "errors", "logs", "protocol", "security", "service_host", "state"),
+        "rollout": ("config", "device", "environment", "models", "processes", "protocol", "security",
+                    "service_host", "state"),
+        "frontends": ("config", "environment", "errors", "models", "protocol", "security", "service_host", "state",
+                      "training"),
+        "trainer": ("algorithms", "config", "device", "environment", "errors", "frontends", "logs", "models",
+                    "protocol", "security", "service_host", "state", "training"),
+        "launcher": ("config", "environment", "errors", "frontends", "models", "processes", "rollout", "security",
+                     "service_host", "state", "trainer"),
+        "tinker_atropos": ("environment",),  # the package's __init__: the vector envs, on first use
+        "__main__": ("launcher",),
+    }.items()
 }  # fmt: skip
-# (file, module it imports) breaking FORBIDDEN today: none since TrainingCore and ReplayBuffer moved to training/.
-KNOWN_FORBIDDEN: set[tuple[str, str]] = set()
-# Functions over MAX_FUNCTION_LINES and classes over MAX_CLASS_LINES today: none since issue 36.
-KNOWN_LONG: set[str] = set()
+TRAINING = "training"
+# libraries that move bytes between processes: none is reached from the training floor
+TRANSPORTS = (
+    "grpc",
+    "redis",
+    "fastapi",
+    "starlette",
+    "uvicorn",
+    "httpx",
+    "aiohttp",
+    "requests",
+    "websockets",
+)
 
 
 @dataclass(frozen=True)
 class Module:
-    path: str  # under tinker_atropos/, as "training/core.py"
+    path: str  # under the package root, as "training/core.py"
     name: str  # "tinker_atropos.training.core"
     tree: ast.Module
 
@@ -44,14 +76,18 @@ class Module:
         return folder(self.name)
 
 
-@cache
-def modules() -> tuple[Module, ...]:
+def read_modules(root: Path) -> tuple[Module, ...]:
     found = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        parts = path.relative_to(REPO).with_suffix("").parts
+    for path in sorted(root.rglob("*.py")):
+        parts = (root.name, *path.relative_to(root).with_suffix("").parts)
         name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-        found.append(Module(path.relative_to(PACKAGE).as_posix(), name, ast.parse(path.read_text())))
+        found.append(Module(path.relative_to(root).as_posix(), name, ast.parse(path.read_text())))
     return tuple(found)
+
+
+@cache
+def package_modules() -> tuple[Module, ...]:
+    return read_modules(PACKAGE)
 
 
 def folder(name: str) -> str:
@@ -61,8 +97,8 @@ def folder(name: str) -> str:
 
 
 def imports(module: Module) -> set[str]:
-    """The modules it imports, anywhere in the file (a function's late import is a dependency too), resolved to
-    absolute names; ``from tinker_atropos import errors`` is tinker_atropos.errors."""
+    """The modules it imports, anywhere in the file (a function's late import, a ``TYPE_CHECKING`` block), resolved
+    to absolute names; ``from tinker_atropos import errors`` is tinker_atropos.errors."""
     package = module.name if module.path.endswith("__init__.py") else module.name.rpartition(".")[0]
     found = set()
     for node in ast.walk(module.tree):
@@ -77,27 +113,74 @@ def imports(module: Module) -> set[str]:
     return found
 
 
-def folder_imports() -> dict[str, set[str]]:
-    """Folder -> the other folders of the package its modules import."""
-    graph: dict[str, set[str]] = {}
-    for module in modules():
-        targets = {folder(name) for name in imports(module) if name.startswith("tinker_atropos.")}
-        graph.setdefault(module.folder, set()).update(targets - {module.folder})
-    return graph
+def own(name: str) -> bool:
+    return name == "tinker_atropos" or name.startswith("tinker_atropos.")
 
 
-def circles(graph: dict[str, set[str]]) -> set[frozenset[str]]:
-    """The strongly connected components of more than one folder: each folder of one reaches every other."""
-    reach = {}
-    for start in graph:
-        seen, todo = set(), [start]
-        while todo:
-            for target in graph.get(todo.pop(), ()):
-                if target not in seen:
-                    seen.add(target)
-                    todo.append(target)
-        reach[start] = seen
-    return {frozenset({a} | {b for b in reach[a] if a in reach.get(b, ())}) for a in graph if a in reach[a]}
+def seen(modules: tuple[Module, ...]) -> None:
+    """A check that saw no module, or not every floor, checked nothing: it fails."""
+    folders = {module.folder for module in modules}
+    assert modules and {TRAINING, "trainer", "frontends", "state"} <= folders, (
+        f"the walk saw {sorted(folders)}"
+    )
+
+
+# ------------------------------------------------------------------------------ the checks, each of a root
+
+
+def check_floors(root: Path = PACKAGE) -> None:
+    """Every folder has a floor, and every import of the package's own modules is one its floor allows."""
+    modules = package_modules() if root == PACKAGE else read_modules(root)
+    seen(modules)
+    undeclared = {module.folder for module in modules} - FLOORS.keys()
+    assert not undeclared, f"folders without a floor in FLOORS: {sorted(undeclared)}"
+    checked, breaches = 0, set()
+    for module in modules:
+        for name in filter(own, imports(module)):
+            checked += 1
+            target = folder(name)
+            if target != module.folder and target not in FLOORS[module.folder]:
+                breaches.add((module.path, name))
+    assert checked > 300, f"only {checked} imports of the package's own modules seen"
+    assert not breaches, f"imports their floor does not allow (FLOORS): {sorted(breaches)}"
+
+
+def check_training_floor(root: Path = PACKAGE) -> None:
+    """What ``training/`` reaches, import after import, stays on its floor or below and imports no transport."""
+    modules = package_modules() if root == PACKAGE else read_modules(root)
+    seen(modules)
+    by_name = {module.name: module for module in modules}
+    allowed = {TRAINING} | FLOORS[TRAINING]
+    todo = [module for module in modules if module.folder == TRAINING]
+    reached: dict[str, Module] = {module.name: module for module in todo}
+    while todo:
+        for name in filter(own, imports(todo.pop())):
+            # ``from tinker_atropos.models import spec`` names a module; ``from ..core import X`` its module
+            target = by_name.get(name) or by_name.get(name.rpartition(".")[0])
+            if target is not None and target.name not in reached:
+                reached[target.name] = target
+                todo.append(target)
+    assert len(reached) > 5, f"the training floor reached {sorted(reached)}"
+    above = sorted(name for name, module in reached.items() if module.folder not in allowed)
+    assert not above, f"the training floor reaches above itself: {above}"
+    transports = sorted(
+        (module.path, name)
+        for module in reached.values()
+        for name in imports(module)
+        if name.split(".")[0] in TRANSPORTS
+    )
+    assert not transports, f"the training floor reaches a transport: {transports}"
+
+
+def check_no_algorithm_import(root: Path = PACKAGE) -> None:
+    """The drivers and the rollouts reach an algorithm by name through algorithms/base.py, never its module."""
+    modules = package_modules() if root == PACKAGE else read_modules(root)
+    seen(modules)
+    drivers = [module for module in modules if module.folder in ("trainer", "rollout")]
+    assert len(drivers) > 5
+    bad = {(module.path, name) for module in drivers for name in imports(module)
+           if name.startswith("tinker_atropos.algorithms.") and not name.startswith("tinker_atropos.algorithms.base")}  # fmt: skip
+    assert not bad, f"an algorithm's module imported by name: {sorted(bad)}"
 
 
 def definitions(node: ast.AST, prefix: str = "") -> Iterator[tuple[str, ast.AST]]:
@@ -110,61 +193,49 @@ def definitions(node: ast.AST, prefix: str = "") -> Iterator[tuple[str, ast.AST]
             yield from definitions(child, prefix)
 
 
-def only_shrinks(found: set, known: set, what: str) -> None:
-    """``found`` is exactly ``known``: a new offender fails, and so does a known one that is gone."""
-    assert not found - known, f"new {what}: {sorted(found - known)}"
-    assert not known - found, f"fixed, so to take off the known list: {sorted(known - found)}"
-
-
-def test_neither_the_trainer_nor_the_rollout_imports_an_algorithm() -> None:
-    """The drivers and the rollouts reach an algorithm by name through algorithms/base.py, never its module."""
-    bad = {
-        (module.path, name)
-        for module in modules()
-        if module.folder in ("trainer", "rollout")
-        for name in imports(module)
-        if name.startswith("tinker_atropos.algorithms.")
-        and not name.startswith("tinker_atropos.algorithms.base")
-    }
-    assert not bad
-
-
-def test_the_folders_import_one_another_without_a_new_circle() -> None:
-    graph = folder_imports()
-    assert {
-        "trainer",
-        "training",
-        "rollout",
-        "algorithms",
-        "frontends",
-        "service_host",
-    } <= graph.keys()  # the walk saw the package
-    only_shrinks(circles(graph), KNOWN_CIRCLES, "import circle between folders")
-
-
-def test_nothing_below_the_drivers_imports_them_and_no_transport_reaches_the_training_floor() -> None:
-    found = {
-        (module.path, name)
-        for module in modules()
-        for name in imports(module)
-        for forbidden in FORBIDDEN.get(module.folder, ())
-        if name == forbidden or name.startswith(forbidden + ".")
-    }
-    only_shrinks(found, KNOWN_FORBIDDEN, "forbidden import")
-
-
-def test_no_product_function_over_100_lines_and_no_class_over_250() -> None:
-    found = set()
-    for module in modules():
-        if module.path.endswith("_pb2.py"):  # protoc's output, not written by hand
+def check_sizes(root: Path = PACKAGE) -> None:
+    """No function over 100 lines, no class over 250 (protoc's output aside)."""
+    modules = package_modules() if root == PACKAGE else read_modules(root)
+    seen(modules)
+    long = set()
+    for module in modules:
+        if module.path.endswith("_pb2.py"):
             continue
         for name, node in definitions(module.tree):
             limit = MAX_CLASS_LINES if isinstance(node, ast.ClassDef) else MAX_FUNCTION_LINES
             if node.end_lineno - node.lineno + 1 > limit:
-                found.add(f"{module.path}:{name}")
-    only_shrinks(
-        found, KNOWN_LONG, f"function over {MAX_FUNCTION_LINES} lines or class over {MAX_CLASS_LINES}"
+                long.add(f"{module.path}:{name}")
+    assert not long, (
+        f"over {MAX_FUNCTION_LINES} lines (a function) or {MAX_CLASS_LINES} (a class): {sorted(long)}"
     )
+
+
+CHECKS: dict[str, Callable[[Path], None]] = {
+    "floors": check_floors,
+    "training floor": check_training_floor,
+    "no algorithm import": check_no_algorithm_import,
+    "sizes": check_sizes,
+}
+
+
+# ------------------------------------------------------------------------------ the package as it is
+
+
+@pytest.mark.parametrize("check", CHECKS)
+def test_the_package_holds(check: str) -> None:
+    CHECKS[check](PACKAGE)
+
+
+def test_the_floors_are_floors() -> None:
+    """FLOORS names only folders of the package and has no circle: each folder can be put above all it imports."""
+    folders = {module.folder for module in package_modules()}
+    assert FLOORS.keys() == folders, sorted(FLOORS.keys() ^ folders)
+    assert all(below <= FLOORS.keys() for below in FLOORS.values())
+    placed: set[str] = set()
+    while len(placed) < len(FLOORS):
+        ready = {name for name, below in FLOORS.items() if name not in placed and below <= placed}
+        assert ready, f"a circle among {sorted(FLOORS.keys() - placed)}"
+        placed |= ready
 
 
 def test_no_test_file_over_800_lines() -> None:
@@ -173,3 +244,52 @@ def test_no_test_file_over_800_lines() -> None:
     lines = {path.relative_to(REPO).as_posix(): len(path.read_text().splitlines()) for path in files}
     long = {path: n for path, n in lines.items() if n > MAX_TEST_FILE_LINES}
     assert not long, f"split by subject: {long}"
+
+
+# ------------------------------------------------------------------------------ the checks can fail
+
+
+@pytest.mark.parametrize("check", CHECKS)
+def test_each_check_fails_on_an_empty_tree(tmp_path: Path, check: str) -> None:
+    empty = tmp_path / "tinker_atropos"
+    empty.mkdir()
+    with pytest.raises(AssertionError):
+        CHECKS[check](empty)
+
+
+LONG_FUNCTION = "\n\ndef planted():\n" + "    x = 1\n" * 101
+# (file to append to, what is planted, the check that must fail, what its message names)
+PLANTS = {
+    "a front-end importing the rollout": (
+        "frontends/atropos/app.py", "\nfrom tinker_atropos.rollout import service as _planted\n", "floors",
+        "frontends/atropos/app.py"),
+    "training importing a Redis reader, late": (
+        "training/core.py", "\n\ndef _planted():\n    from tinker_atropos.experience_source import ExperienceSource\n",
+        "floors", "tinker_atropos.experience_source"),
+    "an algorithm importing a driver for its types": (
+        "algorithms/base.py",
+        "\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from tinker_atropos.trainer.service import X\n",
+        "floors", "tinker_atropos.trainer.service"),
+    "a folder without a floor": ("newfloor/__init__.py", "import tinker_atropos.errors\n", "floors", "newfloor"),
+    "the training floor reaching Redis through a model": (
+        "models/spec.py", "\nimport redis as _planted\n", "training floor", "redis"),
+    "the training floor reaching gRPC through the protocol": (
+        "protocol/trajectory.py", "\n\ndef _planted():\n    import grpc\n", "training floor", "grpc"),
+    "a driver importing an algorithm's module": (
+        "trainer/driver.py", "\nfrom tinker_atropos.algorithms.ppo import learner as _planted\n",
+        "no algorithm import", "algorithms.ppo"),
+    "a function over 100 lines": ("state/keys.py", LONG_FUNCTION, "sizes", "state/keys.py:planted"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("plant", PLANTS)
+def test_a_planted_forbidden_import_fails_its_check(tmp_path: Path, plant: str) -> None:
+    file, text, check, named = PLANTS[plant]
+    copy = tmp_path / "tinker_atropos"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.so"))
+    CHECKS[check](copy)  # the copy holds, as the package does
+    (copy / file).parent.mkdir(exist_ok=True)
+    with (copy / file).open("a") as planted:
+        planted.write(text)
+    with pytest.raises(AssertionError, match=named):
+        CHECKS[check](copy)
