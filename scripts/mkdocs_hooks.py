@@ -74,7 +74,12 @@ def _type_name(annotation: Any) -> str:
 
 
 def _constraints(metadata: list[Any]) -> Iterator[str]:
-    bounds = {annotated_types.Ge: "≥", annotated_types.Gt: ">", annotated_types.Le: "≤", annotated_types.Lt: "<"}
+    bounds = {
+        annotated_types.Ge: "≥",
+        annotated_types.Gt: ">",
+        annotated_types.Le: "≤",
+        annotated_types.Lt: "<",
+    }
     for item in metadata:
         if isinstance(item, FieldInfo):  # Annotated[int, Field(ge=1)] inside a union
             yield from _constraints(item.metadata)
@@ -163,7 +168,11 @@ def config_reference() -> str:
     """The configuration reference page, in Markdown."""
     text = [INTRO]
     for section, rows in config_rows():
-        text += [f"\n## `{section}`\n", "| field | type | default | allowed | description |", "|---|---|---|---|---|"]
+        text += [
+            f"\n## `{section}`\n",
+            "| field | type | default | allowed | description |",
+            "|---|---|---|---|---|",
+        ]
         for path, type_name, default, allowed, description in rows:
             cells = [f"`{path}`", f"`{type_name}`", f"`{default}`", allowed, description]
             text.append("| " + " | ".join(_cell(cell) for cell in cells) + " |")
@@ -180,4 +189,3 @@ def on_files(files: Any, config: Any) -> Any:
         for path in matches:
             files.append(File.generated(config, path.relative_to(REPO).as_posix(), abs_src_path=str(path)))
     return files
-
