@@ -7,7 +7,7 @@ SF_VENV := bench/.venv-sf
 RUN_CONFIG ?= configs/humanoid.yaml
 RUN_STEPS ?= 2000000
 
-.PHONY: run test lint proto deploy-configs compose-check bench bench-learn bench-tinker chaos demo-cluster clean
+.PHONY: run test docs docs-serve lint proto deploy-configs compose-check bench bench-learn bench-tinker chaos demo-cluster clean
 
 $(VENV)/.installed: pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found: install Python 3.11 or pass PYTHON=..." >&2; exit 1; }
@@ -29,11 +29,20 @@ $(VENV)/.installed: pyproject.toml
 run: $(VENV)/.installed  ## train Humanoid-v5 with 16 env instances, printing throughput
 	$(VENV)/bin/tinker-atropos up $(RUN_CONFIG) --total-steps $(RUN_STEPS)
 
-test: $(VENV)/.installed  ## lint, then every test (unit, protocol, services as real processes)
+test: $(VENV)/.installed  ## lint, build the docs strictly, then every test (unit, protocol, services as real processes, the site in a browser)
+	@# tests/services/test_docs_site.py opens the built site in Debian's Chromium, headless (CI runs as root)
+	@test -x /usr/bin/chromium || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict  # a broken link or anchor, a page not in the nav: fails
 	$(VENV)/bin/pytest -q -n 2 --dist worksteal -m 'not serial'  # two workers, one per core of a 2-core machine
 	$(VENV)/bin/pytest -q -m serial  # the benchmarks' own tests time short windows: alone
+
+docs: $(VENV)/.installed  ## the documentation site (docs/, mkdocs.yml) into site/; the config reference is generated from the schema
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+docs-serve: $(VENV)/.installed  ## the site at http://127.0.0.1:8000, rebuilt as its pages change
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check --fix .
@@ -45,7 +54,7 @@ proto: $(VENV)/.installed  ## regenerate the gRPC/Protobuf stubs from tinker_atr
 deploy-configs: $(VENV)/.installed  ## inline configs/*.yaml into the Kubernetes ConfigMap generator (deploy/k8s/run-configs)
 	$(PY) deploy/k8s/run_configs.py
 
-compose-check: $(VENV)/.installed  ## compose.yaml on a real Docker engine, as root: image built, Pendulum stack up, containers crashed and scaled, hardening read back, `down -v` clean (installs and starts the engine where missing; README: Deployment)
+compose-check: $(VENV)/.installed  ## compose.yaml on a real Docker engine, as root: image built, Pendulum stack up, containers crashed and scaled, hardening read back, `down -v` clean (installs and starts the engine where missing; docs: Operations, Deployment)
 	$(PY) deploy/compose_check.py
 
 bench: $(VENV)/.installed $(SF_VENV)/.installed  ## throughput vs the physics limit (mujoco.rollout), the simulator alone, EnvPool, SB3 PPO (DummyVecEnv and SubprocVecEnv) and Sample Factory, each link protected and not, plus env-service scaling, then the Atropos trajectory API against its reference server, pulled and stalled (~20 min; 23 on a fresh clone with the installs)
@@ -75,4 +84,4 @@ demo-cluster: $(VENV)/.installed  ## trainer node + 4 env nodes as network names
 	$(PY) -m tests.support.cluster
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build site *.egg-info

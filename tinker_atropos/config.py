@@ -136,7 +136,7 @@ class EnvSection(Section):
     instances: Annotated[int, Field(ge=1, le=4096)] | Auto = Field(
         16,
         description="Environment instances hosted by each env service; 'auto': a batch step of about 4 ms of "
-        "the env's measured CPU time, within 4 and 64 (README: Sizing a run to the machine).",
+        "the env's measured CPU time, within 4 and 64 (docs: Scaling, Sizing a run to the machine).",
     )
     threads: int = Field(
         2,
@@ -249,7 +249,7 @@ class ModelSection(Section):
     network: str = Field(
         "mlp",
         description="'mlp', or 'module:Class' of your own network: a subclass of "
-        "tinker_atropos.models.mlp.ActorCritic built from the same spec (README: 'Plugging in a model'); the "
+        "tinker_atropos.models.mlp.ActorCritic built from the same spec (docs: Algorithms and models, Plugging in a model); the "
         "trainer and every rollout import it.",
     )
 
@@ -305,7 +305,12 @@ class TinkerSection(Section):
         False, description="Serve the Tinker training API (HTTP) beside the trainer's gRPC port."
     )
     host: str = Field("127.0.0.1", description="Address the Tinker API binds.")
-    port: int = Field(8000, ge=0, le=65535, description="Port of the Tinker API; 0 picks a free one.")
+    port: int = Field(
+        8000,
+        ge=0,
+        le=65535,
+        description="Port of the Tinker API; 0 picks a free one (the trainer's status and registry entry carry the URL, tinker_api).",
+    )
     api_keys_file: str | None = Field(
         None,
         description="File of allowed API keys, one 'tml-…' key per line (e.g. a mounted Secret). Null: the "
@@ -319,7 +324,8 @@ class TinkerSection(Section):
         64.0,
         gt=0,
         description="Largest request body accepted (MiB); a larger one is answered 413 unread. A request's arrays "
-        "may take as much once densified (a sparse tensor of a huge shape is refused with 400).",
+        "may take as much once densified (a sparse tensor of a huge shape is refused with 400). The SDK is told to "
+        "split a forward_backward's data into requests of at most three quarters of it.",
     )
     max_request_tokens: int = Field(
         65_536,
@@ -361,7 +367,7 @@ class AtroposTrainerSection(Section):
     enabled: bool = Field(
         False,
         description="Learn from an Atropos trajectory API's batches (ours or atroposlib's run-api) on the tiny "
-        "language model, and serve its weights to the environments for sampling.",
+        "language model, and serve its weights to the environments for sampling; needs trainer.experience_loop: false.",
     )
     api_url: str | None = Field(
         None,
@@ -515,12 +521,12 @@ class AtroposSection(Section):
     enabled: bool = Field(
         False, description="`up` starts the Atropos trajectory API service (`tinker-atropos atropos-api`)."
     )
-    host: str = Field("127.0.0.1", description="Address the trajectory API binds.")
+    host: str = Field("127.0.0.1", description="Address the trajectory API binds (--http-host overrides it).")
     port: int = Field(
         8000,
         ge=0,
         le=65535,
-        description="Its port (atroposlib's default URL is http://localhost:8000); 0: a free one.",
+        description="Its port (atroposlib's default URL is http://localhost:8000; --http-port overrides it); 0: a free one.",
     )
     max_queue_sequences: int = Field(
         65536,

@@ -1,7 +1,9 @@
-"""The README's snippets run as written against an `up` run: the blocks marked ``<!-- snippet: NAME -->`` are
-taken from README.md and run in a folder laid out as the repository (``.venv``, ``examples``, ``configs``), where
-`up` makes ``runs/``. The line that starts `up` in the background runs first; the rest, in one shell, once `up` is
-as far as the README says to wait for. The run's secrets stay its own: a process without them is refused."""
+"""The documentation's snippets run as written against an `up` run: the blocks marked ``<!-- snippet: NAME -->`` are
+taken from README.md and the site's pages (docs/), and run in a folder laid out as the repository (``.venv``,
+``examples``, ``configs``), where `up` makes ``runs/``. The line that starts `up` in the background runs first; the
+rest, in one shell, once `up` is as far as the page says to wait for. A snippet shown in several places (the
+README's quick start and its page) must be the same in each. The run's secrets stay its own: a process without
+them is refused."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import pytest
 import redis
 import yaml
 
+from tests.support.docs import DOCUMENTS, marked_snippets
 from tests.support.processes import wait_for
 from tests.support.running import REPO
 from tinker_atropos.environment.client import EnvClient
@@ -28,13 +31,21 @@ pytestmark = pytest.mark.integration
 
 
 def snippets(name: str) -> list[tuple[str, str]]:
-    """(language, code) of each README block marked ``<!-- snippet: NAME ... -->``, in order."""
-    marked = re.findall(
-        r"<!-- snippet: (\S+)[^>]*-->\s*```(\w+)\n(.*?)```", (REPO / "README.md").read_text(), re.S
-    )
-    found = [(language, code) for snippet, language, code in marked if snippet == name]
-    assert found, f"no README snippet {name!r}"
-    return found
+    """(language, code) of each block of snippet NAME, in order: the same in every file that shows it."""
+    shown = {}
+    for document in DOCUMENTS:
+        found = [
+            (language, code)
+            for snippet, language, code in marked_snippets(document.read_text())
+            if snippet == name
+        ]
+        if found:
+            shown[document.relative_to(REPO).as_posix()] = found
+    assert shown, f"no snippet {name!r} in README.md or docs/"
+    first = next(iter(shown.values()))
+    differ = [where for where, blocks in shown.items() if blocks != first]
+    assert not differ, f"snippet {name!r} differs between {list(shown)[0]} and {differ}"
+    return first
 
 
 def workspace(directory: Path, **examples: str) -> Path:
@@ -132,7 +143,7 @@ def test_the_remote_vector_env_snippet_runs_as_written(tmp_path: Path) -> None:
 
 def test_the_tinker_ppo_loop_snippet_runs_as_written_and_learns(tmp_path: Path) -> None:
     """The example PPO loop, written only against the tinker SDK and ``tinker_atropos.experience_source``, learns Pendulum-v1
-    through our env and rollout services and the trainer's Tinker API. The test appends one thing to the README's
+    through our env and rollout services and the trainer's Tinker API. The test appends one thing to the snippet's
     command: a lower target (-700, from random play's -1,200: learning shown in half the time of -400)."""
     config = yaml.safe_load((REPO / "examples" / "tinker_pendulum.yaml").read_text())
     port = free_port()

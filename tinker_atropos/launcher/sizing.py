@@ -1,7 +1,7 @@
 """``auto`` for ``env.services``, ``env.instances`` and ``rollout.replicas``: the run sized from the cores it may use
 and what a step costs, so that one config fills a 2-core laptop and a 16-core box alike.
 
-The rule (README, "Sizing a run to the machine"), with the figures behind it:
+The rule (docs/scaling.md, "Sizing a run to the machine"), with the figures behind it:
 
 - The cores: this process's CPU affinity, capped by a cgroup CPU quota (a container's ``--cpus``). From 4 cores
   up, one is left to the trainer and Valkey; below that they share the cores with the rest.
@@ -11,7 +11,7 @@ The rule (README, "Sizing a run to the machine"), with the figures behind it:
   service and the rollout beside the simulation stays small against it: round(BATCH_US / e), within 4 and 64.
   4 ms is where 2 env services of 8 Humanoids on this project's 2-core machine collected fastest (configs/humanoid.yaml).
 - CPU per env step in each process, at n instances per session: the env service ``e + ENV_MESSAGE_US / n``, the
-  rollout ``ROLLOUT_INSTANCE_US + ROLLOUT_MESSAGE_US / n``. From the profiles of the README (2 cores, Humanoid,
+  rollout ``ROLLOUT_INSTANCE_US + ROLLOUT_MESSAGE_US / n``. From the profiles of docs/benchmarks.md (2 cores, Humanoid,
   n = 8: rollout 105 µs per step, 20 % of it the policy's layers; env services 600 µs per step of their own, 390
   of it ``mj_step``) and the 16-core run of issue 35 (n = 4: rollout 120 µs per step).
 - The cores go to env services and rollouts in that proportion: ``rollout.replicas`` = ceil(cores x rollout share

@@ -1,5 +1,5 @@
 """Which experience records a reader has taken, so that it takes none twice: a signature proves who wrote a
-record, not that it is new (README, Security, "What protects each link"). One holder of the Redis password can copy
+record, not that it is new (docs/security.md, "What protects each link"). One holder of the Redis password can copy
 a signed record back into the stream; without this, an off-policy learner would learn it again as often as it is
 copied.
 

@@ -65,7 +65,7 @@ def build(
     if base_model in LANGUAGE_MODELS:
         if base_model == smollm2.NAME and not smollm2.available():
             raise WireError(
-                f"{base_model} is not installed on this trainer (see the README's Tinker API section)"
+                f"{base_model} is not installed on this trainer (see docs/tinker.md, The Tinker API: Models)"
             )
         with _BUILDING:
             return LanguageModel(base_model, lora, device)
