@@ -40,8 +40,8 @@ from tinker_atropos.environment.backends.gymnasium_batch import GymnasiumBatch
 from tinker_atropos.environment.backends.mujoco_batch import MujocoBatch
 from tinker_atropos.environment.envs import check_env
 from tinker_atropos.launcher.secrets import write_secrets
+from tinker_atropos.launcher.services import service_children
 from tinker_atropos.launcher.supervisor import Child
-from tinker_atropos.launcher.up import service_children
 from tinker_atropos.security import derive_key
 from tinker_atropos.state.connection import connect
 from tinker_atropos.state.embedded import EmbeddedValkey

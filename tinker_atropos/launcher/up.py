@@ -7,29 +7,33 @@ even a killed launcher leaves no orphan. A re-used run folder resumes its run; `
 another live ``up`` holds is refused (``state.run_dir``). Writes into the folder that a full or read-only disk
 refuses are retried while learning goes on, for ``run.write_failure_timeout_s`` at most. The run ends with a
 summary of where it got to, what went wrong on the way and where its files are.
+
+This file is the lifecycle; the services it starts are ``services.py``'s, the files it writes for the run's
+clients ``client_files.py``'s.
 """
 
 from __future__ import annotations
 
 import os
-import secrets
-import shlex
 import signal
 import socket
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import redis
-import yaml
 from rich.console import Console
 
 from tinker_atropos.config import Config
 from tinker_atropos.environment.envs import check_env
 from tinker_atropos.errors import EXIT_FATAL, EnvError, FatalError
-from tinker_atropos.frontends.http import run_key
+from tinker_atropos.launcher.client_files import (
+    client_variables,
+    run_secret,
+    write_atropos_config,
+    write_client_env,
+)
 from tinker_atropos.launcher.progress import RETURN_WINDOW, ProgressReporter
 from tinker_atropos.launcher.run_folder import (
     PreviousRun,
@@ -38,8 +42,9 @@ from tinker_atropos.launcher.run_folder import (
     mark_resume,
     previous_run,
 )
+from tinker_atropos.launcher.services import service_children, stop_children
 from tinker_atropos.launcher.supervisor import Child, kill_hung, rotate_logs, supervise
-from tinker_atropos.security import read_keys, service_token
+from tinker_atropos.security import service_token
 from tinker_atropos.state import keys
 from tinker_atropos.state.connection import (
     RedisUnreachable,
@@ -52,7 +57,6 @@ from tinker_atropos.state.connection import (
 from tinker_atropos.state.embedded import EmbeddedValkey
 from tinker_atropos.state.run_dir import OWNER_VARIABLE, RunFolderInUse, RunFolderLock, describe_os_error
 
-STOP_TIMEOUT_S = 10.0
 VALKEY_RETRY_S = 1.0
 LOG_CHECK_INTERVAL_S = 1.0  # between two looks at the size of the services' logs
 
@@ -68,139 +72,6 @@ class UpOptions:
     fresh: bool = False
     metrics: bool = False  # every service serves Prometheus metrics on a free port (in `status`)
     insecure: bool = False  # the HTTP endpoints take no API key (TA_INSECURE for every child)
-
-
-_LISTENERS: list[socket.socket] = []  # sockets up holds for its children's lifetime
-
-
-def service_children(
-    config: Config, config_path: Path, redis_url: str, run_dir: Path, metrics: bool = False
-) -> list[Child]:
-    """Every service of the run as a child of ``up``; the Redis URL goes by environment, since a URL with a
-    password on a command line is there for any user's ``ps`` to read."""
-    common = ["--config", str(config_path), "--host", "127.0.0.1", "--port", "0"]
-    common += ["--metrics-port", "0"] if metrics else []
-    logs = run_dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    names = [("env", f"env-{i}") for i in range(config.env.services)]
-    names += [("rollout", f"rollout-{i}") for i in range(config.rollout.replicas)]
-    names.append(("trainer", "trainer"))
-    evaluation = config.trainer.evaluation
-    if evaluation.every_updates:
-        names.append(("env", "env-eval"))
-    if config.atropos.enabled:
-        names.append(("atropos-api", "atropos-api"))
-    children = []
-    for kind, name in names:
-        extra = ["--run-dir", str(run_dir)] if kind == "trainer" else []
-        if name == "env-eval":
-            extra = ["--role", "eval", "--instances", str(evaluation.instances)]
-        if kind == "atropos-api":
-            listener = socket.create_server((config.atropos.host, config.atropos.port))
-            _LISTENERS.append(listener)  # held by up for the run: a restarted API serves the same socket
-            extra = ["--http-fd", str(listener.fileno())]
-        child = Child(name, [kind, *common, "--name", name, *extra], logs / f"{name}.log")
-        if kind == "atropos-api":
-            child.pass_fds = (listener.fileno(),)
-        child.environment["TA_REDIS_URL"] = redis_url
-        children.append(child)
-    return children + atropos_environments(config, logs, run_dir)  # last: the trajectory API starts first
-
-
-def atropos_environments(config: Config, logs: Path, run_dir: Path) -> list[Child]:
-    """The Atropos environment programs of ``atropos.environments``, their placeholders filled in."""
-    trainer = config.trainer.atropos
-    values = {"python": sys.executable, "api_url": f"http://{config.atropos.host}:{config.atropos.port}",
-              "inference_url": f"http://{trainer.inference_host}:{trainer.inference_port}/v1",
-              "atropos_config": str(run_dir / ATROPOS_CONFIG)}  # fmt: skip
-    children = []
-    for i, argv in enumerate(config.atropos.environments):
-        filled = [arg.format(**values) for arg in argv]
-        children.append(
-            Child(f"atropos-env-{i}", filled[1:], logs / f"atropos-env-{i}.log", program=filled[:1])
-        )
-    return children
-
-
-ATROPOS_CONFIG = "atropos_env.yaml"
-
-
-def write_atropos_config(config: Config, run_dir: Path, token: str | None) -> Path:
-    """The atroposlib ``--config`` file of the run's environments (``{atropos_config}``), mode 0600: the trajectory
-    API's URL with the run's key as its password (atroposlib's environments send no header; aiohttp sends a URL's
-    password as Basic auth) and the inference endpoint's URL and key. Without keys (``--insecure``), plain URLs."""
-    trainer = config.trainer.atropos
-    api_key = inference_key = None
-    if token is not None:
-        api_key = (read_keys(Path(config.atropos.api_keys_file), "atropos.api_keys_file")[0]
-                   if config.atropos.api_keys_file else run_key("atropos-api", token))  # fmt: skip
-        inference_key = (read_keys(Path(trainer.inference_api_keys_file), "trainer.atropos.inference_api_keys_file")[0]
-                         if trainer.inference_api_keys_file else run_key("inference", token))  # fmt: skip
-    credentials = f"atropos:{api_key}@" if api_key else ""
-    fields = {"env": {"rollout_server_url": f"http://{credentials}{config.atropos.host}:{config.atropos.port}"},
-              "openai": {"base_url": f"http://{trainer.inference_host}:{trainer.inference_port}/v1",
-                         "api_key": inference_key or "none"}}  # fmt: skip
-    path = run_dir / ATROPOS_CONFIG
-    path.unlink(missing_ok=True)
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(descriptor, "w") as file:
-        file.write(
-            "# written by `tinker-atropos up` for the run's Atropos environments (--config): it holds keys\n"
-        )
-        yaml.safe_dump(fields, file)
-    return path
-
-
-CLIENT_ENV = "client.env"
-
-
-def write_client_env(run_dir: Path, variables: dict[str, str], tinker_keys: Path | None) -> Path:
-    """``<run folder>/client.env`` (mode 0600), what a client process of the run needs, to ``source``: the Redis
-    URL (no password in it), the files of the run's secrets, the Tinker API's URL and key. Rewritten once the
-    Tinker API's URL is known (its port may be a free one)."""
-    lines = ["# written by `tinker-atropos up`: what a client process of this run needs (source it)"]
-    lines += [f"export {name}={shlex.quote(value)}" for name, value in variables.items()]
-    if tinker_keys is not None:  # read when sourced: the trainer writes a fresh key when it starts
-        lines.append(f'export TINKER_API_KEY="$(head -1 {shlex.quote(str(tinker_keys))} 2>/dev/null)"')
-    path = run_dir / CLIENT_ENV
-    partial = path.with_suffix(".partial")
-    partial.unlink(missing_ok=True)
-    descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(descriptor, "w") as file:
-        file.write("\n".join(lines) + "\n")
-    partial.replace(path)
-    return path
-
-
-def _client_variables(config: Config, run_dir: Path, url: str, password_file: Path | None,
-                      options: UpOptions) -> tuple[dict[str, str], Path | None]:  # fmt: skip
-    """What ``client.env`` exports (the run's token file only when up made it: else the shell has it already),
-    and the Tinker API's keys file, when it has one."""
-    variables = {"TA_REDIS_URL": url}
-    if password_file is not None:
-        variables["TA_REDIS_PASSWORD_FILE"] = str(password_file.resolve())
-    if os.environ.get("TA_TOKEN_FILE"):
-        variables["TA_TOKEN_FILE"] = os.environ["TA_TOKEN_FILE"]
-    elif not os.environ.get("TA_TOKEN"):
-        variables["TA_TOKEN_FILE"] = str(run_secret(run_dir, "token").resolve())
-    tinker = config.trainer.tinker
-    if not tinker.enabled or options.insecure:
-        return variables, None
-    return variables, Path(
-        tinker.api_keys_file
-    ) if tinker.api_keys_file else run_dir.resolve() / "tinker_api_keys"
-
-
-def run_secret(run_dir: Path, name: str) -> Path:
-    """A secret of the run, ``<run folder>/<name>`` (mode 0600), made on first use and kept for a resume: the
-    ``token`` every gRPC call between the run's services carries and that signs its records (``security``),
-    the ``redis-password`` of its embedded Valkey."""
-    path = run_dir / name
-    if not path.exists():
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(descriptor, "w") as file:
-            file.write(secrets.token_urlsafe(32) + "\n")
-    return path
 
 
 def _clear_redis_run(url: str, run: str) -> int:
@@ -348,7 +219,7 @@ def _run_locked(
     except _Stop as stop:
         outcome = stop
     finally:
-        _stop_children(children)
+        stop_children(children)
         reporter.report(
             show=False
         )  # the final figures, all services stopped: the summary and a resume read them
@@ -445,25 +316,13 @@ def _prepare(config: Config, run_dir: Path, url: str | None, options: UpOptions,
                 None if insecure else (service_token() or run_secret(run_dir, "token").read_text().strip())
             )
             write_atropos_config(config, run_dir, token)
-        client, tinker_keys = _client_variables(config, run_dir, url, password_file, options)
+        client, tinker_keys = client_variables(config, run_dir, url, password_file, options.insecure)
         write_client_env(run_dir, client, tinker_keys)
     except OSError as error:
         if server is not None:
             server.stop()
         raise _Prepared.Failed(error) from None
     return _Prepared(server, url, children, client, tinker_keys)
-
-
-def _stop_children(children: list[Child]) -> None:
-    """The rollouts (and Atropos environments) first, then the rest: every chunk they write is written before the
-    trainer stops, so its last look (TensorBoard, counters) sees the whole run."""
-    producers = [c for c in children if c.name.startswith(("rollout-", "atropos-env-"))]
-    for group in (producers, [c for c in children if c not in producers]):
-        for child in group:
-            child.terminate()
-        deadline = time.monotonic() + STOP_TIMEOUT_S
-        for child in group:
-            child.wait(deadline)
 
 
 def _supervise_run(
