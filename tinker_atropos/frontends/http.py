@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import ctypes
+import ctypes.util
 import functools
 import hmac
 import os
@@ -260,7 +262,14 @@ class JSONBodies:
         if len(body) <= INLINE_BYTES:
             return self._parse(body, adapter, check, then)
         async with self._slots:
-            return await asyncio.to_thread(self._parse, body, adapter, check, then)
+            return await asyncio.to_thread(self._parse_large, body, adapter, check, then)
+
+    def _parse_large(self, body: bytes, adapter: TypeAdapter[T], check: Callable[[Any], None] | None,
+                     then: Callable[[T], Any] | None) -> Any:  # fmt: skip
+        try:
+            return self._parse(body, adapter, check, then)
+        finally:
+            _return_freed_memory()  # in this thread: a trim takes a while
 
     def _parse(self, body: bytes, adapter: TypeAdapter[T], check: Callable[[Any], None] | None,
                then: Callable[[T], Any] | None) -> Any:  # fmt: skip
@@ -274,17 +283,33 @@ class JSONBodies:
             parsed = pydantic_core.from_json(body)
         except ValueError as error:
             raise BodyError(400, f"the body is not JSON: {error}") from None
+        problem: BodyError | None = None
         if check is not None:
             try:
                 check(parsed)
             except ValueError as error:
-                raise BodyError(422, str(error)) from None
-        try:
-            value = adapter.validate_python(parsed)
-        except ValidationError as error:
-            raise BodyError(422, validation_errors(error)) from None
-        del parsed  # the validated value holds what it needs: the parsed lists go before ``then`` builds more
+                problem = BodyError(422, str(error))
+        if problem is None:
+            try:
+                value = adapter.validate_python(parsed)
+            except ValidationError as error:
+                problem = BodyError(422, validation_errors(error))
+        # dropped before raising: an exception raised where ``parsed`` is alive keeps it alive in its traceback
+        # until the answer is sent, while the next body is parsed already
+        del parsed
+        if problem is not None:
+            raise problem
         return then(value) if then is not None else value
+
+
+_LIBC = ctypes.CDLL(ctypes.util.find_library("c") or None)
+
+
+def _return_freed_memory() -> None:
+    """glibc keeps what a big parse freed for later; handed back to the system, a refused body's memory returns."""
+    trim = getattr(_LIBC, "malloc_trim", None)  # glibc only
+    if trim is not None:
+        trim(0)
 
 
 def json_body(model: Any) -> Any:
