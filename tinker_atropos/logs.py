@@ -13,6 +13,8 @@ def configure_logging(kind: str) -> None:
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s {kind} %(levelname)s %(name)s: %(message)s", force=True
     )
+    # httpx logs every request at INFO: the Atropos trainer's /batch polls (ten a second) would be most of the log
+    logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 class CountedWarnings:

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,16 @@ from atroposlib.api.utils import (
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.support.atropos import HEADERS, KEY, TOKEN, env_registration, registration, scored_group
+from tests.support.atropos import (
+    HEADERS,
+    KEY,
+    TOKEN,
+    Poller,
+    env_registration,
+    memory_kb,
+    registration,
+    scored_group,
+)
 from tests.support.processes import wait_for
 from tests.support.running import REPO
 from tinker_atropos.frontends.atropos.packing import EnvEntry, Queued, next_batch, summing_to
@@ -546,3 +556,87 @@ def test_without_a_token_or_keys_file_the_api_starts_only_when_told_insecure(tmp
         assert "takes no API key (--insecure)" in (tmp_path / "open.log").read_text()
     finally:
         _stop(ours)
+
+
+# ------------------------------------------------------------------------------ bodies bounded by what they build
+
+MAX_MB = 16  # atropos.max_request_mb of the hostile test: the figures of the default 64 scale with it
+
+
+def _gzipped_json(body: Any) -> bytes:
+    return gzip.compress(json.dumps(body, separators=(",", ":")).encode(), compresslevel=9)
+
+
+@pytest.mark.integration
+def test_hostile_bodies_are_refused_within_ten_times_their_size_while_status_answers_within_a_second(
+    tmp_path: Path, valkey, redis_client
+) -> None:
+    """Keyed, at the size bound: gzip posts inflating to 15 MiB of misaligned groups (three at once), a chunked
+    post past the bound, a million bad ids, a body of empty lists, and a sound 12 MiB group. Each is answered with
+    its reason, the process's peak memory grows by less than ten times one body and returns, and ``/status``
+    answers within a second throughout (the old API held its event loop for seconds parsing each)."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    ours = start_ours(tmp_path, valkey.url, port, max_request_mb=MAX_MB)
+    n = 1_500_000  # "1000," is 5 bytes: two rows of n are 15 MiB of JSON, 15 kB gzipped
+    misaligned = _gzipped_json({"tokens": [[1000] * n], "masks": [[1000] * (n - 1)], "scores": [0.0]})
+    sound = {"tokens": [[1000 + k] * 300_000 for k in range(4)], "masks": [[1000 + k] * 300_000 for k in range(4)],
+             "scores": [0.0, 1.0, 0.0, 1.0], "env_id": 0}  # fmt: skip
+    gzip_headers = {**HEADERS, "Content-Type": "application/json", "Content-Encoding": "gzip"}
+    try:
+        with httpx.Client(base_url=url, timeout=60, headers=HEADERS) as api:
+            api.post("/register", json=registration(8, max_token_len=10**6)).raise_for_status()
+            api.get("/batch")
+            api.post("/register-env", json=env_registration(4)).raise_for_status()
+            rss_before = memory_kb(ours.pid, "VmRSS")
+
+            def post(
+                content: Any, headers: dict[str, str] | None = None, path: str = "/scored_data"
+            ) -> httpx.Response:
+                with httpx.Client(base_url=url, timeout=60) as client:
+                    return client.post(
+                        path,
+                        content=content,
+                        headers=headers or {**HEADERS, "Content-Type": "application/json"},
+                    )
+
+            def chunks() -> Any:
+                for _ in range(MAX_MB + 1):
+                    yield b" " * (1 << 20)
+
+            with Poller(f"{url}/status", HEADERS) as poller:
+                one = post(misaligned, gzip_headers)
+                peaks = {"one bomb": memory_kb(ours.pid, "VmHWM")}
+                with ThreadPoolExecutor(3) as pool:
+                    bombs = [one, *pool.map(lambda _: post(misaligned, gzip_headers), range(3))]
+                peaks["three bombs"] = memory_kb(ours.pid, "VmHWM")
+                over = post(chunks())
+                bad_ids = post(
+                    json.dumps({"tokens": [["x"] * 1_000_000], "masks": [[0] * 1_000_000], "scores": [0.0]})
+                )
+                empties = post(json.dumps({"tokens": [[]] * 4_000_000, "masks": [], "scores": []}))
+                peaks["the rest"] = memory_kb(ours.pid, "VmHWM")
+                accepted = post(_gzipped_json(sound), gzip_headers)
+            peak = memory_kb(ours.pid, "VmHWM")
+            rss_after = memory_kb(ours.pid, "VmRSS")
+            figures = api.get("/healthz").json()
+    finally:
+        _stop(ours)
+    for bomb in bombs:
+        assert bomb.status_code == 422 and "masks[0] has 1499999 entries for 1500000 tokens" in bomb.text, (
+            bomb.text
+        )
+    assert over.status_code == 413 and "atropos.max_request_mb" in over.text, over.text
+    assert bad_ids.status_code == 422 and len(bad_ids.json()["detail"]) <= 6, bad_ids.text[:2000]
+    assert empties.status_code == 413 and "arrays and objects" in empties.text, empties.text
+    assert accepted.json() == {"status": "received"} and figures["groups_received"] == 1
+    assert figures["groups_refused_invalid"] == 5  # the four bombs and the bad ids
+    growth_mb = {
+        what: (kb - rss_before) >> 10 for what, kb in {**peaks, "all": peak, "after": rss_after}.items()
+    }
+    print(f"memory growth (MiB): {growth_mb}; slowest /status {poller.slowest:.2f} s of {poller.answers}")
+    assert poller.slowest < 1.0 and poller.answers > 20, (poller.slowest, poller.answers)
+    assert growth_mb["one bomb"] < 10 * MAX_MB, growth_mb  # one body at the bound: under ten times its size
+    # three at once are parsed one after the other: two more bodies held while they wait, not two more parses
+    assert growth_mb["all"] < 15 * MAX_MB, growth_mb
+    assert growth_mb["after"] < 6 * MAX_MB, growth_mb  # most of what the bodies took is handed back

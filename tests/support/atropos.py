@@ -3,7 +3,12 @@ the key our API asks of a run whose token is ``TOKEN``."""
 
 from __future__ import annotations
 
+import threading
+import time
+from pathlib import Path
 from typing import Any
+
+import httpx
 
 from tinker_atropos.frontends.http import run_key
 
@@ -28,3 +33,40 @@ def scored_group(env_id: int | None, size: int, seed: int, **extra: Any) -> dict
     tokens = [[seed, k, *range(k + 3)] for k in range(size)]
     return {"tokens": tokens, "masks": [[-100] + t[1:] for t in tokens],
             "scores": [float((seed + k) % 3) for k in range(size)], "env_id": env_id, **extra}  # fmt: skip
+
+
+def memory_kb(pid: int, field: str) -> int:
+    """``VmRSS`` (now) or ``VmHWM`` (the peak so far) of process ``pid``, in kB."""
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return int(next(line.split()[1] for line in lines if line.startswith(f"{field}:")))
+
+
+class Poller:
+    """Asks ``url`` over and over in a thread while a test sends hostile bodies; ``slowest`` is the longest an
+    answer took (a request that failed counts as its timeout)."""
+
+    def __init__(self, url: str, headers: dict[str, str], timeout_s: float = 5.0) -> None:
+        self.url, self.headers, self.timeout_s = url, headers, timeout_s
+        self.slowest, self.answers = 0.0, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self) -> None:
+        with httpx.Client(headers=self.headers, timeout=self.timeout_s) as client:
+            while not self._stop.is_set():
+                started = time.monotonic()
+                try:
+                    client.get(self.url).raise_for_status()
+                    self.answers += 1
+                except httpx.HTTPError:
+                    pass
+                self.slowest = max(self.slowest, time.monotonic() - started)
+                self._stop.wait(0.02)
+
+    def __enter__(self) -> Poller:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=self.timeout_s + 1)

@@ -18,15 +18,23 @@ from __future__ import annotations
 import logging
 from typing import Annotated, Any
 
+import pydantic_core
 import redis
 from fastapi import APIRouter, Depends, FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.gzip import GZipMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse
-from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
 
 from tinker_atropos.frontends.atropos.store import QueueFull, TrajectoryStore
-from tinker_atropos.frontends.http import APIKeys, BodyLimit, GzipRequests
+from tinker_atropos.frontends.http import (
+    APIKeys,
+    BodyError,
+    BodyLimit,
+    GzipRequests,
+    JSONBodies,
+    body_error,
+    json_body,
+)
 
 log = logging.getLogger(__name__)
 
@@ -61,13 +69,19 @@ class _Refused(Exception):
     """A scored group the trainer could not learn from: 422 with the message."""
 
 
-def _posted_groups(body: Any) -> int:
-    """How many groups a refused scored-data post held (a list's length, else one)."""
-    return len(body) if isinstance(body, list) and body else 1
-
-
 class EnvIdentifier(BaseModel):
     env_id: int
+
+
+# lists that stop at their first bad item: a body of a million bad ids makes one error, not a million (``Field``
+# rather than ``FailFast()``, which is not hashable and so cannot sit in a union with None)
+FAIL_FAST = Field(fail_fast=True)
+Ints = Annotated[list[int], FAIL_FAST]
+Floats = Annotated[list[float], FAIL_FAST]
+Dicts = Annotated[list[dict[str, Any]], FAIL_FAST]
+IntRows = Annotated[list[Ints], FAIL_FAST]
+FloatRows = Annotated[list[Floats], FAIL_FAST]
+DictRows = Annotated[list[Dicts], FAIL_FAST]
 
 
 class ScoredData(BaseModel):
@@ -77,35 +91,26 @@ class ScoredData(BaseModel):
         extra="ignore", allow_inf_nan=False
     )  # a NaN score would reach the trainer's loss
 
-    tokens: list[list[int]]
-    masks: list[list[int]]
-    scores: list[float]
-    advantages: list[list[float]] | None = None
-    ref_logprobs: list[list[float]] | None = None
-    messages: list[list[dict[str, Any]]] | None = None
+    tokens: IntRows
+    masks: IntRows
+    scores: Floats
+    advantages: FloatRows | None = None
+    ref_logprobs: FloatRows | None = None
+    messages: DictRows | None = None
     generation_params: dict[str, Any] | None = None
-    inference_logprobs: list[list[float]] | None = None
-    overrides: list[dict[str, Any]] | None = None
+    inference_logprobs: FloatRows | None = None
+    overrides: Dicts | None = None
     group_overrides: dict[str, Any] | None = None
     images: Any | None = None
     env_id: int | None = None
-    distill_token_ids: list[list[list[int]]] | None = None  # [sequence][position][top k]
-    distill_logprobs: list[list[list[float]]] | None = None
+    distill_token_ids: Annotated[list[IntRows], FAIL_FAST] | None = None  # [sequence][position][top k]
+    distill_logprobs: Annotated[list[FloatRows], FAIL_FAST] | None = None
 
     @model_validator(mode="after")
-    def _lined_up(self) -> ScoredData:
-        """A group whose fields do not line up is refused here (422), not found out by a trainer, which would
-        lose the whole batch it landed in; the reference accepts it."""
-        if not len(self.tokens) == len(self.masks) == len(self.scores) or not self.tokens:
-            raise ValueError(f"tokens, masks and scores need one entry per sequence, at least one: got "
-                             f"{len(self.tokens)}, {len(self.masks)} and {len(self.scores)}")  # fmt: skip
+    def _token_ids(self) -> ScoredData:
         for i, row in enumerate(self.tokens):
             if row and not 0 <= min(row) <= max(row) < MAX_TOKEN_ID:
                 raise ValueError(f"tokens[{i}] holds an id outside [0, {MAX_TOKEN_ID})")
-        for name in ("masks", "inference_logprobs", "advantages"):
-            for i, row in enumerate(getattr(self, name) or []):
-                if row is not None and len(row) != len(self.tokens[i]):
-                    raise ValueError(f"{name}[{i}] has {len(row)} entries for {len(self.tokens[i])} tokens")
         return self
 
     @field_validator("messages")
@@ -118,7 +123,27 @@ class ScoredData(BaseModel):
         return messages
 
 
-SCORED_ROUTES = ("/scored_data", "/scored_data_list")
+def lined_up(group: Any, where: str = "") -> None:
+    """ValueError for a group (parsed JSON, not validated yet) whose fields do not line up, so that it is refused
+    (422) before validation builds anything per item, and not found out by a trainer, which would lose the whole
+    batch it landed in (the reference accepts it). Fields of the wrong type are left to validation."""
+    if not isinstance(group, dict):
+        return
+    tokens, masks, scores = (group.get(k) for k in ("tokens", "masks", "scores"))
+    if not all(isinstance(v, list) for v in (tokens, masks, scores)):
+        return
+    if not len(tokens) == len(masks) == len(scores) or not tokens:
+        raise ValueError(f"{where}tokens, masks and scores need one entry per sequence, at least one: got "
+                         f"{len(tokens)}, {len(masks)} and {len(scores)}")  # fmt: skip
+    for name in ("masks", "inference_logprobs", "advantages"):
+        rows = group.get(name)
+        if not isinstance(rows, list):
+            continue
+        if len(rows) > len(tokens):
+            raise ValueError(f"{where}{name} has {len(rows)} rows for {len(tokens)} sequences")
+        for i, (row, sequence) in enumerate(zip(rows, tokens, strict=False)):
+            if isinstance(row, list) and isinstance(sequence, list) and len(row) != len(sequence):
+                raise ValueError(f"{where}{name}[{i}] has {len(row)} entries for {len(sequence)} tokens")
 
 
 async def _store(request: Request) -> TrajectoryStore:  # async: a plain def would run in the thread pool
@@ -143,7 +168,9 @@ async def healthz(store: Store) -> dict[str, Any]:
 
 
 @trainers.post("/register")
-async def register(registration: Registration, store: Store) -> dict[str, Any]:
+async def register(
+    registration: Annotated[Registration, json_body(Registration)], store: Store
+) -> dict[str, Any]:
     return store.register(registration.model_dump())
 
 
@@ -183,20 +210,24 @@ envs = APIRouter()
 
 
 @envs.post("/register-env")
-async def register_env(fields: RegisterEnv, store: Store) -> dict[str, Any]:
+async def register_env(
+    fields: Annotated[RegisterEnv, json_body(RegisterEnv)], store: Store
+) -> dict[str, Any]:
     return store.register_env(fields.model_dump())
 
 
 @envs.post("/disconnect-env")
-async def disconnect_env(env: EnvIdentifier, store: Store) -> dict[str, Any]:
+async def disconnect_env(
+    env: Annotated[EnvIdentifier, json_body(EnvIdentifier)], store: Store
+) -> dict[str, Any]:
     return store.disconnect_env(env.env_id)
 
 
-def _within_token_length(store: TrajectoryStore, groups: list[ScoredData]) -> None:
+def _within_token_length(store: TrajectoryStore, groups: list[dict[str, Any]]) -> None:
     """422 (counted) for a sequence past the ``max_token_len`` the trainer registered: it could not learn it."""
     limit = store.info()["max_token_len"]
     for g, group in enumerate(groups):
-        for i, tokens in enumerate(group.tokens):
+        for i, tokens in enumerate(group["tokens"]):
             if 0 < limit < len(tokens):
                 store.refuse_invalid(len(groups))
                 where = f"[{g}]" if len(groups) > 1 else ""
@@ -204,18 +235,52 @@ def _within_token_length(store: TrajectoryStore, groups: list[ScoredData]) -> No
                                f"max_token_len {limit}")  # fmt: skip
 
 
+ONE_GROUP, GROUPS = TypeAdapter(ScoredData), TypeAdapter(Annotated[list[ScoredData], FAIL_FAST])
+
+
+def _stored(groups: list[ScoredData]) -> list[tuple[dict[str, Any], bytes]]:
+    """Each group as the store takes it: its fields (the validated lists, not copies) and its JSON, made in the
+    parsing thread (a big group's serialisation would hold the event loop for seconds)."""
+    return [(fields, pydantic_core.to_json(fields)) for fields in map(dict, groups)]
+
+
+async def _posted(request: Request, store: TrajectoryStore, listed: bool) -> list[dict[str, Any]]:
+    """The groups of a scored-data post, bounded as every body (``JSONBodies``), their fields lined up before they
+    are validated; a refusal (422) counts the groups posted, queued (or buffered) otherwise."""
+    posted = 1
+
+    def check(parsed: Any) -> None:
+        nonlocal posted
+        if not listed:
+            return lined_up(parsed)
+        if isinstance(parsed, list):
+            posted = max(1, len(parsed))
+            for g, group in enumerate(parsed):
+                lined_up(group, f"body[{g}].")
+
+    bodies: JSONBodies = request.app.state.bodies
+    try:
+        stored = await bodies.parse(request, GROUPS if listed else ONE_GROUP, check,
+                                    lambda value: _stored(value if listed else [value]))  # fmt: skip
+    except BodyError as error:
+        if error.status == 422:
+            store.refuse_invalid(posted)
+        raise
+    groups = [fields for fields, _ in stored]
+    _within_token_length(store, groups)
+    return store.post(groups, [encoded for _, encoded in stored])
+
+
 @envs.post("/scored_data")
-async def scored_data(group: ScoredData, store: Store) -> dict[str, Any]:
-    _within_token_length(store, [group])
-    return store.post([group.model_dump()])[0]
+async def scored_data(request: Request, store: Store) -> dict[str, Any]:
+    return (await _posted(request, store, listed=False))[0]
 
 
 @envs.post("/scored_data_list")
-async def scored_data_list(groups: list[ScoredData], store: Store) -> dict[str, Any]:
-    _within_token_length(store, groups)
-    answers = store.post([g.model_dump() for g in groups])
+async def scored_data_list(request: Request, store: Store) -> dict[str, Any]:
+    answers = await _posted(request, store, listed=True)
     buffered = [a for a in answers if a["status"] == "buffered"]
-    answer: dict[str, Any] = {"status": "received", "groups_processed": len(groups)}
+    answer: dict[str, Any] = {"status": "received", "groups_processed": len(answers)}
     if buffered:
         answer |= {"buffered": len(buffered), "last_buffer_size": buffered[-1]["buffer_size"]}
     return answer
@@ -223,7 +288,7 @@ async def scored_data_list(groups: list[ScoredData], store: Store) -> dict[str, 
 
 @envs.get("/status-env")
 async def status_env(
-    env: EnvIdentifier, store: Store
+    env: Annotated[EnvIdentifier, json_body(EnvIdentifier)], store: Store
 ) -> Any:  # a GET with a JSON body, as atroposlib sends it
     answer = store.status_env(env.env_id)
     if answer is None:
@@ -247,15 +312,6 @@ async def _redis_away(request: Request, error: redis.RedisError) -> JSONResponse
     return _retry_later(request, f"the state store (Redis) is unavailable: {error}")
 
 
-async def _invalid(request: Request, error: RequestValidationError) -> JSONResponse:
-    """422 as FastAPI answers it (without the values given: a NaN is no JSON), the refused groups of a scored-data
-    post counted."""
-    if request.url.path in SCORED_ROUTES:
-        request.app.state.store.refuse_invalid(_posted_groups(error.body))
-    detail = [{"type": e["type"], "loc": list(e["loc"]), "msg": e["msg"]} for e in error.errors()]
-    return JSONResponse({"detail": detail}, status_code=422)
-
-
 async def _refused(request: Request, error: _Refused) -> JSONResponse:
     return JSONResponse({"detail": str(error)}, status_code=422)
 
@@ -272,6 +328,7 @@ def build_app(
         title="tinker-atropos Atropos trajectory API", docs_url=None, redoc_url=None, openapi_url=None
     )
     app.state.store, app.state.retry_after_s = store, retry_after_s
+    app.state.bodies = JSONBodies("atropos.max_request_mb")
     app.add_middleware(GZipMiddleware, minimum_size=1000)  # batches are large: gzip answers to who accepts it
     app.add_middleware(GzipRequests, limit=max_request_bytes, setting="atropos.max_request_mb")
     app.add_middleware(BodyLimit, limit=max_request_bytes, setting="atropos.max_request_mb")
@@ -279,7 +336,7 @@ def build_app(
         app.add_middleware(
             APIKeys, keys=[k.encode() for k in api_keys], open_paths=frozenset({"/", "/healthz"})
         )
-    for error, handler in ((redis.RedisError, _redis_away), (RequestValidationError, _invalid),
+    for error, handler in ((redis.RedisError, _redis_away), (BodyError, body_error),
                            (_Refused, _refused), (QueueFull, _queue_full)):  # fmt: skip
         app.add_exception_handler(error, handler)
     app.include_router(trainers)

@@ -19,6 +19,7 @@ import uuid
 from dataclasses import asdict
 from typing import Any
 
+import pydantic_core
 import redis
 
 from tinker_atropos.frontends.atropos.mirror import Entry, Mirror, load, place
@@ -32,8 +33,9 @@ class QueueFull(Exception):
     """The queue holds ``atropos.max_queue_sequences``: the group is refused (503), the env retries later."""
 
 
-def _digest(group: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(group, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+def encode(group: dict[str, Any]) -> bytes:
+    """A group's JSON as stored, and digested to recognise a retried post."""
+    return pydantic_core.to_json(group)
 
 
 class TrajectoryStore:
@@ -115,11 +117,14 @@ class TrajectoryStore:
         return {"group": r.get("wandb_group"), "project": r.get("wandb_project")}
 
     # scored data ---------------------------------------------------------------------------------------------
-    def post(self, groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def post(self, groups: list[dict[str, Any]], encoded: list[bytes] | None = None) -> list[dict[str, Any]]:
         """Queue (or buffer) each group; the reference's answer for each. QueueFull before any change when
-        the new groups would pass the bound; a group seen among the latest is answered, not queued again."""
+        the new groups would pass the bound; a group seen among the latest is answered, not queued again.
+        ``encoded``: each group's ``encode``, when the caller made it already (off the event loop)."""
         m = self.fresh()
-        digests = [_digest(g) for g in groups]
+        encoded = encoded if encoded is not None else [encode(g) for g in groups]
+        stored = {id(g): e for g, e in zip(groups, encoded, strict=True)}
+        digests = [hashlib.sha256(e).hexdigest() for e in encoded]
         new = {d: g for g, d in zip(groups, digests, strict=True) if d not in m.digest_set}
         incoming = sum(len(g["tokens"]) for g in new.values())
         if new and m.queued_sequences() + incoming > self.max_queue_sequences:
@@ -133,12 +138,12 @@ class TrajectoryStore:
         fresh = list(dict.fromkeys(d for d in digests if d not in m.digest_set))
         duplicates = len(groups) - len(bodies)
         buffered = sum(a["status"] == "buffered" for a in answers)
-        latest_body = bodies.get(latest) if latest is not None else None
+        latest_body = stored[id(bodies[latest])] if latest in bodies else None
         if latest is not None and latest_body is None:  # a group buffered by an earlier request
-            latest_body = parse_json(self.client.hget(self._key("groups"), str(latest)) or b"null")
+            latest_body = self.client.hget(self._key("groups"), str(latest))
         with self.client.pipeline(transaction=True) as pipe:
             if bodies:
-                pipe.hset(self._key("groups"), mapping={str(k): json.dumps(v) for k, v in bodies.items()})
+                pipe.hset(self._key("groups"), mapping={str(k): stored[id(v)] for k, v in bodies.items()})
             if len(queue) > len(m.queue):
                 pipe.rpush(self._key("queue"), *(e.encode() for e in queue[len(m.queue) :]))
             for env_id in touched:
@@ -146,7 +151,7 @@ class TrajectoryStore:
                 if buffers[env_id]:
                     pipe.rpush(self._key("buffer", str(env_id)), *(e.encode() for e in buffers[env_id]))
             if latest_body is not None:
-                pipe.set(self._key("latest"), json.dumps(latest_body))
+                pipe.set(self._key("latest"), latest_body)
             if fresh:
                 pipe.lpush(self._key("digests"), *fresh)
                 pipe.ltrim(self._key("digests"), 0, self.dedup_window - 1)

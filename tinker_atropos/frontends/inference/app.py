@@ -26,9 +26,13 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from tinker_atropos.frontends.http import APIKeys, BodyLimit
+from tinker_atropos.frontends.http import APIKeys, BodyError, BodyLimit, JSONBodies, body_error, json_body
 from tinker_atropos.frontends.inference.sampler import Completion, Sampler
 from tinker_atropos.models.tiny_lm import chat_prompt
+
+# what a request may hold, checked as it is validated (a longer list stops there): no model served here reads
+# more tokens than this, nor an OpenAI server more stop strings or messages
+MAX_PROMPT_TOKENS, MAX_STOPS, MAX_MESSAGES = 1 << 16, 16, 4096
 
 
 class _Sampling(BaseModel):
@@ -40,12 +44,12 @@ class _Sampling(BaseModel):
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = -1
     n: int = Field(1, ge=1, le=64)
-    stop: str | list[str] | None = None
+    stop: str | Annotated[list[str], Field(max_length=MAX_STOPS)] | None = None
     seed: int | None = None
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | list[int]
+    prompt: str | Annotated[list[int], Field(max_length=MAX_PROMPT_TOKENS, fail_fast=True)]
     logprobs: int | None = None
 
 
@@ -56,14 +60,14 @@ class ChatMessage(BaseModel):
 
 
 class ChatRequest(_Sampling):
-    messages: list[ChatMessage]
+    messages: Annotated[list[ChatMessage], Field(max_length=MAX_MESSAGES, fail_fast=True)]
     logprobs: bool = False
     max_completion_tokens: int | None = Field(None, ge=1)
 
 
 class GenerateRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    input_ids: list[int] | None = None
+    input_ids: Annotated[list[int], Field(max_length=MAX_PROMPT_TOKENS, fail_fast=True)] | None = None
     text: str | None = None
     sampling_params: dict[str, Any] = Field(default_factory=dict)
     return_logprob: bool = False
@@ -127,7 +131,9 @@ openai_routes = APIRouter()
 
 
 @openai_routes.post("/v1/completions")
-def completions(request: CompletionRequest, endpoint: Shared) -> dict[str, Any]:
+def completions(
+    request: Annotated[CompletionRequest, json_body(CompletionRequest)], endpoint: Shared
+) -> dict[str, Any]:
     tokenizer = endpoint.sampler.tokenizer
     prompt = (
         request.prompt if isinstance(request.prompt, list) else tokenizer.encode(request.prompt, add_bos=True)
@@ -147,7 +153,9 @@ def completions(request: CompletionRequest, endpoint: Shared) -> dict[str, Any]:
 
 
 @openai_routes.post("/v1/chat/completions")
-def chat_completions(request: ChatRequest, endpoint: Shared) -> dict[str, Any]:
+def chat_completions(
+    request: Annotated[ChatRequest, json_body(ChatRequest)], endpoint: Shared
+) -> dict[str, Any]:
     tokenizer = endpoint.sampler.tokenizer
     text = chat_prompt([(m.role, m.content) for m in request.messages])
     prompt = tokenizer.encode(text, add_bos=True)
@@ -168,7 +176,7 @@ sglang_routes = APIRouter()
 
 
 @sglang_routes.post("/generate")
-def sglang_generate(request: GenerateRequest, endpoint: Shared) -> Any:
+def sglang_generate(request: Annotated[GenerateRequest, json_body(GenerateRequest)], endpoint: Shared) -> Any:
     tokenizer = endpoint.sampler.tokenizer
     params = request.sampling_params
     if request.input_ids is None and request.text is None:
@@ -195,13 +203,18 @@ def sglang_generate(request: GenerateRequest, endpoint: Shared) -> Any:
     return answers if sampling.n > 1 else answers[0]
 
 
+SETTING = "the inference endpoint's 8 MiB"
+
+
 def build_app(
     sampler: Sampler, model_name: str, api_keys: list[str], max_request_bytes: int = 8 << 20
 ) -> FastAPI:
     """The endpoint; ``api_keys`` empty: no key asked (an ``--insecure`` run)."""
     app = FastAPI(title="tinker-atropos inference", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.endpoint = Endpoint(sampler, model_name)
-    app.add_middleware(BodyLimit, limit=max_request_bytes, setting="the inference endpoint's 8 MiB")
+    app.state.bodies = JSONBodies(SETTING)
+    app.add_exception_handler(BodyError, body_error)
+    app.add_middleware(BodyLimit, limit=max_request_bytes, setting=SETTING)
     if api_keys:
         app.add_middleware(APIKeys, keys=[k.encode() for k in api_keys], open_paths=frozenset({"/health"}))
     for router in (status_routes, openai_routes, sglang_routes):
