@@ -15,14 +15,17 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+import redis
 import tinker
 from tinker import types
 from tinker.proto import tinker_public_pb2 as pb
 from tinker.types import RequestErrorCategory
 
+from tests.support.processes import wait_for
 from tests.support.tinker_server import KEY, Raw, TinkerTrainer, sdk_session, serving
 from tinker_atropos.models.tiny_lm import ByteTokenizer, TinyLMConfig
 from tinker_atropos.state.embedded import EmbeddedValkey
+from tinker_atropos.state.registry import live_services
 
 pytestmark = pytest.mark.integration
 
@@ -172,24 +175,38 @@ def test_an_overflowing_shape_is_a_400_not_a_500(
     assert trainer.process.poll() is None
 
 
-def test_a_request_refused_for_its_key_leaves_its_number_answered(
-    service: tinker.ServiceClient, trainer: TinkerTrainer
+def _unauthenticated(trainer: TinkerTrainer, redis_client: redis.Redis) -> int:
+    """The trainer's count of requests refused for their key, as its status shows it (in the registry)."""
+    records = live_services(redis_client, trainer.run, "trainer")
+    return records[0].figures["tinker_events"].get("requests_unauthenticated", 0) if records else 0
+
+
+def test_requests_without_an_allowed_key_change_nothing(
+    service: tinker.ServiceClient, trainer: TinkerTrainer, redis_client: redis.Redis
 ) -> None:
-    """The SDK cannot be made to send another key midway, so the numbered requests go by hand, as it builds
-    them: number 4 with a wrong key (401), then 5 with the right one completes, and 4 is answered as failed."""
+    """Issue 43, row 1: a local user without the key reads the victim's model id (the run folder's names) and
+    posts its next numbers, keyless or with a wrong key. Each is a 401 that notes nothing: the victim's own
+    next requests complete, the refusals are counted in the trainer's status, and the folder that names the
+    models is private to the run's user. (The SDK's own later number 4 with the right key is what runs.)"""
     client = service.create_lora_training_client(base_model=LM, rank=0).result(timeout=60)
-    learns(client)  # numbers 1, 2 and 3: the forward after the step
-    wrong, raw = Raw(trainer.url, key="tml-wrong-key-0123456789abcdef"), Raw(trainer.url)
+    before = learns(client)  # numbers 1, 2 and 3
+    assert (trainer.run_dir / "tinker").stat().st_mode & 0o777 == 0o700
+    counted = _unauthenticated(trainer, redis_client)
+    keyless, wrong = Raw(trainer.url, key=""), Raw(trainer.url, key="tml-wrong-key-0123456789abcdef")
     try:
-        with pytest.raises(Exception) as refused:
-            wrong.forward_backward(client.model_id, 4, [GOOD], "cross_entropy")
-        assert refused.value.response.status_code == 401
-        assert raw.result(raw.forward_backward(client.model_id, 5, [GOOD], "cross_entropy"), timeout_s=30)
-        failed = raw.result(raw.forward_backward(client.model_id, 4, [GOOD], "cross_entropy"), timeout_s=30)
-        assert failed.json()["category"] == "user" and "401" in failed.json()["error"], failed.text
+        for seq in range(4, 34):
+            for raw in (keyless, wrong):
+                with pytest.raises(httpx.HTTPStatusError) as refused:
+                    raw.forward_backward(client.model_id, seq, [GOOD], "cross_entropy")
+                assert refused.value.response.status_code == 401
+            with pytest.raises(httpx.HTTPStatusError) as refused:
+                keyless.optim_step(client.model_id, seq, types.AdamParams(learning_rate=1.0))
+            assert refused.value.response.status_code == 401
     finally:
+        keyless.close()
         wrong.close()
-        raw.close()
+    assert learns(client) < before  # numbers 4, 5 and 6 of the victim: its own, applied
+    wait_for(lambda: _unauthenticated(trainer, redis_client) >= counted + 90, 15, "the refusals in the status")
 
 
 def test_stop_as_the_sdk_documents_it(service: tinker.ServiceClient) -> None:

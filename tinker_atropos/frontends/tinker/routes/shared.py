@@ -17,6 +17,7 @@ from starlette.types import Scope
 from tinker_atropos.frontends.tinker import base_models, wire
 from tinker_atropos.frontends.tinker.store import Store
 from tinker_atropos.frontends.tinker.worker import Worker
+from tinker_atropos.logs import CountedWarnings
 from tinker_atropos.training.served import LANGUAGE_MODELS
 
 NUMBERED = ("forward_backward", "optim_step", "save_weights", "save_weights_for_sampler", "load_weights",
@@ -89,6 +90,12 @@ class Api:
     max_request_bytes: int
     max_request_tokens: int
     waiters: Waiters = field(default_factory=Waiters)
+    # the requests answered 401 (no key, a wrong one): counted and logged, nothing else
+    unauthenticated: CountedWarnings = field(
+        default_factory=lambda: CountedWarnings(
+            "Tinker API requests refused without an allowed API key (401)"
+        )
+    )
 
     async def refused(self, scope: Scope, body: bytes, reason: str) -> None:
         """A numbered request refused before it was queued: its number noted, to be answered as failed."""
