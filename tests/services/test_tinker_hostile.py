@@ -206,7 +206,9 @@ def test_requests_without_an_allowed_key_change_nothing(
         keyless.close()
         wrong.close()
     assert learns(client) < before  # numbers 4, 5 and 6 of the victim: its own, applied
-    wait_for(lambda: _unauthenticated(trainer, redis_client) >= counted + 90, 15, "the refusals in the status")
+    wait_for(
+        lambda: _unauthenticated(trainer, redis_client) >= counted + 90, 15, "the refusals in the status"
+    )
 
 
 def test_stop_as_the_sdk_documents_it(service: tinker.ServiceClient) -> None:

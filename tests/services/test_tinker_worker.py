@@ -153,7 +153,7 @@ def test_a_silent_session_is_finished_and_its_models_unloaded(
     worker.step()
     timeout = _config().trainer.tinker.session_timeout_s
     snapshots = list(worker.checkpoints.folder(model).glob("state-*.pt"))
-    assert snapshots and tmp_path.stat().st_mode & 0o777 == 0o700  # the folder naming models: the run's user's
+    assert snapshots and tmp_path.stat().st_mode & 0o777 == 0o700  # the models' folder: the run user's only
 
     worker.expire_sessions()  # a live client: nothing happens
     assert store.session_state(session) == "" and store.is_loaded(model)
