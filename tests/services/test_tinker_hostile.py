@@ -251,6 +251,82 @@ def test_a_sample_past_the_token_budget_is_refused_and_sampling_goes_on(
     )
 
 
+SIZE = (2 << 20) - 1024  # just under this trainer's max_request_mb
+EMPTIES = b",".join([b"[]"] * (SIZE // 3))  # the most values per byte: [[],[],...]
+
+
+def _protobuf_of_empty_datums() -> bytes:
+    head = pb.ForwardBackwardRequest(model_id="session-x:train:0", seq_id=1, loss_fn="cross_entropy")
+    return head.SerializeToString() + b"\x1a\x00" * ((SIZE - 64) // 2)
+
+
+def _json(template: bytes) -> bytes:
+    return template.replace(b"FILL", EMPTIES)
+
+
+def _vm_kb(pid: int, field: str) -> int:
+    return int(Path(f"/proc/{pid}/status").read_text().split(f"{field}:")[1].split()[0])
+
+
+@pytest.mark.parametrize(
+    ("route", "body", "status"),
+    [
+        pytest.param("create_session", b'{"tags":[' + b",".join([b"1"] * (SIZE // 2)) + b'],"sdk_version":"0"}',
+                     400, id="sessions-tags-of-integers"),
+        pytest.param("create_session", b'{"tags":[' + b"1" * SIZE + b'],"sdk_version":"0"}', 400,
+                     id="sessions-one-huge-number"),
+        pytest.param("create_model", _json(b'{"session_id":"s","model_seq_id":0,"base_model":"x","user_metadata":'
+                                           b'{"a":[FILL]}}'), 400, id="sessions-metadata"),
+        pytest.param("optim_step", _json(b'{"model_id":"session-x:train:0","seq_id":1,"optim_params":[FILL]}'),
+                     400, id="training-json"),
+        pytest.param("forward_backward", _protobuf_of_empty_datums(), 400, id="training-protobuf"),
+        pytest.param("asample", _json(b'{"num_samples":1,"prompt":{"chunks":[FILL]},"sampling_params":{}}'),
+                     400, id="sampling"),
+        pytest.param("weights_info", _json(b'{"tinker_path":[FILL]}'), 400, id="runs"),
+        pytest.param("save_weights_external", _json(b'{"model_id":"session-x:train:0","seq_id":1,"x":[FILL]}'),
+                     404, id="service-unserved"),
+    ],
+)  # fmt: skip
+def test_a_body_up_to_max_request_mb_costs_little_memory_and_never_holds_healthz(
+    trainer: TinkerTrainer, route: str, body: bytes, status: int
+) -> None:
+    """Issue 43, row 2: a keyed client's body under max_request_mb whose parsing would build far more than its
+    bytes (a value per 2 or 3 bytes: each an object, and a validation error each where the type is wrong) is
+    refused for what it holds, costing the trainer at most 10 x its size at its peak (VmHWM, reset first), while
+    a health check polled all along answers within 1 s each."""
+    pid = trainer.process.pid
+    Path(f"/proc/{pid}/clear_refs").write_text("5")  # VmHWM from here
+    before, slowest, done = _vm_kb(pid, "VmRSS"), [0.0], threading.Event()
+
+    def poll_healthz() -> None:
+        with httpx.Client(base_url=trainer.url, headers={"X-API-Key": KEY}, timeout=10) as http:
+            while not done.is_set():
+                start = time.perf_counter()
+                assert http.get("/api/v1/healthz").status_code == 200
+                slowest[0] = max(slowest[0], time.perf_counter() - start)
+                time.sleep(0.02)
+
+    poller = threading.Thread(target=poll_healthz)
+    poller.start()
+    try:
+        kind = "application/x-protobuf" if route == "forward_backward" else "application/json"
+        with httpx.Client(
+            base_url=trainer.url, headers={"X-API-Key": KEY, "Content-Type": kind}, timeout=60
+        ) as http:
+            start = time.perf_counter()
+            answer = http.post(f"/api/v1/{route}", content=body)
+            took = time.perf_counter() - start
+    finally:
+        done.set()
+        poller.join()
+    peak_mb = (_vm_kb(pid, "VmHWM") - before) / 1024
+    print(f"{route}: {len(body) / 2**20:.1f} MiB answered {answer.status_code} in {took:.2f} s; peak +{peak_mb:.0f} "
+          f"MB, after +{(_vm_kb(pid, 'VmRSS') - before) / 1024:.0f} MB; slowest healthz {slowest[0]:.2f} s")  # fmt: skip
+    assert answer.status_code == status, answer.text[:300]
+    assert slowest[0] < 1.0 and took < 2.0
+    assert peak_mb <= 10 * len(body) / 2**20
+
+
 def test_the_trainer_took_no_crash(trainer: TinkerTrainer) -> None:
     """After the hostile requests above: the same process, and no traceback of an unexpected error."""
     assert trainer.process is not None and trainer.process.poll() is None and trainer.starts == 1
