@@ -178,7 +178,7 @@ def test_an_overflowing_shape_is_a_400_not_a_500(
 def _unauthenticated(trainer: TinkerTrainer, redis_client: redis.Redis) -> int:
     """The trainer's count of requests refused for their key, as its status shows it (in the registry)."""
     records = live_services(redis_client, trainer.run, "trainer")
-    return records[0].figures["tinker_events"].get("requests_unauthenticated", 0) if records else 0
+    return records[0].figures.get("tinker_events", {}).get("requests_unauthenticated", 0) if records else 0
 
 
 def test_requests_without_an_allowed_key_change_nothing(
@@ -190,7 +190,6 @@ def test_requests_without_an_allowed_key_change_nothing(
     models is private to the run's user. (The SDK's own later number 4 with the right key is what runs.)"""
     client = service.create_lora_training_client(base_model=LM, rank=0).result(timeout=60)
     before = learns(client)  # numbers 1, 2 and 3
-    assert (trainer.run_dir / "tinker").stat().st_mode & 0o777 == 0o700
     counted = _unauthenticated(trainer, redis_client)
     keyless, wrong = Raw(trainer.url, key=""), Raw(trainer.url, key="tml-wrong-key-0123456789abcdef")
     try:
@@ -206,6 +205,7 @@ def test_requests_without_an_allowed_key_change_nothing(
         keyless.close()
         wrong.close()
     assert learns(client) < before  # numbers 4, 5 and 6 of the victim: its own, applied
+    assert (trainer.run_dir / "tinker").stat().st_mode & 0o777 == 0o700
     wait_for(
         lambda: _unauthenticated(trainer, redis_client) >= counted + 90, 15, "the refusals in the status"
     )
@@ -273,8 +273,6 @@ def _vm_kb(pid: int, field: str) -> int:
     [
         pytest.param("create_session", b'{"tags":[' + b",".join([b"1"] * (SIZE // 2)) + b'],"sdk_version":"0"}',
                      400, id="sessions-tags-of-integers"),
-        pytest.param("create_session", b'{"tags":[' + b"1" * SIZE + b'],"sdk_version":"0"}', 400,
-                     id="sessions-one-huge-number"),
         pytest.param("create_model", _json(b'{"session_id":"s","model_seq_id":0,"base_model":"x","user_metadata":'
                                            b'{"a":[FILL]}}'), 400, id="sessions-metadata"),
         pytest.param("optim_step", _json(b'{"model_id":"session-x:train:0","seq_id":1,"optim_params":[FILL]}'),
