@@ -300,6 +300,9 @@ class EvaluationSection(Section):
     )
 
 
+SDK_HEARTBEAT_S = 10.0  # the tinker SDK's session heartbeat period (SESSION_HEARTBEAT_PERIOD_SEC, 0.38.0)
+
+
 class TinkerSection(Section):
     enabled: bool = Field(
         False, description="Serve the Tinker training API (HTTP) beside the trainer's gRPC port."
@@ -356,10 +359,12 @@ class TinkerSection(Section):
         "are kept once no sample used them; each sample from them starts this time again.",
     )
     session_timeout_s: float = Field(
-        600.0,
-        ge=30,
-        description="A session whose client sent no heartbeat for this long (the SDK sends one every 10 s) is "
-        "finished and its models unloaded; their checkpoints stay.",
+        SDK_HEARTBEAT_S * 4,
+        ge=SDK_HEARTBEAT_S * 1.5,
+        description=f"A session whose client sent no heartbeat for this long (the tinker SDK sends one every "
+        f"{SDK_HEARTBEAT_S:g} s while its script runs, and never closes its session when the script ends) is "
+        "finished, its models unloaded and their snapshots deleted (named checkpoints stay); checked every quarter "
+        f"of it. At least {SDK_HEARTBEAT_S * 1.5:g} s: a shorter one would end live sessions.",
     )
 
 

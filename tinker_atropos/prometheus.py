@@ -36,6 +36,7 @@ MAP_LABELS = {
     "writes_failed": "what",
     "instances_by_env": "env",
     "lease_records_skipped": "reason",
+    "tinker_events": "event",
 }
 
 

@@ -15,14 +15,17 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+import redis
 import tinker
 from tinker import types
 from tinker.proto import tinker_public_pb2 as pb
 from tinker.types import RequestErrorCategory
 
+from tests.support.processes import wait_for
 from tests.support.tinker_server import KEY, Raw, TinkerTrainer, sdk_session, serving
 from tinker_atropos.models.tiny_lm import ByteTokenizer, TinyLMConfig
 from tinker_atropos.state.embedded import EmbeddedValkey
+from tinker_atropos.state.registry import live_services
 
 pytestmark = pytest.mark.integration
 
@@ -172,24 +175,40 @@ def test_an_overflowing_shape_is_a_400_not_a_500(
     assert trainer.process.poll() is None
 
 
-def test_a_request_refused_for_its_key_leaves_its_number_answered(
-    service: tinker.ServiceClient, trainer: TinkerTrainer
+def _unauthenticated(trainer: TinkerTrainer, redis_client: redis.Redis) -> int:
+    """The trainer's count of requests refused for their key, as its status shows it (in the registry)."""
+    records = live_services(redis_client, trainer.run, "trainer")
+    return records[0].figures.get("tinker_events", {}).get("requests_unauthenticated", 0) if records else 0
+
+
+def test_requests_without_an_allowed_key_change_nothing(
+    service: tinker.ServiceClient, trainer: TinkerTrainer, redis_client: redis.Redis
 ) -> None:
-    """The SDK cannot be made to send another key midway, so the numbered requests go by hand, as it builds
-    them: number 4 with a wrong key (401), then 5 with the right one completes, and 4 is answered as failed."""
+    """Issue 43, row 1: a local user without the key reads the victim's model id (the run folder's names) and
+    posts its next numbers, keyless or with a wrong key. Each is a 401 that notes nothing: the victim's own
+    next requests complete, the refusals are counted in the trainer's status, and the folder that names the
+    models is private to the run's user. (The SDK's own later number 4 with the right key is what runs.)"""
     client = service.create_lora_training_client(base_model=LM, rank=0).result(timeout=60)
-    learns(client)  # numbers 1, 2 and 3: the forward after the step
-    wrong, raw = Raw(trainer.url, key="tml-wrong-key-0123456789abcdef"), Raw(trainer.url)
+    before = learns(client)  # numbers 1, 2 and 3
+    counted = _unauthenticated(trainer, redis_client)
+    keyless, wrong = Raw(trainer.url, key=""), Raw(trainer.url, key="tml-wrong-key-0123456789abcdef")
     try:
-        with pytest.raises(Exception) as refused:
-            wrong.forward_backward(client.model_id, 4, [GOOD], "cross_entropy")
-        assert refused.value.response.status_code == 401
-        assert raw.result(raw.forward_backward(client.model_id, 5, [GOOD], "cross_entropy"), timeout_s=30)
-        failed = raw.result(raw.forward_backward(client.model_id, 4, [GOOD], "cross_entropy"), timeout_s=30)
-        assert failed.json()["category"] == "user" and "401" in failed.json()["error"], failed.text
+        for seq in range(4, 34):
+            for raw in (keyless, wrong):
+                with pytest.raises(httpx.HTTPStatusError) as refused:
+                    raw.forward_backward(client.model_id, seq, [GOOD], "cross_entropy")
+                assert refused.value.response.status_code == 401
+            with pytest.raises(httpx.HTTPStatusError) as refused:
+                keyless.optim_step(client.model_id, seq, types.AdamParams(learning_rate=1.0))
+            assert refused.value.response.status_code == 401
     finally:
+        keyless.close()
         wrong.close()
-        raw.close()
+    assert learns(client) < before  # numbers 4, 5 and 6 of the victim: its own, applied
+    assert (trainer.run_dir / "tinker").stat().st_mode & 0o777 == 0o700
+    wait_for(
+        lambda: _unauthenticated(trainer, redis_client) >= counted + 90, 15, "the refusals in the status"
+    )
 
 
 def test_stop_as_the_sdk_documents_it(service: tinker.ServiceClient) -> None:
@@ -230,6 +249,80 @@ def test_a_sample_past_the_token_budget_is_refused_and_sampling_goes_on(
     assert (
         len(sampler.sample(prompt, 2, types.SamplingParams(max_tokens=8)).result(timeout=60).sequences) == 2
     )
+
+
+SIZE = (2 << 20) - 1024  # just under this trainer's max_request_mb
+EMPTIES = b",".join([b"[]"] * (SIZE // 3))  # the most values per byte: [[],[],...]
+
+
+def _protobuf_of_empty_datums() -> bytes:
+    head = pb.ForwardBackwardRequest(model_id="session-x:train:0", seq_id=1, loss_fn="cross_entropy")
+    return head.SerializeToString() + b"\x1a\x00" * ((SIZE - 64) // 2)
+
+
+def _json(template: bytes) -> bytes:
+    return template.replace(b"FILL", EMPTIES)
+
+
+def _vm_kb(pid: int, field: str) -> int:
+    return int(Path(f"/proc/{pid}/status").read_text().split(f"{field}:")[1].split()[0])
+
+
+@pytest.mark.parametrize(
+    ("route", "body", "status"),
+    [
+        pytest.param("create_session", b'{"tags":[' + b",".join([b"1"] * (SIZE // 2)) + b'],"sdk_version":"0"}',
+                     400, id="sessions-tags-of-integers"),
+        pytest.param("create_model", _json(b'{"session_id":"s","model_seq_id":0,"base_model":"x","user_metadata":'
+                                           b'{"a":[FILL]}}'), 400, id="sessions-metadata"),
+        pytest.param("optim_step", _json(b'{"model_id":"session-x:train:0","seq_id":1,"optim_params":[FILL]}'),
+                     400, id="training-json"),
+        pytest.param("forward_backward", _protobuf_of_empty_datums(), 400, id="training-protobuf"),
+        pytest.param("asample", _json(b'{"num_samples":1,"prompt":{"chunks":[FILL]},"sampling_params":{}}'),
+                     400, id="sampling"),
+        pytest.param("weights_info", _json(b'{"tinker_path":[FILL]}'), 400, id="runs"),
+        pytest.param("save_weights_external", _json(b'{"model_id":"session-x:train:0","seq_id":1,"x":[FILL]}'),
+                     404, id="service-unserved"),
+    ],
+)  # fmt: skip
+def test_a_body_up_to_max_request_mb_costs_little_memory_and_never_holds_healthz(
+    trainer: TinkerTrainer, route: str, body: bytes, status: int
+) -> None:
+    """Issue 43, row 2: a keyed client's body under max_request_mb whose parsing would build far more than its
+    bytes (a value per 2 or 3 bytes: each an object, and a validation error each where the type is wrong) is
+    refused for what it holds, costing the trainer at most 10 x its size at its peak (VmHWM, reset first), while
+    a health check polled all along answers within 1 s each."""
+    pid = trainer.process.pid
+    Path(f"/proc/{pid}/clear_refs").write_text("5")  # VmHWM from here
+    before, slowest, done = _vm_kb(pid, "VmRSS"), [0.0], threading.Event()
+
+    def poll_healthz() -> None:
+        with httpx.Client(base_url=trainer.url, headers={"X-API-Key": KEY}, timeout=10) as http:
+            while not done.is_set():
+                start = time.perf_counter()
+                assert http.get("/api/v1/healthz").status_code == 200
+                slowest[0] = max(slowest[0], time.perf_counter() - start)
+                time.sleep(0.02)
+
+    poller = threading.Thread(target=poll_healthz)
+    poller.start()
+    try:
+        kind = "application/x-protobuf" if route == "forward_backward" else "application/json"
+        with httpx.Client(
+            base_url=trainer.url, headers={"X-API-Key": KEY, "Content-Type": kind}, timeout=60
+        ) as http:
+            start = time.perf_counter()
+            answer = http.post(f"/api/v1/{route}", content=body)
+            took = time.perf_counter() - start
+    finally:
+        done.set()
+        poller.join()
+    peak_mb = (_vm_kb(pid, "VmHWM") - before) / 1024
+    print(f"{route}: {len(body) / 2**20:.1f} MiB answered {answer.status_code} in {took:.2f} s; peak +{peak_mb:.0f} "
+          f"MB, after +{(_vm_kb(pid, 'VmRSS') - before) / 1024:.0f} MB; slowest healthz {slowest[0]:.2f} s")  # fmt: skip
+    assert answer.status_code == status, answer.text[:300]
+    assert slowest[0] < 1.0 and took < 2.0
+    assert peak_mb <= 10 * len(body) / 2**20
 
 
 def test_the_trainer_took_no_crash(trainer: TinkerTrainer) -> None:

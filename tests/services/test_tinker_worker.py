@@ -152,6 +152,8 @@ def test_a_silent_session_is_finished_and_its_models_unloaded(
     worker = Worker(store, redis_client, _config(), tmp_path, torch.device("cpu"))
     worker.step()
     timeout = _config().trainer.tinker.session_timeout_s
+    snapshots = list(worker.checkpoints.folder(model).glob("state-*.pt"))
+    assert snapshots and tmp_path.stat().st_mode & 0o777 == 0o700  # the models' folder: the run user's only
 
     worker.expire_sessions()  # a live client: nothing happens
     assert store.session_state(session) == "" and store.is_loaded(model)
@@ -167,6 +169,8 @@ def test_a_silent_session_is_finished_and_its_models_unloaded(
         pass
     assert store.session_state(session) == "heartbeat_expired"
     assert not store.is_loaded(model) and model not in worker.requests.models
+    assert worker.expired == {"sessions_expired": 1, "models_expired": 1}
+    assert not worker.checkpoints.folder(model).exists()  # its snapshot went with it
 
 
 def test_a_sample_past_its_time_budget_fails_naming_it_and_one_cut_by_a_shutdown_stays_queued(

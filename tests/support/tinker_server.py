@@ -38,6 +38,7 @@ class TinkerTrainer:
         **tinker: Any,
     ) -> None:
         self.processes, self.directory, self.redis_url, self.scheme = processes, directory, redis_url, scheme
+        self.run = run
         self.http_port, self.grpc_port = free_port(), free_port()
         keys = directory / "keys"
         keys.write_text(f"# the test's key\n{KEY}\n")

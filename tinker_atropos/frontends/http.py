@@ -2,9 +2,10 @@
 keys, a bound on request bodies and gzip-encoded request bodies, and the uvicorn thread they run in. Plain ASGI,
 not Starlette's BaseHTTPMiddleware, which costs a task and a stream per request.
 
-A request refused by the middleware (no key, a body too large) can be reported to the app with the first bytes of
-its body (``Refused``): the Tinker API answers a refused numbered request's number, so the model's later requests
-are not held back by it."""
+A request of a client that proved its key and was refused by the middleware (a body too large) can be reported
+to the app with the first bytes of its body (``Refused``): the Tinker API answers a refused numbered request's
+number, so the model's later requests are not held back by it. A request without an allowed key is only counted
+and logged (rate-limited): what a client that proved nothing sends changes nothing any other client sees."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ from pydantic import TypeAdapter, ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tinker_atropos.errors import FatalError
+from tinker_atropos.logs import CountedWarnings
 from tinker_atropos.security import derive_key, insecure, read_keys, service_token
 
 # what a middleware that refused a request tells the app: the request, its body's first bytes (``PREFIX_BYTES``
@@ -75,11 +77,12 @@ def presented_key(headers: list[tuple[bytes, bytes]]) -> bytes:
 
 class APIKeys:
     """401 for any request without an allowed key (``presented_key``), before routing (but on ``open_paths``,
-    such as a health check)."""
+    such as a health check), its body unread; each counted in ``refusals`` by reason and client host."""
 
     def __init__(self, app: ASGIApp, keys: list[bytes], open_paths: frozenset[str] = frozenset(),
-                 refused: Refused | None = None) -> None:  # fmt: skip
-        self.app, self.keys, self.open_paths, self.refused = app, keys, open_paths, refused
+                 refusals: CountedWarnings | None = None) -> None:  # fmt: skip
+        self.app, self.keys, self.open_paths = app, keys, open_paths
+        self.refusals = refusals if refusals is not None else CountedWarnings("HTTP requests refused (401)")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in self.open_paths:
@@ -92,8 +95,10 @@ class APIKeys:
             if not given
             else "the API key is not allowed here"
         )
-        if self.refused is not None:
-            await self.refused(scope, await read_prefix(receive), f"refused (401): {reason}")
+        host = (scope.get("client") or ("unknown",))[0]
+        self.refusals.add(
+            f"{'no key' if not given else 'a wrong key'} from {host}", f"{scope['method']} {scope['path']}"
+        )
         await JSONResponse({"detail": reason}, status_code=401)(scope, receive, send)
 
 

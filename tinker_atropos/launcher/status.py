@@ -71,6 +71,7 @@ SHOWN_FIGURES = {
         "policy_lag_counts",
         "records_rejected",
         "updates_discarded_nonfinite",
+        "tinker_events",
         "eval_policy_version",
         "eval_return_mean",
         "eval_best_policy_version",

@@ -22,10 +22,9 @@ class TinkerDriver:
         stop.wait()
 
     def status(self) -> services_pb2.TrainerStatus:
-        """Where it serves, and the steps of Tinker clients' models it undid."""
-        return services_pb2.TrainerStatus(
-            tinker_api=self.api.url, updates_discarded_nonfinite=self.api.worker.guard.undone
-        )
+        """Where it serves, the steps of Tinker clients' models it undid, and what it refused or expired."""
+        return services_pb2.TrainerStatus(tinker_api=self.api.url, updates_discarded_nonfinite=self.api.worker.guard.undone,
+                                          tinker_events=self.api.events())  # fmt: skip
 
     def close(self) -> None:
         self.api.close()

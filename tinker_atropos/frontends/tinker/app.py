@@ -6,9 +6,11 @@ One router per resource (``routes/``: sessions and models; training requests and
 training runs and checkpoints of the SDK's ``RestClient``; the service itself), each route reaching the store and
 the worker through the ``Api`` dependency (``routes/shared.py``). A route that reads a file does so in the thread pool, never on the event loop.
 
-A numbered request (``forward_backward``, ``optim_step``, ``save_weights[_for_sampler]``, ``load_weights``) refused
-here, by its body, its size or its key, is noted as refused with its number (``Store.refuse``): the SDK has used
-that number, so once its next one arrives the worker answers the refused one as failed and the model goes on.
+A numbered request (``forward_backward``, ``optim_step``, ``save_weights[_for_sampler]``, ``load_weights``) of a
+client that proved its key, refused here by its body or its size, is noted as refused with its number
+(``Store.refuse``): the SDK has used that number, so once its next one arrives the worker answers the refused one
+as failed and the model goes on. A request without an allowed key changes nothing: it is answered 401 unread,
+counted (``Api.unauthenticated``, in the trainer's status) and logged at most every 10 s.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ def build_app(store: Store, worker: Worker, api_keys: list[str], capabilities: l
         BodyLimit, limit=max_request_bytes, setting="trainer.tinker.max_request_mb", refused=api.refused
     )
     if api_keys:  # outermost: keys checked first
-        app.add_middleware(APIKeys, keys=[key.encode() for key in api_keys], refused=api.refused)
+        app.add_middleware(APIKeys, keys=[key.encode() for key in api_keys], refusals=api.unauthenticated)
     app.add_exception_handler(HTTPError, _http_error)
     for router in (service, sessions, training, sampling, runs):
         app.include_router(router, prefix="/api/v1")

@@ -5,6 +5,7 @@ unnamed weights of sampling clients kept while used, expiry by ``ttl_seconds``, 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
@@ -53,6 +54,10 @@ class Checkpoints:
 
     def __init__(self, root: Path, store: Store, ephemeral_ttl_s: float) -> None:
         self.root, self.store, self.ephemeral_ttl_s = root, store, ephemeral_ttl_s
+        # private to the run's user (0700, also when an older version made it 0755): its sub-folders are named
+        # after the models, and a model's id is what a request needs to act on it
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        root.chmod(0o700)
         self.snapshots: dict[str, str] = {}  # the snapshot file the store points at, per model
         self.next_sweep = 0.0
 
@@ -135,6 +140,16 @@ class Checkpoints:
         if previous is not None and previous != path:
             Path(previous).unlink(missing_ok=True)
         self.snapshots[model_id] = path
+
+    def unloaded(self, model_id: str) -> None:
+        """A model unloaded: its snapshots go, and its folder with them unless it holds named checkpoints (they
+        stay until their ``ttl_seconds`` or a delete)."""
+        self.snapshots.pop(model_id, None)
+        folder = self.folder(model_id)
+        for snapshot in folder.glob("state-*.pt"):
+            snapshot.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # not empty, or never made
+            folder.rmdir()
 
     def restored(self, model_id: str, path: str) -> None:
         """The snapshot a restarted worker rebuilt the model from; those written by a process that died before the

@@ -68,12 +68,18 @@ class TinkerAPI:
         capabilities = base_models.capabilities(config.env.id, _run_env_action_space(config))
         app = build_app(store, self.worker, keys, capabilities, section.long_poll_s,
                         int(section.max_request_mb * 2**20), section.max_request_tokens)  # fmt: skip
+        self.unauthenticated = app.state.api.unauthenticated
         self.http = BackgroundServer(app, section.host, section.port, "Tinker API")
         self.worker_thread: threading.Thread | None = None
 
     @property
     def url(self) -> str:
         return self.http.url
+
+    def events(self) -> dict[str, int]:
+        """What the trainer's status shows as ``tinker_events``: requests refused without a key, sessions that
+        stopped heart-beating and the models they held."""
+        return {"requests_unauthenticated": self.unauthenticated.total(), **self.worker.expired}
 
     def start(self, stop: threading.Event) -> None:
         self.worker_thread = threading.Thread(

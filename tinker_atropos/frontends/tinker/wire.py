@@ -3,6 +3,7 @@ cannot drift: ``forward_backward`` bodies in, ``ForwardBackwardOutput`` and ``Sa
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -142,8 +143,47 @@ def _provenance(datum: pb.Datum, index: int, length: int) -> list[Span] | None:
     return runs["loss_fn_input_spans"]
 
 
+# the repeated messages walked into by ``count_fields``, by where they are: the request's data, a datum's
+# loss_fn_inputs entries, such an entry's tensor (the other repeated fields are counted where they lie)
+_WALKED = {(): 3, (3,): 2, (3, 2): 2}
+FIELD_BYTES = 8  # body bytes per field a request may hold (beyond ``FREE_FIELDS``): an empty datum is 2 bytes
+FREE_FIELDS = 16_384
+
+
+def count_fields(body: bytes) -> None:
+    """WireError when the body holds more Protobuf fields than ``len(body) / FIELD_BYTES + FREE_FIELDS``, counted
+    without parsing it: parsing builds an object of ~70 bytes per field, and a 2-byte empty datum is one field
+    (a 2 MiB body of them took 70 MB and 8 s). An SDK's datum spends tens of bytes per field."""
+    left = len(body) // FIELD_BYTES + FREE_FIELDS
+
+    def walk(at: int, end: int, path: tuple[int, ...]) -> None:
+        nonlocal left
+        while at < end:
+            left -= 1
+            if left < 0:
+                raise WireError(f"the body holds more than {len(body) // FIELD_BYTES + FREE_FIELDS} Protobuf fields, "
+                                f"for {len(body)} bytes: not a request the SDK builds")  # fmt: skip
+            key, at = _varint(body, at)
+            kind = key & 7
+            if kind == 0:
+                at = _varint(body, at)[1]
+            elif kind == 2:
+                length, at = _varint(body, at)
+                if _WALKED.get(path) == key >> 3:
+                    walk(at, min(at + length, end), (*path, key >> 3))
+                at += length
+            elif kind in (1, 5):
+                at += 8 if kind == 1 else 4
+            else:
+                return  # not Protobuf: the parser says so
+
+    with contextlib.suppress(IndexError):  # a body cut short: the parser says so
+        walk(0, len(body), ())
+
+
 def read_forward_backward(body: bytes) -> pb.ForwardBackwardRequest:
-    """The Protobuf message of a ``forward_backward`` body; nothing is densified."""
+    """The Protobuf message of a ``forward_backward`` body (its fields counted first); nothing is densified."""
+    count_fields(body)
     msg = pb.ForwardBackwardRequest()
     try:
         msg.ParseFromString(body)

@@ -18,6 +18,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -72,6 +73,8 @@ class Worker:
         self.threads: set[threading.Thread] = set()
         self.started = time.time()
         self.next_expiry_check = 0.0
+        # sessions_expired, models_expired: what the trainer's status shows
+        self.expired: Counter[str] = Counter()
 
     def recover(self) -> None:
         """Rebuild every model a previous incarnation served, up to the last request it applied."""
@@ -197,19 +200,23 @@ class Worker:
             self.wake.set()
 
     def expire_sessions(self) -> None:
-        """Finish the sessions whose client stopped heart-beating (it died without closing), unloading their
-        models. A trainer that was itself down gives every client the timeout again from its start."""
+        """Finish the sessions whose client stopped heart-beating (it died without closing: the SDK never closes
+        its session when a script ends), unloading their models, whose files then go. Checked every quarter of
+        the timeout (5 s at most), so a session is ended at most 1.25 x ``session_timeout_s`` after its last
+        heartbeat. A trainer that was itself down gives every client the timeout again from its start."""
         timeout = self.config.trainer.tinker.session_timeout_s
         now = time.time()
         if now < self.next_expiry_check or now - self.started < timeout:
             return
-        self.next_expiry_check = now + min(10.0, timeout / 2)
+        self.next_expiry_check = now + min(5.0, timeout / 4)
         sessions = {model_id.split(":")[0] for model_id in list(self.requests.models)}
         for session in self.store.stale_sessions(sessions, older_than=now - timeout):
-            log.warning("Tinker session %s sent no heartbeat for %.0f s: finished, its models unloaded",
-                        session, timeout)  # fmt: skip
-            for model_id in self.store.finish_session(session, "heartbeat_expired"):
+            models = self.store.finish_session(session, "heartbeat_expired")
+            log.warning("Tinker session %s sent no heartbeat for %.0f s: finished, its %d models unloaded",
+                        session, timeout, len(models))  # fmt: skip
+            for model_id in models:
                 self.store.submit("unload_model", b"", model_id=model_id)
+            self.expired.update(sessions_expired=1, models_expired=len(models))
 
     def _apply(self, request_id: str, position: tuple[str, int] | None) -> None:
         request = self.store.request(request_id)
@@ -272,9 +279,13 @@ class Worker:
         self.on_done(request_id)
 
     def _unload_model(self, model_id: str, seq: int, body: bytes, deadline: float) -> tuple[bytes, str]:
-        """Unload the model; a request of it still waiting (behind a number that never came) fails, saying so."""
+        """Unload the model; a request of it still waiting (behind a number that never came) fails, saying so.
+        Its snapshot goes: no request can run on it any more, and a restart rebuilds only loaded models."""
         self.requests.models.pop(model_id, None)
         self.store.unload_model(model_id)
+        self.checkpoints.unloaded(model_id)
+        for done in self.since_snapshot.pop(model_id, []):
+            self.store.forget_payload(done)
         with self.lock:
             applied = self.applied.get(model_id, self.store.progress(model_id)[0])
         reason = json_body(error=f"model {model_id!r} was unloaded (unload_model, or its session finished) before this "

@@ -3,7 +3,6 @@ published, their TTL set."""
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
@@ -131,10 +130,7 @@ async def unpublish_checkpoint(run_id: str, kind: str, name: str, api: Shared) -
 @runs.put("/training_runs/{run_id}/checkpoints/{kind}/{name}/ttl")
 async def set_checkpoint_ttl(run_id: str, kind: str, name: str, request: Request, api: Shared) -> None:
     found = _checkpoint_id(api, run_id, kind, name)
-    try:
-        ttl = json.loads(await request.body() or b"{}").get("ttl_seconds")
-    except (ValueError, AttributeError):
-        raise HTTPError(400, 'the body must be {"ttl_seconds": <seconds> | null}') from None
+    ttl = (await api.json(await request.body(), '{"ttl_seconds": <seconds> | null}')).get("ttl_seconds")
     if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int) or ttl < 1):
         raise HTTPError(400, f"ttl_seconds must be a whole number of seconds >= 1, or null; got {ttl!r}")
     api.store.runs.update_checkpoint(run_id, found, expires_at=None if ttl is None else time.time() + ttl)
@@ -142,10 +138,7 @@ async def set_checkpoint_ttl(run_id: str, kind: str, name: str, request: Request
 
 @runs.post("/weights_info")
 async def weights_info(request: Request, api: Shared) -> dict[str, Any]:
-    try:
-        path = json.loads(await request.body()).get("tinker_path")
-    except (ValueError, AttributeError):
-        raise HTTPError(400, 'the body must be {"tinker_path": "tinker://..."}') from None
+    path = (await api.json(await request.body(), '{"tinker_path": "tinker://..."}')).get("tinker_path")
     record = await api.checkpoint_record(str(path))
     lora, adapters = record.get("lora") or {}, lora_of(record)
     parts = {f"train_{part}": bool(lora.get(f"train_{part}", True)) if adapters["is_lora"] else None

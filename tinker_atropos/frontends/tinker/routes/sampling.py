@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from tinker import types
 
-from tinker_atropos.frontends.tinker.routes.shared import HTTPError, Shared, parse_body
+from tinker_atropos.frontends.tinker.routes.shared import JSON_VALUES, HTTPError, Shared
 from tinker_atropos.frontends.tinker.stability import sequence_ids
 from tinker_atropos.frontends.tinker.store import sampler_lane
 
@@ -16,7 +16,7 @@ sampling = APIRouter()
 
 @sampling.post("/create_sampling_session")
 async def create_sampling_session(request: Request, api: Shared) -> dict[str, Any]:
-    body = parse_body(types.CreateSamplingSessionRequest, await request.body())
+    body = await api.parse(types.CreateSamplingSessionRequest, await request.body())
     api.session(body.session_id)
     if body.model_path is not None:
         base_model = (await api.checkpoint_record(body.model_path))["base_model"]
@@ -40,7 +40,8 @@ async def get_sampler(sampler_id: str, api: Shared) -> dict[str, Any]:
 @sampling.post("/asample")
 async def asample(request: Request, api: Shared) -> dict[str, Any]:
     raw = await request.body()
-    body = parse_body(types.SampleRequest, raw)
+    tokens_and_more = api.max_request_tokens + JSON_VALUES  # the prompt's tokens are values
+    body = await api.parse(types.SampleRequest, raw, tokens_and_more)
     found = api.store.sampler(body.sampling_session_id) if body.sampling_session_id is not None else None
     if found is None:
         raise HTTPError(404, f"no sampling session {body.sampling_session_id!r}")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
@@ -14,7 +13,6 @@ from tinker_atropos.frontends.tinker.routes.shared import (
     Shared,
     lora_of,
     metadata_strings,
-    parse_body,
 )
 
 sessions = APIRouter()
@@ -22,7 +20,7 @@ sessions = APIRouter()
 
 @sessions.post("/create_session")
 async def create_session(request: Request, api: Shared) -> dict[str, Any]:
-    body = parse_body(types.CreateSessionRequest, await request.body())
+    body = await api.parse(types.CreateSessionRequest, await request.body())
     session_id = api.store.create_session({"sdk_version": body.sdk_version, "tags": body.tags,
                                            "user_metadata": body.user_metadata})  # fmt: skip
     return {"type": "create_session", "session_id": session_id}
@@ -30,7 +28,7 @@ async def create_session(request: Request, api: Shared) -> dict[str, Any]:
 
 @sessions.post("/session_heartbeat")
 async def heartbeat(request: Request, api: Shared) -> dict[str, Any]:
-    body = parse_body(types.SessionHeartbeatRequest, await request.body())
+    body = await api.parse(types.SessionHeartbeatRequest, await request.body())
     if not api.store.heartbeat(body.session_id):
         raise HTTPError(410, f"session {body.session_id!r} is unknown or finished")
     return {"type": "session_heartbeat"}
@@ -40,14 +38,11 @@ async def heartbeat(request: Request, api: Shared) -> dict[str, Any]:
 async def finish_session(session_id: str, request: Request, api: Shared) -> None:
     if api.store.session_state(session_id) is None:
         raise HTTPError(404, f"no session {session_id!r}")
-    try:
-        body = json.loads(await request.body() or b"{}")
-        reason = body.get("reason") or {"type": "finished"}
-        kind = reason["type"]
-        if not isinstance(kind, str):
-            raise TypeError(kind)
-    except (ValueError, AttributeError, KeyError, TypeError):
-        raise HTTPError(400, 'the body must be {"reason": {"type": "success" | "errored" | ...}}') from None
+    expected = '{"reason": {"type": "success" | "errored" | ...}}'
+    reason = (await api.json(await request.body(), expected)).get("reason") or {"type": "finished"}
+    kind = reason.get("type") if isinstance(reason, dict) else None
+    if not isinstance(kind, str):
+        raise HTTPError(400, f"the body must be {expected}")
     for model_id in api.store.finish_session(session_id, kind):
         api.store.submit("unload_model", b"", model_id=model_id)
     api.worker.wake.set()
@@ -55,7 +50,7 @@ async def finish_session(session_id: str, request: Request, api: Shared) -> None
 
 @sessions.post("/create_model")
 async def create_model(request: Request, api: Shared) -> dict[str, Any]:
-    body = parse_body(types.CreateModelRequest, await request.body())
+    body = await api.parse(types.CreateModelRequest, await request.body())
     api.session(body.session_id)
     model_id = f"{body.session_id}:train:{body.model_seq_id}"
     lora = body.lora_config.model_dump() if body.lora_config else {}
@@ -72,7 +67,7 @@ async def create_model(request: Request, api: Shared) -> dict[str, Any]:
 
 @sessions.post("/get_info")
 async def get_info(request: Request, api: Shared) -> dict[str, Any]:
-    body = parse_body(types.GetInfoRequest, await request.body())
+    body = await api.parse(types.GetInfoRequest, await request.body())
     record = api.known_model(body.model_id, loaded=False)
     return {"type": "get_info", "model_id": body.model_id, "model_name": record["base_model"],
             "model_data": {"arch": record["base_model"].split("/")[0], "model_name": record["base_model"]},
@@ -81,6 +76,6 @@ async def get_info(request: Request, api: Shared) -> dict[str, Any]:
 
 @sessions.post("/unload_model")
 async def unload_model(request: Request, api: Shared) -> dict[str, Any]:
-    body = parse_body(types.UnloadModelRequest, await request.body())
+    body = await api.parse(types.UnloadModelRequest, await request.body())
     api.known_model(body.model_id)
     return api.queued(api.store.submit("unload_model", b"", body.model_id, dedup=f"unload:{body.model_id}"))

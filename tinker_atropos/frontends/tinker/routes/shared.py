@@ -1,14 +1,24 @@
 """What every route of the Tinker API shares: the ``Api`` dependency (store, worker, served models, limits, the
-long polls' waiters), the HTTP error it raises, and how a body is read."""
+long polls' waiters), the HTTP error it raises, and how a body is read.
+
+A body is bounded by what reading it builds, not only by its bytes (``max_request_mb``): a JSON body's values
+are counted before it is parsed (``json_values``; a Protobuf one's fields, ``wire.count_fields``), and a body
+larger than ``INLINE_BYTES`` is parsed and validated in a thread, ``PARSERS`` at a time, so that the event loop
+(health checks, long polls, every other client) never waits for it."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
+import anyio
+import anyio.to_thread
 from fastapi import Depends, Request
 from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
@@ -17,12 +27,17 @@ from starlette.types import Scope
 from tinker_atropos.frontends.tinker import base_models, wire
 from tinker_atropos.frontends.tinker.store import Store
 from tinker_atropos.frontends.tinker.worker import Worker
+from tinker_atropos.logs import CountedWarnings
 from tinker_atropos.training.served import LANGUAGE_MODELS
 
 NUMBERED = ("forward_backward", "optim_step", "save_weights", "save_weights_for_sampler", "load_weights",
             "save_weights_external")  # fmt: skip
 OWNER = "tinker-atropos"  # the runs of one server share its API keys: no owner of their own
 CHECKPOINT_TYPES = {"weights": "training", "sampler_weights": "sampler"}
+JSON_VALUES = 4096  # values a JSON body may hold (a sample's prompt tokens besides): no request needs more
+INLINE_BYTES = 64 << 10  # bodies read on the event loop; larger ones in a thread
+PARSERS = 2  # threads reading large bodies at once: more would only share the same cores
+T = TypeVar("T")
 
 
 class HTTPError(Exception):
@@ -48,24 +63,61 @@ class Waiters:
             loop.call_soon_threadsafe(event.set)
 
 
-def parse_body(model: type[BaseModel], body: bytes) -> Any:
+def json_values(body: bytes, max_values: int = JSON_VALUES) -> None:
+    """HTTPError 400 when a JSON body holds more than ``max_values`` values, counted by their separators (commas
+    and opening brackets, those in strings too) before anything is parsed: what parsing and validation build
+    grows with the values, not the bytes (2 MiB of integers where strings belong made 1M validation errors,
+    700 MB and 5 s)."""
+    values = body.count(b",") + body.count(b"[") + body.count(b"{")
+    if values > max_values:
+        raise HTTPError(400, f"the body holds about {values} JSON values (counted by commas and brackets); a "
+                             f"request to this route holds at most {max_values}")  # fmt: skip
+
+
+def parse_body(model: type[BaseModel], body: bytes, max_values: int = JSON_VALUES) -> Any:
+    """The body validated as ``model``; HTTPError 400 naming its first 5 problems."""
+    json_values(body, max_values)
     try:
         return model.model_validate_json(body)
     except ValidationError as error:
         problems = "; ".join(
-            f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in error.errors()[:5]
+            f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}"
+            for e in error.errors(include_url=False, include_input=False)[:5]
         )
-        raise HTTPError(400, f"invalid {model.__name__}: {problems}") from None
+        raise HTTPError(
+            400, f"invalid {model.__name__}: {problems} ({error.error_count()} problems)"
+        ) from None
+
+
+def json_object(body: bytes, expected: str, empty: bytes = b"{}") -> dict[str, Any]:
+    """A JSON object's body (``empty`` when there is none); HTTPError 400 saying what was ``expected``."""
+    json_values(body)
+    try:
+        found = json.loads(body or empty)
+    except ValueError:
+        found = None
+    if not isinstance(found, dict):
+        raise HTTPError(400, f"the body must be {expected}")
+    return found
+
+
+_MODEL_ID = re.compile(rb'"model_id"\s*:\s*"([^"\\]{1,512})"')
+_SEQ_ID = re.compile(rb'"seq_id"\s*:\s*(\d{1,18})(?![\d.eE])')
 
 
 def numbered(route: str, body: bytes) -> tuple[str, int] | None:
     """The (model, number) a numbered request's body names, as far as it (or its first bytes) tells; None for
-    another route, or a body that does not say."""
+    another route, or a body that does not say. A JSON body with too many values to parse is searched for them."""
     if route == "forward_backward":
         model_id, seq = wire.leading_fields(body)
     elif route in NUMBERED:
         try:
+            json_values(body)
             fields = json.loads(body)  # Python's parser: a NaN in AdamParams does not hide the number
+        except HTTPError:
+            found_model, found_seq = _MODEL_ID.search(body), _SEQ_ID.search(body)
+            fields = {"model_id": found_model and found_model[1].decode(errors="replace"),
+                      "seq_id": found_seq and int(found_seq[1])}  # fmt: skip
         except ValueError:
             return None
         model_id, seq = (
@@ -89,12 +141,37 @@ class Api:
     max_request_bytes: int
     max_request_tokens: int
     waiters: Waiters = field(default_factory=Waiters)
+    # the requests answered 401 (no key, a wrong one): counted and logged, nothing else
+    parsers: anyio.CapacityLimiter | None = None
+    unauthenticated: CountedWarnings = field(
+        default_factory=lambda: CountedWarnings(
+            "Tinker API requests refused without an allowed API key (401)"
+        )
+    )
 
     async def refused(self, scope: Scope, body: bytes, reason: str) -> None:
-        """A numbered request refused before it was queued: its number noted, to be answered as failed."""
-        found = numbered(scope["path"].removeprefix("/api/v1/"), body)
+        """A numbered request of a client that proved its key, refused before it was queued: its number noted,
+        to be answered as failed. (A client without a key never gets here: ``APIKeys`` refuses it first.)"""
+        found = await self.off_loop(body, numbered, scope["path"].removeprefix("/api/v1/"), body)
         if found is not None and self.store.refuse(*found, reason):
             self.worker.wake.set()
+
+    async def off_loop(self, body: bytes, work: Callable[..., T], *args: Any) -> T:
+        """``work(*args)``, reading ``body``: here when the body is small, else in a thread (``PARSERS`` at a
+        time), so that a large body never holds the event loop."""
+        if len(body) <= INLINE_BYTES:
+            return work(*args)
+        if self.parsers is None:  # made on the event loop that uses it
+            self.parsers = anyio.CapacityLimiter(PARSERS)
+        return await anyio.to_thread.run_sync(functools.partial(work, *args), limiter=self.parsers)
+
+    async def parse(self, model: type[BaseModel], body: bytes, max_values: int = JSON_VALUES) -> Any:
+        """The body validated as ``model`` (``parse_body``), off the event loop when it is large."""
+        return await self.off_loop(body, parse_body, model, body, max_values)
+
+    async def json(self, body: bytes, expected: str) -> dict[str, Any]:
+        """A JSON object's body (``json_object``), off the event loop when it is large."""
+        return await self.off_loop(body, json_object, body, expected)
 
     def queued(self, request_id: str, model_id: str | None = None, **extra: Any) -> dict[str, Any]:
         self.worker.wake.set()

@@ -15,7 +15,7 @@ from starlette.concurrency import run_in_threadpool
 from tinker import types
 
 from tinker_atropos.frontends.tinker import wire
-from tinker_atropos.frontends.tinker.routes.shared import Api, HTTPError, Shared, metadata_strings, parse_body
+from tinker_atropos.frontends.tinker.routes.shared import Api, HTTPError, Shared, metadata_strings
 from tinker_atropos.frontends.tinker.store import PENDING
 
 training = APIRouter()
@@ -46,7 +46,9 @@ async def forward_backward(api: Api, request: Request, body: bytes) -> dict[str,
     if "protobuf" not in request.headers.get("content-type", ""):
         raise HTTPError(415, "forward_backward takes a Protobuf body (application/x-protobuf)")
     try:
-        model_id, seq_id, tokens = wire.check_forward_backward(body, api.worker.requests.budget())
+        model_id, seq_id, tokens = await api.off_loop(
+            body, wire.check_forward_backward, body, api.worker.requests.budget()
+        )
     except wire.WireError as error:
         raise HTTPError(400, str(error)) from None
     api.known_model(model_id)
@@ -61,7 +63,7 @@ async def forward_backward(api: Api, request: Request, body: bytes) -> dict[str,
 def _sequenced(kind: str, model: type[BaseModel]) -> None:
     @_numbered_route(kind)
     async def route(api: Api, request: Request, raw: bytes) -> dict[str, Any]:
-        body = parse_body(model, raw)
+        body = await api.parse(model, raw)
         api.known_model(body.model_id)
         if body.seq_id is None or body.seq_id < 1:
             raise HTTPError(400, f"{kind} needs a seq_id of 1 or more")
@@ -75,7 +77,7 @@ _sequenced("save_weights_for_sampler", types.SaveWeightsForSamplerRequest)
 
 @_numbered_route("load_weights")
 async def load_weights(api: Api, request: Request, raw: bytes) -> dict[str, Any]:
-    body = parse_body(types.LoadWeightsRequest, raw)
+    body = await api.parse(types.LoadWeightsRequest, raw)
     try:
         await run_in_threadpool(api.worker.checkpoints.file_of, body.path)
     except wire.WireError as error:
@@ -94,7 +96,7 @@ async def load_weights(api: Api, request: Request, raw: bytes) -> dict[str, Any]
 
 @training.post("/retrieve_future")
 async def retrieve_future(request: Request, api: Shared) -> Response:
-    body = parse_body(types.FutureRetrieveRequest, await request.body())
+    body = await api.parse(types.FutureRetrieveRequest, await request.body())
     deadline = time.monotonic() + api.long_poll_s
     event = api.waiters.event(body.request_id)
     try:
