@@ -155,21 +155,22 @@ def test_a_silent_session_is_finished_and_its_models_unloaded(
     snapshots = list(worker.checkpoints.folder(model).glob("state-*.pt"))
     assert snapshots and tmp_path.stat().st_mode & 0o777 == 0o700  # the models' folder: the run user's only
 
-    worker.expire_sessions()  # a live client: nothing happens
+    worker.expiry.check(worker.requests.models)  # a live client: nothing happens
     assert store.session_state(session) == "" and store.is_loaded(model)
 
     redis_client.hset(f"ta:expiry:tinker:session:{session}", "heartbeat_at", time.time() - timeout - 1)
-    worker.expire_sessions()  # the worker itself started less than the timeout ago: every client gets it again
+    # the worker itself started less than the timeout ago: every client gets it again
+    worker.expiry.check(worker.requests.models)
     assert store.session_state(session) == ""
 
-    worker.started -= timeout
-    worker.next_expiry_check = 0.0
-    worker.expire_sessions()
+    worker.expiry.started -= timeout
+    worker.expiry.next_check = 0.0
+    worker.expiry.check(worker.requests.models)
     while worker.step():
         pass
     assert store.session_state(session) == "heartbeat_expired"
     assert not store.is_loaded(model) and model not in worker.requests.models
-    assert worker.expired == {"sessions_expired": 1, "models_expired": 1}
+    assert worker.expiry.expired == {"sessions_expired": 1, "models_expired": 1}
     assert not worker.checkpoints.folder(model).exists()  # its snapshot went with it
 
 

@@ -40,7 +40,7 @@ FLOORS: dict[str, frozenset[str]] = {
         "environment": ("config", "errors", "logs", "protocol", "security", "service_host", "state"),
         "rollout": ("config", "device", "environment", "models", "processes", "protocol", "security",
                     "service_host", "state"),
-        "frontends": ("config", "environment", "errors", "models", "protocol", "security", "service_host", "state",
+        "frontends": ("config", "environment", "errors", "logs", "models", "protocol", "security", "service_host", "state",
                       "training"),
         "trainer": ("algorithms", "config", "device", "environment", "errors", "frontends", "logs", "models",
                     "protocol", "security", "service_host", "state", "training"),

@@ -79,7 +79,7 @@ class TinkerAPI:
     def events(self) -> dict[str, int]:
         """What the trainer's status shows as ``tinker_events``: requests refused without a key, sessions that
         stopped heart-beating and the models they held."""
-        return {"requests_unauthenticated": self.unauthenticated.total(), **self.worker.expired}
+        return {"requests_unauthenticated": self.unauthenticated.total(), **self.worker.expiry.expired}
 
     def start(self, stop: threading.Event) -> None:
         self.worker_thread = threading.Thread(

@@ -18,7 +18,6 @@ import contextlib
 import logging
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -28,6 +27,7 @@ import torch
 from tinker_atropos.config import Config
 from tinker_atropos.frontends.tinker import wire
 from tinker_atropos.frontends.tinker.checkpoints import Checkpoints
+from tinker_atropos.frontends.tinker.expiry import SessionExpiry
 from tinker_atropos.frontends.tinker.requests import JSON, Handler, RequestHandlers, json_body, refused
 from tinker_atropos.frontends.tinker.sampling import Interrupted, SamplingProcess, Settings
 from tinker_atropos.frontends.tinker.store import DONE, FAILED, SAMPLER_LANE, Store
@@ -71,10 +71,8 @@ class Worker:
         self.applied: dict[str, int] = {}
         self.busy: dict[str, str] = {}
         self.threads: set[threading.Thread] = set()
-        self.started = time.time()
-        self.next_expiry_check = 0.0
-        # sessions_expired, models_expired: what the trainer's status shows
-        self.expired: Counter[str] = Counter()
+        self.expiry = SessionExpiry(store, section.tinker.session_timeout_s,
+                                    lambda model_id: store.submit("unload_model", b"", model_id=model_id))  # fmt: skip
 
     def recover(self) -> None:
         """Rebuild every model a previous incarnation served, up to the last request it applied."""
@@ -116,7 +114,7 @@ class Worker:
         while not stop.is_set():
             self.wake.clear()  # before reading the store: a request or a lane's end after it wakes the next wait
             try:
-                self.expire_sessions()
+                self.expiry.check(self.requests.models)
                 self.checkpoints.expire()
                 self.dispatch(threaded=True)
             except redis.RedisError as error:
@@ -198,25 +196,6 @@ class Worker:
                 self.busy.pop(lane, None)
             self.threads.discard(threading.current_thread())
             self.wake.set()
-
-    def expire_sessions(self) -> None:
-        """Finish the sessions whose client stopped heart-beating (it died without closing: the SDK never closes
-        its session when a script ends), unloading their models, whose files then go. Checked every quarter of
-        the timeout (5 s at most), so a session is ended at most 1.25 x ``session_timeout_s`` after its last
-        heartbeat. A trainer that was itself down gives every client the timeout again from its start."""
-        timeout = self.config.trainer.tinker.session_timeout_s
-        now = time.time()
-        if now < self.next_expiry_check or now - self.started < timeout:
-            return
-        self.next_expiry_check = now + min(5.0, timeout / 4)
-        sessions = {model_id.split(":")[0] for model_id in list(self.requests.models)}
-        for session in self.store.stale_sessions(sessions, older_than=now - timeout):
-            models = self.store.finish_session(session, "heartbeat_expired")
-            log.warning("Tinker session %s sent no heartbeat for %.0f s: finished, its %d models unloaded",
-                        session, timeout, len(models))  # fmt: skip
-            for model_id in models:
-                self.store.submit("unload_model", b"", model_id=model_id)
-            self.expired.update(sessions_expired=1, models_expired=len(models))
 
     def _apply(self, request_id: str, position: tuple[str, int] | None) -> None:
         request = self.store.request(request_id)

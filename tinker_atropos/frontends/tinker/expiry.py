@@ -1,0 +1,43 @@
+"""Sessions whose client vanished: the tinker SDK never closes its session when a script ends, it only stops
+heart-beating (every 10 s). Such a session is finished and its models unloaded, so that they stop counting
+against ``max_models`` and their snapshot files go."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+
+from tinker_atropos.frontends.tinker.store import Store
+
+log = logging.getLogger(__name__)
+
+CHECK_EVERY_S = 5.0  # at most, between two looks at the sessions' heartbeats
+
+
+class SessionExpiry:
+    """Finishes the sessions without a heartbeat for ``timeout_s``, looking every quarter of it (5 s at most): a
+    session ends at most 1.25 x ``timeout_s`` after its last heartbeat. A trainer that was itself down gives
+    every client the timeout again from its start."""
+
+    def __init__(self, store: Store, timeout_s: float, unload: Callable[[str], None]) -> None:
+        self.store, self.timeout_s, self.unload = store, timeout_s, unload
+        self.started = time.time()
+        self.next_check = 0.0
+        self.expired: Counter[str] = Counter()  # sessions_expired, models_expired: in the trainer's status
+
+    def check(self, loaded_models: Iterable[str]) -> None:
+        """Finish the stale sessions among those of ``loaded_models``, each of their models given to ``unload``."""
+        now = time.time()
+        if now < self.next_check or now - self.started < self.timeout_s:
+            return
+        self.next_check = now + min(CHECK_EVERY_S, self.timeout_s / 4)
+        sessions = {model_id.split(":")[0] for model_id in list(loaded_models)}
+        for session in self.store.stale_sessions(sessions, older_than=now - self.timeout_s):
+            models = self.store.finish_session(session, "heartbeat_expired")
+            log.warning("Tinker session %s sent no heartbeat for %.0f s: finished, its %d models unloaded",
+                        session, self.timeout_s, len(models))  # fmt: skip
+            for model_id in models:
+                self.unload(model_id)
+            self.expired.update(sessions_expired=1, models_expired=len(models))
