@@ -235,8 +235,40 @@ async def body_error(request: Request, error: BodyError) -> JSONResponse:
     return JSONResponse({"detail": error.detail}, status_code=error.status)
 
 
-INLINE_BYTES = 256 << 10  # a body this small is parsed on the event loop: a few milliseconds at most
+INLINE_BYTES = 64 << 10  # a body this small is parsed on the event loop: a few milliseconds at most
 MAX_ERRORS = 5  # validation errors reported per refused body; the rest only counted
+
+
+def separators(body: bytes) -> tuple[int, int]:
+    """(containers, commas) of a JSON body, counted at memchr speed without parsing it (those inside strings
+    too): what parsing it builds grows with them, not with its bytes."""
+    return body.count(b"[") + body.count(b"{"), body.count(b",")
+
+
+class OffLoop:
+    """Work on a request body off the event loop once it is large: a body up to ``INLINE_BYTES`` is worked on
+    here (milliseconds), a larger one in a worker thread, ``concurrency`` at a time, so that the event loop keeps
+    answering everyone else (a health check, the long polls) and several large bodies at once cost a few
+    parses' memory, not all of them; what such a parse freed is handed back to the system after it."""
+
+    def __init__(self, concurrency: int) -> None:
+        self._slots = asyncio.Semaphore(concurrency)
+
+    async def run(self, body: bytes, work: Callable[..., T], *args: Any) -> T:
+        """``work(*args)``, which reads ``body``."""
+        if len(body) <= INLINE_BYTES:
+            return work(*args)
+        async with self._slots:
+            return await asyncio.to_thread(_trimmed, work, *args)
+
+
+def _trimmed(work: Callable[..., T], *args: Any) -> T:
+    try:
+        return work(*args)
+    finally:
+        _return_freed_memory()  # in this thread: a trim takes a while
+
+
 # the least each JSON value costs once parsed: a container (an empty list is 56 bytes) and its slot in its parent
 CONTAINER_BYTES, SLOT_BYTES = 64, 8
 
@@ -257,29 +289,19 @@ class JSONBodies:
 
     def __init__(self, setting: str, concurrency: int = 1, expansion: int = 8) -> None:
         self.setting, self.expansion = setting, expansion
-        self._slots = asyncio.Semaphore(concurrency)
+        self.off_loop = OffLoop(concurrency)
 
     async def parse(self, request: Request, adapter: TypeAdapter[T], check: Callable[[Any], None] | None = None,
                     then: Callable[[T], Any] | None = None) -> Any:  # fmt: skip
         """The body of ``request`` validated by ``adapter`` (what ``then`` makes of it, if given); BodyError for
         one refused."""
         body = await request.body()
-        if len(body) <= INLINE_BYTES:
-            return self._parse(body, adapter, check, then)
-        async with self._slots:
-            return await asyncio.to_thread(self._parse_large, body, adapter, check, then)
-
-    def _parse_large(self, body: bytes, adapter: TypeAdapter[T], check: Callable[[Any], None] | None,
-                     then: Callable[[T], Any] | None) -> Any:  # fmt: skip
-        try:
-            return self._parse(body, adapter, check, then)
-        finally:
-            _return_freed_memory()  # in this thread: a trim takes a while
+        return await self.off_loop.run(body, self._parse, body, adapter, check, then)
 
     def _parse(self, body: bytes, adapter: TypeAdapter[T], check: Callable[[Any], None] | None,
                then: Callable[[T], Any] | None) -> Any:  # fmt: skip
-        containers = body.count(b"[") + body.count(b"{")
-        least = CONTAINER_BYTES * containers + SLOT_BYTES * body.count(b",")
+        containers, commas = separators(body)
+        least = CONTAINER_BYTES * containers + SLOT_BYTES * commas
         if len(body) > INLINE_BYTES and least > self.expansion * len(body):
             raise BodyError(413, f"the body's {containers} JSON arrays and objects would take at least "
                                  f"{least >> 20} MiB parsed, over {self.expansion} times its "

@@ -3,13 +3,12 @@ long polls' waiters), the HTTP error it raises, and how a body is read.
 
 A body is bounded by what reading it builds, not only by its bytes (``max_request_mb``): a JSON body's values
 are counted before it is parsed (``json_values``; a Protobuf one's fields, ``wire.count_fields``), and a body
-larger than ``INLINE_BYTES`` is parsed and validated in a thread, ``PARSERS`` at a time, so that the event loop
+larger than ``http.INLINE_BYTES`` is parsed and validated in a thread, ``PARSERS`` at a time, so that the event loop
 (health checks, long polls, every other client) never waits for it."""
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import re
 from collections.abc import Callable
@@ -17,13 +16,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Annotated, Any, TypeVar
 
-import anyio
-import anyio.to_thread
 from fastapi import Depends, Request
 from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.types import Scope
 
+from tinker_atropos.frontends.http import MAX_ERRORS, OffLoop, separators
 from tinker_atropos.frontends.tinker import base_models, wire
 from tinker_atropos.frontends.tinker.store import Store
 from tinker_atropos.frontends.tinker.worker import Worker
@@ -35,7 +33,6 @@ NUMBERED = ("forward_backward", "optim_step", "save_weights", "save_weights_for_
 OWNER = "tinker-atropos"  # the runs of one server share its API keys: no owner of their own
 CHECKPOINT_TYPES = {"weights": "training", "sampler_weights": "sampler"}
 JSON_VALUES = 4096  # values a JSON body may hold (a sample's prompt tokens besides): no request needs more
-INLINE_BYTES = 64 << 10  # bodies read on the event loop; larger ones in a thread
 PARSERS = 2  # threads reading large bodies at once: more would only share the same cores
 T = TypeVar("T")
 
@@ -68,21 +65,21 @@ def json_values(body: bytes, max_values: int = JSON_VALUES) -> None:
     and opening brackets, those in strings too) before anything is parsed: what parsing and validation build
     grows with the values, not the bytes (2 MiB of integers where strings belong made 1M validation errors,
     700 MB and 5 s)."""
-    values = body.count(b",") + body.count(b"[") + body.count(b"{")
+    values = sum(separators(body))
     if values > max_values:
         raise HTTPError(400, f"the body holds about {values} JSON values (counted by commas and brackets); a "
                              f"request to this route holds at most {max_values}")  # fmt: skip
 
 
 def parse_body(model: type[BaseModel], body: bytes, max_values: int = JSON_VALUES) -> Any:
-    """The body validated as ``model``; HTTPError 400 naming its first 5 problems."""
+    """The body validated as ``model``; HTTPError 400 naming its first ``MAX_ERRORS`` problems."""
     json_values(body, max_values)
     try:
         return model.model_validate_json(body)
     except ValidationError as error:
         problems = "; ".join(
             f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}"
-            for e in error.errors(include_url=False, include_input=False)[:5]
+            for e in error.errors(include_url=False, include_input=False)[:MAX_ERRORS]
         )
         raise HTTPError(
             400, f"invalid {model.__name__}: {problems} ({error.error_count()} problems)"
@@ -142,7 +139,7 @@ class Api:
     max_request_tokens: int
     waiters: Waiters = field(default_factory=Waiters)
     # the requests answered 401 (no key, a wrong one): counted and logged, nothing else
-    parsers: anyio.CapacityLimiter | None = None
+    parsers: OffLoop = field(default_factory=lambda: OffLoop(PARSERS))
     unauthenticated: CountedWarnings = field(
         default_factory=lambda: CountedWarnings(
             "Tinker API requests refused without an allowed API key (401)"
@@ -157,13 +154,8 @@ class Api:
             self.worker.wake.set()
 
     async def off_loop(self, body: bytes, work: Callable[..., T], *args: Any) -> T:
-        """``work(*args)``, reading ``body``: here when the body is small, else in a thread (``PARSERS`` at a
-        time), so that a large body never holds the event loop."""
-        if len(body) <= INLINE_BYTES:
-            return work(*args)
-        if self.parsers is None:  # made on the event loop that uses it
-            self.parsers = anyio.CapacityLimiter(PARSERS)
-        return await anyio.to_thread.run_sync(functools.partial(work, *args), limiter=self.parsers)
+        """``work(*args)``, reading ``body``, off the event loop when the body is large (``http.OffLoop``)."""
+        return await self.parsers.run(body, work, *args)
 
     async def parse(self, model: type[BaseModel], body: bytes, max_values: int = JSON_VALUES) -> Any:
         """The body validated as ``model`` (``parse_body``), off the event loop when it is large."""
