@@ -25,13 +25,13 @@ from transformers import AutoTokenizer
 from tests.support.asserts import assert_names_nothing_of_the_package, assert_same
 from tests.support.processes import wait_for
 from tinker_atropos.config import parse_config
-from tinker_atropos.frontends.atropos.datums import batch_datums, group_advantages
 from tinker_atropos.frontends.inference.app import build_app
 from tinker_atropos.frontends.inference.sampler import Sampler
 from tinker_atropos.models import tiny_lm
 from tinker_atropos.processes import child_preexec, free_port
 from tinker_atropos.state.registry import live_services
 from tinker_atropos.trainer.atropos_loop import AtroposLoop
+from tinker_atropos.training.atropos_batches import batch_datums, group_advantages
 
 TOKENIZER = tiny_lm.ByteTokenizer()
 KEY = "inference-key-of-the-test"

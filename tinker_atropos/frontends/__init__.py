@@ -1,3 +1,6 @@
-"""Front-ends of the training core: ways for something outside the run to drive learning (docs/architecture.md,
-the data flow). The Redis experience loop is the trainer's own (``trainer.experience_loop``); here are the HTTP
-APIs."""
+"""The run's HTTP front-ends, the ways in from outside (docs/architecture.md, the data flow), each named by what it
+serves and run where its service says: ``tinker/`` the Tinker API (in the trainer, ``trainer.tinker``),
+``atropos/`` the Atropos trajectory API (its own process, ``atropos-api``), ``inference/`` the sampling endpoint
+of the Atropos loop (in the trainer, ``trainer.atropos``); ``http.py`` what they share (keys, bounded bodies, the
+server thread). The maths they feed (losses, datums) is the training floor's, the drivers that learn
+``trainer/``'s."""

@@ -1,6 +1,6 @@
 """The trainer as an Atropos trainer (``trainer.atropos.enabled``): it registers with a trajectory API (the run's
 ``atropos-api``, or atroposlib's own ``run-api``), pulls its fixed-size batches, turns them into Tinker datums
-(``frontends/atropos/datums.py``: group-relative advantages, masks, behaviour log-probs) and learns with a Tinker
+(``training/atropos_batches.py``: group-relative advantages, masks, behaviour log-probs) and learns with a Tinker
 loss on the tiny language model; after each optimizer step the inference endpoint samples with the new weights.
 
 Each scored sequence counts as an episode of the run (its score the return, its trained tokens the length) and
@@ -32,7 +32,6 @@ import redis
 import torch
 
 from tinker_atropos.config import Config
-from tinker_atropos.frontends.atropos.datums import batch_datums
 from tinker_atropos.frontends.http import BackgroundServer, endpoint_key, endpoint_keys, service_client
 from tinker_atropos.frontends.inference.app import build_app
 from tinker_atropos.frontends.inference.sampler import Sampler
@@ -43,6 +42,7 @@ from tinker_atropos.state.experience import MAX_EPISODES_KEPT, add_stats
 from tinker_atropos.state.registry import live_services
 from tinker_atropos.state.run_dir import FolderWrites
 from tinker_atropos.trainer.figures import BusyMeter
+from tinker_atropos.training.atropos_batches import batch_datums
 from tinker_atropos.training.core import AdamParams
 from tinker_atropos.training.data import ClientError, Datum
 from tinker_atropos.training.guard import NonfiniteGuard
