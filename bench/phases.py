@@ -38,7 +38,7 @@ from tinker_atropos.config import Config, Transport, parse_config
 from tinker_atropos.environment.backends.base import BatchSetup, EnvBatch, make_env_batch
 from tinker_atropos.environment.backends.gymnasium_batch import GymnasiumBatch
 from tinker_atropos.environment.backends.mujoco_batch import MujocoBatch
-from tinker_atropos.environment.envs import check_env
+from tinker_atropos.environment.check import check_env
 from tinker_atropos.launcher.secrets import write_secrets
 from tinker_atropos.launcher.services import service_children
 from tinker_atropos.launcher.supervisor import Child

@@ -114,13 +114,6 @@ class RedisSection(Section):
         return url
 
 
-# env.backend's built-in names; a third party's backend is named 'module:Class' (environment/backends/base.py)
-BACKENDS = {
-    "gymnasium": "tinker_atropos.environment.backends.gymnasium_batch:GymnasiumBatch",
-    "mujoco": "tinker_atropos.environment.backends.mujoco_batch:MujocoBatch",
-}
-
-
 class EnvSection(Section):
     id: str = Field(
         "Pendulum-v1",
@@ -176,10 +169,11 @@ class EnvSection(Section):
 
     @field_validator("backend")
     @classmethod
-    def _known_backend(cls, backend: str) -> str:
-        # a 'module:Class' is imported where a batch is built (check_env), not by every reader of the config
-        if backend not in BACKENDS and not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", backend):
-            raise ValueError(f"unknown env backend {backend!r}; allowed: {', '.join(map(repr, BACKENDS))} or "
+    def _backend_form(cls, backend: str) -> str:
+        # a name is looked up in the backends' registry, a 'module:Class' imported, where a batch is built
+        # (check_env, before anything starts): the backends register themselves, as algorithms do
+        if not re.fullmatch(r"[a-z][a-z0-9_]*|[A-Za-z_][\w.]*:[A-Za-z_]\w*", backend):
+            raise ValueError("neither a registered backend's name (such as 'gymnasium', 'mujoco') nor "
                              "'module:Class'")  # fmt: skip
         return backend
 

@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 
 from tests.support.fuzz import arrays, bytes_like, dimensions, frames, fuzz, mutated
 from tinker_atropos.config import parse_config
+from tinker_atropos.environment.check import check_env
 from tinker_atropos.environment.client import EnvDescription
-from tinker_atropos.environment.envs import check_env
 from tinker_atropos.environment.local_server import SessionAborted
 from tinker_atropos.environment.service import EnvironmentServicer
 from tinker_atropos.protocol import local_stream, tensors

@@ -36,7 +36,8 @@ from tests.support.running import REPO
 from tinker_atropos.config import Config, parse_config
 from tinker_atropos.environment.backends.base import BatchSetup
 from tinker_atropos.environment.backends.gymnasium_batch import GymnasiumBatch
-from tinker_atropos.environment.envs import check_env, env_maker
+from tinker_atropos.environment.check import check_env
+from tinker_atropos.environment.envs import env_maker
 
 
 def pendulum(name: str, rollout: dict, trainer: dict) -> Config:

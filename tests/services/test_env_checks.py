@@ -11,7 +11,7 @@ import pytest
 from tests.support.envs import NAN_PENDULUM_ID
 from tests.support.running import cli, config_file
 from tinker_atropos.config import parse_config
-from tinker_atropos.environment.envs import check_env
+from tinker_atropos.environment.check import check_env
 from tinker_atropos.errors import EnvError
 from tinker_atropos.processes import free_port
 

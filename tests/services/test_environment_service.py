@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from tinker_atropos.config import ConfigError, parse_config
-from tinker_atropos.environment.envs import check_env
+from tinker_atropos.environment.check import check_env
 from tinker_atropos.environment.local_server import LocalSessionServer
 from tinker_atropos.environment.service import EnvironmentServicer, add_to_server
 from tinker_atropos.environment.streams import (

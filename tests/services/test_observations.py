@@ -16,7 +16,7 @@ from tests.support.running import assert_learned, cli, leftovers, report_rows
 from tinker_atropos.config import parse_config
 from tinker_atropos.environment.backends.base import BatchSetup
 from tinker_atropos.environment.backends.gymnasium_batch import GymnasiumBatch
-from tinker_atropos.environment.envs import check_env
+from tinker_atropos.environment.check import check_env
 from tinker_atropos.environment.spaces import space_from_proto, space_to_proto
 from tinker_atropos.errors import EnvError
 from tinker_atropos.models.acting import InferencePolicy

@@ -25,10 +25,10 @@ def test_unknown_env_id_names_the_field_and_suggests() -> None:
 
 def test_invalid_values_name_each_field_and_the_allowed_values() -> None:
     with pytest.raises(ConfigError) as error:
-        parse_config({"env": {"backend": "bullet", "instances": 0}, "rollout": {"device": "tpu"}})
+        parse_config({"env": {"backend": "bul let", "instances": 0}, "rollout": {"device": "tpu"}})
     message = str(error.value)
     assert (
-        "env.backend: unknown env backend 'bullet'; allowed: 'gymnasium', 'mujoco' or 'module:Class'"
+        "env.backend: neither a registered backend's name (such as 'gymnasium', 'mujoco') nor 'module:Class' (got 'bul let')"
         in message
     )
     assert "env.instances: Input should be greater than or equal to 1, or 'auto' (got 0)" in message

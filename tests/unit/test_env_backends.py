@@ -1,5 +1,6 @@
-"""Env backends are chosen like algorithms: a built-in name or ``module:Class`` for a third party's, built from a
-``BatchSetup``; a name that is neither is refused by the config, naming the allowed ones."""
+"""Env backends are chosen like algorithms: a registered name (the built-ins register themselves) or
+``module:Class`` for a third party's, built from a ``BatchSetup``; what is neither is refused by the config, and a
+name nobody registered where the env is checked, before anything starts, naming the registered ones."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import pytest
 from tinker_atropos.config import ConfigError, parse_config
 from tinker_atropos.environment.backends.base import BatchSetup, make_env_batch
 from tinker_atropos.environment.backends.gymnasium_batch import GymnasiumBatch
-from tinker_atropos.environment.envs import EnvError, check_env
+from tinker_atropos.environment.check import check_env
+from tinker_atropos.errors import EnvError
 
 
 class Recorded(GymnasiumBatch):
@@ -32,8 +34,13 @@ def test_a_third_party_backend_is_named_module_class_and_built_from_its_setup() 
 
 def test_a_backend_that_is_no_name_nor_module_class_is_refused_and_one_that_does_not_import_says_so() -> None:
     with pytest.raises(ConfigError) as error:
-        parse_config({"env": {"backend": "bullet"}})
-    assert "env.backend" in str(error.value) and "'gymnasium', 'mujoco' or 'module:Class'" in str(error.value)
+        parse_config({"env": {"backend": "bullet/physics"}})
+    assert "env.backend: neither a registered backend's name" in str(error.value)
+    unknown = parse_config({"env": {"id": "CartPole-v1", "backend": "bullet"}})
+    with pytest.raises(EnvError) as refused:
+        check_env(unknown.env)
+    assert str(refused.value) == ("env.backend 'bullet' is not a registered backend; registered: 'gymnasium', "
+                                  "'mujoco', or 'module:Class' for a third party's")  # fmt: skip
     config = parse_config({"env": {"id": "CartPole-v1", "backend": "no_such_module:Batch"}})
     with pytest.raises(
         EnvError, match="env.backend 'no_such_module:Batch' does not import: ModuleNotFoundError"

@@ -1,8 +1,9 @@
 """What ``env.id`` names, resolved once: a registered Gymnasium id, ``module:EnvClass`` or ``module:registered-id``.
 
-``check_env`` builds one instance through the configured backend before anything starts (``up``, each env
-service), so a bad id, a module that does not import, bad ``env.kwargs`` or a space the protocol does not carry
-is one line naming the problem, within seconds, instead of a crash loop or a run that never steps.
+Backends build their instances through ``env_maker``; ``check.py`` builds one through the configured backend
+before anything starts (``up``, each env service), so a bad id, a module that does not import, bad ``env.kwargs``
+or a space the protocol does not carry is one line naming the problem, within seconds, instead of a crash loop or
+a run that never steps.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -80,38 +80,3 @@ def supported_spaces(observation_space: gym.Space, action_space: gym.Space) -> E
     if not isinstance(action_space, gym.spaces.Box | gym.spaces.Discrete):
         raise EnvError(f"action space {action_space} is not supported; supported: Box, Discrete")
     return EnvSpaces(observation_space, action_space)
-
-
-def check_env(env: Any) -> EnvSpaces:
-    """Build, reset and close one instance of the ``env`` config section through its backend; its spaces.
-
-    Raises EnvError with one line naming the problem: the id, the import, the kwargs, the backend or a space.
-    """
-    from tinker_atropos.environment.backends.base import make_env_batch
-
-    try:
-        batch = make_env_batch(env.backend, env.id, env.kwargs, 1, 1)
-    except EnvError:
-        raise
-    except Exception as error:  # the env's own constructor: bad kwargs, a missing asset, a backend limit
-        raise EnvError(
-            f"cannot make {env.id!r} with env.kwargs {env.kwargs} (backend {env.backend!r}): "
-            f"{type(error).__name__}: {error}"
-        ) from None
-    try:
-        spaces = supported_spaces(batch.observation_space, batch.action_space)
-        spaces = EnvSpaces(spaces.observation_space, spaces.action_space, batch.observation_layout)
-        try:
-            observations = batch.reset(0)
-        except Exception as error:
-            raise EnvError(f"{env.id!r} fails on reset: {type(error).__name__}: {error}") from None
-        if observations.shape[1:] != spaces.observation_space.shape:
-            raise EnvError(
-                f"{env.id!r} returns observations of shape {observations.shape[1:]}, its observation space "
-                f"says {spaces.observation_space.shape}"
-            )
-        if not np.isfinite(observations).all():
-            raise EnvError(f"{env.id!r} returns a NaN or infinite observation right after reset")
-        return spaces
-    finally:
-        batch.close()

@@ -25,7 +25,8 @@ from google.protobuf.message import DecodeError
 from tinker_atropos import service_host
 from tinker_atropos.config import Config, EnvSection
 from tinker_atropos.environment.backends.base import make_env_batch
-from tinker_atropos.environment.envs import EnvSpaces, check_env
+from tinker_atropos.environment.check import check_env
+from tinker_atropos.environment.envs import EnvSpaces
 from tinker_atropos.environment.episodes import EpisodeTracker
 from tinker_atropos.environment.finite import FiniteGuard
 from tinker_atropos.environment.local_server import LocalSessionServer

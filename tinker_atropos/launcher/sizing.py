@@ -133,7 +133,7 @@ def resolve_auto(config: Config) -> None:
     env, rollout = config.env, config.rollout
     if AUTO not in (env.services, env.instances, rollout.replicas):
         return
-    from tinker_atropos.environment.envs import check_env
+    from tinker_atropos.environment.check import check_env
 
     check_env(env)  # an env that cannot be made is one line (EnvError) before it is measured
     sizing = size_run(config, usable_cores(), env_step_us(env), rollout.sessions_per_env)

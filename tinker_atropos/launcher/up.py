@@ -26,7 +26,7 @@ import redis
 from rich.console import Console
 
 from tinker_atropos.config import Config
-from tinker_atropos.environment.envs import check_env
+from tinker_atropos.environment.check import check_env
 from tinker_atropos.errors import EXIT_FATAL, EnvError, FatalError
 from tinker_atropos.launcher.client_files import (
     client_variables,

@@ -4,9 +4,9 @@ A backend steps a batch of instances of one env together and resets finished epi
 The service only validates requests, encodes tensors and keeps episode statistics, so a faster backend
 (threads, C-level batching) can replace the gymnasium one without touching the protocol.
 
-``env.backend`` names a backend as ``trainer.algorithm`` names an algorithm: a built-in name (``config.BACKENDS``) or
-``module:Class`` for a third party's, a class whose constructor takes a ``BatchSetup``; the module is imported only
-where a batch is built.
+``env.backend`` names a backend as ``trainer.algorithm`` names an algorithm: a registered name (``register``: the
+built-ins register in this package's ``__init__``) or ``module:Class`` for a third party's, a class whose constructor
+takes a ``BatchSetup``; the module is imported only where a batch is built.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import gymnasium as gym
 import numpy as np
 
-from tinker_atropos.config import BACKENDS
+from tinker_atropos.errors import EnvError
 from tinker_atropos.protocol.steps import StepBatch
 
 
@@ -59,19 +59,27 @@ class BatchSetup:
     num_threads: int = 1
 
 
+_REGISTRY: dict[str, str] = {}  # a backend's name -> its class, as 'module:Class' (imported when built)
+
+
+def register(name: str, reference: str) -> None:
+    """Make ``name`` an ``env.backend``, built by the class ``reference`` names ('module:Class')."""
+    if _REGISTRY.get(name, reference) != reference:
+        raise ValueError(f"another env backend is already registered as {name!r}")
+    _REGISTRY[name] = reference
+
+
 def backend_class(backend: str) -> Callable[[BatchSetup], EnvBatch]:
-    """The class ``env.backend`` names; ValueError saying why it cannot be used."""
-    reference = BACKENDS.get(backend, backend)
+    """The class ``env.backend`` names; EnvError saying why it cannot be used."""
+    reference = _REGISTRY.get(backend, backend)
     module, _, name = reference.partition(":")
     if not name:
-        raise ValueError(f"unknown env backend {backend!r}; allowed: {', '.join(map(repr, BACKENDS))} or "
-                         "'module:Class'")  # fmt: skip
+        raise EnvError(f"env.backend {backend!r} is not a registered backend; registered: "
+                       f"{', '.join(map(repr, sorted(_REGISTRY)))}, or 'module:Class' for a third party's")  # fmt: skip
     try:
         return getattr(importlib.import_module(module), name)
     except Exception as error:  # ImportError, AttributeError, or whatever the module raises while imported
-        raise ValueError(
-            f"env.backend {backend!r} does not import: {type(error).__name__}: {error}"
-        ) from None
+        raise EnvError(f"env.backend {backend!r} does not import: {type(error).__name__}: {error}") from None
 
 
 def make_env_batch(
