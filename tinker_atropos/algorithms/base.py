@@ -3,8 +3,8 @@
 An algorithm is registered under a name (``trainer.algorithm``) with its hyper-parameter section, validated as
 ``trainer.<name>`` by its own model, and the learner it builds. A ``Learner`` is the algorithm's maths: it turns
 the experience it asks for into updates of a ``TrainingCore`` (model, optimizer, version), and publishes what a
-rollout acts with as the core's spec. Front-ends (the Redis experience loop; later the Tinker API) drive learners
-and cores and never import an algorithm; the rollout acts with the published spec (``models.acting``).
+rollout acts with as the core's spec. The drivers (``trainer/``: the experience loop) drive learners and
+cores and never import an algorithm; the rollout acts with the published spec (``models.acting``).
 
 Registering is cheap: the learner is named as ``module:Class`` and imported only where one is built, so that
 reading a config never imports torch.

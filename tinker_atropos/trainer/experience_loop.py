@@ -1,4 +1,4 @@
-"""The Redis-fed front-end of the training core: the experience stream in, versioned weights and checkpoints out.
+"""The experience loop, the driver that learns from Redis: the experience stream in, versioned weights and checkpoints out.
 
 It takes whole trajectories from the stream until it holds ``trainer.samples_per_update`` env steps (``batcher.py``:
 each record checked, taken once, stale ones rejected, policy lag measured), has the algorithm's learner update the

@@ -1,4 +1,4 @@
-"""The training core: a model, its optimizer and its policy version, and the primitives every front-end drives.
+"""The training core: a model, its optimizer and its policy version, and the primitives every driver drives.
 
 ``forward_backward`` runs a loss on the model and accumulates its gradients; ``optim_step`` applies them with
 Adam (and clears them). An algorithm's update is a sequence of the two (PPO: one pair per minibatch), and so is
