@@ -90,7 +90,7 @@ def servicers() -> dict[str, EnvironmentServicer]:
     made = {}
     for env_id in ("Pendulum-v1", "CartPole-v1"):
         section = parse_config({"env": {"id": env_id, "instances": 3}}).env
-        made[env_id] = EnvironmentServicer(section, check_env(section))
+        made[env_id] = EnvironmentServicer(section, check_env(section), takeover_after_s=3.0)
     return made
 
 

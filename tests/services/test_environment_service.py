@@ -70,7 +70,7 @@ class Session:
 
 def _serve(env: dict, capacity: int, transport: str) -> Iterator[EnvUnderTest]:
     section = parse_config({"env": {**env, "instances": capacity}}).env
-    servicer = EnvironmentServicer(section, check_env(section))
+    servicer = EnvironmentServicer(section, check_env(section), takeover_after_s=3.0)
     local = LocalSessionServer(servicer.serve_stream, f"tinker-atropos-test/{uuid.uuid4().hex}")
     servicer.local_address = local.address
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))

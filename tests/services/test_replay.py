@@ -2,7 +2,8 @@
 replayed, after a trainer restart too, and an older signed weights record written back over the current one is
 refused by the rollouts (issue 34, items 3 and 4). Unit tests of the window each writer's numbers are checked
 against, of a trainer's memory across a restart, then the whole system as a holder of the Redis password (not
-of the token) attacks it."""
+of the token) attacks it. A Redis that stalls while chunks are appended is no attacker: the appends the client
+resends are appended once, and only a copy from outside is counted as replayed (issue 43, row 7)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import os
 import re
 import signal
 import subprocess
+import time
 import urllib.request
 from pathlib import Path
 
@@ -18,12 +20,15 @@ import redis
 import yaml
 
 from tests.support.envs import pendulum_env
+from tests.support.processes import Processes, stop_process, wait_for
 from tests.support.records import serialized_chunk
-from tests.support.running import REPO, Sidecar, cli, report_rows, run_up_with
+from tests.support.running import REPO, Sidecar, cli, config_file, report_rows, run_up_with
 from tinker_atropos.config import parse_config
 from tinker_atropos.protocol.freshness import MAX_WRITERS, WINDOW, Freshness
 from tinker_atropos.protocol.trajectory import RecordError
 from tinker_atropos.state import keys
+from tinker_atropos.state.embedded import EmbeddedValkey
+from tinker_atropos.state.experience import read_stats
 from tinker_atropos.state.registry import Registration, live_services
 from tinker_atropos.state.weights import published_version
 from tinker_atropos.trainer.experience_loop import ExperienceLoop
@@ -229,3 +234,62 @@ def test_a_replayed_chunk_and_rolled_back_weights_are_refused_and_counted(
     )
     shown = cli("status", "--redis-url", valkey.url, "--run", run).stdout
     assert "records_rejected_replayed=" in shown and "weights_refused_rolled_back=" in shown, shown
+
+
+STALL_S = 7.0  # past redis-py's socket timeout (5 s): the commands in flight are resent on a new connection
+
+
+@pytest.mark.integration
+def test_appends_resent_over_a_stalled_valkey_are_no_replay_and_a_copy_from_outside_is(
+    tmp_path: Path, processes: Processes
+) -> None:
+    """Before: a 20 s stall of Valkey with no attacker left records_rejected_replayed at 1, the append the
+    rollout's client resent after Valkey had taken it."""
+    run = "stalled"
+    server = EmbeddedValkey(tmp_path / "valkey")
+    client = redis.Redis.from_url(server.url)
+    stream = keys.experience(run)
+    # 'drop': the rollout appends flat out, so its appends are in flight when Valkey stops; the stream's bound is
+    # out of reach, so a copy of an append is read by the trainer, not trimmed unread
+    config = config_file(tmp_path, "cartpole.yaml", run={"name": run}, trainer={"tensorboard": False},
+                         rollout={"flow_control": "drop", "chunk_length": 16, "max_queued_chunks": 100_000})  # fmt: skip
+    common = ["--config", str(config), "--redis-url", server.url, "--port", "0"]
+
+    def trainer() -> dict:
+        return next((s.figures for s in live_services(client, run, "trainer")), {})
+
+    def consumed_all_written_by_now() -> None:
+        written = read_stats(client, run)["chunks_written"]
+        wait_for(lambda: trainer().get("chunks_consumed", 0) >= written, 60, f"the trainer to take {written}")
+
+    try:
+        processes.start("env", *common, name="env")
+        processes.start("rollout", *common, name="rollout")
+        processes.start("trainer", *common, "--run-dir", str(tmp_path / "run"), name="trainer")
+        wait_for(lambda: trainer().get("updates", 0) >= 2, 120, "two updates")
+        stop_process(server.process.pid)
+        time.sleep(STALL_S)
+    finally:
+        os.kill(server.process.pid, signal.SIGCONT)
+    try:
+        wait_for(
+            lambda: read_stats(client, run).get("chunks_written", 0) > 0 and trainer(), 30, "the run going on"
+        )
+        time.sleep(1.0)  # the resent appends land
+        consumed_all_written_by_now()
+        stats = read_stats(client, run)
+        assert "replayed" not in trainer().get("records_rejected", {}), (trainer(), stats)
+        assert stats.get("chunks_duplicate_retried", 0) >= 1, stats  # the stall did make the client resend
+
+        entry_id, fields = client.xrange(stream, count=1)[
+            0
+        ]  # a signed chunk, copied once the trainer took it
+        wait_for(lambda: not client.xrange(stream, entry_id, entry_id), 30, "the trainer to take the chunk")
+        client.xadd(stream, fields)
+        consumed_all_written_by_now()
+        wait_for(lambda: trainer().get("records_rejected", {}).get("replayed") == 1, 10, "the copy refused")
+        assert "Traceback" not in "".join(processes.log(kind) for kind in ("env", "rollout", "trainer"))
+    finally:
+        processes.stop_all()
+        client.close()
+        server.stop()

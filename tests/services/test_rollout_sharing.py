@@ -1,9 +1,12 @@
 """Rollouts share the env services (issue 35), as real processes: a second rollout takes half of the session slots
 from the first, both act for half of the env steps, and when one is SIGKILLed the other takes its share over;
-no env service is ever asked for instances another rollout still steps."""
+no env service is ever asked for instances another rollout still steps. One that is SIGSTOPped loses its share
+within the lease TTL too: its env service gives its idle session's instances to the rollout that took its leases
+(issue 43, row 5), and once it resumes it rejoins."""
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -14,7 +17,7 @@ import redis
 import yaml
 
 from bench.phases import initial_policy
-from tests.support.processes import Processes, wait_for
+from tests.support.processes import Processes, stop_process, wait_for
 from tests.support.running import REPO
 from tinker_atropos.config import parse_config
 from tinker_atropos.state.embedded import EmbeddedValkey
@@ -52,22 +55,31 @@ def holding(client: redis.Redis, instances: dict[str, int]) -> bool:
     )
 
 
-def test_rollouts_split_the_env_services_and_take_over_a_killed_ones_share(
-    tmp_path: Path, processes: Processes, valkey: EmbeddedValkey
-) -> None:
+def start_env_services(
+    tmp_path: Path, processes: Processes, valkey: EmbeddedValkey, services: int, rollout: dict
+) -> tuple[redis.Redis, list[str]]:
+    """``services`` CartPole env services of INSTANCES each, and weights to act with (no trainer: acting is all
+    there is); the command-line arguments a rollout of this run starts with."""
     data = yaml.safe_load((REPO / "configs" / "cartpole.yaml").read_text())
     data["run"]["name"] = RUN
     data["env"]["instances"] = INSTANCES
-    data["rollout"] |= {"flow_control": "drop", "chunk_length": 32, "max_queued_chunks": 8}
+    data["rollout"] |= {"flow_control": "drop", "chunk_length": 32, "max_queued_chunks": 8, **rollout}
     data["redis"] = {"heartbeat_interval_s": 0.5}
     config_path = tmp_path / "run.yaml"
     config_path.write_text(yaml.safe_dump(data))
     client = redis.Redis.from_url(valkey.url)
     client.flushall()
-    publish_weights(client, RUN, 0, *initial_policy(parse_config(data)))  # no trainer: acting is all there is
+    publish_weights(client, RUN, 0, *initial_policy(parse_config(data)))
     common = ["--config", str(config_path), "--redis-url", valkey.url, "--port", "0"]
-    for i in range(ENV_SERVICES):
+    for i in range(services):
         processes.start("env", *common, "--name", f"env-{i}", name=f"env-{i}")
+    return client, common
+
+
+def test_rollouts_split_the_env_services_and_take_over_a_killed_ones_share(
+    tmp_path: Path, processes: Processes, valkey: EmbeddedValkey
+) -> None:
+    client, common = start_env_services(tmp_path, processes, valkey, ENV_SERVICES, {})
     watcher = Watcher(client)
     watcher.start()
     try:
@@ -120,3 +132,42 @@ def test_rollouts_split_the_env_services_and_take_over_a_killed_ones_share(
     print(
         f"\njoin: slots split after {join_s:.1f}s; shares {shares}; SIGKILL: share taken over after {takeover_s:.1f}s"
     )
+
+
+def test_a_stopped_rollouts_instances_go_to_the_one_that_took_its_leases_and_it_rejoins_when_resumed(
+    tmp_path: Path, processes: Processes, valkey: EmbeddedValkey
+) -> None:
+    ttl_s = 1.0
+    client, common = start_env_services(tmp_path, processes, valkey, 2, {"lease_ttl_s": ttl_s})
+    processes.start("rollout", *common, "--name", "rollout-0", name="rollout-0")
+    wait_for(lambda: holding(client, {"rollout-0": 2 * INSTANCES}), 60, "rollout-0 on both env services")
+    stopped = processes.start("rollout", *common, "--name", "rollout-1", name="rollout-1")
+    wait_for(lambda: holding(client, {"rollout-0": INSTANCES, "rollout-1": INSTANCES}), 60, "one env each")
+    its_env = next(iter(rollouts(client)["rollout-1"].figures["instances_by_env"]))
+
+    stop_process(stopped.pid)
+    stopped_at = time.monotonic()
+    try:
+        # its lease lapses within the TTL; its env service then waits on it for one TTL more before taking its
+        # session over; the figures come with the next heartbeat (0.5 s)
+        wait_for(
+            lambda: holding(client, {"rollout-0": 2 * INSTANCES}), 2 * ttl_s + 3, "rollout-0 on both again"
+        )
+        taken_over_s = time.monotonic() - stopped_at
+    finally:
+        os.kill(stopped.pid, signal.SIGCONT)
+    envs = wait_for(lambda: {e.name: e.figures for e in live_services(client, RUN, "env")
+                             if e.figures["sessions_taken_over"]}, 5, "the take-over in the figures")  # fmt: skip
+    assert list(envs) == [its_env] and envs[its_env]["sessions_taken_over"] == 1, envs
+    assert "taken over from" in processes.log(its_env)
+
+    # resumed: it finds its stream ended and its lease taken, rejoins and gets its share back by hand-over
+    wait_for(
+        lambda: rollouts(client)["rollout-1"].figures["leases_lost"] == 1, 10, "it to see its lease taken"
+    )
+    wait_for(lambda: holding(client, {"rollout-0": INSTANCES, "rollout-1": INSTANCES}), 30, "the share back")
+    assert stopped.poll() is None
+    steps = rollouts(client)["rollout-1"].figures["env_steps"]
+    wait_for(lambda: rollouts(client)["rollout-1"].figures["env_steps"] > steps, 10, "rollout-1 to act again")
+    assert "Traceback" not in processes.log("rollout-1") + processes.log(its_env)
+    print(f"\nSIGSTOP: the stopped rollout's instances acted on by the other after {taken_over_s:.1f}s")

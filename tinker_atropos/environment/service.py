@@ -3,7 +3,9 @@
 A session claims some of the service's instances for as long as its stream lives. Careless or hostile clients
 harm only their own stream: a malformed request ends it (INVALID_ARGUMENT, a warning naming the peer, at most
 one every 10 s per peer and reason with the count, no traceback), a stream that does not open in time or an open session that goes quiet is ended and its
-instances freed, and past ``env.session_limit`` streams a new one is refused (RESOURCE_EXHAUSTED). Streams never
+instances freed, and past ``env.session_limit`` streams a new one is refused (RESOURCE_EXHAUSTED). A session whose
+client has sent nothing for longer than the rollouts' lease TTL gives its instances up to a new session that needs
+them: its rollout stopped (SIGSTOP, a stalled host) and lost its lease to the rollout now asking. Streams never
 take the last gRPC workers, so Describe and the health checks are always answered. The same session logic
 serves the gRPC stream and the local fast path for co-located rollouts (``local_server``).
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import threading
 import time
 import uuid
@@ -41,6 +44,7 @@ log = logging.getLogger(__name__)
 
 RESERVED_WORKERS = 4  # gRPC workers no stream can take: Describe and health are served past the session limit
 WATCH_INTERVAL_S = 0.5
+TAKEOVER_WAIT_S = 5.0  # how long a new session waits for the sessions it took over to free their instances
 
 
 class StreamControl(Protocol):
@@ -74,20 +78,25 @@ class _Stream:
     """A live stream, as the idle watchdog sees it."""
 
     control: StreamControl
-    last_request: float = field(default_factory=time.monotonic)
-    opened: bool = False
-    ended_by_watchdog: bool = False
+    waiting_since: float = field(default_factory=time.monotonic)  # on its client; inf while serving it
+    instances: int = 0  # held by its session, once opened
+    ended: bool = False  # by the service: idle, or taken over
 
 
 class EnvironmentServicer(environment_pb2_grpc.EnvironmentServicer):
-    def __init__(self, env: EnvSection, spaces: EnvSpaces) -> None:
+    """``takeover_after_s``: how long a session's client may send nothing before a new session that needs its
+    instances takes them (the rollouts' ``lease_ttl_s``: by then a stopped rollout's lease is another's)."""
+
+    def __init__(self, env: EnvSection, spaces: EnvSpaces, takeover_after_s: float) -> None:
         self.env = env
+        self.takeover_after_s = takeover_after_s
         self.capacity = env.instances
         self.observation_space, self.action_space = spaces.observation_space, spaces.action_space
         self.observation_layout = spaces.observation_layout
         self.incarnation = ""
         self.local_address = ""
         self._lock = threading.Lock()
+        self._freed = threading.Condition(self._lock)  # notified when a session frees its instances
         self._sessions: dict[str, int] = {}  # session id -> instances held
         self._streams: dict[int, _Stream] = {}
         self._stream_ids = itertools.count()
@@ -101,6 +110,7 @@ class EnvironmentServicer(environment_pb2_grpc.EnvironmentServicer):
         self.streams_ended = CountedWarnings("streams ended for what their client sent or did not send")
         self.streams_timed_out = 0
         self.sessions_refused_busy = 0
+        self.sessions_taken_over = 0
 
     @property
     def free_instances(self) -> int:
@@ -121,6 +131,7 @@ class EnvironmentServicer(environment_pb2_grpc.EnvironmentServicer):
             streams_refused=self.streams_refused,
             streams_timed_out=self.streams_timed_out,
             sessions_refused_busy=self.sessions_refused_busy,
+            sessions_taken_over=self.sessions_taken_over,
         )
 
     def start(self) -> None:
@@ -216,8 +227,7 @@ class EnvironmentServicer(environment_pb2_grpc.EnvironmentServicer):
             self.refuse(
                 control, grpc.StatusCode.INVALID_ARGUMENT, "the first request of a session must be 'open'"
             )
-        session_id, n = self._claim(first.open.num_instances, control)
-        stream.opened = True
+        session_id, n = self._claim(first.open.num_instances, stream)
         batch = None
         try:
             batch = FiniteGuard(
@@ -234,8 +244,9 @@ class EnvironmentServicer(environment_pb2_grpc.EnvironmentServicer):
                 )
             )
             tracker = EpisodeTracker(n)
+            stream.waiting_since = time.monotonic()
             for request in requests:
-                stream.last_request = time.monotonic()
+                stream.waiting_since = math.inf
                 actions = self._actions(request, session_id, n, control)
                 step, cut = batch.step(actions)
                 ended = tracker.update(step.rewards, step.terminated, step.truncated, cut)
@@ -245,30 +256,64 @@ class EnvironmentServicer(environment_pb2_grpc.EnvironmentServicer):
                     self.cut_nonfinite.add(f"session {session_id[:8]}", f"instances {cut.nonzero()[0].tolist()}",
                                            int(cut.sum()))  # fmt: skip
                 yield environment_pb2.SessionResponse(step=step.encode(ended))
+                stream.waiting_since = time.monotonic()
         except EnvError as error:  # the env itself misbehaves past what the guard can repair
             log.warning("session %s failed: %s", session_id[:8], error)
             control.abort(grpc.StatusCode.INTERNAL, str(error))
         finally:
             if batch is not None:
                 batch.close()
-            with self._lock:
+            with self._freed:
                 del self._sessions[session_id]
+                self._freed.notify_all()
             log.info("session %s closed, %d instances released", session_id[:8], n)
 
-    def _claim(self, wanted: int, control: StreamControl) -> tuple[str, int]:
+    def _claim(self, wanted: int, stream: _Stream) -> tuple[str, int]:
+        """A new session of ``wanted`` instances (0: all that are free), taking over idle sessions if that is
+        what it takes; RESOURCE_EXHAUSTED if the instances are held by clients that still act."""
         with self._lock:
-            free = self.free_instances
-            n = wanted or free
-            if 0 < n <= free:
+            n = wanted or self.free_instances
+            idle = self._idle_holders(n - self.free_instances, time.monotonic())
+        for holder in idle:
+            self.streams_ended.add(
+                f"taken over from {peer_host(holder.control.peer)}",
+                f"no step request for {self.takeover_after_s:g} s while {peer_host(stream.control.peer)} asked "
+                f"for its {holder.instances} instances",
+            )
+            holder.control.cancel()
+        with self._freed:
+            if n > 0 and self._freed.wait_for(
+                lambda: n <= self.free_instances, TAKEOVER_WAIT_S if idle else 0
+            ):
                 session_id = uuid.uuid4().hex
-                self._sessions[session_id] = n
+                self._sessions[session_id] = stream.instances = n
+                stream.waiting_since = math.inf  # its envs are being made
                 return session_id, n
+            free = self.free_instances
         self.sessions_refused_busy += 1
         self.refuse(
-            control,
+            stream.control,
             grpc.StatusCode.RESOURCE_EXHAUSTED,
             f"{n or 'any'} instances asked, {free} of {self.capacity} free",
         )
+
+    def _idle_holders(self, missing: int, now: float) -> list[_Stream]:
+        """Sessions idle past ``takeover_after_s`` that together hold the ``missing`` instances, longest idle
+        first, marked ended and counted; none if they do not hold enough. Under the lock."""
+        if missing <= 0:
+            return []
+        idle = sorted((s for s in self._streams.values() if s.instances and not s.ended
+                       and now - s.waiting_since > self.takeover_after_s), key=lambda s: s.waiting_since)  # fmt: skip
+        taken: list[_Stream] = []
+        while idle and missing > 0:
+            taken.append(idle.pop(0))
+            missing -= taken[-1].instances
+        if missing > 0:
+            return []
+        for holder in taken:
+            holder.ended = True
+        self.sessions_taken_over += len(taken)
+        return taken
 
     def _actions(self, request, session_id: str, n: int, control: StreamControl):
         if request.WhichOneof("kind") != "step":
@@ -297,12 +342,12 @@ class EnvironmentServicer(environment_pb2_grpc.EnvironmentServicer):
         with self._lock:
             streams = list(self._streams.values())
         for stream in streams:
-            limit = self.env.session_idle_timeout_s if stream.opened else self.env.open_timeout_s
-            if stream.ended_by_watchdog or now - stream.last_request < limit:
+            limit = self.env.session_idle_timeout_s if stream.instances else self.env.open_timeout_s
+            if stream.ended or now - stream.waiting_since < limit:
                 continue
-            stream.ended_by_watchdog = True
+            stream.ended = True
             self.streams_timed_out += 1
-            what = "no step request" if stream.opened else "no 'open' request"
+            what = "no step request" if stream.instances else "no 'open' request"
             peer = peer_host(stream.control.peer)
             self.streams_ended.add(f"{what} from {peer}", f"{what} for {limit:.0f} s")
             stream.control.cancel()
@@ -330,7 +375,7 @@ class EnvService:
     """The env service process: the servicer on gRPC and on the local socket, until stopped."""
 
     def __init__(self, config: Config, spaces: EnvSpaces, incarnation: str) -> None:
-        self.servicer = EnvironmentServicer(config.env, spaces)
+        self.servicer = EnvironmentServicer(config.env, spaces, config.rollout.lease_ttl_s)
         self.servicer.incarnation = incarnation
         try:  # the incarnation makes the name unique on the host (a run name could overflow the 107-byte limit)
             self.local = LocalSessionServer(self.servicer.serve_stream, f"tinker-atropos/env/{incarnation}")

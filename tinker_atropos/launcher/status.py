@@ -44,6 +44,7 @@ SHOWN_FIGURES = {
         "streams_refused",
         "streams_timed_out",
         "sessions_refused_busy",
+        "sessions_taken_over",
     ),
     "rollout": (
         "policy_version",

@@ -6,6 +6,13 @@ The trainer deletes what it has read, so the stream holds exactly the chunks not
 has the field ``record``, an ``ExperienceRecord`` (``protocol/trajectory.py``), and in a run with a token the
 field ``sig``, its HMAC under a key derived from the token (``security.signing_key``): a reader with the key
 rejects an entry without it or with a wrong one, so a process with Redis access alone cannot inject experience.
+
+An append is idempotent. The client resends a command whose answer it did not get in time (a Redis stalled past
+the socket timeout), and Redis may then run both the command it had already received and the copy: the record
+would reach the trainer twice and be counted as replayed, an attack where there is none. So each append carries
+a number of its writer's, and the script appends a number it has seen before only once: the copy is dropped and
+counted (``chunks_duplicate_retried``). The reader cannot tell a retry from a replay (both are the same signed
+bytes): every duplicate it still sees came from outside.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,6 +32,8 @@ from tinker_atropos.state import keys
 from tinker_atropos.state.records import parse_json
 
 MAX_EPISODES_KEPT = 1000
+APPENDS_REMEMBERED = 1024  # per writer: far more than its sessions have in flight while one is retried
+APPENDS_REMEMBERED_MS = 600_000  # a writer's numbers outlive the retries of its last append by far
 
 RECORD_FIELD = b"record"  # a serialized ExperienceRecord
 SIGNATURE_FIELD = b"sig"  # its HMAC, in a run with a token
@@ -40,12 +50,19 @@ local function add(key, field, n)
 end
 """
 
-# KEYS: stream, stats, episodes.  ARGV: bound, record, signature ('' unsigned), env steps, episodes kept,
-# episodes cut by a non-finite value, episode JSON...
+# KEYS: stream, stats, episodes, the writer's append numbers.  ARGV: bound, record, signature ('' unsigned),
+# env steps, episodes kept, episodes cut by a non-finite value, append number, numbers kept, their life in ms,
+# episode JSON...
 _APPEND = (
     _ADD_COUNTER
     + """
 local queued = redis.call('XLEN', KEYS[1])
+if redis.call('ZADD', KEYS[4], 'NX', ARGV[7], ARGV[7]) == 0 then
+  add(KEYS[2], 'chunks_duplicate_retried', 1)
+  return queued
+end
+redis.call('ZREMRANGEBYRANK', KEYS[4], 0, -1 - tonumber(ARGV[8]))
+redis.call('PEXPIRE', KEYS[4], ARGV[9])
 local bound = tonumber(ARGV[1])
 if ARGV[3] == '' then
   redis.call('XADD', KEYS[1], 'MAXLEN', bound, '*', 'record', ARGV[2])
@@ -60,10 +77,10 @@ end
 if tonumber(ARGV[6]) > 0 then
   add(KEYS[2], 'episodes_cut_nonfinite', ARGV[6])
 end
-if #ARGV > 6 then
-  redis.call('LPUSH', KEYS[3], unpack(ARGV, 7))
+if #ARGV > 9 then
+  redis.call('LPUSH', KEYS[3], unpack(ARGV, 10))
   redis.call('LTRIM', KEYS[3], 0, tonumber(ARGV[5]) - 1)
-  add(KEYS[2], 'episodes', #ARGV - 6)
+  add(KEYS[2], 'episodes', #ARGV - 9)
 end
 return queued
 """
@@ -87,12 +104,14 @@ class ExperienceWriter:
     def __init__(
         self, client: redis.Redis, run: str, max_queued_chunks: int, key: bytes | None = None
     ) -> None:
-        self._keys = [keys.experience(run), keys.stats(run), keys.episodes(run)]
+        appended = keys.appended(run, uuid.uuid4().hex)
+        self._keys = [keys.experience(run), keys.stats(run), keys.episodes(run), appended]
         self._bound = max_queued_chunks
         self._client = client
         self._append = client.register_script(_APPEND)
         self._key = key
         self._sequence = itertools.count(1)
+        self._appends = itertools.count(1)  # what makes a retried append known to the script
 
     def next_sequence(self) -> int:
         """The number of the next record, for any of the threads that share this writer (atomic under the GIL)."""
@@ -113,6 +132,9 @@ class ExperienceWriter:
             env_steps,
             MAX_EPISODES_KEPT,
             cut_nonfinite,
+            next(self._appends),
+            APPENDS_REMEMBERED,
+            APPENDS_REMEMBERED_MS,
             *(json.dumps(e) for e in episodes),
         ]
         return int(self._append(keys=self._keys, args=args))

@@ -44,6 +44,12 @@ def experience(run: str) -> str:
     return f"ta:{run}:experience"
 
 
+def appended(run: str, writer: str) -> str:
+    """Sorted set with a TTL: the latest numbers of the appends of one experience writer (random per writer), so
+    that an append a client retried after Redis had taken it is not appended twice."""
+    return f"ta:{run}:appended:{writer}"
+
+
 def stats(run: str) -> str:
     """Hash of run-wide counters (env steps, chunks written/dropped/rejected, episodes)."""
     return f"ta:{run}:stats"

@@ -23,7 +23,7 @@ class ServiceStatus(_message.Message):
     def __init__(self, environment: _Optional[_Union[EnvironmentStatus, _Mapping]] = ..., rollout: _Optional[_Union[RolloutStatus, _Mapping]] = ..., trainer: _Optional[_Union[TrainerStatus, _Mapping]] = ..., atropos_api: _Optional[_Union[AtroposApiStatus, _Mapping]] = ...) -> None: ...
 
 class EnvironmentStatus(_message.Message):
-    __slots__ = ("incarnation", "env_id", "instances", "free_instances", "sessions", "streams", "steps", "episodes", "episodes_cut_nonfinite", "bad_requests", "streams_refused", "streams_timed_out", "local_peers_refused", "sessions_refused_busy")
+    __slots__ = ("incarnation", "env_id", "instances", "free_instances", "sessions", "streams", "steps", "episodes", "episodes_cut_nonfinite", "bad_requests", "streams_refused", "streams_timed_out", "local_peers_refused", "sessions_refused_busy", "sessions_taken_over")
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     ENV_ID_FIELD_NUMBER: _ClassVar[int]
     INSTANCES_FIELD_NUMBER: _ClassVar[int]
@@ -38,6 +38,7 @@ class EnvironmentStatus(_message.Message):
     STREAMS_TIMED_OUT_FIELD_NUMBER: _ClassVar[int]
     LOCAL_PEERS_REFUSED_FIELD_NUMBER: _ClassVar[int]
     SESSIONS_REFUSED_BUSY_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_TAKEN_OVER_FIELD_NUMBER: _ClassVar[int]
     incarnation: str
     env_id: str
     instances: int
@@ -52,7 +53,8 @@ class EnvironmentStatus(_message.Message):
     streams_timed_out: int
     local_peers_refused: int
     sessions_refused_busy: int
-    def __init__(self, incarnation: _Optional[str] = ..., env_id: _Optional[str] = ..., instances: _Optional[int] = ..., free_instances: _Optional[int] = ..., sessions: _Optional[int] = ..., streams: _Optional[int] = ..., steps: _Optional[int] = ..., episodes: _Optional[int] = ..., episodes_cut_nonfinite: _Optional[int] = ..., bad_requests: _Optional[int] = ..., streams_refused: _Optional[int] = ..., streams_timed_out: _Optional[int] = ..., local_peers_refused: _Optional[int] = ..., sessions_refused_busy: _Optional[int] = ...) -> None: ...
+    sessions_taken_over: int
+    def __init__(self, incarnation: _Optional[str] = ..., env_id: _Optional[str] = ..., instances: _Optional[int] = ..., free_instances: _Optional[int] = ..., sessions: _Optional[int] = ..., streams: _Optional[int] = ..., steps: _Optional[int] = ..., episodes: _Optional[int] = ..., episodes_cut_nonfinite: _Optional[int] = ..., bad_requests: _Optional[int] = ..., streams_refused: _Optional[int] = ..., streams_timed_out: _Optional[int] = ..., local_peers_refused: _Optional[int] = ..., sessions_refused_busy: _Optional[int] = ..., sessions_taken_over: _Optional[int] = ...) -> None: ...
 
 class TrainerStatus(_message.Message):
     __slots__ = ("incarnation", "policy_version", "updates", "env_steps_trained", "chunks_consumed", "chunks_rejected_stale", "busy_fraction", "policy_lag_min", "policy_lag_mean", "policy_lag_max", "losses", "records_rejected", "updates_discarded_nonfinite", "tinker_api", "policy_lag_counts", "eval_policy_version", "eval_return_mean", "eval_return_std", "eval_best_policy_version", "eval_best_return_mean", "writes_failed", "write_failure", "write_failing_s", "tinker_events")
