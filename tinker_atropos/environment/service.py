@@ -7,20 +7,19 @@ instances freed, and past ``env.session_limit`` streams a new one is refused (RE
 client has sent nothing for longer than the rollouts' lease TTL gives its instances up to a new session that needs
 them: its rollout stopped (SIGSTOP, a stalled host) and lost its lease to the rollout now asking. Streams never
 take the last gRPC workers, so Describe and the health checks are always answered. The same session logic
-serves the gRPC stream and the local fast path for co-located rollouts (``local_server``).
+serves the gRPC stream and the local fast path for co-located rollouts (``local_server``); the streams' admission,
+watchdog and takeover are ``stream_watch.py``'s.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import math
 import threading
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import NoReturn, Protocol
+from typing import NoReturn
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -34,6 +33,7 @@ from tinker_atropos.environment.episodes import EpisodeTracker
 from tinker_atropos.environment.finite import FiniteGuard
 from tinker_atropos.environment.local_server import LocalSessionServer
 from tinker_atropos.environment.spaces import ActionError, check_actions, space_to_proto
+from tinker_atropos.environment.stream_watch import Stream, StreamControl, StreamWatch
 from tinker_atropos.errors import EnvError
 from tinker_atropos.logs import CountedWarnings, peer_host
 from tinker_atropos.protocol import local_stream, tensors
@@ -43,22 +43,7 @@ from tinker_atropos.service_host import Endpoint
 log = logging.getLogger(__name__)
 
 RESERVED_WORKERS = 4  # gRPC workers no stream can take: Describe and health are served past the session limit
-WATCH_INTERVAL_S = 0.5
 TAKEOVER_WAIT_S = 5.0  # how long a new session waits for the sessions it took over to free their instances
-
-
-class StreamControl(Protocol):
-    """What a session needs from the carrier of its stream (gRPC or the local socket)."""
-
-    peer: str
-
-    def abort(self, code: grpc.StatusCode, message: str) -> NoReturn:
-        """End the stream with a status; never returns."""
-        ...
-
-    def cancel(self) -> None:
-        """End the stream from another thread (its pending read returns)."""
-        ...
 
 
 class GrpcStreamControl:
@@ -73,23 +58,12 @@ class GrpcStreamControl:
         self._context.cancel()
 
 
-@dataclass
-class _Stream:
-    """A live stream, as the idle watchdog sees it."""
-
-    control: StreamControl
-    waiting_since: float = field(default_factory=time.monotonic)  # on its client; inf while serving it
-    instances: int = 0  # held by its session, once opened
-    ended: bool = False  # by the service: idle, or taken over
-
-
 class EnvironmentServicer(environment_pb2_grpc.EnvironmentServicer):
     """``takeover_after_s``: how long a session's client may send nothing before a new session that needs its
     instances takes them (the rollouts' ``lease_ttl_s``: by then a stopped rollout's lease is another's)."""
 
     def __init__(self, env: EnvSection, spaces: EnvSpaces, takeover_after_s: float) -> None:
         self.env = env
-        self.takeover_after_s = takeover_after_s
         self.capacity = env.instances
         self.observation_space, self.action_space = spaces.observation_space, spaces.action_space
         self.observation_layout = spaces.observation_layout
@@ -98,19 +72,13 @@ class EnvironmentServicer(environment_pb2_grpc.EnvironmentServicer):
         self._lock = threading.Lock()
         self._freed = threading.Condition(self._lock)  # notified when a session frees its instances
         self._sessions: dict[str, int] = {}  # session id -> instances held
-        self._streams: dict[int, _Stream] = {}
-        self._stream_ids = itertools.count()
-        self._stop_watch = threading.Event()
-        self._watchdog = threading.Thread(target=self._watch, name="session-watchdog", daemon=True)
+        self.watch = StreamWatch(env, self._lock, takeover_after_s)
         self.steps = 0
         self.episodes = 0
         self.cut_nonfinite = CountedWarnings("episodes cut and reset: the env returned NaN or infinity")
         self.bad_requests = 0
         self.streams_refused = 0
-        self.streams_ended = CountedWarnings("streams ended for what their client sent or did not send")
-        self.streams_timed_out = 0
         self.sessions_refused_busy = 0
-        self.sessions_taken_over = 0
 
     @property
     def free_instances(self) -> int:
@@ -123,27 +91,23 @@ class EnvironmentServicer(environment_pb2_grpc.EnvironmentServicer):
             instances=self.capacity,
             free_instances=self.free_instances,
             sessions=len(self._sessions),
-            streams=len(self._streams),
+            streams=len(self.watch.streams),
             steps=self.steps,
             episodes=self.episodes,
             episodes_cut_nonfinite=self.cut_nonfinite.total(),
             bad_requests=self.bad_requests,
             streams_refused=self.streams_refused,
-            streams_timed_out=self.streams_timed_out,
+            streams_timed_out=self.watch.timed_out,
             sessions_refused_busy=self.sessions_refused_busy,
-            sessions_taken_over=self.sessions_taken_over,
+            sessions_taken_over=self.watch.taken_over,
         )
 
     def start(self) -> None:
-        self._watchdog.start()
+        self.watch.start()
 
     def close(self) -> None:
         """End every stream (their sessions free their instances) and stop watching."""
-        self._stop_watch.set()
-        with self._lock:
-            streams = list(self._streams.values())
-        for stream in streams:
-            stream.control.cancel()
+        self.watch.close()
 
     def Describe(self, request, context) -> environment_pb2.EnvironmentInfo:  # noqa: N802 - gRPC name
         return environment_pb2.EnvironmentInfo(
@@ -191,19 +155,15 @@ class EnvironmentServicer(environment_pb2_grpc.EnvironmentServicer):
         """End a stream for what its client did: a warning with the peer (rate-limited), no traceback."""
         if code == grpc.StatusCode.INVALID_ARGUMENT:
             self.bad_requests += 1
-        self.streams_ended.add(f"{code.name} from {peer_host(control.peer)}", message)
+        self.watch.ended.add(f"{code.name} from {peer_host(control.peer)}", message)
         control.abort(code, message)
 
     def session(
         self, requests: Iterator[environment_pb2.SessionRequest], control: StreamControl
     ) -> Iterator[environment_pb2.SessionResponse]:
         """One session, whatever carries it."""
-        stream_id, stream = next(self._stream_ids), _Stream(control)
-        with self._lock:
-            admitted = len(self._streams) < self.env.session_limit
-            if admitted:
-                self._streams[stream_id] = stream
-        if not admitted:
+        admitted = self.watch.admit(control)
+        if admitted is None:
             self.streams_refused += 1
             self.refuse(
                 control,
@@ -211,14 +171,14 @@ class EnvironmentServicer(environment_pb2_grpc.EnvironmentServicer):
                 f"{self.env.session_limit} streams already open, the limit of this env service "
                 "(env.max_sessions)",
             )
+        stream_id, stream = admitted
         try:
             yield from self._serve_session(requests, control, stream)
         finally:
-            with self._lock:
-                del self._streams[stream_id]
+            self.watch.remove(stream_id)
 
     def _serve_session(
-        self, requests: Iterator[environment_pb2.SessionRequest], control: StreamControl, stream: _Stream
+        self, requests: Iterator[environment_pb2.SessionRequest], control: StreamControl, stream: Stream
     ) -> Iterator[environment_pb2.SessionResponse]:
         first = next(requests, None)
         if first is None:
@@ -268,19 +228,13 @@ class EnvironmentServicer(environment_pb2_grpc.EnvironmentServicer):
                 self._freed.notify_all()
             log.info("session %s closed, %d instances released", session_id[:8], n)
 
-    def _claim(self, wanted: int, stream: _Stream) -> tuple[str, int]:
+    def _claim(self, wanted: int, stream: Stream) -> tuple[str, int]:
         """A new session of ``wanted`` instances (0: all that are free), taking over idle sessions if that is
         what it takes; RESOURCE_EXHAUSTED if the instances are held by clients that still act."""
         with self._lock:
             n = wanted or self.free_instances
-            idle = self._idle_holders(n - self.free_instances, time.monotonic())
-        for holder in idle:
-            self.streams_ended.add(
-                f"taken over from {peer_host(holder.control.peer)}",
-                f"no step request for {self.takeover_after_s:g} s while {peer_host(stream.control.peer)} asked "
-                f"for its {holder.instances} instances",
-            )
-            holder.control.cancel()
+            idle = self.watch.idle_holders(n - self.free_instances, time.monotonic())
+        self.watch.take_over(idle, stream)
         with self._freed:
             if n > 0 and self._freed.wait_for(
                 lambda: n <= self.free_instances, TAKEOVER_WAIT_S if idle else 0
@@ -297,24 +251,6 @@ class EnvironmentServicer(environment_pb2_grpc.EnvironmentServicer):
             f"{n or 'any'} instances asked, {free} of {self.capacity} free",
         )
 
-    def _idle_holders(self, missing: int, now: float) -> list[_Stream]:
-        """Sessions idle past ``takeover_after_s`` that together hold the ``missing`` instances, longest idle
-        first, marked ended and counted; none if they do not hold enough. Under the lock."""
-        if missing <= 0:
-            return []
-        idle = sorted((s for s in self._streams.values() if s.instances and not s.ended
-                       and now - s.waiting_since > self.takeover_after_s), key=lambda s: s.waiting_since)  # fmt: skip
-        taken: list[_Stream] = []
-        while idle and missing > 0:
-            taken.append(idle.pop(0))
-            missing -= taken[-1].instances
-        if missing > 0:
-            return []
-        for holder in taken:
-            holder.ended = True
-        self.sessions_taken_over += len(taken)
-        return taken
-
     def _actions(self, request, session_id: str, n: int, control: StreamControl):
         if request.WhichOneof("kind") != "step":
             self.refuse(
@@ -330,27 +266,6 @@ class EnvironmentServicer(environment_pb2_grpc.EnvironmentServicer):
             return check_actions(tensors.decode(request.step.actions), self.action_space, n)
         except (ActionError, tensors.TensorError) as error:
             self.refuse(control, grpc.StatusCode.INVALID_ARGUMENT, str(error))
-
-    def _watch(self) -> None:
-        while not self._stop_watch.wait(WATCH_INTERVAL_S):
-            self.end_idle_streams(time.monotonic())
-
-    def end_idle_streams(self, now: float) -> None:
-        """End streams that did not open within ``env.open_timeout_s`` or idled past
-        ``env.session_idle_timeout_s``: a client that holds a stream without using it holds a worker and
-        maybe instances."""
-        with self._lock:
-            streams = list(self._streams.values())
-        for stream in streams:
-            limit = self.env.session_idle_timeout_s if stream.instances else self.env.open_timeout_s
-            if stream.ended or now - stream.waiting_since < limit:
-                continue
-            stream.ended = True
-            self.streams_timed_out += 1
-            what = "no step request" if stream.instances else "no 'open' request"
-            peer = peer_host(stream.control.peer)
-            self.streams_ended.add(f"{what} from {peer}", f"{what} for {limit:.0f} s")
-            stream.control.cancel()
 
 
 def add_to_server(servicer: EnvironmentServicer, server: grpc.Server) -> None:
