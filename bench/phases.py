@@ -330,9 +330,8 @@ def _drain(client: redis.Redis, run: str, stop: threading.Event, key: bytes | No
         reader.take(count=64, block_ms=200)
 
 
-Figures = Callable[
-    [str], dict[str, dict[str, Any]]
-]  # kind -> {service name: the figures of its registry entry}
+# kind -> {service name: the figures of its registry entry}
+Figures = Callable[[str], dict[str, dict[str, Any]]]
 
 
 class ServicesMeter:

@@ -43,10 +43,11 @@ def moved(before: dict[str, str], after: dict[str, str]) -> set[str]:
 def test_units_split_an_env_services_instances_among_its_slots() -> None:
     units = units_of("e", "env-0", "a:1", "h", 10, 3)
     assert [(u.key, u.instances) for u in units] == [("e:0", 4), ("e:1", 3), ("e:2", 3)]
+    # empty slots are no units
     assert [u.instances for u in units_of("e", "env-0", "a:1", "h", 2, 4)] == [
         1,
         1,
-    ]  # empty slots are no units
+    ]
 
 
 def test_four_env_services_over_two_rollouts_give_each_two_whatever_the_names() -> None:

@@ -166,9 +166,8 @@ class Injector(Sidecar):
 
     def forge_weights(self, signed: bool) -> None:
         blob, spec = b"not weights at all", json.dumps({"obs_shape": [3]})
-        self.forged_version = self.FORGED * (
-            self.forgeries + 1
-        )  # ahead of a trainer that continued above one
+        # ahead of a trainer that continued above one
+        self.forged_version = self.FORGED * (self.forgeries + 1)
         version, digest = str(self.forged_version), hashlib.sha256(blob).hexdigest()
         fields = {"version": version, "blob": blob, "spec": spec, "digest": digest}
         if signed:

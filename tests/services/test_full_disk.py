@@ -129,10 +129,11 @@ def test_a_full_then_read_only_disk_pauses_checkpoints_and_metrics_while_learnin
         enter = ["nsenter", "-t", str(up.pid), "-m"] + (
             [] if os.geteuid() == 0 else ["-U", "--preserve-credentials"]
         )
+        # a read-only view: logs stay open
         for mount in (
             ["--bind", str(run_dir)],
             ["-o", "remount,bind,ro"],
-        ):  # a read-only view: logs stay open
+        ):
             subprocess.run([*enter, "mount", *mount, str(run_dir)], check=True)
         assert up.wait(timeout=90) == 1, output.text()[-3000:]
     finally:

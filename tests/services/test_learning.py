@@ -141,9 +141,8 @@ def test_eval_and_report_without_their_inputs_say_so_in_one_line(tmp_path: Path)
     mangled.mkdir()
     (mangled / "metrics.jsonl").write_text('{"env_steps": 10\nnot json\n{"env_steps": "x"}\n{"env_steps": 5}\n'
                                            '{"env_steps": 64, "wall_time_s": 2.0, "episode_return_mean": -900}\n')  # fmt: skip
-    drawn = cli(
-        "report", str(mangled)
-    )  # the rows that are not report rows are skipped, the one that is drawn
+    # the rows that are not report rows are skipped, the one that is drawn
+    drawn = cli("report", str(mangled))
     assert drawn.returncode == 0 and (mangled / "report.png").exists(), drawn.stderr[-2000:]
     garbage = cli("eval", str(empty), "--config", config, "--checkpoint", str(tmp_path / "garbage.pt"))
     assert garbage.returncode == 2

@@ -188,9 +188,8 @@ def test_an_undone_update_restores_the_parameters_and_optimizer_exactly(
     config = parse_config({"run": {"name": "undo"}, "trainer": {"samples_per_update": 16}})
     trainer = ExperienceLoop(config, redis_client, tmp_path)
     trainer.setup(pendulum_env())
-    assert trainer.learn(
-        [decode_trajectory(serialized_chunk(2, seed=6), trainer.spec)]
-    )  # optimizer moments exist
+    # optimizer moments exist
+    assert trainer.learn([decode_trajectory(serialized_chunk(2, seed=6), trainer.spec)])
     before = copy.deepcopy(trainer.learner.state_dict())
 
     assert not trainer.learn([decode_trajectory(serialized_chunk(2, seed=7, reward_fill=3e38), trainer.spec)])

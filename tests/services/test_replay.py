@@ -281,9 +281,8 @@ def test_appends_resent_over_a_stalled_valkey_are_no_replay_and_a_copy_from_outs
         assert "replayed" not in trainer().get("records_rejected", {}), (trainer(), stats)
         assert stats.get("chunks_duplicate_retried", 0) >= 1, stats  # the stall did make the client resend
 
-        entry_id, fields = client.xrange(stream, count=1)[
-            0
-        ]  # a signed chunk, copied once the trainer took it
+        # a signed chunk, copied once the trainer took it
+        entry_id, fields = client.xrange(stream, count=1)[0]
         wait_for(lambda: not client.xrange(stream, entry_id, entry_id), 30, "the trainer to take the chunk")
         client.xadd(stream, fields)
         consumed_all_written_by_now()

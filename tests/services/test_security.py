@@ -196,9 +196,8 @@ def test_the_tinker_api_serves_https_with_the_services_certificate(
 ) -> None:
     write_secrets(tmp_path / "secrets")
     _tls_environment(monkeypatch, tmp_path / "secrets", client_ca=False)
-    monkeypatch.setenv(
-        "SSL_CERT_FILE", str(tmp_path / "secrets" / "ca.crt")
-    )  # how httpx, so the SDK, trusts it
+    # how httpx, so the SDK, trusts it
+    monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "secrets" / "ca.crt"))
     trainer = TinkerTrainer(processes, tmp_path, valkey.url, "tk-tls", scheme="https")
     trainer.start()
     rest = tinker.RestClient(base_url=trainer.url, api_key=KEY)

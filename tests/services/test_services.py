@@ -55,9 +55,8 @@ def test_services_discover_each_other_through_redis_and_drain_on_sigterm(
 
     wait_for(lambda: (published_version(redis_client, "services-test") or 0) >= 2, 120, "two PPO updates")
     assert read_stats(redis_client, "services-test")["env_steps"] > 0
-    assert f"open over {carrier}: 4 instances" in processes.log(
-        "rollout"
-    )  # same host: the socket, unless told
+    # same host: the socket, unless told
+    assert f"open over {carrier}: 4 instances" in processes.log("rollout")
 
     trainer = next(s for s in services if s.kind == "trainer")
     with grpc.insecure_channel(trainer.address) as channel:

@@ -73,9 +73,8 @@ def test_a_lower_version_is_published_above_the_one_held_and_the_same_one_only_f
     redis_client,
 ) -> None:
     assert publish_weights(redis_client, "r", 5, b"a", {}) == 5
-    assert (
-        publish_weights(redis_client, "r", 5, b"a", {}) == 5
-    )  # published again (Redis missed it): unchanged
+    # published again (Redis missed it): unchanged
+    assert publish_weights(redis_client, "r", 5, b"a", {}) == 5
     assert publish_weights(redis_client, "r", 5, b"b", {}) == 6  # other weights never share a number
     assert publish_weights(redis_client, "r", 2, b"c", {}) == 7
     assert (fetch_weights(redis_client, "r").version, fetch_weights(redis_client, "r").blob) == (7, b"c")

@@ -178,9 +178,8 @@ def test_a_log_past_its_size_is_rotated_and_the_child_writes_on_into_the_emptied
         "chatty.log.2",
     ]
     current = child.log_path.read_text()
-    assert current.startswith("line ") and current.endswith(
-        "\n"
-    )  # written on from the start, not after a hole
+    # written on from the start, not after a hole
+    assert current.startswith("line ") and current.endswith("\n")
     assert "\0" not in current
     assert current.splitlines()[-1].startswith("last line ")
     newest, older = (

@@ -198,9 +198,8 @@ def test_the_learning_rate_anneals_linearly_to_zero_over_the_env_steps_learned_a
     weights = [p.clone() for p in resumed.core.model.parameters()]
     resumed.learn([trajectory_chunk(rng)])  # past the span: a step size of 0 leaves the policy as it is
     assert all(torch.equal(a, b) for a, b in zip(weights, resumed.core.model.parameters(), strict=True))
-    assert (
-        _learner(learning_rate=1e-3).learn([trajectory_chunk(rng)])["learning_rate"] == 1e-3
-    )  # constant by default
+    # constant by default
+    assert _learner(learning_rate=1e-3).learn([trajectory_chunk(rng)])["learning_rate"] == 1e-3
 
 
 def test_target_kl_stops_the_update_at_the_first_minibatch_past_it_without_its_step() -> None:

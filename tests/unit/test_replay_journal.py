@@ -111,9 +111,8 @@ def test_a_lost_or_unreadable_segment_costs_only_its_own_transitions(
 
     # a segment whose columns disagree with its name is unreadable too
     journal.append(72, span(history, 72, 77))  # a shorter one...
-    (tmp_path / f"segment-{72:015d}-{77:015d}.npz").rename(
-        journal.segments()[-1][2]
-    )  # ...under the full name
+    # ...under the full name
+    (tmp_path / f"segment-{72:015d}-{77:015d}.npz").rename(journal.segments()[-1][2])
     caplog.clear()
     with caplog.at_level(logging.WARNING):
         assert_same_columns(journal.restore(96, CAPACITY), span(history, 24, 48))

@@ -115,13 +115,11 @@ def test_the_rollout_acts_within_the_bounds_with_the_squashed_density() -> None:
 def test_gradient_steps_follow_the_update_to_data_ratio_after_learning_starts() -> None:
     learner = sac_learner(learning_starts=24, utd_ratio=0.5, batch_size=8)
     rng = np.random.default_rng(4)
-    first = learner.learn(
-        [trajectory_chunk(rng, truncated=np.zeros((4, 4), bool))]
-    )  # 16 transitions: still gathering
+    # 16 transitions: still gathering
+    first = learner.learn([trajectory_chunk(rng, truncated=np.zeros((4, 4), bool))])
     assert first["gradient_steps"] == 0 and first["replay_size"] == 16
-    second = learner.learn(
-        [trajectory_chunk(rng, truncated=np.zeros((5, 4), bool))]
-    )  # 36 >= 24: 20 received, 10 steps owed
+    # 36 >= 24: 20 received, 10 steps owed
+    second = learner.learn([trajectory_chunk(rng, truncated=np.zeros((5, 4), bool))])
     assert second["gradient_steps"] == 10 and second["utd_ratio"] == 0.5
     assert all(np.isfinite(v) for v in second.values())
 
@@ -145,9 +143,8 @@ def test_a_checkpointed_learner_continues_exactly() -> None:
 def test_the_ring_keeps_the_latest_transitions_and_restores_them_oldest_first() -> None:
     rng = np.random.default_rng(6)
     buffer = ReplayBuffer(10, (OBS,), (ACT,))
-    chunks = [
-        trajectory_chunk(rng, truncated=np.zeros((3, 2), bool)) for _ in range(3)
-    ]  # 18 transitions into 10 places
+    # 18 transitions into 10 places
+    chunks = [trajectory_chunk(rng, truncated=np.zeros((3, 2), bool)) for _ in range(3)]
     for c in chunks:
         buffer.add(c)
     latest = np.concatenate([c.rewards.reshape(-1) for c in chunks])[-10:]

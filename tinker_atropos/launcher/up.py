@@ -220,9 +220,8 @@ def _run_locked(
         outcome = stop
     finally:
         stop_children(children)
-        reporter.report(
-            show=False
-        )  # the final figures, all services stopped: the summary and a resume read them
+        # the final figures, all services stopped: the summary and a resume read them
+        reporter.report(show=False)
         reporter.close()
         if server is not None:
             server.stop()
@@ -301,9 +300,8 @@ def _prepare(config: Config, run_dir: Path, url: str | None, options: UpOptions,
             console.print(f"embedded Valkey at {url} (its password: {password_file})")
         children = service_children(config, config_path, url, run_dir, options.metrics)
         for child in children:
-            if not (
-                os.environ.get("TA_TOKEN_FILE") or os.environ.get("TA_TOKEN")
-            ):  # else the children inherit it
+            # else the children inherit it
+            if not (os.environ.get("TA_TOKEN_FILE") or os.environ.get("TA_TOKEN")):
                 child.environment["TA_TOKEN_FILE"] = str(run_secret(run_dir, "token"))
             if password_file is not None:
                 child.environment["TA_REDIS_PASSWORD_FILE"] = str(password_file)

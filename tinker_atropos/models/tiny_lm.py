@@ -113,9 +113,8 @@ class CausalSelfAttention(nn.Module):
         B, T, C = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, C // self.n_heads).permute(2, 0, 3, 1, 4)
         causal = True
-        if (
-            cache is not None
-        ):  # a prompt from position 0 (causal), or one new token that sees every earlier one
+        # a prompt from position 0 (causal), or one new token that sees every earlier one
+        if cache is not None:
             start = cache.length
             if start and T > 1:
                 raise ValueError("the KV cache takes one token at a time after the prompt")

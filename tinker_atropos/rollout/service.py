@@ -96,9 +96,8 @@ class RolloutService:
         deadline = time.monotonic() + DRAIN_TIMEOUT_S
         for session in self.sessions.values():
             session.join(timeout=max(0.0, deadline - time.monotonic()))
-        with contextlib.suppress(
-            redis.RedisError
-        ):  # Redis away: the leases expire, only these counts are lost
+        # Redis away: the leases expire, only these counts are lost
+        with contextlib.suppress(redis.RedisError):
             self.leases.leave(self.sessions)
             self.policy.report_refusals()
 
@@ -108,9 +107,8 @@ class RolloutService:
         is taken, hand over the units it loses once their chunk is written."""
         now = time.monotonic()
         try:
-            if (
-                self.policy.refresh() is None
-            ):  # no weights yet (or still loading them): take no share, leave it
+            # no weights yet (or still loading them): take no share, leave it
+            if self.policy.refresh() is None:
                 return  # to those that can act; a rollout becomes a member with its first refresh
             if now >= self._next_refresh:
                 self._next_refresh = now + self.leases.ttl_ms / 3000
@@ -158,9 +156,8 @@ class RolloutService:
 
     def _act_on(self, members: list[Member]) -> None:
         for key, session in list(self.sessions.items()):
-            if (
-                not session.is_alive()
-            ):  # ended by itself (env gone or restarted) or handed over: free its slot
+            # ended by itself (env gone or restarted) or handed over: free its slot
+            if not session.is_alive():
                 del self.sessions[key]
                 self.leases.release(key)
                 if session.env_replaced:

@@ -35,13 +35,11 @@ class BatchError(ValueError):
 class BatchDatums:
     data: list[Datum] = field(default_factory=list)
     groups_skipped_equal: int = 0  # every score the same: no signal
-    groups_invalid: list[str] = field(
-        default_factory=list
-    )  # why each group that could not be learned was skipped
+    # why each group that could not be learned was skipped
+    groups_invalid: list[str] = field(default_factory=list)
     scores: list[float] = field(default_factory=list)
-    episodes: list[tuple[float, int]] = field(
-        default_factory=list
-    )  # (score, trained tokens) of each sound sequence
+    # (score, trained tokens) of each sound sequence
+    episodes: list[tuple[float, int]] = field(default_factory=list)
     has_behaviour_logprobs: bool = True  # False when a sequence came without inference_logprobs
 
 

@@ -87,9 +87,8 @@ DictRows = Annotated[list[Dicts], FAIL_FAST]
 class ScoredData(BaseModel):
     """One scored group: a sequence per member (tokens, masks, score), and what a trainer may use besides."""
 
-    model_config = ConfigDict(
-        extra="ignore", allow_inf_nan=False
-    )  # a NaN score would reach the trainer's loss
+    # a NaN score would reach the trainer's loss
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     tokens: IntRows
     masks: IntRows
