@@ -151,9 +151,8 @@ def one_round(server: str, load: Load, work: Path, stall: bool = False) -> dict[
         config.write_text(f"run: {{name: bench}}\natropos: {{port: {port}, max_queue_sequences: {bound}}}\n")
         command = [sys.executable, "-m", "tinker_atropos", "atropos-api", "--config", str(config), "--redis-url",
                    valkey.url, "--port", "0"]  # fmt: skip
-    with open(
-        work / f"{server}-{port}.log", "w"
-    ) as log:  # ours asks the key of the run's token, as under `up`
+    # ours asks the key of the run's token, as under `up`
+    with open(work / f"{server}-{port}.log", "w") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=child_preexec,
                                    env={**os.environ, "TA_TOKEN": TOKEN})  # fmt: skip
     try:

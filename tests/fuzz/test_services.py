@@ -182,9 +182,8 @@ def test_garbage_requests_to_every_method_are_answered_or_refused_with_a_status(
                     list(watch(garbage_request(rng), timeout=0.3))
                 assert ended.value.code() in OK_OR_REFUSED
     invalid = 0
-    with grpc.insecure_channel(
-        running.env.address
-    ) as channel:  # the session stream: garbage after any first frame
+    # the session stream: garbage after any first frame
+    with grpc.insecure_channel(running.env.address) as channel:
         for _ in range(25):
             stream = RawStream(channel)
             first = pb.SessionRequest(open=pb.OpenSession(num_instances=rng.randrange(0, 6)))

@@ -280,9 +280,8 @@ def test_the_atropos_api_keeps_its_state_as_its_own_acl_user_and_nothing_more(
             return False
 
     wait_for(answers, 60, "the trajectory API", interval_s=0.2)
-    with httpx.Client(
-        base_url=f"http://127.0.0.1:{port}", timeout=30, headers=HEADERS
-    ) as api:  # every write, read
+    # every write, read
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30, headers=HEADERS) as api:
         api.post("/register", json=registration(4))
         assert api.get("/batch").json() == {"batch": None}
         assert api.post("/register-env", json=env_registration(2)).json()["env_id"] == 0

@@ -79,9 +79,8 @@ class ProgressReporter:
         # (service name, incarnation) -> its incident counters at the last report that saw it: a service that
         # restarted starts from 0, and a stopped one is gone from the registry by the time `up` sums up
         self.service_incidents: dict[tuple[str, str], dict[str, int]] = {}
-        self.heartbeats: dict[
-            str, float
-        ] = {}  # a service's name -> when a report last saw it in the registry
+        # a service's name -> when a report last saw it in the registry
+        self.heartbeats: dict[str, float] = {}
         # this reporter's marker key is in Redis: its disappearance means Redis lost its data
         self.marked = False
         self.tinker_api = ""  # the trainer's Tinker API URL, once it serves one

@@ -266,9 +266,7 @@ def load_network(spec: dict[str, Any], blob: bytes, network: str = "mlp") -> Act
     _check_model(spec, network)
     try:
         model = build_network(spec)
-    except (
-        ValueError
-    ) as error:  # a spec of something else, or a user network that cannot be imported or built
+    except ValueError as error:  # a spec of something else, or a user network that cannot be built
         raise ValueError(f"weights that do not fit their spec: {error}") from None
     load_weights(model, blob)
     return model

@@ -67,9 +67,8 @@ class SessionCounters:
         self.episodes = 0
         self.sessions_lost = 0
         self.recent_returns: collections.deque[float] = collections.deque(maxlen=100)
-        self.open: dict[
-            str, tuple[str, int]
-        ] = {}  # unit key -> (env service name, instances) of open sessions
+        # unit key -> (env service name, instances) of open sessions
+        self.open: dict[str, tuple[str, int]] = {}
 
     @property
     def connected(self) -> int:
