@@ -279,6 +279,8 @@ def test_groups_the_model_cannot_read_are_skipped_and_counted_and_the_trainer_le
             -3000:
         ]  # the reasons
         assert "Traceback" not in log, log[-3000:]
+        # its /batch polls (ten a second while no batch is ready) are not logged one by one
+        assert "HTTP Request:" not in log and "/batch" not in log, log[-3000:]
     finally:
         reference.terminate()
         reference.wait(timeout=30)
