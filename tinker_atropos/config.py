@@ -398,6 +398,12 @@ class AtroposTrainerSection(Section):
         description="File of the keys the inference endpoint accepts (Authorization: Bearer, as OpenAI clients send "
         "it), one per line; null: the key derived from the run's token, which `up` hands its environments.",
     )
+    inference_max_request_mb: float = Field(
+        8.0,
+        gt=0,
+        description="Largest request body the inference endpoint accepts (MiB); a larger one is answered 413. A "
+        "prompt holds 65,536 tokens at most, about 0.5 MiB of JSON.",
+    )
 
 
 class TrainerSection(Section):

@@ -32,6 +32,7 @@ from tests.support.atropos import (
     KEY,
     TOKEN,
     Poller,
+    chunked,
     env_registration,
     memory_kb,
     registration,
@@ -600,17 +601,13 @@ def test_hostile_bodies_are_refused_within_ten_times_their_size_while_status_ans
                         headers=headers or {**HEADERS, "Content-Type": "application/json"},
                     )
 
-            def chunks() -> Any:
-                for _ in range(MAX_MB + 1):
-                    yield b" " * (1 << 20)
-
             with Poller(f"{url}/status", HEADERS) as poller:
                 one = post(misaligned, gzip_headers)
                 peaks = {"one bomb": memory_kb(ours.pid, "VmHWM")}
                 with ThreadPoolExecutor(3) as pool:
                     bombs = [one, *pool.map(lambda _: post(misaligned, gzip_headers), range(3))]
                 peaks["three bombs"] = memory_kb(ours.pid, "VmHWM")
-                over = post(chunks())
+                over = post(chunked(MAX_MB + 1))
                 bad_ids = post(
                     json.dumps({"tokens": [["x"] * 1_000_000], "masks": [[0] * 1_000_000], "scores": [0.0]})
                 )

@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import gzip
+import json
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -23,8 +27,10 @@ from atroposlib.envs.server_handling.sglang_server import SGLangServer
 from transformers import AutoTokenizer
 
 from tests.support.asserts import assert_names_nothing_of_the_package, assert_same
-from tests.support.processes import wait_for
+from tests.support.atropos import Poller, chunked, memory_kb, reset_peak
+from tests.support.processes import Processes, wait_for
 from tinker_atropos.config import parse_config
+from tinker_atropos.frontends.http import run_key
 from tinker_atropos.frontends.inference.app import build_app
 from tinker_atropos.frontends.inference.sampler import Sampler
 from tinker_atropos.models import tiny_lm
@@ -35,6 +41,7 @@ from tinker_atropos.training.atropos_batches import batch_datums, group_advantag
 
 TOKENIZER = tiny_lm.ByteTokenizer()
 KEY = "inference-key-of-the-test"
+RUN_TOKEN = "the-run-token"  # of the trainer processes: their inference endpoint asks the key derived from it
 
 
 def test_advantages_are_relative_to_the_group_and_an_all_equal_group_teaches_nothing() -> None:
@@ -91,7 +98,7 @@ class Endpoint:
 
     def __init__(self, sampler: Sampler) -> None:
         self.port = free_port()
-        config = uvicorn.Config(build_app(sampler, "tiny-byte-lm", [KEY]), host="127.0.0.1", port=self.port,
+        config = uvicorn.Config(build_app(sampler, "tiny-byte-lm", [KEY], 8 << 20), host="127.0.0.1", port=self.port,
                                 log_level="warning", lifespan="off")  # fmt: skip
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
@@ -230,14 +237,8 @@ def test_groups_the_model_cannot_read_are_skipped_and_counted_and_the_trainer_le
         reference = subprocess.Popen([sys.executable, "-m", "atroposlib.cli.run_api", "--host", "127.0.0.1", "--port",
                                       str(api_port)], stdout=log, stderr=subprocess.STDOUT, preexec_fn=child_preexec)  # fmt: skip
     try:
-        config = {"run": {"name": "atropos-hostile"}, "env": {"services": 0}, "rollout": {"replicas": 0},
-                  "trainer": {"experience_loop": False, "atropos": {
-                      "enabled": True, "api_url": f"http://127.0.0.1:{api_port}", "batch_size": 12,
-                      "max_token_len": 1024, "inference_port": inference_port}}}  # fmt: skip
-        (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
-        monkeypatch.setenv("TA_TOKEN", "the-run-token")  # the inference endpoint's key is derived from it
-        trainer = processes.start("trainer", "--config", str(tmp_path / "run.yaml"), "--redis-url", valkey.url,
-                                  "--port", "0", "--run-dir", str(tmp_path / "run"), name="trainer")  # fmt: skip
+        trainer = _start_trainer(tmp_path, processes, valkey.url, monkeypatch, "atropos-hostile", api_url=f"http://127.0.0.1:{api_port}",
+                                 batch_size=12, max_token_len=1024, inference_port=inference_port)  # fmt: skip
         api = httpx.Client(base_url=f"http://127.0.0.1:{api_port}", timeout=30)
 
         def registered() -> bool:
@@ -278,6 +279,103 @@ def test_groups_the_model_cannot_read_are_skipped_and_counted_and_the_trainer_le
             -3000:
         ]  # the reasons
         assert "Traceback" not in log, log[-3000:]
+        # its /batch polls (ten a second while no batch is ready) are not logged one by one
+        assert "HTTP Request:" not in log and "/batch" not in log, log[-3000:]
     finally:
         reference.terminate()
         reference.wait(timeout=30)
+
+
+def _start_trainer(tmp_path: Path, processes: Processes, redis_url: str, monkeypatch: pytest.MonkeyPatch,
+                   run: str, **atropos: Any) -> subprocess.Popen:  # fmt: skip
+    """A trainer process of run ``run`` running the Atropos loop (``atropos``: its settings) and serving the
+    inference endpoint, with the run token ``RUN_TOKEN`` (the endpoint asks the key derived from it)."""
+    config = {"run": {"name": run}, "env": {"services": 0}, "rollout": {"replicas": 0},
+              "trainer": {"experience_loop": False, "atropos": {"enabled": True, **atropos}}}  # fmt: skip
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
+    monkeypatch.setenv("TA_TOKEN", RUN_TOKEN)
+    return processes.start("trainer", "--config", str(tmp_path / "run.yaml"), "--redis-url", redis_url,
+                           "--port", "0", "--run-dir", str(tmp_path / "run"), name="trainer")  # fmt: skip
+
+
+# ------------------------------------------------------------------------------ bodies bounded by what they build
+
+MAX_MB = 8  # trainer.atropos.inference_max_request_mb's default
+
+
+def _json(body: Any) -> bytes:
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+@pytest.mark.integration
+def test_hostile_bodies_to_the_inference_endpoint_cost_under_ten_times_their_size_while_health_answers(
+    tmp_path: Path, valkey, processes: Processes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Keyed, to a trainer process serving the endpoint, bodies of up to its 8 MiB: a prompt of 1.5 million
+    tokens and one just past the 65,536 bound, a million bad token ids, a 7 MB text prompt, lists of lists and of
+    objects, stop strings and messages past their bounds, a gzip bomb (the endpoint inflates nothing) and a
+    chunked post past the bound. Each is refused with its reason, the trainer's peak memory grows by less than
+    ten times each body and returns, ``/health`` answers within a second throughout (the endpoint used to parse
+    and validate on its event loop, for seconds, and report every bad item), and the endpoint samples after."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    trainer = _start_trainer(
+        tmp_path, processes, valkey.url, monkeypatch, "atropos-bodies", inference_port=port
+    )
+    key = run_key("inference", RUN_TOKEN)
+    sample = {"prompt": "ab", "max_tokens": 2, "logprobs": 1}
+    n = 1_500_000  # "1000," is 5 bytes: 7.5 MB of JSON
+    hostile = {  # what: route, body, the answer's status and what it says
+        "prompt tokens": ("/generate", {"input_ids": [1000] * n}, 413, "JSON values"),
+        "past 65,536 tokens": ("/v1/completions", {"prompt": [1000] * 70_000}, 422, "at most 65536"),
+        "bad ids": ("/v1/completions", {"prompt": ["x"] * 1_000_000}, 413, "JSON values"),
+        "long text": ("/generate", {"text": "a" * 7_000_000}, 400, "the context is 512"),
+        "lists": ("/v1/completions", {"prompt": [[]] * 100_000}, 413, "arrays and objects"),
+        "objects": ("/generate", {"input_ids": [{"a": 1234567}] * 100_000}, 413, "arrays and objects"),
+        "stops": ("/v1/completions", {**sample, "stop": [7] * 100_000}, 422, "at most 16"),
+        "messages": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}] * 5000}, 422,
+                     "at most 4096"),
+    }  # fmt: skip
+    bodies = {what: _json(body) for what, (_, body, _, _) in hostile.items()}
+    bodies["gzip bomb"] = gzip.compress(b" " * (64 << 20), 1)  # 64 MiB of spaces, inflated
+    hostile["gzip bomb"] = ("/v1/completions", None, 400, "not JSON")
+    assert max(len(body) for body in bodies.values()) < MAX_MB << 20
+    with httpx.Client(base_url=url, timeout=60, headers={"Authorization": f"Bearer {key}"}) as client:
+
+        def sampled() -> bool:
+            assert trainer.poll() is None, processes.log("trainer")[-3000:]
+            try:
+                return client.post("/v1/completions", json=sample).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for(sampled, 120, "the trainer's inference endpoint")  # what sampling takes is in the baseline
+        rss_before = memory_kb(trainer.pid, "VmRSS")
+        answers, growth_mb = {}, {}
+        started = time.monotonic()
+        with Poller(f"{url}/health", {}) as poller:
+            for what, (path, _, _, _) in hostile.items():
+                reset_peak(trainer.pid)
+                start = memory_kb(trainer.pid, "VmRSS")
+                encoding = {"Content-Encoding": "gzip"} if what == "gzip bomb" else {}
+                answers[what] = client.post(path, content=bodies[what], headers=encoding)
+                growth_mb[what] = (memory_kb(trainer.pid, "VmHWM") - start) / 1024
+            over = client.post("/generate", content=chunked(MAX_MB + 1))
+        elapsed_s = time.monotonic() - started
+        after_mb = (memory_kb(trainer.pid, "VmRSS") - rss_before) / 1024
+        after = client.post("/v1/completions", json=sample)
+    sizes_mb = {what: len(body) / 2**20 for what, body in bodies.items()}
+    print(f"{elapsed_s:.1f} s; slowest /health {poller.slowest:.2f} s of {poller.answers}; RSS {after_mb:+.0f} MiB after; peak growth "
+          f"(MiB) for a body of (MiB): { {w: (round(growth_mb[w]), round(sizes_mb[w], 1)) for w in bodies} }")  # fmt: skip
+    for what, (_, _, status, reason) in hostile.items():
+        answer = answers[what]
+        assert answer.status_code == status and reason in answer.text, (what, answer.status_code, answer.text[:500])  # fmt: skip
+        if status == 422:  # however many items are bad, five errors and a count at most
+            assert len(answer.json()["detail"]) <= 6, (what, answer.text[:2000])
+        # 8 MiB: a baseline (the answer, a thread's allocations) that a body of a few kB costs as well
+        assert growth_mb[what] < 10 * sizes_mb[what] + 8, (what, growth_mb[what], sizes_mb[what])
+    assert over.status_code == 413 and "trainer.atropos.inference_max_request_mb" in over.text, over.text
+    # asked throughout (four answers a second at least: one every 20 ms and the time it took)
+    assert poller.slowest < 1.0 and poller.answers >= 4 * elapsed_s, (poller.slowest, poller.answers, elapsed_s)  # fmt: skip
+    assert after_mb < 3 * MAX_MB, after_mb  # what the bodies took is handed back, but for a few MiB
+    assert after.status_code == 200 and after.json()["choices"][0]["logprobs"]["token_ids"], after.text

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,17 @@ def memory_kb(pid: int, field: str) -> int:
     """``VmRSS`` (now) or ``VmHWM`` (the peak so far) of process ``pid``, in kB."""
     lines = Path(f"/proc/{pid}/status").read_text().splitlines()
     return int(next(line.split()[1] for line in lines if line.startswith(f"{field}:")))
+
+
+def reset_peak(pid: int) -> None:
+    """Resets process ``pid``'s ``VmHWM`` to its RSS now, so the next reading is the peak of what followed."""
+    Path(f"/proc/{pid}/clear_refs").write_text("5")
+
+
+def chunked(mib: int) -> Iterator[bytes]:
+    """A body of ``mib`` MiB of spaces, sent chunked (no Content-Length to refuse it by)."""
+    for _ in range(mib):
+        yield b" " * (1 << 20)
 
 
 class Poller:

@@ -175,7 +175,9 @@ class BodyLimit:
             if size > self.limit:
                 return await self._refuse(scope, receive, send, b"".join(chunks)[:PREFIX_BYTES])
             more = message.get("more_body", False)
-        await self.app(scope, _replay(b"".join(chunks), receive), send)
+        body = b"".join(chunks)
+        del chunks  # else the body is held twice while the app runs
+        await self.app(scope, _replay(body, receive), send)
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, prefix: bytes) -> None:
         detail = f"request bodies are limited to {self.limit} bytes ({self.setting})"
@@ -269,8 +271,9 @@ def _trimmed(work: Callable[..., T], *args: Any) -> T:
         _return_freed_memory()  # in this thread: a trim takes a while
 
 
-# the least each JSON value costs once parsed: a container (an empty list is 56 bytes) and its slot in its parent
-CONTAINER_BYTES, SLOT_BYTES = 64, 8
+# the least each JSON value costs once parsed: an array or an empty object (an empty list is 56 bytes), an object
+# with keys (184 bytes: a dict allocates its key table with its first key), and a value's slot in its parent
+CONTAINER_BYTES, OBJECT_BYTES, SLOT_BYTES = 64, 192, 8
 
 
 class JSONBodies:
@@ -278,7 +281,9 @@ class JSONBodies:
     routes of one app (the trajectory API, the inference endpoint):
 
     - before parsing, a scan at memchr speed refuses (413) a body whose containers and values alone would build
-      more than ``expansion`` times its size in Python objects (``[[],[],…]``, deep nesting);
+      more than ``expansion`` times its size in Python objects (``[[],[],…]``, deep nesting), and one of more
+      than ``max_values`` values (commas) when the app has no use for more: a number costs 40 bytes parsed,
+      eight times its JSON, whatever the schema then makes of it;
     - a body past ``INLINE_BYTES`` is parsed and validated in a worker thread, ``concurrency`` at a time, so the
       event loop keeps answering everyone else (a health check in milliseconds) and several big bodies at once
       cost one parse's memory, not several;
@@ -287,8 +292,10 @@ class JSONBodies:
       and the 422 reports the first ``MAX_ERRORS`` errors and their count;
     - ``then`` runs in the same thread on the validated value (serialising it for storage, say)."""
 
-    def __init__(self, setting: str, concurrency: int = 1, expansion: int = 8) -> None:
-        self.setting, self.expansion = setting, expansion
+    def __init__(
+        self, setting: str, concurrency: int = 1, expansion: int = 8, max_values: int | None = None
+    ) -> None:
+        self.setting, self.expansion, self.max_values = setting, expansion, max_values
         self.off_loop = OffLoop(concurrency)
 
     async def parse(self, request: Request, adapter: TypeAdapter[T], check: Callable[[Any], None] | None = None,
@@ -301,7 +308,12 @@ class JSONBodies:
     def _parse(self, body: bytes, adapter: TypeAdapter[T], check: Callable[[Any], None] | None,
                then: Callable[[T], Any] | None) -> Any:  # fmt: skip
         containers, commas = separators(body)
-        least = CONTAINER_BYTES * containers + SLOT_BYTES * commas
+        if self.max_values is not None and commas >= self.max_values:
+            raise BodyError(413, f"the body holds {commas + 1} JSON values or more; no request here takes more "
+                                 f"than {self.max_values}")  # fmt: skip
+        objects, empty_objects = body.count(b"{"), body.count(b"{}")
+        least = (CONTAINER_BYTES * (containers - objects + empty_objects)
+                 + OBJECT_BYTES * (objects - empty_objects) + SLOT_BYTES * commas)  # fmt: skip
         if len(body) > INLINE_BYTES and least > self.expansion * len(body):
             raise BodyError(413, f"the body's {containers} JSON arrays and objects would take at least "
                                  f"{least >> 20} MiB parsed, over {self.expansion} times its "

@@ -71,7 +71,7 @@ class AtroposLoop:
         self.sampler = Sampler(self.model.core.model, self.model.core.version)
         keys = endpoint_keys("inference", self.section.inference_api_keys_file,
                              "trainer.atropos.inference_api_keys_file", "inference endpoint")  # fmt: skip
-        app = build_app(self.sampler, TINY_LM, keys)
+        app = build_app(self.sampler, TINY_LM, keys, int(self.section.inference_max_request_mb * 2**20))
         self.inference = BackgroundServer(app, self.section.inference_host, self.section.inference_port,
                                           "inference endpoint")  # fmt: skip
         self.api_url = ""

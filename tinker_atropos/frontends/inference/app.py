@@ -33,6 +33,9 @@ from tinker_atropos.models.tiny_lm import chat_prompt
 # what a request may hold, checked as it is validated (a longer list stops there): no model served here reads
 # more tokens than this, nor an OpenAI server more stop strings or messages
 MAX_PROMPT_TOKENS, MAX_STOPS, MAX_MESSAGES = 1 << 16, 16, 4096
+# JSON values in a body, checked before it is parsed: a prompt's tokens and as many others (a million numbers
+# would take 40 MB parsed, before a validation refused the list)
+MAX_VALUES = 2 * MAX_PROMPT_TOKENS
 
 
 class _Sampling(BaseModel):
@@ -83,6 +86,15 @@ class Endpoint:
 
     sampler: Sampler
     model_name: str
+
+    def encode(self, text: str) -> list[int]:
+        """``text``'s tokens, after a BOS; a 400 before encoding a text that cannot fit the context (the byte
+        tokenizer makes a token of every byte, so of every character at least): as a list of tokens, a long
+        text would take sixteen times its size."""
+        if len(text) >= self.sampler.max_seq_len:
+            raise HTTPException(400, f"the prompt has at least {len(text) + 1} tokens; the context is "
+                                     f"{self.sampler.max_seq_len}")  # fmt: skip
+        return self.sampler.tokenizer.encode(text, add_bos=True)
 
     def generate(self, prompt: list[int], request: _Sampling, max_tokens: int, stop_ids: list[int] = ()) -> list[Completion]:  # fmt: skip
         tokenizer = self.sampler.tokenizer
@@ -135,9 +147,7 @@ def completions(
     request: Annotated[CompletionRequest, json_body(CompletionRequest)], endpoint: Shared
 ) -> dict[str, Any]:
     tokenizer = endpoint.sampler.tokenizer
-    prompt = (
-        request.prompt if isinstance(request.prompt, list) else tokenizer.encode(request.prompt, add_bos=True)
-    )
+    prompt = request.prompt if isinstance(request.prompt, list) else endpoint.encode(request.prompt)
     done = endpoint.generate(prompt, request, request.max_tokens)
     choices = []
     for i, c in enumerate(done):
@@ -158,7 +168,7 @@ def chat_completions(
 ) -> dict[str, Any]:
     tokenizer = endpoint.sampler.tokenizer
     text = chat_prompt([(m.role, m.content) for m in request.messages])
-    prompt = tokenizer.encode(text, add_bos=True)
+    prompt = endpoint.encode(text)
     done = endpoint.generate(prompt, request, request.max_completion_tokens or request.max_tokens)
     choices = []
     for i, c in enumerate(done):
@@ -181,9 +191,7 @@ def sglang_generate(request: Annotated[GenerateRequest, json_body(GenerateReques
     params = request.sampling_params
     if request.input_ids is None and request.text is None:
         raise HTTPException(400, "give input_ids or text")
-    prompt = (
-        request.input_ids if request.input_ids is not None else tokenizer.encode(request.text, add_bos=True)
-    )
+    prompt = request.input_ids if request.input_ids is not None else endpoint.encode(request.text)
     try:
         sampling = _Sampling(max_tokens=params.get("max_new_tokens", 128), temperature=params.get("temperature", 1.0),
                              top_p=params.get("top_p", 1.0), top_k=params.get("top_k", -1), n=params.get("n", 1),
@@ -203,16 +211,14 @@ def sglang_generate(request: Annotated[GenerateRequest, json_body(GenerateReques
     return answers if sampling.n > 1 else answers[0]
 
 
-SETTING = "the inference endpoint's 8 MiB"
+SETTING = "trainer.atropos.inference_max_request_mb"
 
 
-def build_app(
-    sampler: Sampler, model_name: str, api_keys: list[str], max_request_bytes: int = 8 << 20
-) -> FastAPI:
+def build_app(sampler: Sampler, model_name: str, api_keys: list[str], max_request_bytes: int) -> FastAPI:
     """The endpoint; ``api_keys`` empty: no key asked (an ``--insecure`` run)."""
     app = FastAPI(title="tinker-atropos inference", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.endpoint = Endpoint(sampler, model_name)
-    app.state.bodies = JSONBodies(SETTING)
+    app.state.bodies = JSONBodies(SETTING, max_values=MAX_VALUES)
     app.add_exception_handler(BodyError, body_error)
     app.add_middleware(BodyLimit, limit=max_request_bytes, setting=SETTING)
     if api_keys:
