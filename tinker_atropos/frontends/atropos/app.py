@@ -26,8 +26,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
 
 from tinker_atropos.frontends.atropos.store import QueueFull, TrajectoryStore
-from tinker_atropos.frontends.http import (
-    APIKeys,
+from tinker_atropos.frontends.bodies import (
     BodyError,
     BodyLimit,
     GzipRequests,
@@ -35,6 +34,7 @@ from tinker_atropos.frontends.http import (
     body_error,
     json_body,
 )
+from tinker_atropos.frontends.http import APIKeys
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from tinker_atropos.frontends.http import APIKeys, BodyError, BodyLimit, JSONBodies, body_error, json_body
+from tinker_atropos.frontends.bodies import BodyError, BodyLimit, JSONBodies, body_error, json_body
+from tinker_atropos.frontends.http import APIKeys
 from tinker_atropos.frontends.inference.sampler import Completion, Sampler
 from tinker_atropos.models.tiny_lm import chat_prompt
 

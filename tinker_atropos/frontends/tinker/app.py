@@ -18,7 +18,8 @@ from __future__ import annotations
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from tinker_atropos.frontends.http import APIKeys, BodyLimit
+from tinker_atropos.frontends.bodies import BodyLimit
+from tinker_atropos.frontends.http import APIKeys
 from tinker_atropos.frontends.tinker import base_models
 from tinker_atropos.frontends.tinker.routes.runs import runs
 from tinker_atropos.frontends.tinker.routes.sampling import sampling

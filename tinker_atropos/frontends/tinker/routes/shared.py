@@ -3,7 +3,7 @@ long polls' waiters), the HTTP error it raises, and how a body is read.
 
 A body is bounded by what reading it builds, not only by its bytes (``max_request_mb``): a JSON body's values
 are counted before it is parsed (``json_values``; a Protobuf one's fields, ``wire.count_fields``), and a body
-larger than ``http.INLINE_BYTES`` is parsed and validated in a thread, ``PARSERS`` at a time, so that the event loop
+larger than ``bodies.INLINE_BYTES`` is parsed and validated in a thread, ``PARSERS`` at a time, so that the event loop
 (health checks, long polls, every other client) never waits for it."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.types import Scope
 
-from tinker_atropos.frontends.http import MAX_ERRORS, OffLoop, separators
+from tinker_atropos.frontends.bodies import MAX_ERRORS, OffLoop, separators
 from tinker_atropos.frontends.tinker import base_models, wire
 from tinker_atropos.frontends.tinker.store import Store
 from tinker_atropos.frontends.tinker.worker import Worker
@@ -154,7 +154,7 @@ class Api:
             self.worker.wake.set()
 
     async def off_loop(self, body: bytes, work: Callable[..., T], *args: Any) -> T:
-        """``work(*args)``, reading ``body``, off the event loop when the body is large (``http.OffLoop``)."""
+        """``work(*args)``, reading ``body``, off the event loop when the body is large (``bodies.OffLoop``)."""
         return await self.parsers.run(body, work, *args)
 
     async def parse(self, model: type[BaseModel], body: bytes, max_values: int = JSON_VALUES) -> Any:
