@@ -219,9 +219,8 @@ def test_a_models_unload_waits_for_its_queued_requests_and_answers_the_stranded(
     store = _store(redis_client, "unload", tmp_path)
     _queue(store)
     optim = store.requests.op(MODEL, 2)
-    stranded = store.requests.submit(
-        "forward_backward", _forward_backward(4), MODEL, seq=4
-    )  # number 3 never comes
+    # number 3 never comes
+    stranded = store.requests.submit("forward_backward", _forward_backward(4), MODEL, seq=4)
     store.requests.submit("unload_model", b"", model_id=MODEL)
     worker = Worker(store, redis_client, _config(), torch.device("cpu"))
     while worker.step():

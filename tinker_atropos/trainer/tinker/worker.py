@@ -4,7 +4,7 @@ numbers), and so is each sampler (a base model or saved weights; its requests in
 threads of their own, one request at a time each, so one model's long request never holds another model back; a
 model is only ever touched by its lane's thread. What it applies it records in the store, and a model's state is
 snapshotted after every request that changes it, before that request counts as applied; a restarted worker
-rebuilds each model from its snapshot and replays the gradient accumulations applied since.
+rebuilds each model from its snapshot and replays the gradient accumulations applied since (``recovery.py``).
 
 Each request has a budget: at most ``trainer.tinker.max_request_tokens`` tokens (checked by the API before it is
 queued) and ``trainer.tinker.max_request_s`` seconds of work, past which it fails as the client's error.
@@ -24,12 +24,12 @@ import redis
 import torch
 
 from tinker_atropos.config import Config
-from tinker_atropos.frontends.tinker import wire
 from tinker_atropos.frontends.tinker.store import Store
 from tinker_atropos.frontends.tinker.store.requests import DONE, FAILED
 from tinker_atropos.frontends.tinker.store.samplers import SAMPLER_LANE
 from tinker_atropos.trainer.tinker.checkpoints import Checkpoints
 from tinker_atropos.trainer.tinker.expiry import SessionExpiry
+from tinker_atropos.trainer.tinker.recovery import recover
 from tinker_atropos.trainer.tinker.requests import JSON, Handler, RequestHandlers, json_body, refused
 from tinker_atropos.trainer.tinker.sampling import Interrupted, SamplingProcess, Settings
 from tinker_atropos.training.data import ClientError
@@ -77,36 +77,7 @@ class Worker:
 
     def recover(self) -> None:
         """Rebuild every model a previous incarnation served, up to the last request it applied."""
-        for model_id in self.store.models.loaded():
-            applied, snapshot_seq, snapshot = self.store.models.progress(model_id)
-            record = self.store.models.record(model_id)
-            if applied < 0 or record is None or snapshot is None:
-                continue
-            try:
-                self.requests.restore(model_id, record, snapshot)
-            except Exception:
-                log.exception("cannot restore Tinker model %s from %s; it stays unloaded", model_id, snapshot)
-                continue
-            self.checkpoints.restored(model_id, snapshot)
-            replayed = []
-            for seq in range(snapshot_seq + 1, applied + 1):
-                request_id = self.store.requests.op(model_id, seq)
-                request = self.store.requests.request(request_id) if request_id else None
-                if request is None or request[0] != "forward_backward" or not request[1]:
-                    continue
-                parsed = wire.parse_forward_backward(request[1], self.requests.budget())
-                if not parsed.forward_only:
-                    try:
-                        self.requests.apply_forward_backward(model_id, parsed, deadline=None)
-                    # the samplers' record it named may have expired since: a warning, never a crash loop
-                    except ClientError as error:
-                        log.warning("Tinker model %s: accumulated gradients of request %s cannot be replayed (%s); "
-                                    "they are lost", model_id, request_id, error)  # fmt: skip
-                        continue
-                replayed.append(request_id)
-            self.since_snapshot[model_id] = replayed
-            log.info("Tinker model %s restored (applied %d, %d accumulations replayed)", model_id, applied,
-                     len(replayed))  # fmt: skip
+        self.since_snapshot.update(recover(self.store, self.requests, self.checkpoints))
 
     def run(self, stop: threading.Event) -> None:
         """Dispatch requests to their lanes until ``stop``; then let the lanes finish (a sample is interrupted
