@@ -25,9 +25,9 @@ from rich.table import Table
 from bench import tinker_sampling
 from tinker_atropos.config import parse_config
 from tinker_atropos.frontends.tinker import base_models
-from tinker_atropos.frontends.tinker.requests import adam_params
 from tinker_atropos.processes import child_preexec, free_port
 from tinker_atropos.state.embedded import EmbeddedValkey
+from tinker_atropos.trainer.tinker.requests import adam_params
 from tinker_atropos.training.data import Datum
 from tinker_atropos.training.served import TINY_LM, run_loss
 

@@ -81,3 +81,9 @@ def lease(run: str, unit: str) -> str:
     """String with a short TTL: the one rollout that may act on a unit of work (an env service's session slot,
     ``{env incarnation}:{slot}``), as JSON {run, unit, holder}."""
     return f"ta:{run}:lease:{unit}"
+
+
+def tinker(run: str) -> str:
+    """Prefix of the Tinker API's keys (``frontends/tinker/store/``: sessions, models, requests and their futures,
+    samplers, training runs and their checkpoints, the samplers' record), each named there under it."""
+    return f"ta:{run}:tinker"

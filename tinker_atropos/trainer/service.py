@@ -32,9 +32,9 @@ def build_drivers(config: Config, client: redis.Redis, run_dir: Path, owner: Run
     SDK and FastAPI take half a second."""
     trainer, drivers = config.trainer, []
     if trainer.tinker.enabled:
-        from tinker_atropos.trainer.tinker_api import TinkerDriver
+        from tinker_atropos.trainer.tinker.driver import TinkerAPI
 
-        drivers.append(TinkerDriver(config, client, run_dir, resolve_device(trainer.device)))
+        drivers.append(TinkerAPI(config, client, run_dir, resolve_device(trainer.device)))
     if trainer.atropos.enabled:
         from tinker_atropos.trainer.atropos_loop import AtroposLoop
 

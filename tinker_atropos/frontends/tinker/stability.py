@@ -15,7 +15,7 @@ import json
 import numpy as np
 
 from tinker_atropos.frontends.tinker import wire
-from tinker_atropos.frontends.tinker.store import Keys
+from tinker_atropos.frontends.tinker.store.keys import Keys
 
 # Tinker: "can be trained on for one day after sampling. Each training request that uses a sequence restarts that day."
 SEQUENCE_TTL_S = 86_400

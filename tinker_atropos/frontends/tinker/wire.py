@@ -57,6 +57,12 @@ class Budget:
         self.left -= nbytes
 
 
+def request_budget(max_request_bytes: int) -> Budget:
+    """What a request's arrays may take once densified: as much as its body may (``trainer.tinker.max_request_mb``;
+    a sparse tensor is only a compression of what a dense one would have sent)."""
+    return Budget(max_request_bytes, "trainer.tinker.max_request_mb")
+
+
 def _mib(nbytes: int) -> str:
     return f"{nbytes / 2**20:,.1f} MiB"
 

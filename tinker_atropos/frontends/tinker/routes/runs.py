@@ -8,7 +8,6 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from tinker_atropos.frontends.tinker.checkpoints import tinker_path
 from tinker_atropos.frontends.tinker.routes.shared import (
     CHECKPOINT_TYPES,
     OWNER,
@@ -18,12 +17,13 @@ from tinker_atropos.frontends.tinker.routes.shared import (
     iso,
     lora_of,
 )
+from tinker_atropos.frontends.tinker.store.files import tinker_path
 
 runs = APIRouter()
 
 
 def _run_record(api: Api, run_id: str) -> dict[str, Any]:
-    record = api.store.model(run_id)
+    record = api.store.models.record(run_id)
     if record is None:
         raise HTTPError(404, f"no training run {run_id!r}")
     return record
@@ -105,7 +105,7 @@ async def list_user_checkpoints(request: Request, api: Shared) -> dict[str, Any]
 
 @runs.delete("/training_runs/{run_id}/checkpoints/{kind}/{name}")
 def delete_checkpoint(run_id: str, kind: str, name: str, api: Shared) -> None:  # a def: it deletes files
-    api.worker.checkpoints.delete(run_id, _checkpoint_id(api, run_id, kind, name))
+    api.store.files.delete(run_id, _checkpoint_id(api, run_id, kind, name))
 
 
 def _set_public(api: Api, run_id: str, kind: str, name: str, public: bool) -> None:

@@ -9,7 +9,7 @@ from tinker import types
 
 from tinker_atropos.frontends.tinker.routes.shared import JSON_VALUES, HTTPError, Shared
 from tinker_atropos.frontends.tinker.stability import sequence_ids
-from tinker_atropos.frontends.tinker.store import sampler_lane
+from tinker_atropos.frontends.tinker.store.samplers import sampler_lane
 
 sampling = APIRouter()
 
@@ -25,13 +25,13 @@ async def create_sampling_session(request: Request, api: Shared) -> dict[str, An
     else:
         raise HTTPError(404, f"unknown base model {body.base_model!r}")
     sampler = f"{body.session_id}:sample:{body.sampling_session_seq_id}"
-    api.store.add_sampler(sampler, base_model, body.model_path)
+    api.store.samplers.add(sampler, base_model, body.model_path)
     return {"type": "create_sampling_session", "sampling_session_id": sampler}
 
 
 @sampling.get("/samplers/{sampler_id}")
 async def get_sampler(sampler_id: str, api: Shared) -> dict[str, Any]:
-    found = api.store.sampler(sampler_id)
+    found = api.store.samplers.get(sampler_id)
     if found is None:
         raise HTTPError(404, f"no sampling session {sampler_id!r}")
     return {"sampler_id": sampler_id, "base_model": found[0], "model_path": found[1]}
@@ -42,7 +42,7 @@ async def asample(request: Request, api: Shared) -> dict[str, Any]:
     raw = await request.body()
     tokens_and_more = api.max_request_tokens + JSON_VALUES  # the prompt's tokens are values
     body = await api.parse(types.SampleRequest, raw, tokens_and_more)
-    found = api.store.sampler(body.sampling_session_id) if body.sampling_session_id is not None else None
+    found = api.store.samplers.get(body.sampling_session_id) if body.sampling_session_id is not None else None
     if found is None:
         raise HTTPError(404, f"no sampling session {body.sampling_session_id!r}")
     if not 1 <= body.num_samples <= 64:
@@ -52,5 +52,5 @@ async def asample(request: Request, api: Shared) -> dict[str, Any]:
         raise HTTPError(400, f"num_samples x (prompt + max_tokens) is {tokens} tokens; a request may take "
                              f"{api.max_request_tokens} (trainer.tinker.max_request_tokens)")  # fmt: skip
     dedup = f"sample:{body.sampling_session_id}:{body.seq_id}" if body.seq_id is not None else None
-    request_id = api.store.submit("sample", raw, dedup=dedup, lane=sampler_lane(*found))
+    request_id = api.store.requests.submit("sample", raw, dedup=dedup, lane=sampler_lane(*found))
     return api.queued(request_id, sample_sequence_ids=sequence_ids(request_id, body.num_samples))

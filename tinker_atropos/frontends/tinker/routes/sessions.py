@@ -21,7 +21,7 @@ sessions = APIRouter()
 @sessions.post("/create_session")
 async def create_session(request: Request, api: Shared) -> dict[str, Any]:
     body = await api.parse(types.CreateSessionRequest, await request.body())
-    session_id = api.store.create_session({"sdk_version": body.sdk_version, "tags": body.tags,
+    session_id = api.store.sessions.create({"sdk_version": body.sdk_version, "tags": body.tags,
                                            "user_metadata": body.user_metadata})  # fmt: skip
     return {"type": "create_session", "session_id": session_id}
 
@@ -29,23 +29,23 @@ async def create_session(request: Request, api: Shared) -> dict[str, Any]:
 @sessions.post("/session_heartbeat")
 async def heartbeat(request: Request, api: Shared) -> dict[str, Any]:
     body = await api.parse(types.SessionHeartbeatRequest, await request.body())
-    if not api.store.heartbeat(body.session_id):
+    if not api.store.sessions.heartbeat(body.session_id):
         raise HTTPError(410, f"session {body.session_id!r} is unknown or finished")
     return {"type": "session_heartbeat"}
 
 
 @sessions.post("/sessions/{session_id}/finish")
 async def finish_session(session_id: str, request: Request, api: Shared) -> None:
-    if api.store.session_state(session_id) is None:
+    if api.store.sessions.state(session_id) is None:
         raise HTTPError(404, f"no session {session_id!r}")
     expected = '{"reason": {"type": "success" | "errored" | ...}}'
     reason = (await api.json(await request.body(), expected)).get("reason") or {"type": "finished"}
     kind = reason.get("type") if isinstance(reason, dict) else None
     if not isinstance(kind, str):
         raise HTTPError(400, f"the body must be {expected}")
-    for model_id in api.store.finish_session(session_id, kind):
-        api.store.submit("unload_model", b"", model_id=model_id)
-    api.worker.wake.set()
+    api.store.sessions.finish(session_id, kind)
+    for model_id in api.store.models.of_session(session_id):
+        api.store.requests.submit("unload_model", b"", model_id=model_id)
 
 
 @sessions.post("/create_model")
@@ -61,8 +61,8 @@ async def create_model(request: Request, api: Shared) -> dict[str, Any]:
         "created_at": time.time(),
         "user_metadata": metadata_strings(body.user_metadata),
     }
-    api.store.add_model(model_id, record)
-    return api.queued(api.store.submit("create_model", b"", model_id, seq=0), model_id)
+    api.store.models.add(model_id, record)
+    return api.queued(api.store.requests.submit("create_model", b"", model_id, seq=0), model_id)
 
 
 @sessions.post("/get_info")
@@ -78,4 +78,6 @@ async def get_info(request: Request, api: Shared) -> dict[str, Any]:
 async def unload_model(request: Request, api: Shared) -> dict[str, Any]:
     body = await api.parse(types.UnloadModelRequest, await request.body())
     api.known_model(body.model_id)
-    return api.queued(api.store.submit("unload_model", b"", body.model_id, dedup=f"unload:{body.model_id}"))
+    return api.queued(
+        api.store.requests.submit("unload_model", b"", body.model_id, dedup=f"unload:{body.model_id}")
+    )

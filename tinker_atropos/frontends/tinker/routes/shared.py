@@ -1,5 +1,6 @@
-"""What every route of the Tinker API shares: the ``Api`` dependency (store, worker, served models, limits, the
-long polls' waiters), the HTTP error it raises, and how a body is read.
+"""What every route of the Tinker API shares: the ``Api`` dependency (the store, the served models, the limits,
+the long polls' waiters), the HTTP error it raises, and how a body is read. A route reaches the worker only through
+the store: it queues a request there, or reads what the worker wrote.
 
 A body is bounded by what reading it builds, not only by its bytes (``max_request_mb``): a JSON body's values
 are counted before it is parsed (``json_values``; a Protobuf one's fields, ``wire.count_fields``), and a body
@@ -24,7 +25,6 @@ from starlette.types import Scope
 from tinker_atropos.frontends.bodies import MAX_ERRORS, OffLoop, separators
 from tinker_atropos.frontends.tinker import base_models, wire
 from tinker_atropos.frontends.tinker.store import Store
-from tinker_atropos.frontends.tinker.worker import Worker
 from tinker_atropos.logs import CountedWarnings
 from tinker_atropos.training.served import LANGUAGE_MODELS
 
@@ -44,7 +44,8 @@ class HTTPError(Exception):
 
 
 class Waiters:
-    """Wakes the long polls of a request when the worker (another thread) finishes it."""
+    """Wakes the long polls of a request when its outcome is stored (``Requests.finished``, from the worker's
+    thread)."""
 
     def __init__(self) -> None:
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -54,7 +55,7 @@ class Waiters:
         self.loop = asyncio.get_running_loop()
         return self.events.setdefault(request_id, asyncio.Event())
 
-    def done(self, request_id: str) -> None:  # from the worker's thread
+    def done(self, request_id: str) -> None:
         event, loop = self.events.get(request_id), self.loop
         if event is not None and loop is not None:
             loop.call_soon_threadsafe(event.set)
@@ -129,10 +130,9 @@ def numbered(route: str, body: bytes) -> tuple[str, int] | None:
 
 @dataclass
 class Api:
-    """What the routes share: the store, the worker, the served models, the limits and the long polls' waiters."""
+    """What the routes share: the store, the served models, the limits and the long polls' waiters."""
 
     store: Store
-    worker: Worker
     capabilities: list[base_models.Capability]
     long_poll_s: float
     max_request_bytes: int
@@ -150,8 +150,8 @@ class Api:
         """A numbered request of a client that proved its key, refused before it was queued: its number noted,
         to be answered as failed. (A client without a key never gets here: ``APIKeys`` refuses it first.)"""
         found = await self.off_loop(body, numbered, scope["path"].removeprefix("/api/v1/"), body)
-        if found is not None and self.store.refuse(*found, reason):
-            self.worker.wake.set()
+        if found is not None:
+            self.store.requests.refuse(*found, reason)
 
     async def off_loop(self, body: bytes, work: Callable[..., T], *args: Any) -> T:
         """``work(*args)``, reading ``body``, off the event loop when the body is large (``bodies.OffLoop``)."""
@@ -165,13 +165,16 @@ class Api:
         """A JSON object's body (``json_object``), off the event loop when it is large."""
         return await self.off_loop(body, json_object, body, expected)
 
+    def budget(self) -> wire.Budget:
+        """What a request's arrays may take once densified (``wire.request_budget``), fresh for each request."""
+        return wire.request_budget(self.max_request_bytes)
+
     def queued(self, request_id: str, model_id: str | None = None, **extra: Any) -> dict[str, Any]:
-        self.worker.wake.set()
         return {"request_id": request_id, "model_id": model_id, **extra}
 
     def known_model(self, model_id: str, loaded: bool = True) -> dict[str, Any]:
         """The model's record; 404 for no such model, or (``loaded``) one unloaded since (its session ended)."""
-        record, is_loaded = self.store.model_if_loaded(model_id)
+        record, is_loaded = self.store.models.record_if_loaded(model_id)
         if record is None:
             raise HTTPError(404, f"no model {model_id!r}")
         if loaded and not is_loaded:
@@ -180,7 +183,7 @@ class Api:
 
     def session(self, session_id: str) -> None:
         """404 for no such session, 410 for a finished one (as the SDK's heartbeat expects)."""
-        state = self.store.session_state(session_id)
+        state = self.store.sessions.state(session_id)
         if state is None:
             raise HTTPError(404, f"no session {session_id!r}")
         if state:
@@ -189,7 +192,7 @@ class Api:
     async def checkpoint_record(self, path: str) -> dict[str, Any]:
         """The record of the checkpoint behind a ``tinker://`` path, read in the thread pool; 404 for none."""
         try:
-            return await run_in_threadpool(self.worker.checkpoints.record, path)
+            return await run_in_threadpool(self.store.files.record, path)
         except wire.WireError as error:
             raise HTTPError(404, str(error)) from None
 

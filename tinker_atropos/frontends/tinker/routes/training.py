@@ -16,7 +16,7 @@ from tinker import types
 
 from tinker_atropos.frontends.tinker import wire
 from tinker_atropos.frontends.tinker.routes.shared import Api, HTTPError, Shared, metadata_strings
-from tinker_atropos.frontends.tinker.store import PENDING
+from tinker_atropos.frontends.tinker.store.requests import PENDING
 
 training = APIRouter()
 Numbered = Callable[[Api, Request, bytes], Awaitable[dict[str, Any]]]
@@ -46,9 +46,7 @@ async def forward_backward(api: Api, request: Request, body: bytes) -> dict[str,
     if "protobuf" not in request.headers.get("content-type", ""):
         raise HTTPError(415, "forward_backward takes a Protobuf body (application/x-protobuf)")
     try:
-        model_id, seq_id, tokens = await api.off_loop(
-            body, wire.check_forward_backward, body, api.worker.requests.budget()
-        )
+        model_id, seq_id, tokens = await api.off_loop(body, wire.check_forward_backward, body, api.budget())
     except wire.WireError as error:
         raise HTTPError(400, str(error)) from None
     api.known_model(model_id)
@@ -57,7 +55,7 @@ async def forward_backward(api: Api, request: Request, body: bytes) -> dict[str,
     if tokens > api.max_request_tokens:
         raise HTTPError(400, f"the request holds {tokens} tokens; a request may hold {api.max_request_tokens} "
                              "(trainer.tinker.max_request_tokens): send fewer data per forward_backward")  # fmt: skip
-    return api.queued(api.store.submit("forward_backward", body, model_id, seq=seq_id), model_id)
+    return api.queued(api.store.requests.submit("forward_backward", body, model_id, seq=seq_id), model_id)
 
 
 def _sequenced(kind: str, model: type[BaseModel]) -> None:
@@ -67,7 +65,7 @@ def _sequenced(kind: str, model: type[BaseModel]) -> None:
         api.known_model(body.model_id)
         if body.seq_id is None or body.seq_id < 1:
             raise HTTPError(400, f"{kind} needs a seq_id of 1 or more")
-        return api.queued(api.store.submit(kind, raw, body.model_id, seq=body.seq_id), body.model_id)
+        return api.queued(api.store.requests.submit(kind, raw, body.model_id, seq=body.seq_id), body.model_id)
 
 
 _sequenced("optim_step", types.OptimStepRequest)
@@ -79,19 +77,21 @@ _sequenced("save_weights_for_sampler", types.SaveWeightsForSamplerRequest)
 async def load_weights(api: Api, request: Request, raw: bytes) -> dict[str, Any]:
     body = await api.parse(types.LoadWeightsRequest, raw)
     try:
-        await run_in_threadpool(api.worker.checkpoints.file_of, body.path)
+        await run_in_threadpool(api.store.files.file_of, body.path)
     except wire.WireError as error:
         raise HTTPError(404, str(error)) from None
     if body.session_id is not None:  # a new model made from the checkpoint: its request number 0
         api.session(body.session_id)
         model_id = f"{body.session_id}:train:{body.model_seq_id}"
-        api.store.add_model(model_id, {"base_model": "", "lora": {}, "session": body.session_id,
+        api.store.models.add(model_id, {"base_model": "", "lora": {}, "session": body.session_id,
                                        "created_at": time.time(), "user_metadata": metadata_strings(body.user_metadata)})  # fmt: skip
-        return api.queued(api.store.submit("create_from_state", raw, model_id, seq=0), model_id)
+        return api.queued(api.store.requests.submit("create_from_state", raw, model_id, seq=0), model_id)
     if body.model_id is None or body.seq_id is None:
         raise HTTPError(400, "load_weights needs session_id and model_seq_id, or model_id and seq_id")
     api.known_model(body.model_id)
-    return api.queued(api.store.submit("load_weights", raw, body.model_id, seq=body.seq_id), body.model_id)
+    return api.queued(
+        api.store.requests.submit("load_weights", raw, body.model_id, seq=body.seq_id), body.model_id
+    )
 
 
 @training.post("/retrieve_future")
@@ -101,11 +101,11 @@ async def retrieve_future(request: Request, api: Shared) -> Response:
     event = api.waiters.event(body.request_id)
     try:
         while True:
-            result = api.store.result(body.request_id)
+            result = api.store.requests.result(body.request_id)
             if result is None:
                 raise HTTPError(404, f"no request {body.request_id!r} (unknown, or its result expired)")
             if result.status != PENDING:
-                api.store.retrieved(body.request_id)
+                api.store.requests.retrieved(body.request_id)
                 return Response(result.body, media_type=result.content_type)
             left = deadline - time.monotonic()
             if left <= 0:

@@ -34,8 +34,9 @@ class SessionExpiry:
             return
         self.next_check = now + min(CHECK_EVERY_S, self.timeout_s / 4)
         sessions = {model_id.split(":")[0] for model_id in list(loaded_models)}
-        for session in self.store.stale_sessions(sessions, older_than=now - self.timeout_s):
-            models = self.store.finish_session(session, "heartbeat_expired")
+        for session in self.store.sessions.stale(sessions, older_than=now - self.timeout_s):
+            self.store.sessions.finish(session, "heartbeat_expired")
+            models = self.store.models.of_session(session)
             log.warning("Tinker session %s sent no heartbeat for %.0f s: finished, its %d models unloaded",
                         session, self.timeout_s, len(models))  # fmt: skip
             for model_id in models:

@@ -1,40 +1,24 @@
-"""The Tinker checkpoints on disk: a model's folder under the run's ``tinker`` directory, its named checkpoints
-(``weights/<name>.pt`` with optimizer state, ``sampler_weights/<name>.pt`` without) each beside its JSON record, the
-unnamed weights of sampling clients kept while used, expiry by ``ttl_seconds``, and each model's latest snapshot
-(``state-<seq>.pt``), from which a restarted worker rebuilds it."""
+"""The worker's side of the Tinker checkpoints (``frontends/tinker/store/files.py`` lays them out): a checkpoint
+saved with its record beside it and listed under its name, the unnamed weights of sampling clients kept while used,
+expiry by ``ttl_seconds``, and each model's latest snapshot (``state-<seq>.pt``), from which a restarted worker
+rebuilds it."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import logging
-import re
 import time
 from pathlib import Path
 from typing import Any
 
 from tinker_atropos.frontends.tinker import wire
-from tinker_atropos.frontends.tinker.store import Store
+from tinker_atropos.frontends.tinker.store.files import EPHEMERAL, NAME, CheckpointFiles, parts, tinker_path
 from tinker_atropos.state.checkpoints import save_torch, write_atomically
 
 log = logging.getLogger(__name__)
 
-NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
-EPHEMERAL = "ephemeral-"  # the name of the weights a sampling client was made with, saved under no name
 SWEEP_S = 1.0  # between two looks for checkpoints past their ttl_seconds
-KINDS = ("weights", "sampler_weights")
-
-
-def parts(path: str) -> tuple[str, str, str]:
-    """The model, kind and name of a ``tinker://<model>/<weights|sampler_weights>/<name>`` path."""
-    found = path.removeprefix("tinker://").split("/") if path.startswith("tinker://") else []
-    if len(found) != 3 or found[1] not in KINDS or not NAME.match(found[2]):
-        raise wire.WireError(f"{path!r} is no tinker://<model>/weights/<name> path of this server")
-    return found[0], found[1], found[2]
-
-
-def tinker_path(model_id: str, kind: str, name: str) -> str:
-    return f"tinker://{model_id}/{kind}/{name}"
 
 
 def named(request: dict[str, Any]) -> str | None:
@@ -50,35 +34,12 @@ def named(request: dict[str, Any]) -> str | None:
 
 
 class Checkpoints:
-    """The files of every model served, and their records in the store (``Store.runs``)."""
+    """What the worker writes in the store's checkpoint folder (``files``) and records (``files.runs``)."""
 
-    def __init__(self, root: Path, store: Store, ephemeral_ttl_s: float) -> None:
-        self.root, self.store, self.ephemeral_ttl_s = root, store, ephemeral_ttl_s
-        # private to the run's user (0700, also when an older version made it 0755): its sub-folders are named
-        # after the models, and a model's id is what a request needs to act on it
-        root.mkdir(mode=0o700, parents=True, exist_ok=True)
-        root.chmod(0o700)
+    def __init__(self, files: CheckpointFiles) -> None:
+        self.files, self.runs = files, files.runs
         self.snapshots: dict[str, str] = {}  # the snapshot file the store points at, per model
         self.next_sweep = 0.0
-
-    def folder(self, model_id: str) -> Path:
-        return self.root / model_id.replace(":", "_")
-
-    def file(self, model_id: str, kind: str, name: str) -> Path:
-        return self.folder(model_id) / kind / f"{name}.pt"
-
-    def file_of(self, path: str) -> Path:
-        """The file behind a ``tinker://<model>/<weights|sampler_weights>/<name>`` path."""
-        file = self.file(*parts(path))
-        if not file.exists():
-            raise wire.WireError(f"no checkpoint {path!r} on this server (never saved, deleted, past its ttl_seconds, "
-                                 "or, saved under no name by save_weights_and_get_sampling_client, unused for "
-                                 f"{self.ephemeral_ttl_s:g} s)")  # fmt: skip
-        return file
-
-    def record(self, path: str) -> dict[str, Any]:
-        """The record of the checkpoint behind a ``tinker://`` path; WireError if there is none."""
-        return json.loads(self.file_of(path).with_suffix(".json").read_text())
 
     def save(self, file: Path, payload: dict[str, Any]) -> None:
         """The checkpoint, and beside it its record (base model, LoRA) as JSON, written first: what a sampling
@@ -91,8 +52,8 @@ class Checkpoints:
         """Record a checkpoint saved under a name, with its ``ttl_seconds`` and ``user_metadata``; its path."""
         ttl = request.get("ttl_seconds")
         now = time.time()
-        self.store.runs.add_checkpoint(model_id, f"{kind}/{name}", {
-            "created_at": now, "size_bytes": self.file(model_id, kind, name).stat().st_size, "public": False,
+        self.runs.add_checkpoint(model_id, f"{kind}/{name}", {
+            "created_at": now, "size_bytes": self.files.file(model_id, kind, name).stat().st_size, "public": False,
             "user_metadata": request.get("user_metadata"), "expires_at": None if ttl is None else now + ttl})  # fmt: skip
         return tinker_path(model_id, kind, name)
 
@@ -100,19 +61,7 @@ class Checkpoints:
         """The unnamed weights behind ``path`` are deleted once no sample used them for
         ``trainer.tinker.ephemeral_weights_ttl_s``: an RL loop saves one per step, and none is listed."""
         model_id, kind, name = parts(path)
-        self.store.runs.expire_at(model_id, f"{kind}/{name}", time.time() + self.ephemeral_ttl_s)
-
-    def delete(self, model_id: str, checkpoint_id: str) -> bool:
-        """Delete a checkpoint's files and its record; False when there was no such checkpoint."""
-        kind, _, name = checkpoint_id.partition("/")
-        known = self.store.runs.remove_checkpoint(model_id, checkpoint_id)
-        if kind not in KINDS or not NAME.match(name):
-            return known
-        file = self.file(model_id, kind, name)
-        existed = file.exists()
-        file.unlink(missing_ok=True)
-        file.with_suffix(".json").unlink(missing_ok=True)
-        return known or existed
+        self.runs.expire_at(model_id, f"{kind}/{name}", time.time() + self.files.ephemeral_ttl_s)
 
     def expire(self) -> None:
         """Delete the checkpoints whose ``ttl_seconds`` ran out, and the unnamed weights no sample used for
@@ -121,17 +70,16 @@ class Checkpoints:
         if now < self.next_sweep:
             return
         self.next_sweep = now + SWEEP_S
-        for model_id, checkpoint_id in self.store.runs.expired_checkpoints(now):
-            self.delete(model_id, checkpoint_id)
+        for model_id, checkpoint_id in self.runs.expired_checkpoints(now):
+            self.files.delete(model_id, checkpoint_id)
             log.info("Tinker checkpoint %s of %s expired: deleted", checkpoint_id, model_id)
 
     def write_snapshot(self, model_id: str, seq: int, state: dict[str, Any]) -> tuple[int, str]:
         """The model's state after its request ``seq``, to a file of its own: the store points at it only in the
         transaction that records the request as applied, so a crash in between leaves the previous snapshot."""
-        file = self.folder(model_id) / f"state-{seq:09d}.pt"
-        save_torch(
-            file, state
-        )  # no JSON record beside it: a restart rebuilds the model from the store's record
+        file = self.files.folder(model_id) / f"state-{seq:09d}.pt"
+        # no JSON record beside it: a restart rebuilds the model from the store's record
+        save_torch(file, state)
         return seq, str(file)
 
     def snapshot_taken(self, model_id: str, path: str) -> None:
@@ -145,7 +93,7 @@ class Checkpoints:
         """A model unloaded: its snapshots go, and its folder with them unless it holds named checkpoints (they
         stay until their ``ttl_seconds`` or a delete)."""
         self.snapshots.pop(model_id, None)
-        folder = self.folder(model_id)
+        folder = self.files.folder(model_id)
         for snapshot in folder.glob("state-*.pt"):
             snapshot.unlink(missing_ok=True)
         with contextlib.suppress(OSError):  # not empty, or never made
@@ -155,8 +103,10 @@ class Checkpoints:
         """The snapshot a restarted worker rebuilt the model from; those written by a process that died before the
         store counted them go."""
         self.snapshots[model_id] = path
-        for orphan in self.folder(model_id).glob("state-*.pt"):
+        for orphan in self.files.folder(model_id).glob("state-*.pt"):
             if orphan.stem != Path(path).stem:
                 orphan.unlink()
-        for record in self.folder(model_id).glob("state-*.json"):  # beside each snapshot, before 2026-12-05
+        for record in self.files.folder(model_id).glob(
+            "state-*.json"
+        ):  # beside each snapshot, before 2026-12-05
             record.unlink()

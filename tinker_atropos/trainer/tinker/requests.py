@@ -19,12 +19,13 @@ import torch
 
 from tinker_atropos.config import Config
 from tinker_atropos.frontends.tinker import base_models, wire
-from tinker_atropos.frontends.tinker.checkpoints import EPHEMERAL, Checkpoints, named, parts, tinker_path
-from tinker_atropos.frontends.tinker.sampling import Interrupted, Job, SamplingProcess
 from tinker_atropos.frontends.tinker.stability import Record
 from tinker_atropos.frontends.tinker.store import Store
+from tinker_atropos.frontends.tinker.store.files import EPHEMERAL, parts, tinker_path
 from tinker_atropos.security import signing_key
 from tinker_atropos.state.weights import publish_weights
+from tinker_atropos.trainer.tinker.checkpoints import Checkpoints, named
+from tinker_atropos.trainer.tinker.sampling import Interrupted, Job, SamplingProcess
 from tinker_atropos.training.core import AdamParams
 from tinker_atropos.training.guard import NonfiniteGuard
 from tinker_atropos.training.served import LANGUAGE_MODELS, PolicyModel, ServedModel, checkpoint, run_loss
@@ -53,11 +54,7 @@ class RequestHandlers:
         self.stability = Record(client, store.run)  # what samplers recorded for stable_reinforce
 
     def budget(self) -> wire.Budget:
-        """What a request's arrays may take once densified: as much as its body may (a sparse tensor is only
-        a compression of what a dense one would have sent)."""
-        return wire.Budget(
-            int(self.config.trainer.tinker.max_request_mb * 2**20), "trainer.tinker.max_request_mb"
-        )
+        return wire.request_budget(int(self.config.trainer.tinker.max_request_mb * 2**20))
 
     def model(self, model_id: str) -> ServedModel:
         model = self.models.get(model_id)
@@ -66,7 +63,7 @@ class RequestHandlers:
         return model
 
     def state(self, model_id: str, optimizer: bool = True) -> dict[str, Any]:
-        return checkpoint(self.models[model_id], self.store.model(model_id), optimizer)
+        return checkpoint(self.models[model_id], self.store.models.record(model_id), optimizer)
 
     def build(self, record: dict[str, Any]) -> ServedModel:
         lora = record.get("lora") or {}
@@ -83,11 +80,11 @@ class RequestHandlers:
         if len(self.models) >= self.config.trainer.tinker.max_models:
             raise wire.WireError(f"{len(self.models)} models are loaded, the most this server holds "
                                  "(trainer.tinker.max_models); finish a session or unload a model")  # fmt: skip
-        self.models[model_id] = self.build(self.store.model(model_id) or {})
+        self.models[model_id] = self.build(self.store.models.record(model_id) or {})
         return json_body(model_id=model_id, type="create_model"), JSON
 
     def _load(self, model_id: str, path: str, optimizer: bool) -> None:
-        state = torch.load(self.checkpoints.file_of(path), map_location=self.device, weights_only=False)
+        state = torch.load(self.store.files.file_of(path), map_location=self.device, weights_only=False)
         model = self.models[model_id]
         if state["record"]["base_model"] != model.base_model:
             raise wire.WireError(f"{path} holds a {state['record']['base_model']}, not a {model.base_model}")
@@ -98,10 +95,10 @@ class RequestHandlers:
     def create_from_state(self, model_id: str, seq: int, body: bytes, deadline: float) -> tuple[bytes, str]:
         request = json.loads(body)
         # the checkpoint's model (base, LoRA) in this session, with the user metadata this run was created with
-        created = self.store.model(model_id) or {}
-        record = {**self.checkpoints.record(request["path"]), "session": model_id.split(":")[0],
+        created = self.store.models.record(model_id) or {}
+        record = {**self.store.files.record(request["path"]), "session": model_id.split(":")[0],
                   "user_metadata": created.get("user_metadata") or {}}  # fmt: skip
-        self.store.update_model(model_id, record)
+        self.store.models.update(model_id, record)
         self.create_model(model_id, seq, b"", deadline)
         try:
             self._load(model_id, request["path"], bool(request.get("optimizer")))
@@ -157,7 +154,7 @@ class RequestHandlers:
         self.model(model_id)
         request = json.loads(body)
         name = named(request) or f"step-{seq}"
-        file = self.checkpoints.file(model_id, "weights", name)
+        file = self.store.files.file(model_id, "weights", name)
         if file.exists() and not request.get("overwrite"):
             raise wire.WireError(
                 f"checkpoint {name!r} exists; save under another name or pass overwrite=True"
@@ -175,7 +172,7 @@ class RequestHandlers:
         name = named(request)
         stored = name or f"{EPHEMERAL}{seq}"
         self.checkpoints.save(
-            self.checkpoints.file(model_id, "sampler_weights", stored), self.state(model_id, optimizer=False)
+            self.store.files.file(model_id, "sampler_weights", stored), self.state(model_id, optimizer=False)
         )
         path = tinker_path(model_id, "sampler_weights", stored)
         if name is None:  # kept while its sampling client samples
@@ -188,20 +185,20 @@ class RequestHandlers:
             self.checkpoints.saved(model_id, "sampler_weights", name, request)
             return json_body(path=path, type="save_weights_for_sampler"), JSON
         sampler = f"{model_id.split(':')[0]}:sample:{uuid.uuid4().hex[:12]}"
-        self.store.add_sampler(sampler, model.base_model, path)
+        self.store.samplers.add(sampler, model.base_model, path)
         return json_body(path=path, sampling_session_id=sampler, type="save_weights_for_sampler"), JSON
 
     def sample(self, model_id: str, seq: int, body: bytes, deadline: float) -> tuple[bytes, str]:
         """Sampled in the sampling process, from the sampler this request's session names."""
         sampler_id = json.loads(body).get("sampling_session_id") or ""
-        found = self.store.sampler(sampler_id)
+        found = self.store.samplers.get(sampler_id)
         if found is None:
             raise wire.WireError(f"no sampling session {sampler_id!r}")
         base_model, path = found
         if base_model not in LANGUAGE_MODELS:
             raise wire.WireError(f"{base_model} is a control policy: it acts through the rollout services, and "
                                  "sample() only returns tokens")  # fmt: skip
-        file = str(self.checkpoints.file_of(path)) if path is not None else None
+        file = str(self.store.files.file_of(path)) if path is not None else None
         if path is not None and parts(path)[2].startswith(EPHEMERAL):
             self.checkpoints.keep_ephemeral(path)
         if self.stopping.is_set():

@@ -1,9 +1,10 @@
-"""Applies the Tinker API's requests in lanes: each training model is a lane (its requests in the order of their
+"""Applies the Tinker API's requests in lanes, taking them from the store the API queued them in and writing their
+outcomes back there (the two meet nowhere else): each training model is a lane (its requests in the order of their
 numbers), and so is each sampler (a base model or saved weights; its requests in arrival order). Lanes run in
 threads of their own, one request at a time each, so one model's long request never holds another model back; a
 model is only ever touched by its lane's thread. What it applies it records in the store, and a model's state is
 snapshotted after every request that changes it, before that request counts as applied; a restarted worker
-rebuilds each model from its snapshot and replays the gradient accumulations applied since.
+rebuilds each model from its snapshot and replays the gradient accumulations applied since (``recovery.py``).
 
 Each request has a budget: at most ``trainer.tinker.max_request_tokens`` tokens (checked by the API before it is
 queued) and ``trainer.tinker.max_request_s`` seconds of work, past which it fails as the client's error.
@@ -18,19 +19,19 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
-from pathlib import Path
 
 import redis
 import torch
 
 from tinker_atropos.config import Config
-from tinker_atropos.frontends.tinker import wire
-from tinker_atropos.frontends.tinker.checkpoints import Checkpoints
-from tinker_atropos.frontends.tinker.expiry import SessionExpiry
-from tinker_atropos.frontends.tinker.requests import JSON, Handler, RequestHandlers, json_body, refused
-from tinker_atropos.frontends.tinker.sampling import Interrupted, SamplingProcess, Settings
-from tinker_atropos.frontends.tinker.store import DONE, FAILED, SAMPLER_LANE, Store
+from tinker_atropos.frontends.tinker.store import Store
+from tinker_atropos.frontends.tinker.store.requests import DONE, FAILED
+from tinker_atropos.frontends.tinker.store.samplers import SAMPLER_LANE
+from tinker_atropos.trainer.tinker.checkpoints import Checkpoints
+from tinker_atropos.trainer.tinker.expiry import SessionExpiry
+from tinker_atropos.trainer.tinker.recovery import recover
+from tinker_atropos.trainer.tinker.requests import JSON, Handler, RequestHandlers, json_body, refused
+from tinker_atropos.trainer.tinker.sampling import Interrupted, SamplingProcess, Settings
 from tinker_atropos.training.data import ClientError
 from tinker_atropos.training.guard import NonfiniteGuard
 
@@ -43,15 +44,15 @@ FINISH_RETRY_S = 1.0  # between two tries to record an applied request's outcome
 class Worker:
     """Runs the queued requests in their lanes, records what each did, and rebuilds the models after a restart."""
 
-    def __init__(self, store: Store, client: redis.Redis, config: Config, checkpoints: Path,
-                 device: torch.device, on_done: Callable[[str], None] = lambda request_id: None) -> None:  # fmt: skip
-        self.store, self.config, self.on_done = store, config, on_done
+    def __init__(self, store: Store, client: redis.Redis, config: Config, device: torch.device) -> None:
+        self.store, self.config = store, config
         section = config.trainer
         self.sampling = SamplingProcess(Settings(section.model, str(device), config.run.seed, section.torch_threads,
                                                  section.tinker.max_samplers))  # fmt: skip
-        self.wake = threading.Event()
+        # rung by the API as it queues a request or refuses a number (through the store), and by a lane's end
+        self.wake = store.requests.arrived
         self.stopping = threading.Event()
-        self.checkpoints = Checkpoints(checkpoints, store, section.tinker.ephemeral_weights_ttl_s)
+        self.checkpoints = Checkpoints(store.files)
         # every model's steps: counts those it undid (the trainer's status reads it)
         self.guard = NonfiniteGuard()
         self.requests = RequestHandlers(store, client, config, self.checkpoints, self.sampling, self.guard,
@@ -72,40 +73,11 @@ class Worker:
         self.busy: dict[str, str] = {}
         self.threads: set[threading.Thread] = set()
         self.expiry = SessionExpiry(store, section.tinker.session_timeout_s,
-                                    lambda model_id: store.submit("unload_model", b"", model_id=model_id))  # fmt: skip
+                                    lambda model_id: store.requests.submit("unload_model", b"", model_id=model_id))  # fmt: skip
 
     def recover(self) -> None:
         """Rebuild every model a previous incarnation served, up to the last request it applied."""
-        for model_id in self.store.models():
-            applied, snapshot_seq, snapshot = self.store.progress(model_id)
-            record = self.store.model(model_id)
-            if applied < 0 or record is None or snapshot is None:
-                continue
-            try:
-                self.requests.restore(model_id, record, snapshot)
-            except Exception:
-                log.exception("cannot restore Tinker model %s from %s; it stays unloaded", model_id, snapshot)
-                continue
-            self.checkpoints.restored(model_id, snapshot)
-            replayed = []
-            for seq in range(snapshot_seq + 1, applied + 1):
-                request_id = self.store.op(model_id, seq)
-                request = self.store.request(request_id) if request_id else None
-                if request is None or request[0] != "forward_backward" or not request[1]:
-                    continue
-                parsed = wire.parse_forward_backward(request[1], self.requests.budget())
-                if not parsed.forward_only:
-                    try:
-                        self.requests.apply_forward_backward(model_id, parsed, deadline=None)
-                    # the samplers' record it named may have expired since: a warning, never a crash loop
-                    except ClientError as error:
-                        log.warning("Tinker model %s: accumulated gradients of request %s cannot be replayed (%s); "
-                                    "they are lost", model_id, request_id, error)  # fmt: skip
-                        continue
-                replayed.append(request_id)
-            self.since_snapshot[model_id] = replayed
-            log.info("Tinker model %s restored (applied %d, %d accumulations replayed)", model_id, applied,
-                     len(replayed))  # fmt: skip
+        self.since_snapshot.update(recover(self.store, self.requests, self.checkpoints))
 
     def run(self, stop: threading.Event) -> None:
         """Dispatch requests to their lanes until ``stop``; then let the lanes finish (a sample is interrupted
@@ -140,7 +112,7 @@ class Worker:
         answered with), a sampler's oldest queued request. Whether one started."""
         with self.lock:
             applied, busy = dict(self.applied), set(self.busy)
-        upcoming = self.store.next_requests(applied)
+        upcoming = self.store.requests.next_requests(applied)
         with self.lock:
             for model_id, seq in applied.items():
                 self.applied.setdefault(model_id, seq)
@@ -151,7 +123,7 @@ class Worker:
             seq = applied[model_id] + 1
             request_id = upcoming.requests.get(model_id)
             if request_id is None:
-                request_id = self.store.take_refusal(model_id, seq, upcoming.refused[model_id])
+                request_id = self.store.requests.take_refusal(model_id, seq, upcoming.refused[model_id])
             jobs.append((model_id, request_id, (model_id, seq)))
         # a lane's requests run one at a time, oldest first: a model's numbered one goes before its unload
         seen = busy | {lane for lane, _, _ in jobs}
@@ -198,7 +170,7 @@ class Worker:
             self.wake.set()
 
     def _apply(self, request_id: str, position: tuple[str, int] | None) -> None:
-        request = self.store.request(request_id)
+        request = self.store.requests.request(request_id)
         if request is None:  # expired or never written: nothing to answer, but the sequence goes on
             log.warning("Tinker request %s has no payload; skipped", request_id)
             self._finish(
@@ -233,9 +205,9 @@ class Worker:
         if snapshot is not None:
             self.checkpoints.snapshot_taken(model_id, snapshot[1])
             for done in self.since_snapshot.pop(model_id, []):  # a replay needs them no more
-                self.store.forget_payload(done)
+                self.store.requests.forget_payload(done)
         if status == FAILED and kind in ("create_model", "create_from_state"):
-            self.store.unload_model(model_id)  # no model came of it: its later requests are refused at once
+            self.store.models.unload(model_id)  # no model came of it: its later requests are refused at once
 
     def _finish(self, request_id: str, status: bytes, result: bytes, content_type: str,
                 position: tuple[str, int] | None, snapshot: tuple[int, str] | None) -> None:  # fmt: skip
@@ -243,7 +215,7 @@ class Worker:
         applied again (a gradient accumulated twice)."""
         while True:
             try:
-                self.store.finish(
+                self.store.requests.finish(
                     request_id, status, result, content_type, applied=position, snapshot=snapshot
                 )
                 break
@@ -255,21 +227,19 @@ class Worker:
         if position is not None:
             with self.lock:
                 self.applied[position[0]] = position[1]
-        self.on_done(request_id)
 
     def _unload_model(self, model_id: str, seq: int, body: bytes, deadline: float) -> tuple[bytes, str]:
         """Unload the model; a request of it still waiting (behind a number that never came) fails, saying so.
         Its snapshot goes: no request can run on it any more, and a restart rebuilds only loaded models."""
         self.requests.models.pop(model_id, None)
-        self.store.unload_model(model_id)
+        self.store.models.unload(model_id)
         self.checkpoints.unloaded(model_id)
         for done in self.since_snapshot.pop(model_id, []):
-            self.store.forget_payload(done)
+            self.store.requests.forget_payload(done)
         with self.lock:
-            applied = self.applied.get(model_id, self.store.progress(model_id)[0])
+            applied = self.applied.get(model_id, self.store.models.progress(model_id)[0])
         reason = json_body(error=f"model {model_id!r} was unloaded (unload_model, or its session finished) before this "
                              "request could run", category="user")  # fmt: skip
-        for request_id in self.store.waiting(model_id, after=applied):
-            self.store.finish(request_id, FAILED, reason, JSON)
-            self.on_done(request_id)
+        for request_id in self.store.requests.waiting(model_id, after=applied):
+            self.store.requests.finish(request_id, FAILED, reason, JSON)
         return json_body(model_id=model_id, type="unload_model"), JSON

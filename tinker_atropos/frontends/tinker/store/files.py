@@ -1,0 +1,72 @@
+"""The Tinker checkpoints on disk as the API and the worker both see them: a model's folder under the run's
+``tinker`` directory, its named checkpoints (``weights/<name>.pt`` with optimizer state, ``sampler_weights/<name>.pt``
+without) each beside its JSON record, and the unnamed weights of sampling clients (``ephemeral-<seq>``). The
+worker writes them (``trainer/tinker/checkpoints.py``); a route reads a checkpoint's record, or deletes it."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from tinker_atropos.frontends.tinker import wire
+from tinker_atropos.frontends.tinker.store.runs import TrainingRuns
+
+NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+EPHEMERAL = "ephemeral-"  # the name of the weights a sampling client was made with, saved under no name
+KINDS = ("weights", "sampler_weights")
+
+
+def parts(path: str) -> tuple[str, str, str]:
+    """The model, kind and name of a ``tinker://<model>/<weights|sampler_weights>/<name>`` path."""
+    found = path.removeprefix("tinker://").split("/") if path.startswith("tinker://") else []
+    if len(found) != 3 or found[1] not in KINDS or not NAME.match(found[2]):
+        raise wire.WireError(f"{path!r} is no tinker://<model>/weights/<name> path of this server")
+    return found[0], found[1], found[2]
+
+
+def tinker_path(model_id: str, kind: str, name: str) -> str:
+    return f"tinker://{model_id}/{kind}/{name}"
+
+
+class CheckpointFiles:
+    """The files of every model served under ``root``, and their records in the store (``TrainingRuns``)."""
+
+    def __init__(self, root: Path, runs: TrainingRuns, ephemeral_ttl_s: float) -> None:
+        self.root, self.runs, self.ephemeral_ttl_s = root, runs, ephemeral_ttl_s
+        # private to the run's user (0700, also when an older version made it 0755): its sub-folders are named
+        # after the models, and a model's id is what a request needs to act on it
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        root.chmod(0o700)
+
+    def folder(self, model_id: str) -> Path:
+        return self.root / model_id.replace(":", "_")
+
+    def file(self, model_id: str, kind: str, name: str) -> Path:
+        return self.folder(model_id) / kind / f"{name}.pt"
+
+    def file_of(self, path: str) -> Path:
+        """The file behind a ``tinker://<model>/<weights|sampler_weights>/<name>`` path."""
+        file = self.file(*parts(path))
+        if not file.exists():
+            raise wire.WireError(f"no checkpoint {path!r} on this server (never saved, deleted, past its ttl_seconds, "
+                                 "or, saved under no name by save_weights_and_get_sampling_client, unused for "
+                                 f"{self.ephemeral_ttl_s:g} s)")  # fmt: skip
+        return file
+
+    def record(self, path: str) -> dict[str, Any]:
+        """The record of the checkpoint behind a ``tinker://`` path; WireError if there is none."""
+        return json.loads(self.file_of(path).with_suffix(".json").read_text())
+
+    def delete(self, model_id: str, checkpoint_id: str) -> bool:
+        """Delete a checkpoint's files and its record; False when there was no such checkpoint."""
+        kind, _, name = checkpoint_id.partition("/")
+        known = self.runs.remove_checkpoint(model_id, checkpoint_id)
+        if kind not in KINDS or not NAME.match(name):
+            return known
+        file = self.file(model_id, kind, name)
+        existed = file.exists()
+        file.unlink(missing_ok=True)
+        file.with_suffix(".json").unlink(missing_ok=True)
+        return known or existed
