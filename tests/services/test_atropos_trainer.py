@@ -31,6 +31,7 @@ from tinker_atropos.models import tiny_lm
 from tinker_atropos.processes import child_preexec, free_port
 from tinker_atropos.state.registry import live_services
 from tinker_atropos.trainer.atropos_loop import AtroposLoop
+from tinker_atropos.trainer.checkpointing import Checkpointer
 from tinker_atropos.training.atropos_batches import batch_datums, group_advantages
 
 TOKENIZER = tiny_lm.ByteTokenizer()
@@ -185,10 +186,11 @@ def test_the_atropos_loop_raises_the_score_of_the_preferred_completion(
     assert p_a() > max(0.9, before + 0.3), (before, p_a())
     assert loop.counters["sequences_trained"] == 12 * 8
     assert int(redis_client.hget("ta:atropos-loop:stats", "episodes")) == 12 * 8
-    loop._checkpoint()
+    Checkpointer(loop, loop.folder, config.trainer.checkpoint, None).save(force=True)
     # plain data: it loads wherever the classes move
-    assert_names_nothing_of_the_package(tmp_path / "run" / "atropos" / "state.pt")
+    assert_names_nothing_of_the_package(tmp_path / "run" / "atropos" / "checkpoint-0000000012.pt")
     resumed = AtroposLoop(config, redis_client, tmp_path / "run", torch.device("cpu"))
+    Checkpointer(resumed, resumed.folder, config.trainer.checkpoint, None).resume()
     assert (resumed.step, resumed.sampler.version) == (12, 12)
 
 
