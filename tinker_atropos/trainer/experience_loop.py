@@ -36,7 +36,6 @@ from tinker_atropos.protocol.v1 import services_pb2
 from tinker_atropos.security import signing_key
 from tinker_atropos.state.experience import ExperienceReader, add_stats
 from tinker_atropos.state.registry import live_services
-from tinker_atropos.state.run_dir import FolderWrites, oldest_failure
 from tinker_atropos.state.weights import publish_weights, verified_version
 from tinker_atropos.trainer.batcher import Batcher
 from tinker_atropos.trainer.checkpointing import ExperienceState, adopt_newer_weights, continue_above_rollouts
@@ -115,34 +114,24 @@ class ExperienceLoop:
         self.learner.core.version = value
 
     def status(self) -> services_pb2.TrainerStatus:
-        batcher = self.batcher
+        """Its figures; of the writes into the run folder, its TensorBoard events (the checkpointer tells its own)."""
+        batcher, evaluation = self.batcher, self.evaluation
         lag_min, lag_mean, lag_max = batcher.lag.summary()
-        return services_pb2.TrainerStatus(
-            policy_version=self.version,
-            updates=self.updates,
-            env_steps_trained=self.env_steps_trained,
-            chunks_consumed=batcher.chunks_consumed,
-            chunks_rejected_stale=batcher.chunks_rejected_stale,
-            busy_fraction=self.busy.fraction(),
-            policy_lag_min=lag_min,
-            policy_lag_mean=lag_mean,
-            policy_lag_max=lag_max,
-            policy_lag_counts=batcher.lag.counts(),
-            losses=self.losses,
-            records_rejected=batcher.rejected.totals,
-            updates_discarded_nonfinite=self.guard.undone,
-            eval_policy_version=self.evaluation.version,
-            eval_return_mean=self.evaluation.return_mean,
-            eval_return_std=self.evaluation.return_std,
-            eval_best_policy_version=self.evaluation.best_version,
-            eval_best_return_mean=self.evaluation.best_return if self.evaluation.best_version else 0.0,
-            writes_failed={w.what: w.failed for w in self._folder_writes()},
-            write_failure=failing.error if (failing := oldest_failure(self._folder_writes())) else "",
-            write_failing_s=failing.failing_s if failing else 0.0,
-        )
-
-    def _folder_writes(self) -> list[FolderWrites]:
-        return [self.tensorboard.writes] if self.tensorboard is not None else []
+        status = services_pb2.TrainerStatus(
+            policy_version=self.version, updates=self.updates, env_steps_trained=self.env_steps_trained,
+            chunks_consumed=batcher.chunks_consumed, chunks_rejected_stale=batcher.chunks_rejected_stale,
+            busy_fraction=self.busy.fraction(), policy_lag_min=lag_min, policy_lag_mean=lag_mean,
+            policy_lag_max=lag_max, policy_lag_counts=batcher.lag.counts(), losses=self.losses,
+            records_rejected=batcher.rejected.totals, updates_discarded_nonfinite=self.guard.undone,
+            eval_policy_version=evaluation.version, eval_return_mean=evaluation.return_mean,
+            eval_return_std=evaluation.return_std, eval_best_policy_version=evaluation.best_version,
+            eval_best_return_mean=evaluation.best_return if evaluation.best_version else 0.0,
+        )  # fmt: skip
+        if self.tensorboard is not None:
+            writes = self.tensorboard.writes
+            status.writes_failed[writes.what] = writes.failed
+            status.write_failure, status.write_failing_s = writes.error, writes.failing_s
+        return status
 
     # -- state ---------------------------------------------------------------------------------------
     def setup(self, env: EnvDescription) -> None:
