@@ -262,7 +262,7 @@ class CheckpointSection(Section):
         50,
         ge=1,
         description="Write a checkpoint once this many updates have passed since the last one (looked at "
-        "every second: at most one a second).",
+        "ten times a second).",
     )
     every_seconds: float = Field(
         60.0, gt=0, description="Also write one when this long has passed since the last checkpoint."

@@ -70,7 +70,7 @@ def test_one_checkpointer_drives_either_loop_every_n_updates_and_keeps_the_newes
     written = []
     for seed in range(1, 7):
         step(seed)
-        written.append(checkpointer.save())  # as the trainer service asks, every second
+        written.append(checkpointer.save())  # as the trainer service asks, ten times a second
     assert loop.progress() == 6 and written == [False, True, False, True, False, True]
     assert versions(checkpointer.folder) == [4, 6]  # every 2 updates, the newest 2 kept
     assert not (tmp_path / "atropos" / EARLIER_STATE).exists()

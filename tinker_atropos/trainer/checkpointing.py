@@ -52,7 +52,7 @@ CHECKPOINT_FORMAT = 4
 
 class Checkpointer:
     """One driver's checkpoints in ``folder``: resumed from on start, written on the cadence of
-    ``trainer.checkpoint`` (``save``, asked every second by the trainer service) and once more at stop (``close``).
+    ``trainer.checkpoint`` (``save``, asked ten times a second by the trainer service) and once more at stop (``close``).
     ``earlier``: the name of the single file an earlier version of the driver kept there, resumed from when no
     checkpoint is."""
 

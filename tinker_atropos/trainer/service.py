@@ -27,7 +27,9 @@ from tinker_atropos.trainer.experience_loop import ExperienceLoop
 
 log = logging.getLogger(__name__)
 
-CHECK_S = 1.0  # between two looks at the checkpointers (and at the drivers' threads)
+CHECK_S = (
+    0.1  # between two looks at the checkpointers (and at the drivers' threads): a step is kept within it
+)
 
 
 def build_drivers(
@@ -92,7 +94,7 @@ class TrainerService:
     def run(self, stop: threading.Event) -> None:
         """Every driver in a thread of its own until one ends (SIGTERM ends them all), then each one's last
         checkpoint written and all of them closed, last to first, and the first error raised; with no driver, until
-        SIGTERM. This thread asks the checkpointers every second whether a checkpoint is due (a driver hands out
+        SIGTERM. This thread asks the checkpointers ten times a second whether a checkpoint is due (a driver hands out
         its state between two of its steps) and otherwise waits: the kernel may hand a SIGTERM to any thread, and
         its handler runs in this one."""
         with ThreadPoolExecutor(max(len(self.drivers), 1), thread_name_prefix="driver") as pool:
