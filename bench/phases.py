@@ -925,9 +925,8 @@ def rollout_scaling_curve(
     base.env.id, base.env.kwargs, base.env.backend = env_id, {}, "gymnasium"
     base.env.services, base.env.instances = ROLLOUT_SCALING_SERVICES, ROLLOUT_SCALING_INSTANCES
     base.rollout.sessions_per_env, base.trainer.model.network = ROLLOUT_SCALING_SLOTS, NETWORK
-    base.rollout.chunk_length = (
-        ROLLOUT_SCALING_CHUNK  # slow acting: short chunks, so the step counter moves often
-    )
+    # slow acting: short chunks, so the step counter moves often
+    base.rollout.chunk_length = ROLLOUT_SCALING_CHUNK
     points = []
     for n in rollouts:
         base.rollout.replicas = n

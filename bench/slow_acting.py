@@ -12,9 +12,8 @@ import torch
 from tinker_atropos.models.mlp import ActorCritic
 
 DELAY_VARIABLE = "TA_BENCH_INFERENCE_DELAY_S"
-NETWORK = (
-    "bench.slow_acting:SlowActingMLP"  # as a config names it (trainer.model.network); rollouts import it
-)
+# as a config names it (trainer.model.network); rollouts import it
+NETWORK = "bench.slow_acting:SlowActingMLP"
 _device = threading.Lock()  # one inference at a time in a process, as on one device
 
 

@@ -258,7 +258,12 @@ class ModelSection(Section):
 
 
 class CheckpointSection(Section):
-    every_updates: int = Field(50, ge=1, description="Write a checkpoint every this many updates.")
+    every_updates: int = Field(
+        50,
+        ge=1,
+        description="Write a checkpoint once this many updates have passed since the last one (looked at "
+        "ten times a second).",
+    )
     every_seconds: float = Field(
         60.0, gt=0, description="Also write one when this long has passed since the last checkpoint."
     )

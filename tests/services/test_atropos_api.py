@@ -335,10 +335,11 @@ def test_a_killed_api_service_comes_back_with_its_queue_registrations_and_formed
             refused = api.post("/scored_data", json=short)
             assert refused.status_code == 422 and "masks[0] has 1 entries for 5 tokens" in refused.text
             assert api.get("/status").json() == {"current_step": 2, "queue_size": 1}  # nothing queued
+            # an env retrying a post the dead server had taken: answered, not queued again
             for seed in (
                 5,
                 2,
-            ):  # an env retrying a post the dead server had taken: answered, not queued again
+            ):
                 assert api.post("/scored_data", json=scored_group(0, 4, seed)).json() == {
                     "status": "received"
                 }
@@ -525,9 +526,8 @@ def test_keys_by_default_and_groups_no_trainer_could_learn_from_refused_with_422
             assert figures["queue_sequences"] == 4
         printed = subprocess.run([sys.executable, "-m", "tinker_atropos", "api-keys"], capture_output=True, text=True,
                                  timeout=60, env={**os.environ, "TA_TOKEN": TOKEN})  # fmt: skip
-        assert f"atropos-api  {KEY}" in printed.stdout, (
-            printed.stdout + printed.stderr
-        )  # for environments elsewhere
+        # for environments elsewhere
+        assert f"atropos-api  {KEY}" in printed.stdout, printed.stdout + printed.stderr
     finally:
         _stop(ours)
 

@@ -37,6 +37,7 @@ from tinker_atropos.models import tiny_lm
 from tinker_atropos.processes import child_preexec, free_port
 from tinker_atropos.state.registry import live_services
 from tinker_atropos.trainer.atropos_loop import AtroposLoop
+from tinker_atropos.trainer.checkpointing import Checkpointer
 from tinker_atropos.training.atropos_batches import batch_datums, group_advantages
 
 TOKENIZER = tiny_lm.ByteTokenizer()
@@ -60,19 +61,18 @@ def test_a_batch_becomes_shifted_token_datums_weighted_by_the_mask_with_the_sent
     first, second = out.data
     np.testing.assert_array_equal(first.tokens, prompt + a[:-1])
     np.testing.assert_array_equal(first.inputs["target_tokens"], prompt[1:] + a)
-    np.testing.assert_array_equal(
-        first.inputs["weights"], [0, 0, 1, 1]
-    )  # targets in the prompt weigh nothing
-    np.testing.assert_allclose(
-        first.inputs["logprobs"], [0, 0, -0.5, -0.1]
-    )  # the sentinel 1.0 never reaches a loss
+    # targets in the prompt weigh nothing
+    np.testing.assert_array_equal(first.inputs["weights"], [0, 0, 1, 1])
+    # the sentinel 1.0 never reaches a loss
+    np.testing.assert_allclose(first.inputs["logprobs"], [0, 0, -0.5, -0.1])
     trained = 2 + 3  # the batch's trained tokens: advantages are a per-token mean
     np.testing.assert_allclose(first.inputs["advantages"], np.array([0, 0, 0.5, 0.5]) / trained)
     np.testing.assert_allclose(second.inputs["advantages"], np.array([0, 0, -0.5, -0.5, -0.5]) / trained)
+    # an env's own, per token
     given = {
         **group,
         "advantages": [[0, 0, 0, 2.0, 2.0], [0, 0, 0, 1.0, 1.0, 1.0]],
-    }  # an env's own, per token
+    }
     np.testing.assert_allclose(
         batch_datums([given]).data[0].inputs["advantages"], np.array([0, 0, 2, 2]) / trained
     )
@@ -192,10 +192,11 @@ def test_the_atropos_loop_raises_the_score_of_the_preferred_completion(
     assert p_a() > max(0.9, before + 0.3), (before, p_a())
     assert loop.counters["sequences_trained"] == 12 * 8
     assert int(redis_client.hget("ta:atropos-loop:stats", "episodes")) == 12 * 8
-    loop._checkpoint()
+    Checkpointer(loop, loop.folder, config.trainer.checkpoint, None).save(force=True)
     # plain data: it loads wherever the classes move
-    assert_names_nothing_of_the_package(tmp_path / "run" / "atropos" / "state.pt")
+    assert_names_nothing_of_the_package(tmp_path / "run" / "atropos" / "checkpoint-0000000012.pt")
     resumed = AtroposLoop(config, redis_client, tmp_path / "run", torch.device("cpu"))
+    Checkpointer(resumed, resumed.folder, config.trainer.checkpoint, None).resume()
     assert (resumed.step, resumed.sampler.version) == (12, 12)
 
 
@@ -275,9 +276,8 @@ def test_groups_the_model_cannot_read_are_skipped_and_counted_and_the_trainer_le
         wait_for(lambda: trainer_figures().get("updates", 0) >= 2, 120, "the trainer's second step")
         assert trainer_figures()["policy_version"] == 2 and trainer.poll() is None
         log = processes.log("trainer")
-        assert "must lie in [0, 258)" in log and "the model's context is 512" in log, log[
-            -3000:
-        ]  # the reasons
+        # the reasons
+        assert "must lie in [0, 258)" in log and "the model's context is 512" in log, log[-3000:]
         assert "Traceback" not in log, log[-3000:]
         # its /batch polls (ten a second while no batch is ready) are not logged one by one
         assert "HTTP Request:" not in log and "/batch" not in log, log[-3000:]

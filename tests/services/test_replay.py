@@ -20,6 +20,7 @@ import redis
 import yaml
 
 from tests.support.envs import pendulum_env
+from tests.support.loops import started_loop
 from tests.support.processes import Processes, stop_process, wait_for
 from tests.support.records import serialized_chunk
 from tests.support.running import REPO, Sidecar, cli, config_file, report_rows, run_up_with
@@ -70,15 +71,13 @@ def test_a_restarted_trainer_refuses_what_it_learned_before_and_what_its_newer_w
     tmp_path: Path, redis_client: redis.Redis
 ) -> None:
     config = parse_config({"run": {"name": "replay"}, "trainer": {"tensorboard": False}})
-    first = ExperienceLoop(config, redis_client, tmp_path)
-    first.setup(pendulum_env())
+    first, checkpointer = started_loop(config, redis_client, tmp_path)
     taken = serialized_chunk(2, 0, 0)
     assert first.batcher.accept(taken) is not None
     assert first.batcher.accept(taken) is None and first.batcher.rejected.totals == {"replayed": 1}
-    first.checkpoint()
+    checkpointer.save(force=True)
 
-    second = ExperienceLoop(config, redis_client, tmp_path)  # resumed from that checkpoint
-    second.setup(pendulum_env())
+    second, _ = started_loop(config, redis_client, tmp_path)  # resumed from that checkpoint
     assert second.batcher.accept(taken) is None and second.batcher.rejected.totals == {"replayed": 1}
     second.version = 1  # it learned on, past its checkpoint,
     learned_past_the_checkpoint = serialized_chunk(2, 1, 1)
@@ -86,8 +85,7 @@ def test_a_restarted_trainer_refuses_what_it_learned_before_and_what_its_newer_w
     second.version = 2  # from this chunk too, published version 2, and was killed before its next checkpoint
     second.publish()
 
-    third = ExperienceLoop(config, redis_client, tmp_path)
-    third.setup(pendulum_env())
+    third, _ = started_loop(config, redis_client, tmp_path)
     assert third.version == 2  # continues from the newer weights, which learned from that chunk
     assert third.batcher.accept(learned_past_the_checkpoint) is None
     assert third.batcher.rejected.totals == {"before_restart": 1}

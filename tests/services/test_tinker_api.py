@@ -174,9 +174,8 @@ def test_a_retried_request_number_is_applied_once(service: tinker.ServiceClient,
     second_step = raw.result(raw.optim_step(model, 4, adam)).json()["metrics"]
     retried = logprobs(raw.forward_output(raw.forward_backward(model, 5, [datum], "ppo", forward_only=True)))
 
-    reference = service.create_lora_training_client(base_model=POLICY).result(
-        timeout=60
-    )  # same seed, same init
+    # same seed, same init
+    reference = service.create_lora_training_client(base_model=POLICY).result(timeout=60)
     assert step(reference, datum, adam)[1].metrics == first_step
     one_step = forward_logprobs(reference, datum)
     assert step(reference, datum, adam)[1].metrics == second_step
@@ -338,9 +337,8 @@ def test_the_tiny_lm_samples_through_both_kinds_of_sampling_client(service: tink
     for name, sampler in (("lora", from_lora), ("base", from_base)):
         tokens = _check_samples(sampler.sample(prompt, 3, params).result(timeout=60), 3, 8)
         assert len({tuple(t) for t in tokens}) > 1  # three draws, not one repeated
-        assert (
-            _check_samples(sampler.sample(prompt, 3, params).result(timeout=60), 3, 8) == tokens
-        )  # same seed
+        # same seed
+        assert _check_samples(sampler.sample(prompt, 3, params).result(timeout=60), 3, 8) == tokens
         other = types.SamplingParams(max_tokens=8, seed=8)
         assert _check_samples(sampler.sample(prompt, 3, other).result(timeout=60), 3, 8) != tokens
         drawn[name] = tokens

@@ -113,13 +113,14 @@ def test_the_cookbooks_supervised_loop_trains_checkpoints_and_resumes(
     metrics = [json.loads(line) for line in (log_path / "metrics.jsonl").read_text().splitlines()]
     steps = [m["step"] for m in metrics if "train_mean_nll" in m]
     assert steps == list(range(10)), steps  # five batches, then five more after the resume
+    # the held-out NLL, every 2 steps
     assert [m["step"] for m in metrics if "test/nll" in m] == [
         0,
         2,
         4,
         6,
         8,
-    ]  # the held-out NLL, every 2 steps
+    ]
     assert metrics[-1]["train_mean_nll"] < metrics[0]["train_mean_nll"]
 
     assert first is not None

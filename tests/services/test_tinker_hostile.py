@@ -351,9 +351,8 @@ def test_one_clients_long_sampling_does_not_hold_another_models_training(
 
     sampler = service.create_sampling_client(base_model=LM).result(timeout=60)
     prompt = types.ModelInput.from_ints(IDS)
-    sampler.sample(prompt, 1, types.SamplingParams(max_tokens=1)).result(
-        timeout=120
-    )  # the sampling process up
+    # the sampling process up
+    sampler.sample(prompt, 1, types.SamplingParams(max_tokens=1)).result(timeout=120)
     for _ in range(2):  # warm-up
         round_trip()
     alone = [round_trip() for _ in range(10)]

@@ -10,6 +10,7 @@ import torch
 
 from tests.support.asserts import assert_names_nothing_of_the_package, assert_same
 from tests.support.envs import pendulum_env
+from tests.support.loops import started_loop
 from tests.support.records import trajectory_chunk
 from tinker_atropos.config import parse_config
 from tinker_atropos.state.checkpoints import read_checkpoint, save_checkpoint
@@ -19,21 +20,18 @@ from tinker_atropos.trainer.experience_loop import ExperienceLoop
 
 def test_resume_restores_everything_and_keeps_the_version_monotonic(tmp_path: Path, redis_client) -> None:
     config = parse_config({"run": {"name": "resume"}, "trainer": {"checkpoint": {"keep": 2}}})
-    first = ExperienceLoop(config, redis_client, tmp_path)
-    first.setup(pendulum_env())
+    first, checkpointer = started_loop(config, redis_client, tmp_path)
     for i in range(3):
         first.losses = first.learner.learn([trajectory_chunk(i, 8, act_dim=1, version=first.version)])
         first.version += 1
         first.updates += 1
-    first.checkpoint()
-    saved = first.checkpoint_state()
-    assert (
-        saved["learner"]["core"]["model"]["obs_rms.count"] > 1
-    )  # normaliser statistics are part of the state
+    checkpointer.save(force=True)
+    saved = first.save().state
+    # normaliser statistics are part of the state
+    assert saved["learner"]["core"]["model"]["obs_rms.count"] > 1
 
-    second = ExperienceLoop(config, redis_client, tmp_path)
-    second.setup(pendulum_env())
-    assert_same(second.checkpoint_state(), saved)
+    second, _ = started_loop(config, redis_client, tmp_path)
+    assert_same(second.save().state, saved)
     assert second.version == 3 and published_version(redis_client, "resume") == 3
 
     # both continue identically: same data, same RNG streams, same parameters afterwards
@@ -47,10 +45,9 @@ def test_a_checkpoint_holds_plain_data_that_loads_wherever_the_classes_move(
     tmp_path: Path, redis_client, algorithm: str
 ) -> None:
     config = parse_config({"run": {"name": "plain"}, "trainer": {"algorithm": algorithm}})
-    loop = ExperienceLoop(config, redis_client, tmp_path)
-    loop.setup(pendulum_env())
+    loop, checkpointer = started_loop(config, redis_client, tmp_path)
     loop.learner.learn([trajectory_chunk(1, 8, act_dim=1, version=0)])
-    loop.checkpoint()
+    checkpointer.save(force=True)
     [checkpoint] = (tmp_path / "checkpoints").glob("checkpoint-*.pt")
     assert_names_nothing_of_the_package(checkpoint)
 
@@ -88,12 +85,11 @@ def test_sac_resumes_its_replay_buffer_from_the_journal_beside_small_checkpoints
 ) -> None:
     config = parse_config({"run": {"name": "sac-resume"}, "env": {"id": "Pendulum-v1"},
                            "trainer": {"algorithm": "sac", "sac": {"learning_starts": 16, "batch_size": 8}}})  # fmt: skip
-    first = ExperienceLoop(config, redis_client, tmp_path)
-    first.setup(pendulum_env())
+    first, checkpointer = started_loop(config, redis_client, tmp_path)
     for i in range(3):
         first.learner.learn([trajectory_chunk(i, 8, act_dim=1, version=first.version)])
         first.version += 1
-        first.checkpoint()
+        checkpointer.save(force=True)
     replay = first.learner.replay
     # each checkpoint wrote the 16 transitions it had not written, and counts them; none inside the file
     segments = [(start, stop) for start, stop, _ in first.checkpoints.journal.segments()]
@@ -101,14 +97,13 @@ def test_sac_resumes_its_replay_buffer_from_the_journal_beside_small_checkpoints
     [*_, latest] = sorted((tmp_path / "checkpoints").glob("checkpoint-*.pt"))
     assert read_checkpoint(latest)["replay"] == {"added": 48}
 
-    second = ExperienceLoop(config, redis_client, tmp_path)
-    second.setup(pendulum_env())
+    second, checkpointer = started_loop(config, redis_client, tmp_path)
     assert second.learner.replay.added == 48
     for name, rows in replay.since(0).items():
         np.testing.assert_array_equal(second.learner.replay.since(0)[name], rows, err_msg=name)
     # it goes on numbering from there: its next checkpoint's segment follows the last
     second.learner.learn([trajectory_chunk(7, 8, act_dim=1, version=second.version)])
-    second.checkpoint()
+    checkpointer.save(force=True)
     assert [(a, b) for a, b, _ in second.checkpoints.journal.segments()][-1] == (48, 64)
 
     # a checkpoint of the earlier format held the transitions: they come back, then journal on
@@ -116,8 +111,7 @@ def test_sac_resumes_its_replay_buffer_from_the_journal_beside_small_checkpoints
     state = read_checkpoint(latest)
     state["format"], state["replay"] = 2, {n: torch.from_numpy(rows) for n, rows in replay.since(0).items()}
     save_checkpoint(old / "checkpoints", 3, state, keep=1)
-    third = ExperienceLoop(config, redis_client, old)
-    third.setup(pendulum_env())
+    third, _ = started_loop(config, redis_client, old)
     assert third.learner.replay.added == 48
     np.testing.assert_array_equal(third.learner.replay.since(0)["rewards"], replay.since(0)["rewards"])
     assert [(a, b) for a, b, _ in third.checkpoints.journal.segments()] == [(0, 48)]

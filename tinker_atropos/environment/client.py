@@ -44,9 +44,8 @@ class EnvDescription:
     incarnation: str
     backend: str
     local_address: str
-    observation_layout: gym.spaces.Dict | None = (
-        None  # a Dict env's entries; observation_space is its flat Box
-    )
+    # a Dict env's entries; observation_space is its flat Box
+    observation_layout: gym.spaces.Dict | None = None
 
     @classmethod
     def from_proto(cls, info: environment_pb2.EnvironmentInfo) -> EnvDescription:

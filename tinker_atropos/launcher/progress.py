@@ -88,9 +88,8 @@ class ProgressReporter:
         self.total_steps: int | None = None
         self.max_seconds: float | None = None
         self.first_steps = self.last_steps
-        self._policy_version = (
-            policy_version  # until the trainer publishes: a resumed run's checkpoint version
-        )
+        # until the trainer publishes: a resumed run's checkpoint version
+        self._policy_version = policy_version
 
     def outage_s(self) -> float:
         """How long Redis has been unreachable (0 while it answers)."""

@@ -71,8 +71,9 @@ def _numbers(row: dict[str, Any], *keys: str) -> bool:
     return all(isinstance(row.get(key), int | float) and not isinstance(row.get(key), bool) for key in keys)
 
 
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    return max((run_dir / "checkpoints").glob(f"{CHECKPOINT_PREFIX}*.pt"), default=None)
+def latest_checkpoint(run_dir: Path, folder: str = "checkpoints") -> Path | None:
+    """The newest checkpoint of the run's experience loop (or of the driver that checkpoints to ``folder``)."""
+    return max((run_dir / folder).glob(f"{CHECKPOINT_PREFIX}*.pt"), default=None)
 
 
 def previous_run(run_dir: Path) -> PreviousRun | None:

@@ -409,9 +409,10 @@ def _summary(
     checkpoint = latest_checkpoint(run_dir)
     restarts = ", ".join(f"{c.name} {c.restarts}" for c in children if c.restarts) or "none"
     where, latest = run_dir / "checkpoints", checkpoint.name if checkpoint else "none"
-    if config.trainer.atropos.enabled:  # the Atropos trainer's model, optimizer and step: one file
-        state = run_dir / "atropos" / "state.pt"
-        where, latest = state.parent, state.name if state.exists() else "none"
+    if config.trainer.atropos.enabled:  # its model, optimizer and step (in one state.pt, by earlier versions)
+        where = run_dir / "atropos"
+        found = latest_checkpoint(run_dir, "atropos") or next(where.glob("state.pt"), None)
+        latest = found.name if found else "none"
     console.print(
         f"[bold]run {config.run.name!r} stopped ({reason})[/] after {seconds:.1f} s: {steps:,} env steps "
         f"({this_session:,} in this session), policy version {row.get('policy_version', '-')}, mean return "

@@ -86,12 +86,10 @@ class Trajectory:
     bootstrap_observations: np.ndarray  # [N, *obs_shape] float32, the observation after the last step
     # [K, *obs_shape] float32, the final observation of each truncated step, in the order of truncated.nonzero()
     truncated_observations: np.ndarray
-    values: np.ndarray | None = (
-        None  # [T, N] float32, the acting policy's value estimates, if it has a critic
-    )
-    truncation_values: np.ndarray | None = (
-        None  # [T, N] value of the final observation where truncated, else 0
-    )
+    # [T, N] float32, the acting policy's value estimates, if it has a critic
+    values: np.ndarray | None = None
+    # [T, N] value of the final observation where truncated, else 0
+    truncation_values: np.ndarray | None = None
     bootstrap_values: np.ndarray | None = None  # [N] value of the bootstrap observations
     env_incarnation: str = ""
     rollout_incarnation: str = ""

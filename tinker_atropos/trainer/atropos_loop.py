@@ -5,8 +5,9 @@ loss on the tiny language model; after each optimizer step the inference endpoin
 
 Each scored sequence counts as an episode of the run (its score the return, its trained tokens the length) and
 its tokens as env steps, so ``up``'s progress, ``metrics.jsonl``, TensorBoard and ``status`` follow an Atropos run
-as they follow a control one. The model, its optimizer and the step are checkpointed to ``RUN_DIR/atropos``; a
-restarted trainer registers again with the step it reached.
+as they follow a control one. The model, its optimizer and the step are checkpointed to ``RUN_DIR/atropos`` by the
+trainer's checkpointer (``checkpointing.py``), as the experience loop's are; a restarted trainer resumes from the
+newest (or from the ``state.pt`` of earlier versions) and registers again with the step it reached.
 
 A group it cannot learn from (malformed, a NaN score, a token outside the vocabulary, past the context) is skipped
 and counted (``groups_invalid``) and the batch's sound groups are learned from; nothing in a batch ends the loop.
@@ -17,7 +18,6 @@ The trajectory API and the inference endpoint take the run's keys (``frontends.h
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import logging
@@ -37,10 +37,10 @@ from tinker_atropos.frontends.inference.app import build_app
 from tinker_atropos.frontends.inference.sampler import Sampler
 from tinker_atropos.protocol.v1 import services_pb2
 from tinker_atropos.state import keys
-from tinker_atropos.state.checkpoints import save_torch
 from tinker_atropos.state.experience import MAX_EPISODES_KEPT, add_stats
 from tinker_atropos.state.registry import live_services
-from tinker_atropos.state.run_dir import FolderWrites
+from tinker_atropos.trainer.checkpointing import snapshot
+from tinker_atropos.trainer.driver import Checkpoint
 from tinker_atropos.trainer.figures import BusyMeter
 from tinker_atropos.training.atropos_batches import batch_datums
 from tinker_atropos.training.core import AdamParams
@@ -52,6 +52,7 @@ log = logging.getLogger(__name__)
 
 POLL_S = 0.1  # between two /batch calls that found no batch
 RETRY_S = 1.0  # after the API did not answer
+EARLIER_STATE = "state.pt"  # its one checkpoint file before the trainer's checkpointer wrote numbered ones
 
 
 class AtroposLoop:
@@ -59,15 +60,16 @@ class AtroposLoop:
         self.section, self.client, self.run_name = config.trainer.atropos, client, config.run.name
         self.checkpoint_every = config.trainer.checkpoint.every_updates
         self.model = LanguageModel(TINY_LM, {"rank": self.section.lora_rank}, device)
-        self.folder = run_dir / "atropos"
-        self.checkpoint_writes = FolderWrites("checkpoint", "learning goes on without checkpoints")
+        self.folder = run_dir / "atropos"  # its checkpoints (the trainer's Checkpointer writes them)
+        # held over a step: ``save`` (another thread) takes its state between two
+        self.lock = threading.Lock()
         self.step = 0
+        self._first_step = 0  # the step it started at: ``progress`` counts from there
         self.figures: dict[str, float] = {}
         self.busy = BusyMeter()
         self.guard = NonfiniteGuard()  # counts the steps it undid: ``updates_discarded_nonfinite``
         self.counters = {"sequences_trained": 0, "groups_skipped_equal": 0, "groups_invalid": 0,
                          "batches_malformed": 0}  # fmt: skip
-        self._restore()
         self.sampler = Sampler(self.model.core.model, self.model.core.version)
         keys = endpoint_keys("inference", self.section.inference_api_keys_file,
                              "trainer.atropos.inference_api_keys_file", "inference endpoint")  # fmt: skip
@@ -77,36 +79,30 @@ class AtroposLoop:
         self.api_url = ""
         self.api_key = endpoint_key("atropos-api", config.atropos.api_keys_file)  # None: an API without keys
 
-    # state ------------------------------------------------------------------------------------------------
-    def _restore(self) -> None:
-        path = self.folder / "state.pt"
-        if path.exists():
-            state = torch.load(path, map_location=self.model.core.device, weights_only=False)
-            self.model.core.load_state_dict(state["core"])
-            self.step = state["step"]
-            self.counters |= state["counters"]
-            log.info(
-                "resumed the Atropos trainer at step %d (policy version %d)",
-                self.step,
-                self.model.core.version,
-            )
+    # what the trainer's Checkpointer asks (driver.py) -------------------------------------------------------
+    def save(self) -> Checkpoint:
+        """{"core": the model's state, "step", "counters"}, as ``state.pt`` held it."""
+        with self.lock:
+            state = {"core": self.model.core.state_dict(), "step": self.step, "counters": self.counters}
+            return Checkpoint(self.model.core.version, snapshot(state))
 
-    def _checkpoint(self) -> None:
-        """A disk that refuses it (full, read-only) costs this checkpoint only: said once, counted, retried."""
-        state = {"core": self.model.core.state_dict(), "step": self.step, "counters": self.counters}
-        write = functools.partial(save_torch, self.folder / "state.pt", state)
-        if not self.checkpoint_writes.attempt(self.folder, write):
-            failed = self.checkpoint_writes.take_unreported()
-            with contextlib.suppress(redis.RedisError):  # Redis away: counted in the status only
-                add_stats(self.client, self.run_name, checkpoints_failed=failed)
+    def restore(self, state: dict[str, Any], source: Path) -> None:
+        with self.lock:
+            core = self.model.core
+            core.load_state_dict(state["core"])
+            self.step = self._first_step = state["step"]
+            self.counters |= state["counters"]
+            self.sampler.update(core.model, core.version)
+        log.info("resumed the Atropos trainer from %s at step %d (policy version %d)", source, self.step,
+                 core.version)  # fmt: skip
+
+    def progress(self) -> int:
+        return self.step - self._first_step
 
     def status(self) -> services_pb2.TrainerStatus:
-        writes = self.checkpoint_writes
         return services_pb2.TrainerStatus(policy_version=self.model.core.version,
                                           updates=self.step, losses=self.figures, busy_fraction=self.busy.fraction(),
-                                          updates_discarded_nonfinite=self.guard.undone,
-                                          writes_failed={writes.what: writes.failed}, write_failure=writes.error,
-                                          write_failing_s=writes.failing_s)  # fmt: skip
+                                          updates_discarded_nonfinite=self.guard.undone)  # fmt: skip
 
     # the loop ---------------------------------------------------------------------------------------------
     def _find_api(self, stop: threading.Event) -> str | None:
@@ -144,8 +140,7 @@ class AtroposLoop:
                 self._learn(http, stop)
 
     def close(self) -> None:
-        """A last checkpoint, and the inference endpoint closed."""
-        self._checkpoint()
+        """The inference endpoint closed (after its last checkpoint)."""
         self.inference.close()
 
     def _learn(self, http: httpx.Client, stop: threading.Event) -> None:
@@ -165,6 +160,10 @@ class AtroposLoop:
     def learn(self, batch: list[dict[str, Any]]) -> None:
         """One optimizer step on ``batch``'s sound groups (each other one skipped and counted), then serve the new
         weights."""
+        with self.lock:
+            self._step(batch)
+
+    def _step(self, batch: list[dict[str, Any]]) -> None:
         started = time.monotonic()
         if not isinstance(batch, list):
             self.counters["batches_malformed"] += 1
@@ -205,10 +204,6 @@ class AtroposLoop:
                          "step_seconds": time.monotonic() - started,
                          **{k: float(v) for k, v in self.counters.items()}}  # fmt: skip
         self._record_episodes(datums.episodes)
-        retry = self.checkpoint_writes.error != ""  # a failed checkpoint: again once due, whatever the step
-        due = retry or (self.checkpoint_every and self.step % self.checkpoint_every == 0)
-        if due and self.checkpoint_writes.due():
-            self._checkpoint()
         self.busy.record(started, time.monotonic())
 
     def _update(self, data: list[Datum]) -> dict[str, float]:

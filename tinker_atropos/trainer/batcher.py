@@ -36,9 +36,8 @@ class Batcher:
         self.unreported: Counter[str] = Counter()
         self._pending: list[Trajectory] = []
         self._steps = 0  # env steps in _pending
-        self._chunk_steps = (
-            trainer.samples_per_update
-        )  # of the last chunk seen: the first take is of one chunk
+        # of the last chunk seen: the first take is of one chunk
+        self._chunk_steps = trainer.samples_per_update
 
     def start(self, spec: TrajectorySpec, learner: Learner) -> None:
         self.spec, self.learner = spec, learner

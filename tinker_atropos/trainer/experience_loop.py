@@ -5,8 +5,9 @@ each record checked, taken once, stale ones rejected, policy lag measured), has 
 core, and publishes each new version for the rollouts. An update that leaves a NaN or an infinity in the loss or the
 parameters is undone (``training/guard.py``), so non-finite weights are never published;
 ``trainer.max_nonfinite_updates`` of them in a row stop the trainer with an error. The policy version only goes up:
-on start the loop resumes from the latest checkpoint (``checkpointing.py``) and never publishes a version below the
-one already in Redis, nor adopts weights from Redis that do not load or are not finite.
+on start the loop resumes from the latest checkpoint (``checkpointing.py``: the trainer's checkpointer hands it
+over before ``run``, the loop applies it once the env's spaces built its learner) and never publishes a version
+below the one already in Redis, nor adopts weights from Redis that do not load or are not finite.
 """
 
 from __future__ import annotations
@@ -30,15 +31,15 @@ from tinker_atropos.device import resolve_device
 from tinker_atropos.environment.client import EnvClient, EnvDescription
 from tinker_atropos.errors import FatalError
 from tinker_atropos.protocol.freshness import Freshness
-from tinker_atropos.protocol.trajectory import Trajectory, TrajectorySpec
+from tinker_atropos.protocol.trajectory import RecordError, Trajectory, TrajectorySpec
 from tinker_atropos.protocol.v1 import services_pb2
 from tinker_atropos.security import signing_key
 from tinker_atropos.state.experience import ExperienceReader, add_stats
 from tinker_atropos.state.registry import live_services
-from tinker_atropos.state.run_dir import FolderWrites, RunFolderInUse, RunFolderOwner, oldest_failure
 from tinker_atropos.state.weights import publish_weights, verified_version
 from tinker_atropos.trainer.batcher import Batcher
-from tinker_atropos.trainer.checkpointing import Checkpointing, adopt_newer_weights, continue_above_rollouts
+from tinker_atropos.trainer.checkpointing import ExperienceState, adopt_newer_weights, continue_above_rollouts
+from tinker_atropos.trainer.driver import Checkpoint
 from tinker_atropos.trainer.figures import BusyMeter
 from tinker_atropos.trainer.periodic_eval import PeriodicEvaluation
 from tinker_atropos.trainer.tensorboard import TensorBoardLog
@@ -73,14 +74,18 @@ class TrainingDiverged(FatalError):
 
 
 class ExperienceLoop:
-    def __init__(
-        self, config: Config, client: redis.Redis, run_dir: Path, owner: RunFolderOwner | None = None
-    ) -> None:
+    def __init__(self, config: Config, client: redis.Redis, run_dir: Path) -> None:
         self.config, self.client, self.run_name = config, client, config.run.name
         self.weights_key = signing_key("weights")  # what the rollouts check the published weights against
         self.device = resolve_device(config.trainer.device)
         self.algorithm = algorithms.algorithm(config.trainer.algorithm)
-        self.checkpoints = Checkpointing(config, run_dir, self.algorithm.name, owner)
+        # its checkpoints (the trainer's Checkpointer writes them), best.pt
+        self.folder = run_dir / "checkpoints"
+        self.checkpoints = ExperienceState(self.folder, self.algorithm.name)
+        # held over a step: ``save`` (another thread) takes its state between two
+        self.lock = threading.Lock()
+        self._resume: tuple[dict[str, Any], Path] | None = None  # the checkpoint handed over, until ``setup``
+        self._progress = 0  # updates since it started
         self.batcher = Batcher(config.trainer, self.algorithm.name)
         self.learner: Learner | None = None
         self.set_up = False  # built, resumed and published: what ``close`` keeps
@@ -95,7 +100,7 @@ class ExperienceLoop:
         self.tensorboard = (TensorBoardLog(run_dir / "tensorboard", client, self.run_name, config.trainer.wandb,
                                            config.model_dump(mode="json")) if config.trainer.tensorboard else None)  # fmt: skip
         self.evaluation = PeriodicEvaluation(config.trainer.evaluation, client, self.run_name, config.trainer.model.network,
-                                             config.run.seed, self.tensorboard, self.checkpoints.directory)  # fmt: skip
+                                             config.run.seed, self.tensorboard, self.folder)  # fmt: skip
 
     @property
     def version(self) -> int:
@@ -107,39 +112,32 @@ class ExperienceLoop:
         self.learner.core.version = value
 
     def status(self) -> services_pb2.TrainerStatus:
-        batcher = self.batcher
+        """Its figures; of the writes into the run folder, its TensorBoard events (the checkpointer tells its own)."""
+        batcher, evaluation = self.batcher, self.evaluation
         lag_min, lag_mean, lag_max = batcher.lag.summary()
-        return services_pb2.TrainerStatus(
-            policy_version=self.version,
-            updates=self.updates,
-            env_steps_trained=self.env_steps_trained,
-            chunks_consumed=batcher.chunks_consumed,
-            chunks_rejected_stale=batcher.chunks_rejected_stale,
-            busy_fraction=self.busy.fraction(),
-            policy_lag_min=lag_min,
-            policy_lag_mean=lag_mean,
-            policy_lag_max=lag_max,
-            policy_lag_counts=batcher.lag.counts(),
-            losses=self.losses,
-            records_rejected=batcher.rejected.totals,
-            updates_discarded_nonfinite=self.guard.undone,
-            eval_policy_version=self.evaluation.version,
-            eval_return_mean=self.evaluation.return_mean,
-            eval_return_std=self.evaluation.return_std,
-            eval_best_policy_version=self.evaluation.best_version,
-            eval_best_return_mean=self.evaluation.best_return if self.evaluation.best_version else 0.0,
-            writes_failed={w.what: w.failed for w in self._folder_writes()},
-            write_failure=failing.error if (failing := oldest_failure(self._folder_writes())) else "",
-            write_failing_s=failing.failing_s if failing else 0.0,
-        )
-
-    def _folder_writes(self) -> list[FolderWrites]:
-        tensorboard = [self.tensorboard.writes] if self.tensorboard is not None else []
-        return [self.checkpoints.writes, *tensorboard]
+        status = services_pb2.TrainerStatus(
+            policy_version=self.version, updates=self.updates, env_steps_trained=self.env_steps_trained,
+            chunks_consumed=batcher.chunks_consumed, chunks_rejected_stale=batcher.chunks_rejected_stale,
+            busy_fraction=self.busy.fraction(), policy_lag_min=lag_min, policy_lag_mean=lag_mean,
+            policy_lag_max=lag_max, policy_lag_counts=batcher.lag.counts(), losses=self.losses,
+            records_rejected=batcher.rejected.totals, updates_discarded_nonfinite=self.guard.undone,
+            eval_policy_version=evaluation.version, eval_return_mean=evaluation.return_mean,
+            eval_return_std=evaluation.return_std, eval_best_policy_version=evaluation.best_version,
+            eval_best_return_mean=evaluation.best_return if evaluation.best_version else 0.0,
+        )  # fmt: skip
+        if self.tensorboard is not None:
+            writes = self.tensorboard.writes
+            status.writes_failed[writes.what] = writes.failed
+            status.write_failure, status.write_failing_s = writes.error, writes.failing_s
+        return status
 
     # -- state ---------------------------------------------------------------------------------------
     def setup(self, env: EnvDescription) -> None:
-        """Build the learner for the env's spaces, resume from the latest checkpoint, publish."""
+        """Build the learner for the env's spaces, resume from the checkpoint handed over (``restore``), publish."""
+        with self.lock:
+            self._setup(env)
+
+    def _setup(self, env: EnvDescription) -> None:
         self.spec = TrajectorySpec.from_spaces(env.observation_space, env.action_space)
         trainer = self.config.trainer
         setup = LearnerSetup(env.observation_space, env.action_space, trainer, trainer.hyperparameters,
@@ -150,11 +148,11 @@ class ExperienceLoop:
             raise FatalError(f"trainer.algorithm {self.algorithm.name!r} cannot learn {self.config.env.id}: "
                              f"{error}") from None  # fmt: skip
         self.batcher.start(self.spec, self.learner)
-        state = self.checkpoints.resume(self.learner)
+        state, source = self._resume or (None, None)
+        state, self._resume = self.checkpoints.restore(self.learner, state, source), None
         if state is not None:
-            if (
-                "freshness" in state
-            ):  # format 4 on; before, the stream held records of schema 2, refused anyway
+            # format 4 on; before, the stream held records of schema 2, refused anyway
+            if "freshness" in state:
                 self.batcher.freshness = Freshness(state["freshness"])
             counters = state["counters"]
             self.updates, self.env_steps_trained = counters["updates"], counters["env_steps_trained"]
@@ -165,14 +163,21 @@ class ExperienceLoop:
         self.publish()
         self.set_up = True
 
-    def checkpoint_state(self) -> dict[str, Any]:
-        assert self.learner is not None
-        return self.checkpoints.state(self.learner, self._counters(), self.batcher.freshness)
+    # -- what the trainer's Checkpointer asks (driver.py) ------------------------------------------------
+    def save(self) -> Checkpoint | None:
+        """Its state in format 4 (``ExperienceState``), the replay buffer's new transitions journaled first; None
+        before ``setup``."""
+        with self.lock:
+            if self.learner is None or not self.set_up:
+                return None
+            return self.checkpoints.checkpoint(self.learner, self._counters(), self.batcher.freshness)
 
-    def checkpoint(self) -> bool:
-        """Write a checkpoint (``Checkpointing.save``); whether it was written."""
-        assert self.learner is not None
-        return self.checkpoints.save(self.learner, self._counters(), self.batcher.freshness)
+    def restore(self, state: dict[str, Any], source: Path) -> None:
+        """Kept until ``setup`` built the learner it goes into."""
+        self._resume = state, source
+
+    def progress(self) -> int:
+        return self._progress
 
     def _counters(self) -> dict[str, int]:
         return {"updates": self.updates, "env_steps_trained": self.env_steps_trained}
@@ -198,15 +203,11 @@ class ExperienceLoop:
             self.train(stop)
 
     def close(self) -> None:
-        """After learning (also when it diverged: the parameters are the last finite ones), a last checkpoint; an
-        evaluation in flight may finish (seconds); TensorBoard gets the episodes that ended since its last look (the
-        rollouts stopped first: those of every chunk they wrote), then its buffer is flushed; the last counts."""
+        """After learning and its last checkpoint: an evaluation in flight may finish (seconds); TensorBoard gets the
+        episodes that ended since its last look (the rollouts stopped first: those of every chunk they wrote), then
+        its buffer is flushed; the last counts."""
         if not self.set_up:  # stopped before an env service answered, or setup failed: nothing to keep
             return
-        try:
-            self.checkpoint()
-        except RunFolderInUse as error:
-            log.warning("no final checkpoint: %s", error)
         self.evaluation.join(timeout_s=10.0)
         if self.tensorboard is not None:
             with contextlib.suppress(redis.RedisError):  # Redis away: only these last episodes are missing
@@ -219,7 +220,6 @@ class ExperienceLoop:
         """Add this trainer's new counts to the run's counters; also called at shutdown, so the run's final
         figures count every chunk."""
         self._unreported.update(self.batcher.take_unreported())
-        self._unreported["checkpoints_failed"] += self.checkpoints.writes.take_unreported()
         if self.tensorboard is not None:
             self._unreported["tensorboard_writes_failed"] += self.tensorboard.writes.take_unreported()
         add_stats(self.client, self.run_name, **self._unreported)
@@ -284,28 +284,34 @@ class ExperienceLoop:
         reader = ExperienceReader(self.client, self.run_name, signing_key("experience"))
         while not stop.is_set():
             try:
-                self.sync_redis()
+                with self.lock:
+                    self.sync_redis()
                 raw = reader.take(count=self.batcher.entries_wanted(), block_ms=500)
             except redis.RedisError as error:
                 log.warning("Redis unreachable (%s); retrying", error)
                 stop.wait(1.0)
                 continue
-            batch = self.batcher.add(raw)
-            if batch is None:
-                continue
-            trajectories, batch_steps = batch
-            start = time.monotonic()
-            learned = self.learn(trajectories)
-            self.busy.record(start, time.monotonic())
-            if not learned:
-                continue
-            self.version += 1
-            self.updates += 1
-            self.env_steps_trained += batch_steps
-            try:
-                self.publish()
-            except redis.RedisError as error:
-                log.warning("cannot publish version %d (%s); will retry", self.version, error)
-            self.evaluation.after_update(self.updates, self.learner.core)
-            if self.checkpoints.due(self.updates):
-                self.checkpoint()
+            with self.lock:
+                self.step(raw)
+
+    def step(self, raw: list[bytes | RecordError]) -> None:
+        """Entries read from the stream into the batcher; once it holds a batch, one update, published."""
+        assert self.learner is not None
+        batch = self.batcher.add(raw)
+        if batch is None:
+            return
+        trajectories, batch_steps = batch
+        start = time.monotonic()
+        learned = self.learn(trajectories)
+        self.busy.record(start, time.monotonic())
+        if not learned:
+            return
+        self.version += 1
+        self.updates += 1
+        self._progress += 1
+        self.env_steps_trained += batch_steps
+        try:
+            self.publish()
+        except redis.RedisError as error:
+            log.warning("cannot publish version %d (%s); will retry", self.version, error)
+        self.evaluation.after_update(self.updates, self.learner.core)

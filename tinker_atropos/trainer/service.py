@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import Counter
 from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -20,27 +21,37 @@ from tinker_atropos.device import resolve_device
 from tinker_atropos.protocol.v1 import services_pb2
 from tinker_atropos.service_host import Endpoint
 from tinker_atropos.state.run_dir import RunFolderOwner
+from tinker_atropos.trainer.checkpointing import Checkpointer
 from tinker_atropos.trainer.driver import Driver
 from tinker_atropos.trainer.experience_loop import ExperienceLoop
 
 log = logging.getLogger(__name__)
 
+# between two looks at the checkpointers (and at the drivers' threads): a step is kept within it
+CHECK_S = 0.1
 
-def build_drivers(config: Config, client: redis.Redis, run_dir: Path, owner: RunFolderOwner) -> list[Driver]:
-    """The drivers ``trainer`` enables; they are closed last to first, so the Tinker API serves until the loops
-    have written their last checkpoints. The Tinker API and the Atropos loop are imported only when enabled: the
-    SDK and FastAPI take half a second."""
+
+def build_drivers(
+    config: Config, client: redis.Redis, run_dir: Path
+) -> list[tuple[Driver, Path | None, str | None]]:
+    """The drivers ``trainer`` enables, each with the folder of its checkpoints (None: it keeps its state its own
+    way) and the name of the single file an earlier version of it checkpointed to; they are closed last to first,
+    so the Tinker API serves until the loops have written their last checkpoints. The Tinker API and the Atropos
+    loop are imported only when enabled: the SDK and FastAPI take half a second."""
     trainer, drivers = config.trainer, []
     if trainer.tinker.enabled:
         from tinker_atropos.trainer.tinker.driver import TinkerAPI
 
-        drivers.append(TinkerAPI(config, client, run_dir, resolve_device(trainer.device)))
+        tinker = TinkerAPI(config, client, run_dir, resolve_device(trainer.device))
+        drivers.append((tinker, None, None))  # a snapshot per state-changing request (trainer/tinker)
     if trainer.atropos.enabled:
-        from tinker_atropos.trainer.atropos_loop import AtroposLoop
+        from tinker_atropos.trainer.atropos_loop import EARLIER_STATE, AtroposLoop
 
-        drivers.append(AtroposLoop(config, client, run_dir, resolve_device(trainer.device)))
+        atropos = AtroposLoop(config, client, run_dir, resolve_device(trainer.device))
+        drivers.append((atropos, atropos.folder, EARLIER_STATE))
     if trainer.experience_loop:
-        drivers.append(ExperienceLoop(config, client, run_dir, owner))
+        loop = ExperienceLoop(config, client, run_dir)
+        drivers.append((loop, loop.folder, None))
     return drivers
 
 
@@ -49,39 +60,64 @@ class TrainerService:
         self.incarnation = incarnation
         # before anything is written there: RunFolderInUse (exit 2, one line) when it is another run's
         self.owner = RunFolderOwner(run_dir, "trainer", config.run.name)
-        self.drivers = build_drivers(config, client, run_dir, self.owner)
+        built = build_drivers(config, client, run_dir)
+        self.drivers = [driver for driver, _, _ in built]
+        # one checkpointer per driver that checkpoints: the same cadence, retention, retries and owner check
+        self.checkpointers = {
+            id(driver): Checkpointer(driver, folder, config.trainer.checkpoint, self.owner, client, config.run.name,
+                                     earlier)
+            for driver, folder, earlier in built if folder is not None
+        }  # fmt: skip
+        for checkpointer in self.checkpointers.values():
+            checkpointer.resume()
 
     def status(self) -> services_pb2.TrainerStatus:
-        """The drivers' parts in one; the updates each undid add up."""
+        """The drivers' and their checkpoints' parts in one; the updates each undid and the writes each had
+        refused add up, the write failing longest is named."""
         status = services_pb2.TrainerStatus(incarnation=self.incarnation)
-        for driver in self.drivers:
-            part = driver.status()
-            undone = status.updates_discarded_nonfinite + part.updates_discarded_nonfinite
+        parts = [d.status() for d in self.drivers] + [c.status() for c in self.checkpointers.values()]
+        undone, failed, failing = 0, Counter[str](), (0.0, "")
+        for part in parts:
+            undone += part.updates_discarded_nonfinite
+            failed.update(part.writes_failed)
+            failing = max(failing, (part.write_failing_s, part.write_failure))
             status.MergeFrom(part)
-            status.updates_discarded_nonfinite = undone
+        status.updates_discarded_nonfinite = undone
+        status.writes_failed.update(failed)
+        status.write_failing_s, status.write_failure = failing
         return status
 
     def add_to(self, server: grpc.Server) -> None:
         """No RPCs of its own besides health and status."""
 
     def run(self, stop: threading.Event) -> None:
-        """Every driver in a thread of its own until one ends (SIGTERM ends them all), then all of them closed,
-        last to first, and the first error raised; with no driver, until SIGTERM. This thread only waits, waking
-        every second: the kernel may hand a SIGTERM to any thread, and its handler runs in this one."""
+        """Every driver in a thread of its own until one ends (SIGTERM ends them all), then each one's last
+        checkpoint written and all of them closed, last to first, and the first error raised; with no driver, until
+        SIGTERM. This thread asks the checkpointers ten times a second whether a checkpoint is due (a driver hands out
+        its state between two of its steps) and otherwise waits: the kernel may hand a SIGTERM to any thread, and
+        its handler runs in this one."""
         with ThreadPoolExecutor(max(len(self.drivers), 1), thread_name_prefix="driver") as pool:
             runs = [pool.submit(_run_until_one_ends, driver, stop) for driver in self.drivers]
             runs = runs or [pool.submit(stop.wait)]
             try:
-                while futures.wait(runs, timeout=1.0).not_done:
-                    pass
+                while futures.wait(runs, timeout=CHECK_S).not_done:
+                    for checkpointer in self.checkpointers.values():
+                        checkpointer.save()  # RunFolderInUse: the folder is another run's now, the trainer stops
                 for run in runs:
                     run.result()
             finally:
-                try:
-                    for driver in reversed(self.drivers):
-                        driver.close()
-                finally:
-                    self.owner.close()
+                stop.set()
+                futures.wait(runs)
+                self._close()
+
+    def _close(self) -> None:
+        try:
+            for driver in reversed(self.drivers):
+                if (checkpointer := self.checkpointers.get(id(driver))) is not None:
+                    checkpointer.close()
+                driver.close()
+        finally:
+            self.owner.close()
 
 
 def _run_until_one_ends(driver: Driver, stop: threading.Event) -> None:
@@ -95,9 +131,8 @@ def serve(config: Config, redis_url: str, endpoint: Endpoint, run_dir: Path) -> 
     """Run the trainer until SIGTERM/SIGINT, then checkpoint and exit."""
 
     def build(client: redis.Redis, incarnation: str) -> TrainerService:
-        torch.set_num_threads(
-            config.trainer.torch_threads
-        )  # after limit_blas_threads: it may be the same BLAS
+        # after limit_blas_threads: it may be the same BLAS
+        torch.set_num_threads(config.trainer.torch_threads)
         return TrainerService(config, client, run_dir, incarnation)
 
     service_host.serve("trainer", config, redis_url, endpoint, build)

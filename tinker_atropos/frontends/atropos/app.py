@@ -304,9 +304,8 @@ def _retry_later(request: Request, detail: str) -> JSONResponse:
 
 
 async def _redis_away(request: Request, error: redis.RedisError) -> JSONResponse:
-    request.app.state.store.stale = (
-        True  # a write may have failed half-way in the mirror: read Redis back first
-    )
+    # a write may have failed half-way in the mirror: read Redis back first
+    request.app.state.store.stale = True
     log.warning("Redis unavailable during %s: %s", request.url.path, error)
     return _retry_later(request, f"the state store (Redis) is unavailable: {error}")
 

@@ -106,7 +106,6 @@ class Checkpoints:
         for orphan in self.files.folder(model_id).glob("state-*.pt"):
             if orphan.stem != Path(path).stem:
                 orphan.unlink()
-        for record in self.files.folder(model_id).glob(
-            "state-*.json"
-        ):  # beside each snapshot, before 2026-12-05
+        # beside each snapshot, before 2026-12-05
+        for record in self.files.folder(model_id).glob("state-*.json"):
             record.unlink()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 from pathlib import Path
+from typing import Any
 
 import redis
 import torch
@@ -17,6 +18,7 @@ from tinker_atropos.frontends.tinker import base_models
 from tinker_atropos.frontends.tinker.app import api_keys, build_app
 from tinker_atropos.frontends.tinker.store import Store
 from tinker_atropos.protocol.v1 import services_pb2
+from tinker_atropos.trainer.driver import Checkpoint
 from tinker_atropos.trainer.tinker.worker import Worker
 
 log = logging.getLogger(__name__)
@@ -57,6 +59,16 @@ class TinkerAPI:
         events = {"requests_unauthenticated": self.unauthenticated.total(), **self.worker.expiry.expired}
         return services_pb2.TrainerStatus(tinker_api=self.http.url, updates_discarded_nonfinite=self.worker.guard.undone,
                                           tinker_events=events)  # fmt: skip
+
+    def save(self) -> Checkpoint | None:
+        """Nothing for a checkpointer: every state-changing request is snapshotted as it is applied."""
+        return None
+
+    def restore(self, state: dict[str, Any], source: Path) -> None:
+        """Never called (no checkpointer): a restarted worker rebuilds its models from their snapshots."""
+
+    def progress(self) -> int:
+        return 0
 
     def close(self) -> None:
         self.http.close()
