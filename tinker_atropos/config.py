@@ -317,6 +317,19 @@ class TinkerSection(Section):
         None, description="Where tinker:// checkpoints are written; null: <run folder>/tinker."
     )
     max_models: int = Field(8, ge=1, description="Training models held at once; creating more is refused.")
+    max_adapters_per_base: int = Field(
+        64,
+        ge=1,
+        description="LoRA models of one base model held at once (they share the base's frozen weights, one copy per "
+        "base and device, each holding its adapters, their Adam moments and its activations); creating more is refused.",
+    )
+    max_models_mb: float | None = Field(
+        None,
+        gt=0,
+        description="Memory the training models may take (MB): the shared bases loaded plus, per model, its own "
+        "parameters (a LoRA model's adapters, a fully trained one's whole copy) four times over (the weights, their "
+        "gradients, Adam's two moments); a create_model that would go past it is refused. Null: no limit.",
+    )
     max_request_mb: float = Field(
         64.0,
         gt=0,
