@@ -93,7 +93,7 @@ def lora_targets(model: SmolLM2, attn: bool, mlp: bool, unembed: bool) -> list[t
     return targets
 
 
-def _offline() -> None:
+def offline() -> None:
     """Before transformers is imported: no hub, no progress bars in the service logs."""
     os.environ["HF_HUB_OFFLINE"] = os.environ["TRANSFORMERS_OFFLINE"] = "1"
     os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
@@ -166,7 +166,7 @@ def load() -> SmolLM2:
     global _loaded
     with _lock:
         if _loaded is None:
-            _offline()
+            offline()
             from transformers import AutoModelForCausalLM, AutoTokenizer
 
             cached = _converted()
@@ -187,7 +187,7 @@ def load() -> SmolLM2:
 def tokenizer():  # noqa: ANN201 - a transformers tokenizer, imported lazily
     """Its tokenizer, from the conversion when there is one, else from the GGUF file (for clients on the
     trainer's machine, and the tests)."""
-    _offline()
+    offline()
     from transformers import AutoTokenizer
 
     cached = _converted()

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from tinker_atropos.models import smollm2, tiny_lm
+from tinker_atropos.models import hf_lm, smollm2, tiny_lm
 from tinker_atropos.models.mlp import ActorCritic
 from tinker_atropos.models.networks import build_network
 from tinker_atropos.training.core import TrainingCore
@@ -182,6 +182,15 @@ LANGUAGE_MODELS: dict[str, tuple[Callable[[], nn.Module], Callable[..., list[tup
 }  # fmt: skip
 _SHARED: dict[tuple[str, str], nn.Module] = {}  # (base model, device) -> its frozen weights, one copy
 _SHARING = threading.Lock()
+
+
+def register_folder(name: str, path: str, dtype: torch.dtype) -> hf_lm.Folder:
+    """Serve the causal LM of a local Hugging Face folder as ``name`` (``trainer.tinker.base_models``), its weights
+    read at its first model; what ``hf_lm.check`` found of it (FolderError, one line, when it cannot be served)."""
+    folder = hf_lm.check(path)
+    LANGUAGE_MODELS[name] = (functools.partial(hf_lm.load, folder.path, dtype), hf_lm.lora_targets,
+                             functools.partial(hf_lm.tokenizer, folder.path))  # fmt: skip
+    return folder
 
 
 def shared_base(base_model: str, device: torch.device) -> nn.Module:
