@@ -2,7 +2,8 @@
 Tinker API, beside the same update called in-process on the same model code, for the Humanoid control policy
 (a 512-step PPO minibatch) and the tiny LM (4 x 64 tokens of cross-entropy). The overhead is what the API adds:
 the SDK's serialisation, HTTP, the request and result kept in Redis, the snapshot after each step, the long poll.
-Then the sampler's tokens per second against Hugging Face ``generate`` (``bench/tinker_sampling.py``).
+Then the sampler's tokens per second against Hugging Face ``generate`` (``bench/tinker_sampling.py``), and the
+trainer's memory with 1 to 8 LoRA clients of SmolLM2 (``bench/lm_memory.py``).
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from bench import tinker_sampling
+from bench import lm_memory, tinker_sampling
 from tinker_atropos.config import parse_config
 from tinker_atropos.frontends.tinker import base_models
+from tinker_atropos.models import smollm2
 from tinker_atropos.processes import child_preexec, free_port
 from tinker_atropos.state.embedded import EmbeddedValkey
 from tinker_atropos.trainer.tinker.requests import adam_params
@@ -157,8 +159,9 @@ def run(out: Path, iterations: int = 60, warmup: int = 10) -> dict:
         log.close()
         valkey.stop()
     sampling = tinker_sampling.run()
+    memory = lm_memory.through_api(work / "memory") if smollm2.available() else []
     result = {"iterations": iterations, "machine": os.uname().nodename, "cpus": os.cpu_count(), "rows": rows,
-              "torch_threads": torch.get_num_threads(), "sampling": sampling}  # fmt: skip
+              "torch_threads": torch.get_num_threads(), "sampling": sampling, "memory": memory}  # fmt: skip
     (out / "bench-tinker.json").write_text(json.dumps(result, indent=2))
     table = Table(title=f"forward_backward + optim_step round trip (median of {iterations})")
     for column in (
@@ -196,4 +199,16 @@ def run(out: Path, iterations: int = 60, warmup: int = 10) -> dict:
                       f"{row['ours_tokens_per_s']:.1f}", row["peer"], f"{row['peer_tokens_per_s']:.1f}",
                       f"{row['ratio']:.2f}")  # fmt: skip
     Console().print(table)
+    if (
+        memory
+    ):  # DESIGN.md §6: a LoRA client costs its adapter, its moments, its activations (floor: 60 MB each)
+        one, last = memory[1]["rss_mb"], memory[-1]
+        table = Table(title="trainer RSS with N rank-8 LoRA clients of SmolLM2, one step each (floor: one client's "
+                            f"+ 60 MB per client, {one + 60 * last['clients']:,.0f} MB at {last['clients']})")  # fmt: skip
+        for column in ("clients", "trainer RSS MB", "per client beyond the first MB"):
+            table.add_column(column)
+        for row in memory:
+            extra = (row["rss_mb"] - one) / (row["clients"] - 1) if row["clients"] > 1 else float("nan")
+            table.add_row(str(row["clients"]), f"{row['rss_mb']:,.0f}", f"{extra:.0f}")
+        Console().print(table)
     return result

@@ -322,6 +322,33 @@ class TinkerSection(Section):
         None, description="Where tinker:// checkpoints are written; null: <run folder>/tinker."
     )
     max_models: int = Field(8, ge=1, description="Training models held at once; creating more is refused.")
+    base_models: dict[str, str] = Field(
+        {},
+        description="Causal LMs served besides tiny-byte-lm and SmolLM2: a Tinker base-model name -> a local Hugging "
+        "Face model folder (config.json, *.safetensors, tokenizer files) that transformers' AutoModelForCausalLM "
+        "loads (Llama, Qwen2/Qwen3, Mistral, Gemma, ...). Listed by get_server_capabilities with its context length; "
+        "checked at start (a folder missing, unreadable, of an architecture transformers cannot load, or bigger than "
+        "max_models_mb fails it with one line naming the path); its weights are read at its first model; nothing is "
+        "downloaded.",
+    )
+    base_model_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto",
+        description="The weights' type of the base_models (and the adapters' computation on them; LoRA adapters "
+        "themselves stay float32). auto: bfloat16 on a GPU, float32 on a CPU.",
+    )
+    max_adapters_per_base: int = Field(
+        64,
+        ge=1,
+        description="LoRA models of one base model held at once (they share the base's frozen weights, one copy per "
+        "base and device, each holding its adapters, their Adam moments and its activations); creating more is refused.",
+    )
+    max_models_mb: float | None = Field(
+        None,
+        gt=0,
+        description="Memory the training models may take (MB): the shared bases loaded plus, per model, its own "
+        "parameters (a LoRA model's adapters, a fully trained one's whole copy) four times over (the weights, their "
+        "gradients, Adam's two moments); a create_model that would go past it is refused. Null: no limit.",
+    )
     max_request_mb: float = Field(
         64.0,
         gt=0,
@@ -365,6 +392,18 @@ class TinkerSection(Section):
         "finished, its models unloaded and their snapshots deleted (named checkpoints stay); checked every quarter "
         f"of it. At least {SDK_HEARTBEAT_S * 1.5:g} s: a shorter one would end live sessions.",
     )
+
+    @field_validator("base_models")
+    @classmethod
+    def _base_model_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:
+            if (
+                not name
+                or name == "tiny-byte-lm"
+                or name.split("/")[0] in ("mlp-gaussian", "mlp-categorical")
+            ):
+                raise ValueError(f"{name!r} names a model this server builds itself; choose another name")
+        return value
 
 
 class AtroposTrainerSection(Section):

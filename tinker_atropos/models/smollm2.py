@@ -6,7 +6,7 @@ It speaks the same token-level functions as the tiny LM (``tiny_lm.batch_target_
 ``prompt_logprobs``) through ``SmolLM2``: a module whose ``forward(tokens)`` gives logits and ``decode`` decodes
 with a KV cache, with the limits those functions check. Reading the GGUF file (its tokenizer above all) takes 40 s of CPU, so it is
 converted once into transformers' own format in the user's cache (``$XDG_CACHE_HOME/tinker-atropos``, else
-``~/.cache``): every later process reads that in about 3 s. Within a process, later models copy the first.
+``~/.cache``): every later process reads that in about 3 s. Within a process it is read once (``load``).
 """
 
 from __future__ import annotations
@@ -47,12 +47,12 @@ def available() -> bool:
 
 
 class SmolLM2(nn.Module):
-    def __init__(self, model: nn.Module, eos_id: int) -> None:
+    def __init__(self, model: nn.Module, eos_id: int, max_seq_len: int = 2048) -> None:
         super().__init__()
         self.hf = model
         self.eos_id = eos_id
-        # its context is 8192 tokens; on a CPU trainer a longer request would take minutes
-        self.config = Limits(max_seq_len=2048, vocab_size=int(model.config.vocab_size))
+        # SmolLM2's context is 8192 tokens; on a CPU trainer a longer request would take minutes
+        self.config = Limits(max_seq_len=max_seq_len, vocab_size=int(model.config.vocab_size))
         # transformers 5.25 renamed past_key_values to cache (the old name goes in 5.40): the one this one takes
         self.cache_argument = (
             "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
@@ -93,7 +93,7 @@ def lora_targets(model: SmolLM2, attn: bool, mlp: bool, unembed: bool) -> list[t
     return targets
 
 
-def _offline() -> None:
+def offline() -> None:
     """Before transformers is imported: no hub, no progress bars in the service logs."""
     os.environ["HF_HUB_OFFLINE"] = os.environ["TRANSFORMERS_OFFLINE"] = "1"
     os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
@@ -156,11 +156,17 @@ def _keep(model: nn.Module, tokenizer: Any) -> None:
 
 
 def build() -> SmolLM2:
-    """A fresh SmolLM2 (every parameter its pretrained value), float32, in train-free eval mode."""
+    """A fresh SmolLM2 of its own (every parameter its pretrained value, trainable), float32, in eval mode."""
+    return copy.deepcopy(load()).requires_grad_(True)
+
+
+def load() -> SmolLM2:
+    """The process's one SmolLM2, frozen (``requires_grad`` off), read at the first call: the base every model of
+    it shares (``training/bases.py``); never trained in place."""
     global _loaded
     with _lock:
         if _loaded is None:
-            _offline()
+            offline()
             from transformers import AutoModelForCausalLM, AutoTokenizer
 
             cached = _converted()
@@ -174,14 +180,14 @@ def build() -> SmolLM2:
                 )
                 tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
                 _keep(model, tokenizer)
-            _loaded = SmolLM2(model.eval(), int(tokenizer.eos_token_id))
-        return copy.deepcopy(_loaded)
+            _loaded = SmolLM2(model.eval().requires_grad_(False), int(tokenizer.eos_token_id))
+        return _loaded
 
 
 def tokenizer():  # noqa: ANN201 - a transformers tokenizer, imported lazily
     """Its tokenizer, from the conversion when there is one, else from the GGUF file (for clients on the
     trainer's machine, and the tests)."""
-    _offline()
+    offline()
     from transformers import AutoTokenizer
 
     cached = _converted()

@@ -231,7 +231,12 @@ class LoRALinear(nn.Module):
         self.lora_b = nn.Parameter(torch.zeros(base.out_features, rank, device=base.weight.device))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.base(x) + self.scale * (x @ self.lora_a.T @ self.lora_b.T)
+        if x.dtype == self.lora_a.dtype:
+            return self.base(x) + self.scale * (x @ self.lora_a.T @ self.lora_b.T)
+        # a bfloat16 base: the adapters (and Adam's moments) stay float32
+        return self.base(x) + (self.scale * (x.to(self.lora_a.dtype) @ self.lora_a.T @ self.lora_b.T)).to(
+            x.dtype
+        )
 
 
 def add_lora(
@@ -313,7 +318,7 @@ def batch_target_logprobs(
         raise ValueError("each sequence needs at least one token and as many targets as inputs")
     padded_inputs = nn.utils.rnn.pad_sequence(inputs, batch_first=True)  # pads with token 0: it is never read
     padded_targets = nn.utils.rnn.pad_sequence(targets, batch_first=True)
-    logprobs = model(padded_inputs).log_softmax(-1)
+    logprobs = model(padded_inputs).float().log_softmax(-1)
     picked = logprobs.gather(-1, padded_targets.unsqueeze(-1)).squeeze(-1)  # [B, T]
     return [row[:n] for row, n in zip(picked, lengths, strict=True)]
 

@@ -9,7 +9,7 @@ knows about a transport.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +18,10 @@ from torch import nn
 
 from tinker_atropos.models.weight_bytes import weights_to_bytes
 
-KEEP_SHADOW_BYTES = 64 << 20  # ``snapshot``'s copies kept between steps up to this size (the tiny LM's: 2 MB)
+KEEP_SHADOW_BYTES = (
+    16 << 20
+)  # ``snapshot``'s copies kept between steps up to this size (the tiny LM's: 2 MB; not a
+# SmolLM2 LoRA client's 30 MB, which every client of a base would hold between its steps)
 LossFn = Callable[[nn.Module], tuple[torch.Tensor, dict[str, float]]]
 # (version, weights, spec) -> the version published: higher than asked when another driver published above it
 Publisher = Callable[[int, bytes, dict[str, Any]], int]
@@ -37,10 +40,15 @@ class AdamParams:
 
 
 class TrainingCore:
-    """``model`` (described by ``spec``, the JSON a rollout rebuilds it from) and everything that learns it."""
+    """``model`` (described by ``spec``, the JSON a rollout rebuilds it from) and everything that learns it.
+    ``shared``: tensors of the model that other models hold too (a LoRA model's frozen base, one copy per base and
+    device): never trained, never copied by ``snapshot``, never written by a restore or a ``load_state_dict``, and
+    left out of ``state_dict``."""
 
-    def __init__(self, model: nn.Module, spec: dict[str, Any], device: torch.device) -> None:
+    def __init__(self, model: nn.Module, spec: dict[str, Any], device: torch.device,
+                 shared: Iterable[torch.Tensor] = ()) -> None:  # fmt: skip
         self.model, self.spec, self.device = model.to(device), spec, device
+        self._shared = {id(t) for t in shared}
         self.version = 0
         # fused: one kernel per step for all parameters (not the default on CPU); PPO updates of Humanoid took
         # 0.93x the CPU time of foreach, which was itself faster than one kernel per parameter tensor. Its
@@ -78,7 +86,7 @@ class TrainingCore:
         step. Returns what puts it all back exactly, dropping the moments a first step created."""
         trained = [p for p in self.model.parameters() if p.requires_grad]
         moments = [t for p in trained for t in self.optimizer.state.get(p, {}).values() if torch.is_tensor(t)]
-        live = [p.detach() for p in trained] + [b for b in self.model.buffers() if b.is_floating_point()]
+        live = [p.detach() for p in trained] + [b for _, b in self.own_buffers() if b.is_floating_point()]
         live += moments
         shadow = self._shadow
         if len(live) != len(shadow) or any(a.shape != b.shape for a, b in zip(live, shadow, strict=True)):
@@ -104,7 +112,7 @@ class TrainingCore:
         GradScaler runs on gradients, its scale 1: nothing changes), 0.03 ms on the tiny LM against 0.6 for one
         ``isfinite`` per tensor; the names are sought only when it found something."""
         trained = {name: p for name, p in self.model.named_parameters() if p.requires_grad}
-        state = {**trained, **dict(self.model.named_buffers())}
+        state = {**trained, **dict(self.own_buffers())}
         floating = {name: t.detach() for name, t in state.items() if t.is_floating_point()}
         if not floating:
             return []
@@ -113,6 +121,42 @@ class TrainingCore:
         if not found.item():
             return []
         return [name for name, t in floating.items() if not bool(torch.isfinite(t).all())]
+
+    def is_shared(self, tensor: torch.Tensor) -> bool:
+        return id(tensor) in self._shared
+
+    def own_buffers(self) -> list[tuple[str, torch.Tensor]]:
+        """The model's buffers but the shared ones (a shared base's rotary frequencies)."""
+        return [(name, b) for name, b in self.model.named_buffers() if id(b) not in self._shared]
+
+    def shared_names(self) -> set[str]:
+        """The names, in the model's state dict, of the tensors it shares with other models."""
+        named = [*self.model.named_parameters(remove_duplicate=False),
+                 *self.model.named_buffers(remove_duplicate=False)]  # fmt: skip
+        return {name for name, t in named if id(t) in self._shared}
+
+    def model_state(self) -> dict[str, torch.Tensor]:
+        """The model's state dict without its shared tensors (a LoRA model's: its adapters)."""
+        state = self.model.state_dict()
+        for name in self.shared_names():
+            state.pop(name, None)
+        return state
+
+    def load_model_state(self, state: dict[str, torch.Tensor]) -> None:
+        """``model_state``'s back; a state's entries for the shared tensors (a checkpoint of a full model, an older
+        one holding the base) are skipped, never written into the tensors other models hold. A state that does not fit
+        raises before anything is written (ValueError; RuntimeError from torch for a model sharing nothing)."""
+        if not self._shared:
+            self.model.load_state_dict(state)  # RuntimeError on a state that does not fit, as before
+            return
+        shared = self.shared_names()
+        own = {name: value for name, value in state.items() if name not in shared}
+        expected = set(self.model.state_dict()) - shared
+        missing, unexpected = expected - set(own), set(own) - expected
+        if missing or unexpected:
+            raise ValueError(f"the state does not fit the model (missing {sorted(missing)[:3]}, unexpected "
+                             f"{sorted(unexpected)[:3]})")  # fmt: skip
+        self.model.load_state_dict(own, strict=False)
 
     def weights(self) -> bytes:
         return weights_to_bytes(self.model)
@@ -126,11 +170,11 @@ class TrainingCore:
         return {
             "spec": self.spec,
             "version": self.version,
-            "model": self.model.state_dict(),
+            "model": self.model_state(),
             "optimizer": self.optimizer.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
+        self.load_model_state(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.version = state["version"]

@@ -18,7 +18,9 @@ Which model a base-model name builds is the front-end's (``frontends/tinker/base
 
 from __future__ import annotations
 
+import copy
 import functools
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -27,7 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from tinker_atropos.models import smollm2, tiny_lm
+from tinker_atropos.models import hf_lm, smollm2, tiny_lm
 from tinker_atropos.models.mlp import ActorCritic
 from tinker_atropos.models.networks import build_network
 from tinker_atropos.training.core import TrainingCore
@@ -170,13 +172,60 @@ class Tokenizer(Protocol):
     def decode(self, ids: Sequence[int]) -> str: ...
 
 
-# the causal LMs served: how each base is built, where LoRA goes in it, and its tokenizer (what a client encodes
-# with: stop strings are matched on the text it decodes)
+# the causal LMs served: how each base is loaded (a fresh model or the process's one frozen copy: never trained in
+# place, ``shared_base`` copies what trains), where LoRA goes in it, and its tokenizer (what a client encodes with:
+# stop strings are matched on the text it decodes)
 LANGUAGE_MODELS: dict[str, tuple[Callable[[], nn.Module], Callable[..., list[tuple[nn.Module, str]]],
                                  Callable[[], Tokenizer]]] = {
     TINY_LM: (_tiny_lm, tiny_lm.lora_targets, tiny_lm.ByteTokenizer),
-    smollm2.NAME: (smollm2.build, smollm2.lora_targets, smollm2.tokenizer),
+    smollm2.NAME: (smollm2.load, smollm2.lora_targets, smollm2.tokenizer),
 }  # fmt: skip
+_SHARED: dict[tuple[str, str], nn.Module] = {}  # (base model, device) -> its frozen weights, one copy
+_SHARING = threading.Lock()
+
+
+def register_folder(name: str, path: str, dtype: torch.dtype) -> hf_lm.Folder:
+    """Serve the causal LM of a local Hugging Face folder as ``name`` (``trainer.tinker.base_models``), its weights
+    read at its first model; what ``hf_lm.check`` found of it (FolderError, one line, when it cannot be served)."""
+    folder = hf_lm.check(path)
+    LANGUAGE_MODELS[name] = (functools.partial(hf_lm.load, folder.path, dtype), hf_lm.lora_targets,
+                             functools.partial(hf_lm.tokenizer, folder.path))  # fmt: skip
+    return folder
+
+
+def shared_base(base_model: str, device: torch.device) -> nn.Module:
+    """The one copy of ``base_model``'s weights on ``device`` that every model of it starts from, loaded at the
+    first call: frozen (``requires_grad`` off) and in eval mode. A LoRA model holds its tensors (``own_copy``); a
+    fully trained one copies them."""
+    key = (base_model, str(device))
+    with _SHARING:
+        base = _SHARED.get(key)
+        if base is None:
+            base = LANGUAGE_MODELS[base_model][0]()
+            if any(t.device != device for t in shared_tensors(base)):  # the loader's stays, for other devices
+                base = copy.deepcopy(base).to(device)
+            base = _SHARED[key] = base.requires_grad_(False).eval()
+        return base
+
+
+def shared_tensors(base: nn.Module) -> list[torch.Tensor]:
+    return [*base.parameters(), *base.buffers()]
+
+
+def own_copy(base: nn.Module, share: bool) -> nn.Module:
+    """A model of its own built from ``base``: its module tree copied; with ``share`` its parameters and buffers
+    are ``base``'s own tensors (frozen: a LoRA model wraps its copy's layers, never the base's), else copies of
+    them, trainable."""
+    if share:
+        return copy.deepcopy(base, memo={id(t): t for t in shared_tensors(base)})
+    return copy.deepcopy(base).requires_grad_(True)
+
+
+def shared_bytes() -> int:
+    """The bytes of the shared bases loaded in this process."""
+    with _SHARING:
+        bases = list(_SHARED.values())
+    return sum(t.nbytes for base in bases for t in {id(t): t for t in shared_tensors(base)}.values())
 
 
 @functools.cache
@@ -193,16 +242,18 @@ class LanguageModel(ServedModel):
 
     def __init__(self, base_model: str, lora: dict[str, Any], device: torch.device) -> None:
         self.base_model = base_model
-        build_base, targets, _ = LANGUAGE_MODELS[base_model]
-        model = build_base()
+        targets = LANGUAGE_MODELS[base_model][1]
+        base = shared_base(base_model, device)
         rank = int(lora.get("rank", 0))
+        model = own_copy(base, share=rank > 0)
         if rank > 0:
             chosen = targets(model, lora.get("train_attn", True), lora.get("train_mlp", True),
                              lora.get("train_unembed", True))  # fmt: skip
             if not chosen:
                 raise ClientError("LoRA needs at least one target: attention, MLP or unembedding")
             tiny_lm.wrap_lora(model, chosen, rank, seed=lora.get("seed"))
-        self.core = TrainingCore(model, {"model": base_model, "lora": lora}, device)
+        shared = shared_tensors(base) if rank > 0 else []
+        self.core = TrainingCore(model, {"model": base_model, "lora": lora}, device, shared=shared)
         limits = model.config  # max_seq_len, vocab_size
         tokens = Input(integers=(0, limits.vocab_size), required=True)
         self.schema = Schema({"target_tokens": tokens, **_LOSS_INPUTS}, limits.vocab_size, limits.max_seq_len)
@@ -213,18 +264,16 @@ class LanguageModel(ServedModel):
         return tokenizer(self.base_model).decode(tokens)
 
     def model_state(self) -> dict[str, torch.Tensor]:
-        state = self.core.model.state_dict()
-        if not self.lora:
-            return state
-        trained = {name for name, p in self.core.model.named_parameters() if p.requires_grad}
-        return {name: value for name, value in state.items() if name in trained}
+        """A LoRA model's: its adapters (the base is shared, never saved); a fully trained one's: everything."""
+        return self.core.model_state()
 
     def load_model_state(self, state: dict[str, torch.Tensor]) -> None:
-        missing, unexpected = self.core.model.load_state_dict(state, strict=False)
-        trained = {name for name, p in self.core.model.named_parameters() if p.requires_grad}
-        if unexpected or (set(missing) & trained if self.lora else missing):
-            raise ClientError(f"the checkpoint does not fit this {self.base_model} (missing {sorted(missing)[:3]}, "
-                            f"unexpected {sorted(unexpected)[:3]})")  # fmt: skip
+        """A checkpoint's network; a LoRA model reads only its adapters (what a state holds of the base is never
+        written into the shared one). ClientError, the model unchanged, when it does not fit."""
+        try:
+            self.core.load_model_state(state)
+        except (ValueError, RuntimeError) as error:
+            raise ClientError(f"the checkpoint does not fit this {self.base_model}: {error}") from None
 
     def forward(self, data: list[Datum], config: dict[str, float | str]) -> Forward:
         device = self.core.device
@@ -233,6 +282,12 @@ class LanguageModel(ServedModel):
         logprobs = tiny_lm.batch_target_logprobs(self.core.model, inputs, targets)
         outputs = [{"logprobs": lp.detach().cpu().numpy()} for lp in logprobs]
         return Forward(logprobs, None, outputs)
+
+
+def owned_bytes(model: ServedModel) -> int:
+    """What a model holds beyond a shared base, at most: its own parameters, their gradients and Adam's two
+    moments (a LoRA model's: its adapters'; activations aside)."""
+    return 4 * sum(p.nbytes for p in model.core.model.parameters() if not model.core.is_shared(p))
 
 
 def run_loss(model: ServedModel, data: list[Datum], loss_name: str, config: dict[str, float | str],

@@ -1,6 +1,7 @@
 """Which model a Tinker base-model name builds, and the models ``get_server_capabilities`` lists: a control policy
 of an env (``mlp-gaussian/<env id>``, ``mlp-categorical/<env id>``, its spec from the env's spaces and the config's
-``trainer.model``), the tiny byte-level LM and, when installed, SmolLM2. The models themselves and the calling
+``trainer.model``), the tiny byte-level LM, SmolLM2 when installed, and the local model folders of
+``trainer.tinker.base_models``. The models themselves and the calling
 convention each follows are the training floor's (``training/served.py``).
 """
 
@@ -13,12 +14,20 @@ from typing import Any
 import gymnasium as gym
 import torch
 
-from tinker_atropos.config import ModelSection
+from tinker_atropos.config import ModelSection, TinkerSection
 from tinker_atropos.environment.envs import env_maker
+from tinker_atropos.errors import FatalError
 from tinker_atropos.frontends.tinker.wire import WireError
-from tinker_atropos.models import smollm2, tiny_lm
+from tinker_atropos.models import hf_lm, smollm2, tiny_lm
 from tinker_atropos.models.mlp import mlp_spec
-from tinker_atropos.training.served import LANGUAGE_MODELS, TINY_LM, LanguageModel, PolicyModel, ServedModel
+from tinker_atropos.training.served import (
+    LANGUAGE_MODELS,
+    TINY_LM,
+    LanguageModel,
+    PolicyModel,
+    ServedModel,
+    register_folder,
+)
 
 POLICY_KINDS = {"mlp-gaussian": gym.spaces.Box, "mlp-categorical": gym.spaces.Discrete}
 
@@ -63,22 +72,53 @@ def build(
 ) -> ServedModel:
     """A fresh model of ``base_model``; WireError when there is no such model."""
     if base_model in LANGUAGE_MODELS:
-        if base_model == smollm2.NAME and not smollm2.available():
+        if LANGUAGE_MODELS[base_model][0] is smollm2.load and not smollm2.available():
             raise WireError(
                 f"{base_model} is not installed on this trainer (see docs/tinker.md, The Tinker API: Models)"
             )
         with _BUILDING:
-            return LanguageModel(base_model, lora, device)
+            try:
+                return LanguageModel(base_model, lora, device)
+            except hf_lm.FolderError as error:  # its folder changed since the start: unreadable weights
+                raise WireError(f"{base_model}: {error}") from None
     spec = policy_spec(base_model, model)
     with _BUILDING:
         return PolicyModel(base_model, spec, device, seed)
 
 
-def capabilities(env_id: str, action_space: gym.Space | None) -> list[Capability]:
-    """What ``get_server_capabilities`` lists: the run's env policy (when its spaces are known) and the LM."""
+def dtype(section: TinkerSection, device: torch.device) -> torch.dtype:
+    """The weights' type of the configured base models on ``device``."""
+    if section.base_model_dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return hf_lm.DTYPES[section.base_model_dtype]
+
+
+def register(section: TinkerSection, device: torch.device) -> list[Capability]:
+    """Serve ``trainer.tinker.base_models`` (in each process that builds models: the worker's, the sampler's);
+    FatalError, one line naming the folder, for one that cannot be served or is bigger than ``max_models_mb``."""
+    listed = []
+    for name, path in section.base_models.items():
+        try:
+            folder = register_folder(name, path, dtype(section, device))
+        except hf_lm.FolderError as error:
+            raise FatalError(f"trainer.tinker.base_models[{name!r}]: {error}") from None
+        size_mb = folder.parameters * dtype(section, device).itemsize / 1e6
+        if section.max_models_mb is not None and size_mb > section.max_models_mb:
+            raise FatalError(f"trainer.tinker.base_models[{name!r}]: model folder {folder.path}: its weights take "
+                             f"{size_mb:,.0f} MB, more than trainer.tinker.max_models_mb ({section.max_models_mb:,.0f})")  # fmt: skip
+        listed.append(Capability(name, True, True, folder.context))
+    return listed
+
+
+def capabilities(
+    env_id: str, action_space: gym.Space | None, configured: list[Capability] = ()
+) -> list[Capability]:
+    """What ``get_server_capabilities`` lists: the run's env policy (when its spaces are known) and the LMs."""
     listed = [Capability(TINY_LM, True, True, tiny_lm.TinyLMConfig.max_seq_len)]
-    if smollm2.available():
+    names = {c.name for c in configured}
+    if smollm2.available() and smollm2.NAME not in names:
         listed.append(Capability(smollm2.NAME, True, True, 2048))
+    listed += configured
     if action_space is not None:
         kind = next((k for k, space in POLICY_KINDS.items() if isinstance(action_space, space)), None)
         if kind is not None:

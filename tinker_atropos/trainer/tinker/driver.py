@@ -35,7 +35,8 @@ class TinkerAPI:
             client, config.run.name, checkpoints, section.future_ttl_s, section.ephemeral_weights_ttl_s
         )
         self.worker = Worker(store, client, config, device)
-        capabilities = base_models.capabilities(config.env.id, _run_env_action_space(config))
+        configured = base_models.register(section, device)  # FatalError for a folder it cannot serve
+        capabilities = base_models.capabilities(config.env.id, _run_env_action_space(config), configured)
         app = build_app(store, keys, capabilities, section.long_poll_s, int(section.max_request_mb * 2**20),
                         section.max_request_tokens)  # fmt: skip
         self.unauthenticated = app.state.api.unauthenticated

@@ -28,7 +28,16 @@ from tinker_atropos.trainer.tinker.checkpoints import Checkpoints, named
 from tinker_atropos.trainer.tinker.sampling import Interrupted, Job, SamplingProcess
 from tinker_atropos.training.core import AdamParams
 from tinker_atropos.training.guard import NonfiniteGuard
-from tinker_atropos.training.served import LANGUAGE_MODELS, PolicyModel, ServedModel, checkpoint, run_loss
+from tinker_atropos.training.served import (
+    LANGUAGE_MODELS,
+    LanguageModel,
+    PolicyModel,
+    ServedModel,
+    checkpoint,
+    owned_bytes,
+    run_loss,
+    shared_bytes,
+)
 
 log = logging.getLogger(__name__)
 
@@ -77,11 +86,35 @@ class RequestHandlers:
         self.models[model_id] = model
 
     def create_model(self, model_id: str, seq: int, body: bytes, deadline: float) -> tuple[bytes, str]:
-        if len(self.models) >= self.config.trainer.tinker.max_models:
+        settings = self.config.trainer.tinker
+        if len(self.models) >= settings.max_models:
             raise wire.WireError(f"{len(self.models)} models are loaded, the most this server holds "
                                  "(trainer.tinker.max_models); finish a session or unload a model")  # fmt: skip
-        self.models[model_id] = self.build(self.store.models.record(model_id) or {})
+        record = self.store.models.record(model_id) or {}
+        if int((record.get("lora") or {}).get("rank") or 0) > 0:
+            base = record.get("base_model")
+            adapters = sum(isinstance(m, LanguageModel) and m.lora and m.base_model == base
+                           for m in self.models.values())  # fmt: skip
+            if adapters >= settings.max_adapters_per_base:
+                raise wire.WireError(f"{adapters} LoRA models of {base} are loaded, the most this server holds of "
+                                     "one base (trainer.tinker.max_adapters_per_base); finish a session or unload "
+                                     "a model")  # fmt: skip
+        model = self.build(record)
+        self._fits(model)
+        self.models[model_id] = model
         return json_body(model_id=model_id, type="create_model"), JSON
+
+    def _fits(self, model: ServedModel) -> None:
+        """WireError when ``model`` (built, not yet held) takes the models past ``trainer.tinker.max_models_mb``."""
+        limit = self.config.trainer.tinker.max_models_mb
+        if limit is None:
+            return
+        held = sum(owned_bytes(m) for m in self.models.values())
+        total = (shared_bytes() + held + owned_bytes(model)) / 1e6
+        if total > limit:
+            raise wire.WireError(f"a {model.base_model} model would take the models to {total:,.0f} MB, past the "
+                                 f"{limit:,.0f} MB this server holds (trainer.tinker.max_models_mb); finish a "
+                                 "session, unload a model, or use LoRA (its models share the base)")  # fmt: skip
 
     def _load(self, model_id: str, path: str, optimizer: bool) -> None:
         state = torch.load(self.store.files.file_of(path), map_location=self.device, weights_only=False)

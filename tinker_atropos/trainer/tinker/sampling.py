@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from tinker_atropos.config import ModelSection
+from tinker_atropos.config import ModelSection, TinkerSection
 from tinker_atropos.frontends.tinker import base_models, wire
 from tinker_atropos.models import tiny_lm
 from tinker_atropos.training.data import ClientError
@@ -58,6 +58,7 @@ class Settings:
     seed: int
     torch_threads: int
     max_samplers: int
+    tinker: TinkerSection  # its base_models, registered in the sampling process too
 
 
 @dataclass(frozen=True)
@@ -179,6 +180,7 @@ def serve(connection: Connection, settings: Settings, training: Synchronized) ->
         return
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the trainer, which stops this process
     torch.set_num_threads(settings.torch_threads)
+    base_models.register(settings.tinker, torch.device(settings.device))
     samplers = Samplers(settings, training)
     sending, stopping, threads = threading.Lock(), threading.Event(), []
 

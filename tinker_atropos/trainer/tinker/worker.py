@@ -48,7 +48,7 @@ class Worker:
         self.store, self.config = store, config
         section = config.trainer
         self.sampling = SamplingProcess(Settings(section.model, str(device), config.run.seed, section.torch_threads,
-                                                 section.tinker.max_samplers))  # fmt: skip
+                                                 section.tinker.max_samplers, section.tinker))  # fmt: skip
         # rung by the API as it queues a request or refuses a number (through the store), and by a lane's end
         self.wake = store.requests.arrived
         self.stopping = threading.Event()
