@@ -75,6 +75,10 @@ def test_smollm2_lora_leaves_as_a_peft_adapter_and_merged_with_the_servers_logpr
     assert np.abs(unadapted - server).max() > 0.1  # the adapter moved the model: the checks below can fail
     peft = PeftModel.from_pretrained(base, adapter)
     assert np.abs(transformers_logprobs(peft, text[:-1], text[1:]) - server).max() < TOLERANCE
+    tinker.RestClient(base_url=trainer.url, api_key=KEY).delete_checkpoint_from_tinker_path(external).result(
+        30
+    )
+    assert not adapter.exists()  # deleted as any checkpoint is, its folder too
 
     made = cli("export", str(trainer.run_dir), "--format", "merged", "--checkpoint", checkpoint,
                "--out", str(tmp_path / "merged"))  # fmt: skip
