@@ -96,7 +96,7 @@ def test_export_from_a_run_folder_and_its_errors(tmp_path: Path) -> None:
     )  # fmt: skip
     wrong = cli("export", str(run_dir), "--format", "tflite")
     assert (wrong.returncode, wrong.stderr.strip()) == (
-        2, "error: --format 'tflite' is not one of: onnx, pt2"
+        2, "error: --format 'tflite' is not one of: onnx, pt2, peft, merged"
     )  # fmt: skip
     missing = cli("export", str(run_dir), "--config", str(REPO / "configs" / "pendulum.yaml"),
                         "--checkpoint", str(tmp_path / "missing.pt"))  # fmt: skip

@@ -524,27 +524,55 @@ def report(
     typer.echo(_or_exit(draw_report, run_dir, out))
 
 
+ExportCheckpointOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--checkpoint",
+        help="Checkpoint file (default: the run's newest); for peft and merged, a Tinker checkpoint's file or its "
+        "tinker://MODEL/weights/NAME path.",
+    ),
+]
+
+
 @app.command()
 def export(
-    run_dir: Annotated[Path, typer.Argument(help="Run folder (its config.yaml and checkpoints/).")],
-    fmt: Annotated[str, typer.Option("--format", help="onnx or pt2 (torch.export).")] = "onnx",
+    run_dir: Annotated[
+        Path, typer.Argument(help="Run folder (its config.yaml and checkpoints/, or tinker/).")
+    ],
+    fmt: Annotated[
+        str,
+        typer.Option(
+            "--format",
+            help="onnx or pt2 (torch.export): a run's control policy; peft (adapter folder) or merged (Hugging "
+            "Face model folder): a language model trained through the Tinker API.",
+        ),
+    ] = "onnx",
     out: Annotated[
-        Path | None, typer.Option(help="File to write (default RUN_DIR/policy.onnx or .pt2).")
+        Path | None,
+        typer.Option(
+            help="File to write (default RUN_DIR/policy.onnx or .pt2), or folder (RUN_DIR/export-FORMAT)."
+        ),
     ] = None,
     config: RunConfigOpt = None,
-    checkpoint: CheckpointOpt = None,
+    checkpoint: ExportCheckpointOpt = None,
     best: BestOpt = False,
 ) -> None:
-    """Write a run's deterministic policy, its observation normaliser folded in, for ONNX Runtime or torch."""
+    """Write a run's deterministic policy, its observation normaliser folded in, for ONNX Runtime or torch; or a
+    Tinker language model's LoRA adapter for PEFT, or the model with it folded in for transformers."""
     from tinker_atropos.errors import EXIT_FATAL
+    from tinker_atropos.frontends.tinker.weights_out import FORMATS as LM_FORMATS
     from tinker_atropos.launcher.run_folder import run_policy
     from tinker_atropos.models.export import FORMATS, export_policy
 
-    if fmt not in FORMATS:
-        typer.echo(f"error: --format {fmt!r} is not one of: {', '.join(FORMATS)}", err=True)
+    if fmt not in FORMATS + LM_FORMATS:
+        typer.echo(f"error: --format {fmt!r} is not one of: {', '.join(FORMATS + LM_FORMATS)}", err=True)
         raise typer.Exit(EXIT_FATAL)
+    if fmt in LM_FORMATS:
+        _export_language_model(run_dir, fmt, out, config, checkpoint, best)
+        return
     cfg = _run_config(run_dir, config)
-    found = _or_exit(run_policy, run_dir, _checkpoint(run_dir, checkpoint, best), cfg.trainer.model.network)
+    file = None if checkpoint is None else Path(checkpoint)
+    found = _or_exit(run_policy, run_dir, _checkpoint(run_dir, file, best), cfg.trainer.model.network)
     target = out or run_dir / f"policy.{fmt}"
     try:
         paths = export_policy(found.model, target, fmt)
@@ -560,6 +588,33 @@ def export(
     typer.echo(
         f"{written}: policy version {found.version} of {found.checkpoint}, observations in, actions out"
     )
+
+
+def _export_language_model(
+    run_dir: Path, fmt: str, out: Path | None, config: Path | None, checkpoint: str | None, best: bool
+) -> None:
+    """``export --format peft|merged``: a Tinker checkpoint's language model to a folder."""
+    from tinker_atropos.errors import EXIT_FATAL
+    from tinker_atropos.launcher.lm_export import checkpoint_of, export_language_model, tinker_root
+
+    if best:
+        typer.echo(
+            "error: --best names a control policy's checkpoint; give a Tinker one with --checkpoint", err=True
+        )
+        raise typer.Exit(EXIT_FATAL)
+    if not run_dir.is_dir():
+        typer.echo(f"error: run folder {run_dir} does not exist", err=True)
+        raise typer.Exit(EXIT_FATAL)
+    config = config or run_dir / "config.yaml"
+    root = tinker_root(
+        run_dir, read_config(config).trainer.tinker.checkpoint_dir if config.exists() else None
+    )
+    file = _or_exit(checkpoint_of, root, checkpoint)
+    target = out or run_dir / f"export-{fmt}"
+    exported = _or_exit(export_language_model, file, fmt, target)
+    what = "PEFT adapter" if fmt == "peft" else "Hugging Face model folder"
+    typer.echo(f"{target}: {what} of {exported.base_model} from {exported.checkpoint} "
+               f"({', '.join(path.name for path in exported.files)})")  # fmt: skip
 
 
 @app.command("secrets")

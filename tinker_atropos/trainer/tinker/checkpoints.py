@@ -8,13 +8,22 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import shutil
 import time
 from pathlib import Path
 from typing import Any
 
-from tinker_atropos.frontends.tinker import wire
-from tinker_atropos.frontends.tinker.store.files import EPHEMERAL, NAME, CheckpointFiles, parts, tinker_path
+from tinker_atropos.frontends.tinker import weights_out, wire
+from tinker_atropos.frontends.tinker.store.files import (
+    EPHEMERAL,
+    EXTERNAL,
+    NAME,
+    CheckpointFiles,
+    parts,
+    tinker_path,
+)
 from tinker_atropos.state.checkpoints import save_torch, write_atomically
+from tinker_atropos.training.served import ServedModel
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +65,35 @@ class Checkpoints:
             "created_at": now, "size_bytes": self.files.file(model_id, kind, name).stat().st_size, "public": False,
             "user_metadata": request.get("user_metadata"), "expires_at": None if ttl is None else now + ttl})  # fmt: skip
         return tinker_path(model_id, kind, name)
+
+    def save_external(self, model_id: str, model: ServedModel, request: dict[str, Any]) -> tuple[str, int]:
+        """``save_weights_external``: a LoRA model's adapter as a PEFT folder, a fully trained one as a Hugging Face
+        model folder, under ``external_weights/<name>/`` (written aside, then renamed into place), recorded as a
+        checkpoint; its path and size."""
+        name = named(request)
+        if name is None:
+            raise wire.WireError("save_weights_external needs a name (path)")
+        if request.get("age_encryption_recipients"):
+            raise wire.WireError("age_encryption_recipients: this server writes the files to its own disk "
+                                 "unencrypted; encrypt them there if they leave it")  # fmt: skip
+        folder = self.files.file(model_id, EXTERNAL, name)
+        if folder.exists():
+            raise wire.WireError(
+                f"external weights {name!r} exist; save under another name or delete them first"
+            )
+        scratch = folder.with_name(f".{name}.partial")
+        shutil.rmtree(scratch, ignore_errors=True)
+        try:
+            weights_out.write(model, weights_out.natural_format(model), scratch)
+            scratch.rename(folder)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        size = sum(file.stat().st_size for file in folder.iterdir())
+        ttl, now = request.get("ttl_seconds"), time.time()
+        self.runs.add_checkpoint(model_id, f"{EXTERNAL}/{name}", {
+            "created_at": now, "size_bytes": size, "public": False, "user_metadata": None,
+            "expires_at": None if ttl is None else now + ttl})  # fmt: skip
+        return tinker_path(model_id, EXTERNAL, name), size
 
     def keep_ephemeral(self, path: str) -> None:
         """The unnamed weights behind ``path`` are deleted once no sample used them for

@@ -221,6 +221,13 @@ class RequestHandlers:
         self.store.samplers.add(sampler, model.base_model, path)
         return json_body(path=path, sampling_session_id=sampler, type="save_weights_for_sampler"), JSON
 
+    def save_weights_external(
+        self, model_id: str, seq: int, body: bytes, deadline: float
+    ) -> tuple[bytes, str]:
+        """Weights for transformers and PEFT, on the trainer's disk (``frontends/tinker/weights_out.py``)."""
+        path, size = self.checkpoints.save_external(model_id, self.model(model_id), json.loads(body))
+        return json_body(path=path, size_bytes=size, type="save_weights_external"), JSON
+
     def sample(self, model_id: str, seq: int, body: bytes, deadline: float) -> tuple[bytes, str]:
         """Sampled in the sampling process, from the sampler this request's session names."""
         sampler_id = json.loads(body).get("sampling_session_id") or ""

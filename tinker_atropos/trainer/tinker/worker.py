@@ -63,6 +63,7 @@ class Worker:
             "create_model": r.create_model, "create_from_state": r.create_from_state, "load_weights": r.load_weights,
             "forward_backward": r.forward_backward, "optim_step": r.optim_step, "save_weights": r.save_weights,
             "save_weights_for_sampler": r.save_weights_for_sampler, "sample": r.sample,
+            "save_weights_external": r.save_weights_external,
             "unload_model": self._unload_model, "refused": refused,
         }  # fmt: skip
         self.since_snapshot: dict[str, list[str]] = {}  # requests a replay needs, per model

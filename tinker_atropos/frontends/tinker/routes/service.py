@@ -12,10 +12,12 @@ from tinker_atropos.frontends.tinker.routes.shared import Api, HTTPError, Shared
 
 # the SDK's calls this server refuses, each with a 404 that says why (a 404 because the SDK retries a 501)
 UNSERVED = {
-    ("POST", "/api/v1/save_weights_external"): "save_weights_external: weights are not exported outside this "
-    "trainer's run folder; use save_state or save_weights_for_sampler",
-    ("GET", "/api/v1/training_runs/{run_id}/checkpoints/{kind}/{name}/external_weights_urls"): "external "
-    "weights: none are saved here (save_weights_external is refused)",
+    (
+        "GET",
+        "/api/v1/training_runs/{run_id}/checkpoints/{kind}/{name}/external_weights_urls",
+    ): "download URLs "
+    "of external weights: save_weights_external writes them to the trainer's disk, in its checkpoint folder "
+    "(trainer.tinker.checkpoint_dir, by default <run folder>/tinker/<model>/external_weights/<name>/)",
     ("POST", "/api/v1/copy_weights"): "copy_weights: checkpoints stay in the run folder that saved them",
     ("POST", "/api/v1/join_sampling_session"): "join_sampling_session: create a sampling client instead",
     ("POST", "/api/v1/create_custom_loss"): "server-side custom losses: forward_backward_custom runs on the "

@@ -31,7 +31,7 @@ from tinker_atropos.training.served import LANGUAGE_MODELS
 NUMBERED = ("forward_backward", "optim_step", "save_weights", "save_weights_for_sampler", "load_weights",
             "save_weights_external")  # fmt: skip
 OWNER = "tinker-atropos"  # the runs of one server share its API keys: no owner of their own
-CHECKPOINT_TYPES = {"weights": "training", "sampler_weights": "sampler"}
+CHECKPOINT_TYPES = {"weights": "training", "sampler_weights": "sampler", "external_weights": "external"}
 JSON_VALUES = 4096  # values a JSON body may hold (a sample's prompt tokens besides): no request needs more
 PARSERS = 2  # threads reading large bodies at once: more would only share the same cores
 T = TypeVar("T")

@@ -71,6 +71,7 @@ def _sequenced(kind: str, model: type[BaseModel]) -> None:
 _sequenced("optim_step", types.OptimStepRequest)
 _sequenced("save_weights", types.SaveWeightsRequest)
 _sequenced("save_weights_for_sampler", types.SaveWeightsForSamplerRequest)
+_sequenced("save_weights_external", types.SaveWeightsExternalRequest)
 
 
 @_numbered_route("load_weights")

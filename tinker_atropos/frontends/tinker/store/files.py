@@ -1,12 +1,15 @@
 """The Tinker checkpoints on disk as the API and the worker both see them: a model's folder under the run's
 ``tinker`` directory, its named checkpoints (``weights/<name>.pt`` with optimizer state, ``sampler_weights/<name>.pt``
-without) each beside its JSON record, and the unnamed weights of sampling clients (``ephemeral-<seq>``). The
-worker writes them (``trainer/tinker/checkpoints.py``); a route reads a checkpoint's record, or deletes it."""
+without) each beside its JSON record, the unnamed weights of sampling clients (``ephemeral-<seq>``), and the
+weights ``save_weights_external`` wrote (``external_weights/<name>/``: a PEFT adapter or a Hugging Face model
+folder). The worker writes them (``trainer/tinker/checkpoints.py``); a route reads a checkpoint's record, or deletes
+it."""
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +18,8 @@ from tinker_atropos.frontends.tinker.store.runs import TrainingRuns
 
 NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 EPHEMERAL = "ephemeral-"  # the name of the weights a sampling client was made with, saved under no name
-KINDS = ("weights", "sampler_weights")
+EXTERNAL = "external_weights"  # a folder each, in the formats transformers and PEFT read
+KINDS = ("weights", "sampler_weights", EXTERNAL)
 
 
 def parts(path: str) -> tuple[str, str, str]:
@@ -30,6 +34,16 @@ def tinker_path(model_id: str, kind: str, name: str) -> str:
     return f"tinker://{model_id}/{kind}/{name}"
 
 
+def model_folder(root: Path, model_id: str) -> Path:
+    """A model's folder under the checkpoint root (``:`` is no character of a portable file name)."""
+    return root / model_id.replace(":", "_")
+
+
+def checkpoint_file(root: Path, model_id: str, kind: str, name: str) -> Path:
+    """The file of a saved checkpoint (``weights``, ``sampler_weights``), or the folder of external weights."""
+    return model_folder(root, model_id) / kind / (name if kind == EXTERNAL else f"{name}.pt")
+
+
 class CheckpointFiles:
     """The files of every model served under ``root``, and their records in the store (``TrainingRuns``)."""
 
@@ -41,14 +55,19 @@ class CheckpointFiles:
         root.chmod(0o700)
 
     def folder(self, model_id: str) -> Path:
-        return self.root / model_id.replace(":", "_")
+        return model_folder(self.root, model_id)
 
     def file(self, model_id: str, kind: str, name: str) -> Path:
-        return self.folder(model_id) / kind / f"{name}.pt"
+        return checkpoint_file(self.root, model_id, kind, name)
 
     def file_of(self, path: str) -> Path:
         """The file behind a ``tinker://<model>/<weights|sampler_weights>/<name>`` path."""
-        file = self.file(*parts(path))
+        model_id, kind, name = parts(path)
+        if kind == EXTERNAL:
+            raise wire.WireError(
+                f"{path} holds weights for transformers and PEFT, not a checkpoint to load here"
+            )
+        file = self.file(model_id, kind, name)
         if not file.exists():
             raise wire.WireError(f"no checkpoint {path!r} on this server (never saved, deleted, past its ttl_seconds, "
                                  "or, saved under no name by save_weights_and_get_sampling_client, unused for "
@@ -67,6 +86,9 @@ class CheckpointFiles:
             return known
         file = self.file(model_id, kind, name)
         existed = file.exists()
+        if kind == EXTERNAL:
+            shutil.rmtree(file, ignore_errors=True)
+            return known or existed
         file.unlink(missing_ok=True)
         file.with_suffix(".json").unlink(missing_ok=True)
         return known or existed
