@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from tinker_atropos.frontends.tinker import weights_out
 from tinker_atropos.frontends.tinker.wire import WireError
-from tinker_atropos.models import hf_export, tiny_lm
+from tinker_atropos.models import hf_export, lora
 from tinker_atropos.training.served import TINY_LM, LanguageModel, checkpoint
 
 TOLERANCE = 1e-4  # float32: folding B A into W reorders the sums
@@ -43,10 +43,10 @@ def adapted(model: LlamaForCausalLM, rank: int = 4, unembed: bool = True) -> Lla
         targets += [(layer.mlp, name) for name in ("gate_proj", "up_proj", "down_proj")]
     if unembed:
         targets.append((model, "lm_head"))
-    tiny_lm.wrap_lora(model, targets, rank, seed=1)
+    lora.wrap(model, targets, rank, seed=1)
     generator = torch.Generator().manual_seed(2)
     with torch.no_grad():
-        for layer in hf_export.lora_layers(model).values():
+        for layer in lora.adapter(model).values():
             layer.lora_b.normal_(0.0, 0.05, generator=generator)
     return model
 

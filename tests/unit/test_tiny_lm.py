@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tinker_atropos.models.lora import LoRALinear
 from tinker_atropos.models.tiny_lm import (
     ByteTokenizer,
-    LoRALinear,
     TinyCausalLM,
     TinyLMConfig,
     add_lora,

@@ -22,7 +22,7 @@ import safetensors.torch
 import torch
 from torch import nn
 
-from tinker_atropos.models.tiny_lm import LoRALinear
+from tinker_atropos.models.lora import LoRALinear, adapter
 
 ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
 # what a base folder holds besides its weights and config: the tokenizer a merged folder carries along
@@ -30,15 +30,10 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_m
                     "vocab.json", "merges.txt", "tokenizer.model", "generation_config.json")  # fmt: skip
 
 
-def lora_layers(model: nn.Module) -> dict[str, LoRALinear]:
-    """Every LoRA-wrapped Linear of ``model`` by its module path (PEFT's ``target_modules`` names them so)."""
-    return {name: module for name, module in model.named_modules() if isinstance(module, LoRALinear)}
-
-
 def _rank_and_alpha(layers: dict[str, LoRALinear]) -> tuple[int, float]:
     ranks = {layer.lora_a.shape[0] for layer in layers.values()}
     scales = {layer.scale for layer in layers.values()}
-    if len(ranks) != 1 or len(scales) != 1:  # wrap_lora gives every layer one rank and alpha
+    if len(ranks) != 1 or len(scales) != 1:  # lora.wrap gives every layer one rank and alpha
         raise ValueError(f"the adapters differ in rank {sorted(ranks)} or scale {sorted(scales)}")
     rank = ranks.pop()
     return rank, scales.pop() * rank
@@ -47,7 +42,7 @@ def _rank_and_alpha(layers: dict[str, LoRALinear]) -> tuple[int, float]:
 def adapter_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """The adapters of ``model`` under PEFT's key names, float32 on the CPU."""
     state = {}
-    for name, layer in lora_layers(model).items():
+    for name, layer in adapter(model).items():
         state[f"base_model.model.{name}.lora_A.weight"] = layer.lora_a.detach().float().cpu().contiguous()
         state[f"base_model.model.{name}.lora_B.weight"] = layer.lora_b.detach().float().cpu().contiguous()
     return state
@@ -55,7 +50,7 @@ def adapter_state(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def adapter_config(model: nn.Module, base_path: str) -> dict[str, object]:
     """PEFT's ``LoraConfig`` of ``model``'s adapters, as ``adapter_config.json`` holds it."""
-    layers = lora_layers(model)
+    layers = adapter(model)
     if not layers:
         raise ValueError("the model has no LoRA adapters (trained fully: export it merged)")
     rank, alpha = _rank_and_alpha(layers)
@@ -87,7 +82,7 @@ def merged(model: nn.Module) -> nn.Module:
     """A copy of ``model`` whose LoRA layers are plain Linear layers holding ``W + scale * B A`` (float32)."""
     copied = copy.deepcopy(model)
     untied = False
-    for name, layer in lora_layers(copied).items():
+    for name, layer in adapter(copied).items():
         base = layer.base
         untied |= _shares_weight(copied, base)  # a tied head: it gets a matrix of its own
         folded = nn.Linear(base.in_features, base.out_features, bias=base.bias is not None,

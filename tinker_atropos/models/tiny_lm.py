@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tinker_atropos.models import lora
+
 
 class ByteTokenizer:
     """UTF-8 bytes are tokens 0..255; two special tokens follow. No vocabulary file, nothing to download."""
@@ -217,28 +219,6 @@ class TinyCausalLM(nn.Module):
 # ---- LoRA ---------------------------------------------------------------------------------------------------
 
 
-class LoRALinear(nn.Module):
-    """``base(x) + (alpha / rank) * x A^T B^T`` with ``base`` frozen. B starts at zero, so wrapping a layer
-    leaves its output unchanged; A starts small and random, so B's gradient is not zero."""
-
-    def __init__(self, base: nn.Linear, rank: int, alpha: float, generator: torch.Generator | None) -> None:
-        super().__init__()
-        self.base = base.requires_grad_(False)
-        self.scale = alpha / rank
-        bound = 1 / math.sqrt(base.in_features)  # nn.Linear's (and PEFT's) init range for A
-        a = torch.empty(rank, base.in_features, device=base.weight.device)
-        self.lora_a = nn.Parameter(a.uniform_(-bound, bound, generator=generator))
-        self.lora_b = nn.Parameter(torch.zeros(base.out_features, rank, device=base.weight.device))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == self.lora_a.dtype:
-            return self.base(x) + self.scale * (x @ self.lora_a.T @ self.lora_b.T)
-        # a bfloat16 base: the adapters (and Adam's moments) stay float32
-        return self.base(x) + (self.scale * (x.to(self.lora_a.dtype) @ self.lora_a.T @ self.lora_b.T)).to(
-            x.dtype
-        )
-
-
 def add_lora(
     model: TinyCausalLM,
     rank: int,
@@ -249,16 +229,10 @@ def add_lora(
     train_mlp: bool = True,
     train_unembed: bool = True,
 ) -> list[nn.Parameter]:
-    """Wrap the targeted Linear layers in ``LoRALinear``, freeze every base parameter, and return the adapters'
-    parameters (what the optimiser steps).
-
-    ``alpha`` defaults to 32 whatever the rank, Tinker's convention: with the alpha/rank scale the good learning
-    rate barely depends on the rank. ``seed`` fixes A's init; None draws it from the global torch RNG. The same
-    arguments on a fresh model give the same parameter names, so ``load_state_dict`` restores a LoRA model.
-    """
+    """``lora.wrap`` of the tiny LM's layers that Tinker's ``LoraConfig`` selects; the adapters' parameters."""
     if not (train_attn or train_mlp or train_unembed):
         raise ValueError("LoRA needs at least one target: attention, MLP or unembedding")
-    return wrap_lora(
+    return lora.wrap(
         model, lora_targets(model, train_attn, train_mlp, train_unembed), rank, alpha=alpha, seed=seed
     )
 
@@ -274,25 +248,6 @@ def lora_targets(model: TinyCausalLM, attn: bool, mlp: bool, unembed: bool) -> l
     if unembed:
         targets.append((model, "lm_head"))
     return targets
-
-
-def wrap_lora(model: nn.Module, targets: list[tuple[nn.Module, str]], rank: int, *, alpha: float | None = None,
-              seed: int | None = None) -> list[nn.Parameter]:  # fmt: skip
-    """Wrap each ``(parent, attribute)`` Linear of ``model`` in ``LoRALinear`` and freeze every base parameter;
-    the adapters' parameters. Any causal LM's LoRA goes through here (``add_lora`` picks the tiny LM's targets)."""
-    if rank < 1:
-        raise ValueError(f"LoRA rank must be >= 1, got {rank}")
-    if any(isinstance(m, LoRALinear) for m in model.modules()):
-        raise ValueError("model already has LoRA adapters")
-    alpha = 32.0 if alpha is None else alpha
-    generator = None if seed is None else torch.Generator().manual_seed(seed)
-    model.requires_grad_(False)
-    params: list[nn.Parameter] = []
-    for parent, name in targets:
-        lora = LoRALinear(getattr(parent, name), rank, alpha, generator)
-        setattr(parent, name, lora)
-        params += [lora.lora_a, lora.lora_b]
-    return params
 
 
 # ---- token-level functions of the training API ----------------------------------------------------------------

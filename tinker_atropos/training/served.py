@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from tinker_atropos.models import hf_lm, smollm2, tiny_lm
+from tinker_atropos.models import hf_lm, lora, smollm2, tiny_lm
 from tinker_atropos.models.mlp import ActorCritic
 from tinker_atropos.models.networks import build_network
 from tinker_atropos.training.core import TrainingCore
@@ -240,20 +240,20 @@ class LanguageModel(ServedModel):
 
     sampleable = True
 
-    def __init__(self, base_model: str, lora: dict[str, Any], device: torch.device) -> None:
+    def __init__(self, base_model: str, config: dict[str, Any], device: torch.device) -> None:
         self.base_model = base_model
         targets = LANGUAGE_MODELS[base_model][1]
         base = shared_base(base_model, device)
-        rank = int(lora.get("rank", 0))
+        rank = int(config.get("rank", 0))
         model = own_copy(base, share=rank > 0)
         if rank > 0:
-            chosen = targets(model, lora.get("train_attn", True), lora.get("train_mlp", True),
-                             lora.get("train_unembed", True))  # fmt: skip
+            chosen = targets(model, config.get("train_attn", True), config.get("train_mlp", True),
+                             config.get("train_unembed", True))  # fmt: skip
             if not chosen:
                 raise ClientError("LoRA needs at least one target: attention, MLP or unembedding")
-            tiny_lm.wrap_lora(model, chosen, rank, seed=lora.get("seed"))
+            lora.wrap(model, chosen, rank, seed=config.get("seed"))
         shared = shared_tensors(base) if rank > 0 else []
-        self.core = TrainingCore(model, {"model": base_model, "lora": lora}, device, shared=shared)
+        self.core = TrainingCore(model, {"model": base_model, "lora": config}, device, shared=shared)
         limits = model.config  # max_seq_len, vocab_size
         tokens = Input(integers=(0, limits.vocab_size), required=True)
         self.schema = Schema({"target_tokens": tokens, **_LOSS_INPUTS}, limits.vocab_size, limits.max_seq_len)
