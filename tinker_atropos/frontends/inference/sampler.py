@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import torch
 
 from tinker_atropos.models import tiny_lm
+from tinker_atropos.sampling import engine, requests
+from tinker_atropos.sampling.requests import Params
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,7 @@ class Sampler:
         room = self.max_seq_len - len(prompt)
         if room < 1:
             raise ValueError(f"the prompt has {len(prompt)} tokens; the context is {self.max_seq_len}")
-        samples = tiny_lm.sample(model, prompt, max_tokens=min(max_tokens, room), temperature=temperature, top_k=top_k,
-                                 top_p=top_p, stop_tokens=[model.eos_id, *stop_tokens], seed=seed, num_samples=n,
-                                 stop_text=tiny_lm.stop_strings(stop_strings, self.tokenizer.decode))  # fmt: skip
+        params = Params(min(max_tokens, room), n, temperature, top_k, top_p, frozenset([model.eos_id, *stop_tokens]),
+                        requests.stop_strings(stop_strings, self.tokenizer.decode), seed)  # fmt: skip
+        samples = engine.sample(model, prompt, params)
         return [Completion(s.tokens, s.logprobs, s.stop_reason, version) for s in samples]
