@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bench.tinker_server import serving
 from tinker_atropos.config import parse_config
 from tinker_atropos.frontends.tinker import base_models
 from tinker_atropos.models import smollm2
@@ -64,38 +65,13 @@ def measure(clients: int, rank: int = 8) -> dict:
 def through_api(work: Path, clients: int = 8, rank: int = 8) -> list[dict]:
     """The trainer's RSS through the Tinker API: a trainer serving only it, ``clients`` SDK clients of SmolLM2
     created one after the other, each taking one ``forward_backward`` + ``optim_step``; a row after each."""
-    import os
-    import time
-
     import tinker
-    import yaml
     from tinker import types
 
-    from tinker_atropos.processes import child_preexec, free_port
-    from tinker_atropos.state.embedded import EmbeddedValkey
-
-    work.mkdir(parents=True, exist_ok=True)
-    key, port = "tml-bench-memory-0123456789", free_port()
-    (work / "keys").write_text(key + "\n")
-    config = {"run": {"name": "bench-memory"}, "env": {"id": "Pendulum-v1"},
-              "trainer": {"experience_loop": False, "tinker": {"enabled": True, "port": port, "max_models": clients,
-                                                               "api_keys_file": str(work / "keys")}}}  # fmt: skip
-    (work / "run.yaml").write_text(yaml.safe_dump(config))
-    valkey = EmbeddedValkey(work / "valkey")
-    log = open(work / "trainer.log", "w")  # noqa: SIM115 - inherited by the child
-    trainer = subprocess.Popen([sys.executable, "-m", "tinker_atropos", "trainer", "--config", str(work / "run.yaml"),
-                                "--redis-url", valkey.url, "--port", str(free_port()), "--run-dir", str(work / "run")],
-                               stdout=log, stderr=subprocess.STDOUT, preexec_fn=child_preexec,
-                               env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
     rows, rng = [{"clients": 0}], np.random.default_rng(0)
-    try:
-        deadline = time.monotonic() + 60
-        while "Tinker API at" not in (work / "trainer.log").read_text():
-            if time.monotonic() > deadline or trainer.poll() is not None:
-                raise RuntimeError(f"the trainer did not serve:\n{(work / 'trainer.log').read_text()}")
-            time.sleep(0.2)
-        rows[0]["rss_mb"] = rss_mb(trainer.pid)
-        service = tinker.ServiceClient(base_url=f"http://127.0.0.1:{port}", api_key=key)
+    with serving(work, {"max_models": clients}) as served:
+        rows[0]["rss_mb"] = rss_mb(served.pid)
+        service = tinker.ServiceClient(base_url=served.url, api_key=served.key)
         for n in range(1, clients + 1):
             client = service.create_lora_training_client(base_model=smollm2.NAME, rank=rank).result(
                 timeout=300
@@ -110,13 +86,8 @@ def through_api(work: Path, clients: int = 8, rank: int = 8) -> list[dict]:
                 client.optim_step(types.AdamParams(**ADAM)),
             )
             backward.result(timeout=300), step.result(timeout=300)
-            rows.append({"clients": n, "rss_mb": rss_mb(trainer.pid)})
+            rows.append({"clients": n, "rss_mb": rss_mb(served.pid)})
         service.close("success").result(timeout=60)
-    finally:
-        trainer.terminate()
-        trainer.wait(timeout=30)
-        log.close()
-        valkey.stop()
     return rows
 
 

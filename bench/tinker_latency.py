@@ -11,24 +11,20 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-import yaml
 from rich.console import Console
 from rich.table import Table
 
-from bench import lm_memory, tinker_sampling
+from bench import lm_memory, lm_sampling, tinker_sampling
+from bench.tinker_server import serving
 from tinker_atropos.config import parse_config
 from tinker_atropos.frontends.tinker import base_models
 from tinker_atropos.models import smollm2
-from tinker_atropos.processes import child_preexec, free_port
-from tinker_atropos.state.embedded import EmbeddedValkey
 from tinker_atropos.trainer.tinker.requests import adam_params
 from tinker_atropos.training.data import Datum
 from tinker_atropos.training.served import TINY_LM, run_loss
@@ -120,48 +116,24 @@ def run(out: Path, iterations: int = 60, warmup: int = 10) -> dict:
     """Start Valkey and a trainer serving only the Tinker API, measure every case both ways, write the table."""
     out.mkdir(parents=True, exist_ok=True)
     work = out / "tinker-latency"
-    work.mkdir(exist_ok=True)
-    (work / "keys").write_text(KEY + "\n")
-    port = free_port()
-    config = {"run": {"name": "bench-tinker"}, "env": {"id": "Humanoid-v5", "backend": "mujoco"},
-              "trainer": {"experience_loop": False, "tinker": {"enabled": True, "port": port,
-                                                               "api_keys_file": str(work / "keys")}}}  # fmt: skip
-    (work / "run.yaml").write_text(yaml.safe_dump(config))
-    model_section = parse_config(config).trainer.model
-    valkey = EmbeddedValkey(work / "valkey")
-    log = open(work / "trainer.log", "w")  # noqa: SIM115 - inherited by the child
-    trainer = subprocess.Popen([sys.executable, "-m", "tinker_atropos", "trainer", "--config", str(work / "run.yaml"),
-                                "--redis-url", valkey.url, "--port", str(free_port()), "--run-dir", str(work / "run")],
-                               stdout=log, stderr=subprocess.STDOUT, preexec_fn=child_preexec,
-                               env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+    model_section = parse_config({"run": {"name": "bench-tinker"}}).trainer.model
     rows = []
-    try:
-        deadline = time.monotonic() + 60
-        while "Tinker API at" not in (work / "trainer.log").read_text():
-            if time.monotonic() > deadline or trainer.poll() is not None:
-                raise RuntimeError(
-                    f"the trainer did not serve the Tinker API:\n{(work / 'trainer.log').read_text()}"
-                )
-            time.sleep(0.2)
+    with serving(work, env_id="Humanoid-v5", key=KEY) as served:
         torch.set_num_threads(1)  # as the trainer (trainer.torch_threads)
         for case in cases(np.random.default_rng(0)):
-            sdk, client_cpu, server_cpu = through_sdk(case, f"http://127.0.0.1:{port}", iterations + warmup,
-                                                      trainer.pid)  # fmt: skip
+            sdk, client_cpu, server_cpu = through_sdk(case, served.url, iterations + warmup, served.pid)
             sdk = sdk[warmup:]
             local = in_process(case, model_section, iterations + warmup)[warmup:]
             rows.append({"case": case.name, "sdk_ms": 1000 * statistics.median(sdk),
                          "in_process_ms": 1000 * statistics.median(local),
                          "sdk_p90_ms": 1000 * float(np.percentile(sdk, 90)),
                          "sdk_client_cpu_ms": 1000 * client_cpu, "trainer_cpu_ms": 1000 * server_cpu})  # fmt: skip
-    finally:
-        trainer.terminate()
-        trainer.wait(timeout=30)
-        log.close()
-        valkey.stop()
     sampling = tinker_sampling.run()
     memory = lm_memory.through_api(work / "memory") if smollm2.available() else []
+    concurrent = lm_sampling.run(work / "concurrent") if smollm2.available() else {}
     result = {"iterations": iterations, "machine": os.uname().nodename, "cpus": os.cpu_count(), "rows": rows,
-              "torch_threads": torch.get_num_threads(), "sampling": sampling, "memory": memory}  # fmt: skip
+              "torch_threads": torch.get_num_threads(), "sampling": sampling, "memory": memory,
+              "concurrent_sampling": concurrent}  # fmt: skip
     (out / "bench-tinker.json").write_text(json.dumps(result, indent=2))
     table = Table(title=f"forward_backward + optim_step round trip (median of {iterations})")
     for column in (

@@ -134,7 +134,8 @@ def test_the_key_value_budget_makes_requests_wait_and_refuses_what_never_fits() 
     prompt = TOK.encode("abc", add_bos=True)  # 4 tokens
     futures = [engine.submit(prompt, Params(20, 1, seed=s, stop_tokens=frozenset())) for s in range(3)]
     engine.step()
-    assert len(engine.rows.requests) == 2 and len(engine.waiting) == 1  # two rows of 24 positions fill the budget
+    # two rows of 24 positions fill the budget
+    assert len(engine.rows.requests) == 2 and len(engine.waiting) == 1
     engine.drain()
     assert all(len(f.result()[0].tokens) == 20 for f in futures)
     with pytest.raises(ValueError, match="more than kv_tokens"):

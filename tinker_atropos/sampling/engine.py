@@ -50,6 +50,7 @@ class _Request:
     future: Future[list[SampledTokens]]
     generators: list[torch.Generator]  # one per sample
     excused: float = 0.0  # seconds the engine paused while this request was in it
+    submitted: float = field(default_factory=time.monotonic)
     kv: KV | None = None  # its prompt's, while it is read
     read: int = 0  # prompt tokens read
     tokens: list[list[int]] = field(default_factory=list)
@@ -95,6 +96,8 @@ class Engine:
         self.waiting: deque[_Request] = deque()  # submitted, under ``changed``
         self.reading: deque[_Request] = deque()  # admitted, their prompts being read
         self.rows = Rows(self.device)  # decoding
+        # the latest requests' times to their first token
+        self.first_token_s: deque[float] = deque(maxlen=1024)
         self.closed = False
         self.thread: threading.Thread | None = None
         self.busy_since = time.monotonic()
@@ -244,6 +247,7 @@ class Engine:
         and values shared by them."""
         n = request.params.num_samples
         tokens, logprobs = request.params.draw(logits.expand(n, -1), request.generators)
+        self.first_token_s.append(time.monotonic() - request.submitted)
         request.live = [s for s, t, lp in zip(range(n), tokens.tolist(), logprobs.tolist(), strict=True)
                         if request.record(s, t, lp)]  # fmt: skip
         kv, request.kv = request.kv, None
