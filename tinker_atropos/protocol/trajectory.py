@@ -36,8 +36,16 @@ REQUIRED = (
     "truncated_observations",
 )
 CRITIC = ("values", "truncation_values", "bootstrap_values")
-_TIME_MAJOR = ("observations", "actions", "log_probs", "rewards", "terminated", "truncated", "values",
-               "truncation_values")  # fmt: skip
+_TIME_MAJOR = (
+    "observations",
+    "actions",
+    "log_probs",
+    "rewards",
+    "terminated",
+    "truncated",
+    "values",
+    "truncation_values",
+)
 _FLOAT32 = (
     "observations",
     "log_probs",

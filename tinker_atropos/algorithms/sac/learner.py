@@ -39,9 +39,16 @@ class SACLearner:
             )
         self.hp = hp = setup.hyperparameters
         model = setup.trainer.model
-        spec = mlp_spec(setup.observation_space, setup.action_space, model, normalize_observations=False,
-                        normalize_returns=False, critic=False, squashed=True,
-                        observation_layout=setup.observation_layout)  # fmt: skip
+        spec = mlp_spec(
+            setup.observation_space,
+            setup.action_space,
+            model,
+            normalize_observations=False,
+            normalize_returns=False,
+            critic=False,
+            squashed=True,
+            observation_layout=setup.observation_layout,
+        )
         torch.manual_seed(setup.seed)
         self.core = TrainingCore(build_network(spec), spec, setup.device)
         obs_dim = int(np.prod(setup.observation_space.shape))
