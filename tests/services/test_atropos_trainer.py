@@ -9,7 +9,6 @@ import copy
 import gzip
 import json
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -20,21 +19,29 @@ import numpy as np
 import pytest
 import torch
 import uvicorn
-import yaml
 from atroposlib.envs.server_handling.openai_server import OpenAIServer
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.envs.server_handling.sglang_server import SGLangServer
 from transformers import AutoTokenizer
 
 from tests.support.asserts import assert_names_nothing_of_the_package, assert_same
-from tests.support.atropos import Poller, chunked, memory_kb, reset_peak
+from tests.support.atropos import (
+    Poller,
+    chunked,
+    join_as_env,
+    memory_kb,
+    reference_api,
+    reset_peak,
+    start_atropos_trainer,
+    tiny_lm_group,
+)
 from tests.support.processes import Processes, wait_for
 from tinker_atropos.config import parse_config
 from tinker_atropos.frontends.http import run_key
 from tinker_atropos.frontends.inference.app import build_app
 from tinker_atropos.frontends.inference.sampler import Sampler
 from tinker_atropos.models import tiny_lm
-from tinker_atropos.processes import child_preexec, free_port
+from tinker_atropos.processes import free_port
 from tinker_atropos.state.registry import live_services
 from tinker_atropos.trainer.atropos_loop import AtroposLoop
 from tinker_atropos.trainer.checkpointing import Checkpointer
@@ -233,37 +240,17 @@ def test_groups_the_model_cannot_read_are_skipped_and_counted_and_the_trainer_le
     a sound group, one with a token outside the tiny LM's vocabulary and one past its context. The two are skipped
     and counted, the sound one learned from (a trainer used to exit on such a batch, its sound groups lost), and
     the next batch is learned from as well."""
-    api_port, inference_port = free_port(), free_port()
-    with open(tmp_path / "reference.log", "w") as log:
-        reference = subprocess.Popen([sys.executable, "-m", "atroposlib.cli.run_api", "--host", "127.0.0.1", "--port",
-                                      str(api_port)], stdout=log, stderr=subprocess.STDOUT, preexec_fn=child_preexec)  # fmt: skip
-    try:
-        trainer = _start_trainer(tmp_path, processes, valkey.url, monkeypatch, "atropos-hostile", api_url=f"http://127.0.0.1:{api_port}",
-                                 batch_size=12, max_token_len=1024, inference_port=inference_port)  # fmt: skip
-        api = httpx.Client(base_url=f"http://127.0.0.1:{api_port}", timeout=30)
-
-        def registered() -> bool:
-            assert trainer.poll() is None, processes.log("trainer")[-3000:]
-            try:
-                return api.get("/info").json()["batch_size"] == 12
-            except (httpx.HTTPError, ValueError):
-                return False
-
-        wait_for(registered, 120, "the trainer's registration with run-api")
-        api.get("/batch")  # as a trainer would: the reference lets environments register once it pulled
-        api.post("/register-env", json={"max_token_length": 1024, "desired_name": "hostile", "weight": 1.0,
-                                         "group_size": 4}).raise_for_status()  # fmt: skip
-
-        def group(tokens: list[int], seed: int) -> dict:
-            rows = [[256, seed, k, *tokens] for k in range(4)]
-            return {"tokens": rows, "masks": [[-100, -100, *r[2:]] for r in rows], "scores": [0.0, 1.0, 0.0, 1.0],
-                    "env_id": 0}  # fmt: skip
+    with reference_api(tmp_path / "reference.log") as api_url:
+        atropos = {"api_url": api_url, "batch_size": 12, "max_token_len": 1024, "inference_port": free_port()}
+        trainer = _start_trainer(tmp_path, processes, valkey.url, monkeypatch, "atropos-hostile", **atropos)
+        api = httpx.Client(base_url=api_url, timeout=30)
+        join_as_env(api, processes, trainer, batch_size=12, name="hostile", max_token_length=1024)
 
         def trainer_figures() -> dict:
             services = live_services(redis_client, "atropos-hostile", "trainer")
             return services[0].figures if services else {}
 
-        for posted in (group([97, 98], 1), group([97, 300], 2), group([97] * 600, 3)):
+        for posted in (tiny_lm_group(1), tiny_lm_group(2, (97, 300)), tiny_lm_group(3, (97,) * 600)):
             api.post("/scored_data", json=posted).raise_for_status()
         wait_for(lambda: trainer_figures().get("updates", 0) >= 1, 120, "the trainer's first step")
         figures = trainer_figures()
@@ -272,7 +259,7 @@ def test_groups_the_model_cannot_read_are_skipped_and_counted_and_the_trainer_le
         )
         assert figures["policy_version"] == 1
         for seed in (4, 5, 6):
-            api.post("/scored_data", json=group([97, 98, 99], seed)).raise_for_status()
+            api.post("/scored_data", json=tiny_lm_group(seed, (97, 98, 99))).raise_for_status()
         wait_for(lambda: trainer_figures().get("updates", 0) >= 2, 120, "the trainer's second step")
         assert trainer_figures()["policy_version"] == 2 and trainer.poll() is None
         log = processes.log("trainer")
@@ -281,21 +268,20 @@ def test_groups_the_model_cannot_read_are_skipped_and_counted_and_the_trainer_le
         assert "Traceback" not in log, log[-3000:]
         # its /batch polls (ten a second while no batch is ready) are not logged one by one
         assert "HTTP Request:" not in log and "/batch" not in log, log[-3000:]
-    finally:
-        reference.terminate()
-        reference.wait(timeout=30)
 
 
-def _start_trainer(tmp_path: Path, processes: Processes, redis_url: str, monkeypatch: pytest.MonkeyPatch,
-                   run: str, **atropos: Any) -> subprocess.Popen:  # fmt: skip
+def _start_trainer(
+    tmp_path: Path,
+    processes: Processes,
+    redis_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    run: str,
+    **atropos: Any,
+) -> subprocess.Popen:
     """A trainer process of run ``run`` running the Atropos loop (``atropos``: its settings) and serving the
     inference endpoint, with the run token ``RUN_TOKEN`` (the endpoint asks the key derived from it)."""
-    config = {"run": {"name": run}, "env": {"services": 0}, "rollout": {"replicas": 0},
-              "trainer": {"experience_loop": False, "atropos": {"enabled": True, **atropos}}}  # fmt: skip
-    (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
     monkeypatch.setenv("TA_TOKEN", RUN_TOKEN)
-    return processes.start("trainer", "--config", str(tmp_path / "run.yaml"), "--redis-url", redis_url,
-                           "--port", "0", "--run-dir", str(tmp_path / "run"), name="trainer")  # fmt: skip
+    return start_atropos_trainer(processes, redis_url, tmp_path / "run", run, **atropos)
 
 
 # ------------------------------------------------------------------------------ bodies bounded by what they build
