@@ -55,12 +55,16 @@ class Case:
 
 def cases(rng: np.random.Generator) -> list[Case]:
     def policy_datum(t: int) -> Datum:
-        return Datum(np.zeros(t, np.int64), {
-            "observations": rng.normal(size=(t, 348)).astype(np.float32),
-            "actions": rng.normal(size=(t, 17)).astype(np.float32),
-            "logprobs": rng.normal(-20, 1, size=t).astype(np.float32),
-            "advantages": rng.normal(size=t).astype(np.float32),
-            "returns": rng.normal(size=t).astype(np.float32)})  # fmt: skip
+        return Datum(
+            np.zeros(t, np.int64),
+            {
+                "observations": rng.normal(size=(t, 348)).astype(np.float32),
+                "actions": rng.normal(size=(t, 17)).astype(np.float32),
+                "logprobs": rng.normal(-20, 1, size=t).astype(np.float32),
+                "advantages": rng.normal(size=t).astype(np.float32),
+                "returns": rng.normal(size=t).astype(np.float32),
+            },
+        )
 
     def text_datum(t: int) -> Datum:
         tokens = rng.integers(0, 256, size=t + 1)
@@ -102,8 +106,10 @@ def through_sdk(
 
     service = tinker.ServiceClient(base_url=base_url, api_key=KEY)
     client = service.create_lora_training_client(base_model=case.base_model, rank=case.lora_rank).result()
-    data = [types.Datum(model_input=types.ModelInput.from_ints(d.tokens.tolist()), loss_fn_inputs=d.inputs)
-            for d in case.data]  # fmt: skip
+    data = [
+        types.Datum(model_input=types.ModelInput.from_ints(d.tokens.tolist()), loss_fn_inputs=d.inputs)
+        for d in case.data
+    ]
     adam = types.AdamParams(**ADAM)
     times, cpu, server_cpu = [], time.process_time(), _cpu_s(server_pid)
     for _ in range(iterations):
@@ -123,17 +129,27 @@ def run(out: Path, iterations: int = 60, warmup: int = 10) -> dict:
     work.mkdir(exist_ok=True)
     (work / "keys").write_text(KEY + "\n")
     port = free_port()
-    config = {"run": {"name": "bench-tinker"}, "env": {"id": "Humanoid-v5", "backend": "mujoco"},
-              "trainer": {"experience_loop": False, "tinker": {"enabled": True, "port": port,
-                                                               "api_keys_file": str(work / "keys")}}}  # fmt: skip
+    config = {
+        "run": {"name": "bench-tinker"},
+        "env": {"id": "Humanoid-v5", "backend": "mujoco"},
+        "trainer": {
+            "experience_loop": False,
+            "tinker": {"enabled": True, "port": port, "api_keys_file": str(work / "keys")},
+        },
+    }
     (work / "run.yaml").write_text(yaml.safe_dump(config))
     model_section = parse_config(config).trainer.model
     valkey = EmbeddedValkey(work / "valkey")
     log = open(work / "trainer.log", "w")  # noqa: SIM115 - inherited by the child
-    trainer = subprocess.Popen([sys.executable, "-m", "tinker_atropos", "trainer", "--config", str(work / "run.yaml"),
-                                "--redis-url", valkey.url, "--port", str(free_port()), "--run-dir", str(work / "run")],
-                               stdout=log, stderr=subprocess.STDOUT, preexec_fn=child_preexec,
-                               env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+    command = [sys.executable, "-m", "tinker_atropos", "trainer", "--config", str(work / "run.yaml")]
+    command += ["--redis-url", valkey.url, "--port", str(free_port()), "--run-dir", str(work / "run")]
+    trainer = subprocess.Popen(
+        command,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        preexec_fn=child_preexec,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     rows = []
     try:
         deadline = time.monotonic() + 60
@@ -145,14 +161,21 @@ def run(out: Path, iterations: int = 60, warmup: int = 10) -> dict:
             time.sleep(0.2)
         torch.set_num_threads(1)  # as the trainer (trainer.torch_threads)
         for case in cases(np.random.default_rng(0)):
-            sdk, client_cpu, server_cpu = through_sdk(case, f"http://127.0.0.1:{port}", iterations + warmup,
-                                                      trainer.pid)  # fmt: skip
+            sdk, client_cpu, server_cpu = through_sdk(
+                case, f"http://127.0.0.1:{port}", iterations + warmup, trainer.pid
+            )
             sdk = sdk[warmup:]
             local = in_process(case, model_section, iterations + warmup)[warmup:]
-            rows.append({"case": case.name, "sdk_ms": 1000 * statistics.median(sdk),
-                         "in_process_ms": 1000 * statistics.median(local),
-                         "sdk_p90_ms": 1000 * float(np.percentile(sdk, 90)),
-                         "sdk_client_cpu_ms": 1000 * client_cpu, "trainer_cpu_ms": 1000 * server_cpu})  # fmt: skip
+            rows.append(
+                {
+                    "case": case.name,
+                    "sdk_ms": 1000 * statistics.median(sdk),
+                    "in_process_ms": 1000 * statistics.median(local),
+                    "sdk_p90_ms": 1000 * float(np.percentile(sdk, 90)),
+                    "sdk_client_cpu_ms": 1000 * client_cpu,
+                    "trainer_cpu_ms": 1000 * server_cpu,
+                }
+            )
     finally:
         trainer.terminate()
         trainer.wait(timeout=30)
@@ -160,8 +183,15 @@ def run(out: Path, iterations: int = 60, warmup: int = 10) -> dict:
         valkey.stop()
     sampling = tinker_sampling.run()
     memory = lm_memory.through_api(work / "memory") if smollm2.available() else []
-    result = {"iterations": iterations, "machine": os.uname().nodename, "cpus": os.cpu_count(), "rows": rows,
-              "torch_threads": torch.get_num_threads(), "sampling": sampling, "memory": memory}  # fmt: skip
+    result = {
+        "iterations": iterations,
+        "machine": os.uname().nodename,
+        "cpus": os.cpu_count(),
+        "rows": rows,
+        "torch_threads": torch.get_num_threads(),
+        "sampling": sampling,
+        "memory": memory,
+    }
     (out / "bench-tinker.json").write_text(json.dumps(result, indent=2))
     table = Table(title=f"forward_backward + optim_step round trip (median of {iterations})")
     for column in (
@@ -177,12 +207,19 @@ def run(out: Path, iterations: int = 60, warmup: int = 10) -> dict:
         table.add_column(column)
     for row in rows:
         overhead = row["sdk_ms"] - row["in_process_ms"]
-        table.add_row(row["case"], f"{row['sdk_ms']:.2f}", f"{row['sdk_p90_ms']:.2f}",
-                      f"{row['sdk_client_cpu_ms']:.2f}", f"{row['trainer_cpu_ms']:.2f}", f"{row['in_process_ms']:.2f}",
-                      f"{overhead:.2f}", f"{row['sdk_ms'] / row['in_process_ms']:.2f}")  # fmt: skip
+        table.add_row(
+            row["case"],
+            f"{row['sdk_ms']:.2f}",
+            f"{row['sdk_p90_ms']:.2f}",
+            f"{row['sdk_client_cpu_ms']:.2f}",
+            f"{row['trainer_cpu_ms']:.2f}",
+            f"{row['in_process_ms']:.2f}",
+            f"{overhead:.2f}",
+            f"{row['sdk_ms'] / row['in_process_ms']:.2f}",
+        )
     Console().print(table)
-    table = Table(title=f"sampling tokens/s, median of {sampling[0]['repeats'] if sampling else 0} (torch threads "
-                        f"{torch.get_num_threads()})")  # fmt: skip
+    repeats = sampling[0]["repeats"] if sampling else 0
+    table = Table(title=f"sampling tokens/s, median of {repeats} (torch threads {torch.get_num_threads()})")
     for column in (
         "model",
         "device",
@@ -195,16 +232,24 @@ def run(out: Path, iterations: int = 60, warmup: int = 10) -> dict:
     ):
         table.add_column(column)
     for row in sampling:
-        table.add_row(row["model"], row["device"], str(row["prompt_tokens"]), f"{row['num_samples']} x {row['max_tokens']}",
-                      f"{row['ours_tokens_per_s']:.1f}", row["peer"], f"{row['peer_tokens_per_s']:.1f}",
-                      f"{row['ratio']:.2f}")  # fmt: skip
+        table.add_row(
+            row["model"],
+            row["device"],
+            str(row["prompt_tokens"]),
+            f"{row['num_samples']} x {row['max_tokens']}",
+            f"{row['ours_tokens_per_s']:.1f}",
+            row["peer"],
+            f"{row['peer_tokens_per_s']:.1f}",
+            f"{row['ratio']:.2f}",
+        )
     Console().print(table)
-    if (
-        memory
-    ):  # DESIGN.md §6: a LoRA client costs its adapter, its moments, its activations (floor: 60 MB each)
+    # DESIGN.md §6: a LoRA client costs its adapter, its moments, its activations (floor: 60 MB each)
+    if memory:
         one, last = memory[1]["rss_mb"], memory[-1]
-        table = Table(title="trainer RSS with N rank-8 LoRA clients of SmolLM2, one step each (floor: one client's "
-                            f"+ 60 MB per client, {one + 60 * last['clients']:,.0f} MB at {last['clients']})")  # fmt: skip
+        floor = f"one client's + 60 MB per client, {one + 60 * last['clients']:,.0f} MB at {last['clients']}"
+        table = Table(
+            title=f"trainer RSS with N rank-8 LoRA clients of SmolLM2, one step each (floor: {floor})"
+        )
         for column in ("clients", "trainer RSS MB", "per client beyond the first MB"):
             table.add_column(column)
         for row in memory:
