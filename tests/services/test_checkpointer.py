@@ -39,8 +39,17 @@ def versions(folder: Path) -> list[int]:
 def preference_group(seed: int) -> dict[str, Any]:
     """Four replies to one prompt, 'a' scored above 'b'."""
     prompt, replies = TOKENIZER.encode(f"pick {seed}:", add_bos=True), TOKENIZER.encode("abab")
-    return {"tokens": [prompt + [r] for r in replies], "masks": [[-100] * len(prompt) + [r] for r in replies],
-            "scores": [1.0 if r == replies[0] else 0.0 for r in replies]}  # fmt: skip
+    return {
+        "tokens": [prompt + [r] for r in replies],
+        "masks": [[-100] * len(prompt) + [r] for r in replies],
+        "scores": [1.0 if r == replies[0] else 0.0 for r in replies],
+    }
+
+
+def atropos_config(run: str) -> Config:
+    """Run ``run``'s trainer running the Atropos loop alone, checkpointed on ``CADENCE``."""
+    trainer = {"experience_loop": False, "checkpoint": CADENCE, "atropos": {"enabled": True, "batch_size": 4}}
+    return parse_config({"run": {"name": run}, "trainer": trainer})
 
 
 def atropos_loop(config: Config, client: redis.Redis, run_dir: Path) -> tuple[AtroposLoop, Checkpointer]:
@@ -56,13 +65,13 @@ def test_one_checkpointer_drives_either_loop_every_n_updates_and_keeps_the_newes
 ) -> None:
     monkeypatch.setenv("TA_TOKEN", "the-run-token")  # the Atropos loop's inference endpoint derives its key
     if driver == "experience":  # a chunk of 2 x 8 steps is one update
-        config = parse_config({"run": {"name": "cadence"}, "trainer": {"samples_per_update": 16,
-                                                                       "checkpoint": CADENCE}})  # fmt: skip
+        config = parse_config(
+            {"run": {"name": "cadence"}, "trainer": {"samples_per_update": 16, "checkpoint": CADENCE}}
+        )
         loop, checkpointer = started_loop(config, redis_client, tmp_path)
         step = lambda seed: loop.step([serialized_chunk(2, seed, version=loop.version)])  # noqa: E731
     else:
-        config = parse_config({"run": {"name": "cadence"}, "trainer": {"experience_loop": False, "checkpoint": CADENCE,
-                                                                       "atropos": {"enabled": True, "batch_size": 4}}})  # fmt: skip
+        config = atropos_config("cadence")
         loop, checkpointer = atropos_loop(config, redis_client, tmp_path)
         step = lambda seed: loop.learn([preference_group(seed)])  # noqa: E731
     written = []
@@ -78,8 +87,7 @@ def test_the_state_pt_of_an_earlier_atropos_loop_still_resumes_and_numbered_chec
     tmp_path: Path, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("TA_TOKEN", "the-run-token")
-    config = parse_config({"run": {"name": "earlier"}, "trainer": {"experience_loop": False, "checkpoint": CADENCE,
-                                                                   "atropos": {"enabled": True, "batch_size": 4}}})  # fmt: skip
+    config = atropos_config("earlier")
     earlier = AtroposLoop(config, redis_client, tmp_path, torch.device("cpu"))
     for seed in (1, 2, 3):
         earlier.learn([preference_group(seed)])

@@ -27,8 +27,16 @@ HEADERS = {"X-API-Key": KEY}
 
 def registration(batch_size: int, max_token_len: int = 64) -> dict[str, Any]:
     """A trainer's /register body."""
-    return {"wandb_group": "g", "wandb_project": "p", "batch_size": batch_size, "max_token_len": max_token_len,
-            "checkpoint_dir": "", "save_checkpoint_interval": 0, "starting_step": 0, "num_steps": 10}  # fmt: skip
+    return {
+        "wandb_group": "g",
+        "wandb_project": "p",
+        "batch_size": batch_size,
+        "max_token_len": max_token_len,
+        "checkpoint_dir": "",
+        "save_checkpoint_interval": 0,
+        "starting_step": 0,
+        "num_steps": 10,
+    }
 
 
 def env_registration(group_size: int, name: str = "toy", **extra: Any) -> dict[str, Any]:
@@ -39,8 +47,13 @@ def env_registration(group_size: int, name: str = "toy", **extra: Any) -> dict[s
 def scored_group(env_id: int | None, size: int, seed: int, **extra: Any) -> dict[str, Any]:
     """A scored group of ``size`` sequences; its first token is ``seed``, so served batches can be counted."""
     tokens = [[seed, k, *range(k + 3)] for k in range(size)]
-    return {"tokens": tokens, "masks": [[-100] + t[1:] for t in tokens],
-            "scores": [float((seed + k) % 3) for k in range(size)], "env_id": env_id, **extra}  # fmt: skip
+    return {
+        "tokens": tokens,
+        "masks": [[-100] + t[1:] for t in tokens],
+        "scores": [float((seed + k) % 3) for k in range(size)],
+        "env_id": env_id,
+        **extra,
+    }
 
 
 def tiny_lm_group(seed: int, tokens: tuple[int, ...] = (97, 98)) -> dict[str, Any]:
