@@ -161,11 +161,8 @@ class PhysicsLimit:
         self._task, self._max_steps = rules._task, rules._max_episode_steps
         self._noise, self._normal_qvel_noise = rules._noise_scale, rules._task.normal_qvel_noise
         self.model = mujoco.MjModel.from_xml_path(expand_model_path(self._task.params["xml_file"]))
-        self._frame_skip, self._chunk, self.num_instances = (
-            int(self._task.params["frame_skip"]),
-            chunk,
-            num_instances,
-        )
+        self._frame_skip = int(self._task.params["frame_skip"])
+        self._chunk, self.num_instances = chunk, num_instances
         self._datas = [mujoco.MjData(self.model) for _ in range(num_threads)]
         self._rollout = rollout.Rollout(nthread=num_threads)
         spec = mujoco.mjtState.mjSTATE_FULLPHYSICS
@@ -902,11 +899,9 @@ def scaling_curve(
     from bench.delay import ENV_ID
 
     base = config.model_copy(deep=True)
-    base.env.id, base.env.kwargs, base.env.backend = (
-        ENV_ID,
-        {"env_id": wrapped_id, "delay_s": delay_s},
-        "gymnasium",
-    )
+    base.env.id = ENV_ID
+    base.env.kwargs = {"env_id": wrapped_id, "delay_s": delay_s}
+    base.env.backend = "gymnasium"
     points = []
     for n in services:
         base.env.services = n

@@ -49,12 +49,8 @@ class Probe:
     def __init__(
         self, address: str, seed: int = 0, max_steps: int = 5000, free_timeout_s: float = 5.0
     ) -> None:
-        self.address, self.seed, self.max_steps, self.free_timeout_s = (
-            address,
-            seed,
-            max_steps,
-            free_timeout_s,
-        )
+        self.address, self.seed = address, seed
+        self.max_steps, self.free_timeout_s = max_steps, free_timeout_s
         self.client = EnvClient(address, "grpc")
         self._channel = open_channel(address, CHANNEL_OPTIONS)
         self._stub = environment_pb2_grpc.EnvironmentStub(self._channel)

@@ -112,11 +112,8 @@ class PeriodicEvaluation:
                 "evaluation of version %d stopped: %s: %s", version, error.code().name, error.details()
             )
             return
-        self.version, self.return_mean, self.return_std = (
-            version,
-            float(np.mean(returns)),
-            float(np.std(returns)),
-        )
+        self.version = version
+        self.return_mean, self.return_std = float(np.mean(returns)), float(np.std(returns))
         log.info(
             "evaluation of policy version %d: mean return %.1f ± %.1f over %d episodes",
             version,

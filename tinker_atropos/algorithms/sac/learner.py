@@ -130,11 +130,8 @@ class SACLearner:
         if critics.alpha_optimizer is not None and state["alpha_optimizer"] is not None:
             critics.alpha_optimizer.load_state_dict(state["alpha_optimizer"])
         counters = state["counters"]
-        self.env_steps, self.gradient_steps, self.owed = (
-            counters["env_steps"],
-            counters["gradient_steps"],
-            counters["owed"],
-        )
+        self.env_steps, self.gradient_steps = counters["env_steps"], counters["gradient_steps"]
+        self.owed = counters["owed"]
         rng = state["rng"]
         self.generator.bit_generator.state = rng["generator"]
         torch.set_rng_state(rng["torch"])
