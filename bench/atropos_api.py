@@ -55,9 +55,13 @@ class Load:
 
 def _group(poster: int, n: int, load: Load) -> bytes:
     tokens = [[poster, n, k, *range(load.tokens - 3)] for k in range(load.group_size)]
-    group = {"tokens": tokens, "masks": [[-100] * 16 + t[16:] for t in tokens],
-             "scores": [float(k % 2) for k in range(load.group_size)], "env_id": 0,
-             "inference_logprobs": [[1.0] * 16 + [-0.5] * (load.tokens - 16) for _ in tokens]}  # fmt: skip
+    group = {
+        "tokens": tokens,
+        "masks": [[-100] * 16 + t[16:] for t in tokens],
+        "scores": [float(k % 2) for k in range(load.group_size)],
+        "env_id": 0,
+        "inference_logprobs": [[1.0] * 16 + [-0.5] * (load.tokens - 16) for _ in tokens],
+    }
     return gzip.compress(json.dumps(group).encode())
 
 
@@ -89,17 +93,36 @@ def _rss_mb(pid: int) -> float:
 def measure(url: str, load: Load, pid: int, seconds: float, pull: bool = True) -> dict[str, Any]:
     """``seconds`` of posting, the trainer pulling (or not); the server's RSS sampled about every second."""
     with httpx.Client(base_url=url, timeout=30, headers=KEY_HEADER) as client:
-        client.post("/register", json={"wandb_group": "bench", "wandb_project": "bench", "batch_size": load.batch_size,
-                                       "max_token_len": load.tokens + 1, "checkpoint_dir": "", "starting_step": 0,
-                                       "save_checkpoint_interval": 0, "num_steps": 10**6}).raise_for_status()  # fmt: skip
+        client.post(
+            "/register",
+            json={
+                "wandb_group": "bench",
+                "wandb_project": "bench",
+                "batch_size": load.batch_size,
+                "max_token_len": load.tokens + 1,
+                "checkpoint_dir": "",
+                "starting_step": 0,
+                "save_checkpoint_interval": 0,
+                "num_steps": 10**6,
+            },
+        ).raise_for_status()
         client.get("/batch").raise_for_status()
-        client.post("/register-env", json={"max_token_length": load.tokens + 1, "desired_name": "bench", "weight": 1.0,
-                                           "group_size": load.group_size}).raise_for_status()  # fmt: skip
+        client.post(
+            "/register-env",
+            json={
+                "max_token_length": load.tokens + 1,
+                "desired_name": "bench",
+                "weight": 1.0,
+                "group_size": load.group_size,
+            },
+        ).raise_for_status()
         start = time.monotonic()
         deadline = start + seconds
-        results = multiprocessing.get_context("spawn").Queue()
-        posters = [multiprocessing.get_context("spawn").Process(target=_poster, args=(url, i, load, deadline, results))
-                   for i in range(load.posters)]  # fmt: skip
+        spawn = multiprocessing.get_context("spawn")
+        results = spawn.Queue()
+        posters = [
+            spawn.Process(target=_poster, args=(url, i, load, deadline, results)) for i in range(load.posters)
+        ]
         for p in posters:
             p.start()
         served = 0
@@ -119,10 +142,15 @@ def measure(url: str, load: Load, pid: int, seconds: float, pull: bool = True) -
         elapsed = time.monotonic() - start
     latencies = sorted(ms for _, _, lat in counts for ms in lat)
     accepted = sum(a for a, _, _ in counts)
-    return {"accepted": accepted, "accepted_groups_per_s": accepted / elapsed, "served_groups_per_s": served / elapsed,
-            "refused": sum(r for _, r, _ in counts), "post_ms_p50": statistics.median(latencies) if latencies else None,
-            "post_ms_p99": latencies[int(0.99 * (len(latencies) - 1))] if latencies else None,
-            "rss_mb": rss}  # fmt: skip
+    return {
+        "accepted": accepted,
+        "accepted_groups_per_s": accepted / elapsed,
+        "served_groups_per_s": served / elapsed,
+        "refused": sum(r for _, r, _ in counts),
+        "post_ms_p50": statistics.median(latencies) if latencies else None,
+        "post_ms_p99": latencies[int(0.99 * (len(latencies) - 1))] if latencies else None,
+        "rss_mb": rss,
+    }
 
 
 def _wait_up(url: str, process: subprocess.Popen) -> None:
@@ -149,12 +177,17 @@ def one_round(server: str, load: Load, work: Path, stall: bool = False) -> dict[
         bound = load.stall_bound if stall else 100_000_000
         config = work / f"atropos-{port}.yaml"
         config.write_text(f"run: {{name: bench}}\natropos: {{port: {port}, max_queue_sequences: {bound}}}\n")
-        command = [sys.executable, "-m", "tinker_atropos", "atropos-api", "--config", str(config), "--redis-url",
-                   valkey.url, "--port", "0"]  # fmt: skip
+        command = [sys.executable, "-m", "tinker_atropos", "atropos-api", "--config", str(config)]
+        command += ["--redis-url", valkey.url, "--port", "0"]
     # ours asks the key of the run's token, as under `up`
     with open(work / f"{server}-{port}.log", "w") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=child_preexec,
-                                   env={**os.environ, "TA_TOKEN": TOKEN})  # fmt: skip
+        process = subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=child_preexec,
+            env={**os.environ, "TA_TOKEN": TOKEN},
+        )
     try:
         url = f"http://127.0.0.1:{port}"
         _wait_up(url, process)
@@ -188,16 +221,26 @@ def run(out: Path, load: Load, console: Console | None = None) -> dict[str, Any]
                 figures = one_round(server, load, Path(scratch))
                 console.print(f"round {r + 1} {server}: {figures}")
                 rounds[server].append(figures)
-        stalled = {server: one_round(server, load, Path(scratch), stall=True) for server in SERVERS
-                   if load.stall_seconds > 0}  # fmt: skip
-    summary = {s: {k: statistics.mean(r[k] for r in rs) for k in ("accepted_groups_per_s", "served_groups_per_s")}
-               for s, rs in rounds.items()}  # fmt: skip
+        stalled = {
+            server: one_round(server, load, Path(scratch), stall=True)
+            for server in SERVERS
+            if load.stall_seconds > 0
+        }
+    summary = {
+        s: {k: statistics.mean(r[k] for r in rs) for k in ("accepted_groups_per_s", "served_groups_per_s")}
+        for s, rs in rounds.items()
+    }
     ours, reference = summary["tinker_atropos"], summary["reference"]
-    result = {"load": load.__dict__, "rounds": rounds, "summary": summary,
-              "ratios": {k: ours[k] / reference[k] if reference[k] else None for k in ours},
-              "stall": {server: {**figures, **_growth(figures["rss_mb"])} for server, figures in stalled.items()},
-              "conditions": "fresh server per round, alternating; posters and the trainer on the same machine",
-              "machine": report.machine(), "packages": report.package_versions()}  # fmt: skip
+    result = {
+        "load": load.__dict__,
+        "rounds": rounds,
+        "summary": summary,
+        "ratios": {k: ours[k] / reference[k] if reference[k] else None for k in ours},
+        "stall": {server: {**figures, **_growth(figures["rss_mb"])} for server, figures in stalled.items()},
+        "conditions": "fresh server per round, alternating; posters and the trainer on the same machine",
+        "machine": report.machine(),
+        "packages": report.package_versions(),
+    }
     (out / "bench-atropos.json").write_text(json.dumps(result, indent=2) + "\n")
     table = Table(
         title=f"Atropos trajectory API, {load.posters} posters, groups of {load.group_size} x {load.tokens} tokens"
@@ -212,8 +255,13 @@ def run(out: Path, load: Load, console: Console | None = None) -> dict[str, Any]
         for column in ("server", "groups accepted", "refused", "RSS at 10 s (MB)", "RSS at the end (MB)"):
             table.add_column(column)
         for server, figures in result["stall"].items():
-            table.add_row(server, str(figures["accepted"]), str(figures["refused"]), f"{figures['rss_at_10s_mb']:.0f}",
-                          f"{figures['rss_end_mb']:.0f}")  # fmt: skip
+            table.add_row(
+                server,
+                str(figures["accepted"]),
+                str(figures["refused"]),
+                f"{figures['rss_at_10s_mb']:.0f}",
+                f"{figures['rss_end_mb']:.0f}",
+            )
         console.print(table)
     console.print(f"ours / reference: {result['ratios']}; wrote {out / 'bench-atropos.json'}")
     return result

@@ -112,7 +112,7 @@ def run_profile(
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.PIPE,
                     text=True,
-                )  # fmt: skip
+                )
                 for name, pid in targets.items()
             }
             cpu_before = {name: phases.cpu_seconds(pid) for name, pid in meter.pids.items()}
@@ -131,7 +131,7 @@ def run_profile(
             "learn": learn,
             "seconds": seconds,
             "note": "py-spy 100 Hz, non-blocking; --nonblocking sampling slows a process by ~1-3 %",
-        },  # fmt: skip
+        },
         "env_steps_per_s": steps / elapsed,
         "cpu_us_per_env_step": {
             name: round(1e6 * s / steps, 1) if steps else None for name, s in cpu.items()

@@ -38,10 +38,14 @@ def summary(run_dir: Path) -> str:
     kl = max((loss.get("approx_kl", 0.0) for loss in losses), default=0.0)
     epochs = [loss["epochs"] for loss in losses if "epochs" in loss]
     stopped = [done < max(epochs) for done in epochs]  # fewer epochs than a whole update's
-    return (f"{run_dir.name}: {rows[-1]['env_steps']:,} env steps; mean return >= {LEARNED:g} from {learned}; "
-            f"worst window after: {'-' if worst is None else round(worst)} (at {worst_at}); last window: "
-            f"{round(list(means.values())[-1]) if means else '-'}; collapsed: {worst is not None and worst < COLLAPSED}; "
-            f"max approx_kl {kl:.3f}; reports whose update target_kl stopped: {sum(stopped) / max(len(stopped), 1):.0%}")  # fmt: skip
+    last = round(list(means.values())[-1]) if means else "-"
+    collapsed = worst is not None and worst < COLLAPSED
+    return (
+        f"{run_dir.name}: {rows[-1]['env_steps']:,} env steps; mean return >= {LEARNED:g} from {learned}; "
+        f"worst window after: {'-' if worst is None else round(worst)} (at {worst_at}); last window: {last}; "
+        f"collapsed: {collapsed}; max approx_kl {kl:.3f}; "
+        f"reports whose update target_kl stopped: {sum(stopped) / max(len(stopped), 1):.0%}"
+    )
 
 
 if __name__ == "__main__":

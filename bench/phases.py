@@ -145,8 +145,15 @@ class PhysicsLimit:
     gymnasium would; nothing else of an env step is done (no observation, reward or ``mj_rnePostConstraint``).
     """
 
-    def __init__(self, env_id: str, kwargs: dict[str, Any], num_instances: int, num_threads: int, seed: int,
-                 chunk: int = LIMIT_CHUNK_STEPS) -> None:  # fmt: skip
+    def __init__(
+        self,
+        env_id: str,
+        kwargs: dict[str, Any],
+        num_instances: int,
+        num_threads: int,
+        seed: int,
+        chunk: int = LIMIT_CHUNK_STEPS,
+    ) -> None:
         from mujoco import rollout
 
         # the backend's task knows the env's health rule, time limit and reset noise; only qpos/qvel are read
@@ -154,11 +161,8 @@ class PhysicsLimit:
         self._task, self._max_steps = rules._task, rules._max_episode_steps
         self._noise, self._normal_qvel_noise = rules._noise_scale, rules._task.normal_qvel_noise
         self.model = mujoco.MjModel.from_xml_path(expand_model_path(self._task.params["xml_file"]))
-        self._frame_skip, self._chunk, self.num_instances = (
-            int(self._task.params["frame_skip"]),
-            chunk,
-            num_instances,
-        )
+        self._frame_skip = int(self._task.params["frame_skip"])
+        self._chunk, self.num_instances = chunk, num_instances
         self._datas = [mujoco.MjData(self.model) for _ in range(num_threads)]
         self._rollout = rollout.Rollout(nthread=num_threads)
         spec = mujoco.mjtState.mjSTATE_FULLPHYSICS
@@ -194,11 +198,19 @@ class PhysicsLimit:
         restarted; returns the env steps done."""
         n, chunk, skip = self.num_instances, self._chunk, self._frame_skip
         actions = self._rng.uniform(self._low, self._high, (n, chunk, len(self._low)))
-        self._rollout.rollout(self.model, self._datas, self.states, np.repeat(actions, skip, axis=1),
-                              control_spec=mujoco.mjtState.mjSTATE_CTRL, state=self._out)  # fmt: skip
+        self._rollout.rollout(
+            self.model,
+            self._datas,
+            self.states,
+            np.repeat(actions, skip, axis=1),
+            control_spec=mujoco.mjtState.mjSTATE_CTRL,
+            state=self._out,
+        )
         ends = self._out[:, skip - 1 :: skip]  # the state after each env step, [n, chunk, nstate]
-        fields = {"qpos": ends[..., self._qpos_at : self._qvel_at].reshape(n * chunk, -1),
-                  "qvel": ends[..., self._qvel_at : self._qvel_at + self.model.nv].reshape(n * chunk, -1)}  # fmt: skip
+        fields = {
+            "qpos": ends[..., self._qpos_at : self._qvel_at].reshape(n * chunk, -1),
+            "qvel": ends[..., self._qvel_at : self._qvel_at + self.model.nv].reshape(n * chunk, -1),
+        }
         ended = np.zeros(n, dtype=bool)
         if self._task.terminate_when_unhealthy:
             ended |= ~self._task.is_healthy(fields).reshape(n, chunk).all(axis=1)
@@ -278,8 +290,14 @@ def initial_policy(config: Config) -> tuple[bytes, dict[str, Any]]:
     """Version-0 weights and spec, built as the trainer builds them (spaces from a local instance)."""
     spaces = check_env(config.env)
     algorithm = algorithms.algorithm(config.trainer.algorithm)
-    setup = LearnerSetup(spaces.observation_space, spaces.action_space, config.trainer,
-                         config.trainer.hyperparameters, torch.device("cpu"), config.run.seed)  # fmt: skip
+    setup = LearnerSetup(
+        spaces.observation_space,
+        spaces.action_space,
+        config.trainer,
+        config.trainer.hyperparameters,
+        torch.device("cpu"),
+        config.run.seed,
+    )
     learner = algorithm.build(setup)
     return learner.core.weights(), learner.core.spec
 
@@ -317,8 +335,14 @@ def secure_environment(folder: Path) -> dict[str, str]:
     """What every service of a protected run gets, from the files of ``tinker-atropos secrets`` made in
     ``folder``: the token on every call (and the keys that sign records), the Redis password, mutual TLS."""
     write_secrets(folder)
-    files = {"TA_TOKEN_FILE": "token", "TA_REDIS_PASSWORD_FILE": "redis-password", "TA_TLS_CERT": "tls.crt",
-             "TA_TLS_KEY": "tls.key", "TA_TLS_CA": "ca.crt", "TA_TLS_CLIENT_CA": "ca.crt"}  # fmt: skip
+    files = {
+        "TA_TOKEN_FILE": "token",
+        "TA_REDIS_PASSWORD_FILE": "redis-password",
+        "TA_TLS_CERT": "tls.crt",
+        "TA_TLS_KEY": "tls.key",
+        "TA_TLS_CA": "ca.crt",
+        "TA_TLS_CLIENT_CA": "ca.crt",
+    }
     return {variable: str(folder / name) for variable, name in files.items()}
 
 
@@ -552,8 +576,12 @@ def services_meter(
                 return {record.name: record.figures for record in live_services(client, run, kind)}
 
             _wait_until(steps, STARTUP_TIMEOUT_S, "the first chunk", children)
-            _wait_until(lambda: _all_acting(config, services("rollout")), STARTUP_TIMEOUT_S,
-                        "every rollout to take its share of the env services", children)  # fmt: skip
+            _wait_until(
+                lambda: _all_acting(config, services("rollout")),
+                STARTUP_TIMEOUT_S,
+                "every rollout to take its share of the env services",
+                children,
+            )
             time.sleep(timing.warmup_s)
 
             gpu = gpu_monitor(config.trainer.device) if learn else None
@@ -871,11 +899,9 @@ def scaling_curve(
     from bench.delay import ENV_ID
 
     base = config.model_copy(deep=True)
-    base.env.id, base.env.kwargs, base.env.backend = (
-        ENV_ID,
-        {"env_id": wrapped_id, "delay_s": delay_s},
-        "gymnasium",
-    )
+    base.env.id = ENV_ID
+    base.env.kwargs = {"env_id": wrapped_id, "delay_s": delay_s}
+    base.env.backend = "gymnasium"
     points = []
     for n in services:
         base.env.services = n

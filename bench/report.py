@@ -200,13 +200,17 @@ def draw_charts(result: dict[str, Any], out: Path) -> list[Path]:
     plt.close(fig)
     scaling = result.get("scaling")
     if scaling:
-        title = (f"{scaling['wrapped_env_id']} + {scaling['delay_s_per_batch_step'] * 1000:g} ms per batch step, "
-                 f"{scaling['instances_per_service']} instances/service")  # fmt: skip
+        title = (
+            f"{scaling['wrapped_env_id']} + {scaling['delay_s_per_batch_step'] * 1000:g} ms per batch step, "
+            f"{scaling['instances_per_service']} instances/service"
+        )
         paths.append(scaling_chart(scaling["points"], "env_services", title, out / "scaling.png", log2=True))
     rollouts = result.get("rollout_scaling")
     if rollouts:
-        title = (f"{rollouts['env_id']}, {rollouts['inference_delay_s_per_batch'] * 1000:g} ms acting per batch, "
-                 f"{rollouts['env_services']} env services")  # fmt: skip
+        title = (
+            f"{rollouts['env_id']}, {rollouts['inference_delay_s_per_batch'] * 1000:g} ms acting per batch, "
+            f"{rollouts['env_services']} env services"
+        )
         paths.append(scaling_chart(rollouts["points"], "rollouts", title, out / "rollout-scaling.png"))
     return paths
 

@@ -48,10 +48,18 @@ def sf_command(
     workers, per_worker = sf_workers(config.env.total_instances, os.cpu_count() or 1)
     return [
         # -P: bench/ stays off its sys.path, where a module of ours could shadow one of its own
-        str(SF_PYTHON), "-P", str(Path(__file__).with_name("sf_appo.py")),
-        f"--env={SF_ENVS[config.env.id.split('-v')[0]]}", f"--budget-s={budget_s}", f"--start-time={time.time()}",
-        f"--seed={config.run.seed}", f"--workers={workers}", f"--envs-per-worker={per_worker}",
-        f"--return-window={RETURN_WINDOW}", f"--async-rl={'on' if async_rl else 'off'}",
-        f"--report-interval-s={report_interval_s}", f"--train-dir={work_dir / 'train'}",
+        str(SF_PYTHON),
+        "-P",
+        str(Path(__file__).with_name("sf_appo.py")),
+        f"--env={SF_ENVS[config.env.id.split('-v')[0]]}",
+        f"--budget-s={budget_s}",
+        f"--start-time={time.time()}",
+        f"--seed={config.run.seed}",
+        f"--workers={workers}",
+        f"--envs-per-worker={per_worker}",
+        f"--return-window={RETURN_WINDOW}",
+        f"--async-rl={'on' if async_rl else 'off'}",
+        f"--report-interval-s={report_interval_s}",
+        f"--train-dir={work_dir / 'train'}",
         f"--curve={work_dir / 'curve.jsonl'}",
-    ]  # fmt: skip
+    ]

@@ -177,10 +177,14 @@ def _interleaved_slices(
             elif phase == "envpool":
                 key, meter = "envpool_steps_per_s", stack.enter_context(phases.envpool_meter(config, timing))
             else:  # collect and train; collect_grpc: the local fast path switched off
-                key, meter = f"{phase}_env_steps_per_s", stack.enter_context(
-                    phases.services_meter(config, timing, work / phase, transport="grpc" if "grpc" in phase else None,
-                                          learn=phase.startswith("train"), secure=phase.endswith("_secure"))
-                )  # fmt: skip
+                transport = "grpc" if "grpc" in phase else None
+                learn, secure = phase.startswith("train"), phase.endswith("_secure")
+                key = f"{phase}_env_steps_per_s"
+                meter = stack.enter_context(
+                    phases.services_meter(
+                        config, timing, work / phase, transport=transport, learn=learn, secure=secure
+                    )
+                )
             if meter is None:
                 unavailable[phase] = UNAVAILABLE.get(phase) or sf_peer.unavailable(config) or "?"
             else:

@@ -68,15 +68,18 @@ class ExperienceSource:
         chunk_steps = steps  # of the last trajectory seen: take no more records than the batch needs
         while have < steps:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{have} of {steps} env steps arrived in {timeout_s:.0f} s: are the env and "
-                                   "rollout services running?")  # fmt: skip
+                raise TimeoutError(
+                    f"{have} of {steps} env steps arrived in {timeout_s:.0f} s: are the env and "
+                    "rollout services running?"
+                )
             for record in self._reader.take(count=math.ceil((steps - have) / chunk_steps), block_ms=500):
                 try:
                     if isinstance(record, RecordError):
                         raise record
                     trajectory = decode_trajectory(record, spec)
-                    self._freshness.take(trajectory.rollout_incarnation, trajectory.sequence,
-                                         trajectory.policy_version)  # fmt: skip
+                    self._freshness.take(
+                        trajectory.rollout_incarnation, trajectory.sequence, trajectory.policy_version
+                    )
                 except RecordError as error:
                     self.skipped[error.reason] += 1
                     continue

@@ -21,13 +21,39 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.registry import Collector, CollectorRegistry
 
 # Status fields that go up and down; every other number only grows (a counter).
-GAUGES = frozenset({
-    "instances", "free_instances", "sessions", "streams", "connected_sessions", "policy_version", "busy_fraction",
-    "policy_lag_min", "policy_lag_mean", "policy_lag_max", "episode_return_mean", "losses", "policy_lag_counts",
-    "eval_policy_version", "eval_return_mean", "eval_return_std", "eval_best_policy_version", "eval_best_return_mean",
-    "write_failing_s", "step", "queue_groups", "queue_sequences", "pending_batches", "envs_registered", "envs_connected",
-    "instances_held", "instances_by_env", "units_assigned", "rollouts_seen",
-})  # fmt: skip
+GAUGES = frozenset(
+    {
+        "instances",
+        "free_instances",
+        "sessions",
+        "streams",
+        "connected_sessions",
+        "policy_version",
+        "busy_fraction",
+        "policy_lag_min",
+        "policy_lag_mean",
+        "policy_lag_max",
+        "episode_return_mean",
+        "losses",
+        "policy_lag_counts",
+        "eval_policy_version",
+        "eval_return_mean",
+        "eval_return_std",
+        "eval_best_policy_version",
+        "eval_best_return_mean",
+        "write_failing_s",
+        "step",
+        "queue_groups",
+        "queue_sequences",
+        "pending_batches",
+        "envs_registered",
+        "envs_connected",
+        "instances_held",
+        "instances_by_env",
+        "units_assigned",
+        "rollouts_seen",
+    }
+)
 MAP_LABELS = {
     "losses": "loss",
     "records_rejected": "reason",
@@ -120,8 +146,11 @@ class ServiceCollector(Collector):
                 family = kind(prefix + name, what, labels=["run"])
                 family.add_metric([self.run], float(value))
             yield family
-        handled = CounterMetricFamily("grpc_server_handled", "gRPC calls completed on the server, by method and "
-                                      "status code", labels=["run", "grpc_method", "grpc_code"])  # fmt: skip
+        handled = CounterMetricFamily(
+            "grpc_server_handled",
+            "gRPC calls completed on the server, by method and status code",
+            labels=["run", "grpc_method", "grpc_code"],
+        )
         with self._calls._lock:
             counts = sorted(self._calls.counts.items())
         for (method, code), count in counts:

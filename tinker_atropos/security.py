@@ -113,9 +113,11 @@ def check_exposure(host: str, insecure: bool) -> str | None:
     returns the warning to print when ``insecure`` lets such a bind through."""
     if is_loopback(host):
         return None
-    missing = [name for name, present in (("a token (TA_TOKEN_FILE or TA_TOKEN)", service_token() is not None),
-                                          ("TLS (TA_TLS_CERT and TA_TLS_KEY)", _own_certificate() is not None))
-               if not present]  # fmt: skip
+    needed = {
+        "a token (TA_TOKEN_FILE or TA_TOKEN)": service_token() is not None,
+        "TLS (TA_TLS_CERT and TA_TLS_KEY)": _own_certificate() is not None,
+    }
+    missing = [name for name, present in needed.items() if not present]
     if not missing:
         return None
     what = " and ".join(missing)

@@ -96,8 +96,13 @@ class _StatusServicer(services_pb2_grpc.StatusServicer):
 
 
 # eval_env: an env service that only the trainer's periodic evaluation uses (``env --role eval``)
-_STATUS_FIELDS = {"env": "environment", "eval_env": "environment", "rollout": "rollout", "trainer": "trainer",
-                  "atropos_api": "atropos_api"}  # fmt: skip
+_STATUS_FIELDS = {
+    "env": "environment",
+    "eval_env": "environment",
+    "rollout": "rollout",
+    "trainer": "trainer",
+    "atropos_api": "atropos_api",
+}
 
 
 class ServiceHost:
@@ -123,8 +128,11 @@ class ServiceHost:
         self.token_check = TokenCheck(token) if token else None
         self.calls = CallCounter()
         interceptors = [self.calls, *([self.token_check] if self.token_check else [])]
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=SERVER_OPTIONS,
-                                  interceptors=interceptors)  # fmt: skip
+        self.server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=max_workers),
+            options=SERVER_OPTIONS,
+            interceptors=interceptors,
+        )
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         services_pb2_grpc.add_StatusServicer_to_server(_StatusServicer(kind, status), self.server)
@@ -159,8 +167,11 @@ class ServiceHost:
 
     def figures(self) -> dict[str, Any]:
         """What the registry entry and the Prometheus metrics say of this service."""
-        return {**status_figures(self._status()), "calls_refused": self.calls_refused(),
-                "metrics_address": self.metrics_address}  # fmt: skip
+        return {
+            **status_figures(self._status()),
+            "calls_refused": self.calls_refused(),
+            "metrics_address": self.metrics_address,
+        }
 
     def start(self) -> None:
         if self.endpoint.metrics_port is not None:  # before the registration: its first entry names it
@@ -173,8 +184,14 @@ class ServiceHost:
         self.server.start()
         self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         self.registration.start()
-        log.info("%s service %s serving on %s (%s, %s)", self.kind, self.incarnation, self.address,
-                 "TLS" if self.tls else "plaintext", "token" if self.token_check else "no token")  # fmt: skip
+        log.info(
+            "%s service %s serving on %s (%s, %s)",
+            self.kind,
+            self.incarnation,
+            self.address,
+            "TLS" if self.tls else "plaintext",
+            "token" if self.token_check else "no token",
+        )
 
     def stop(self, grace_s: float = 2.0) -> None:
         self.health.enter_graceful_shutdown()

@@ -9,7 +9,6 @@ import copy
 import gzip
 import json
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -20,21 +19,29 @@ import numpy as np
 import pytest
 import torch
 import uvicorn
-import yaml
 from atroposlib.envs.server_handling.openai_server import OpenAIServer
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.envs.server_handling.sglang_server import SGLangServer
 from transformers import AutoTokenizer
 
 from tests.support.asserts import assert_names_nothing_of_the_package, assert_same
-from tests.support.atropos import Poller, chunked, memory_kb, reset_peak
+from tests.support.atropos import (
+    Poller,
+    chunked,
+    join_as_env,
+    memory_kb,
+    reference_api,
+    reset_peak,
+    start_atropos_trainer,
+    tiny_lm_group,
+)
 from tests.support.processes import Processes, wait_for
 from tinker_atropos.config import parse_config
 from tinker_atropos.frontends.http import run_key
 from tinker_atropos.frontends.inference.app import build_app
 from tinker_atropos.frontends.inference.sampler import Sampler
 from tinker_atropos.models import tiny_lm
-from tinker_atropos.processes import child_preexec, free_port
+from tinker_atropos.processes import free_port
 from tinker_atropos.state.registry import live_services
 from tinker_atropos.trainer.atropos_loop import AtroposLoop
 from tinker_atropos.trainer.checkpointing import Checkpointer
@@ -53,8 +60,12 @@ def test_advantages_are_relative_to_the_group_and_an_all_equal_group_teaches_not
 
 def test_a_batch_becomes_shifted_token_datums_weighted_by_the_mask_with_the_sentinel_zeroed() -> None:
     prompt, a, b = [256, 104, 105], [97, 257], [98, 98, 257]
-    group = {"tokens": [prompt + a, prompt + b], "masks": [[-100] * 3 + a, [-100] * 3 + b], "scores": [1.0, 0.0],
-             "inference_logprobs": [[1.0] * 3 + [-0.5, -0.1], [1.0] * 3 + [-2.0, -1.0, -0.2]]}  # fmt: skip
+    group = {
+        "tokens": [prompt + a, prompt + b],
+        "masks": [[-100] * 3 + a, [-100] * 3 + b],
+        "scores": [1.0, 0.0],
+        "inference_logprobs": [[1.0] * 3 + [-0.5, -0.1], [1.0] * 3 + [-2.0, -1.0, -0.2]],
+    }
     equal = {"tokens": [prompt + a, prompt + a], "masks": [[-100] * 3 + a] * 2, "scores": [1.0, 1.0]}
     out = batch_datums([group, equal])
     assert out.groups_skipped_equal == 1 and len(out.data) == 2 and out.scores == [1.0, 0.0, 1.0, 1.0]
@@ -88,8 +99,9 @@ def test_the_tokenizer_folder_loads_offline_and_encodes_and_chats_as_the_tiny_lm
     assert hf.encode(text, add_special_tokens=False) == TOKENIZER.encode(text)
     assert (hf.bos_token_id, hf.eos_token_id) == (TOKENIZER.bos_id, TOKENIZER.eos_id)
     messages = [("system", "be brief"), ("user", "hi")]
-    rendered = hf.apply_chat_template([{"role": r, "content": c} for r, c in messages], tokenize=False,
-                                      add_generation_prompt=True)  # fmt: skip
+    rendered = hf.apply_chat_template(
+        [{"role": r, "content": c} for r, c in messages], tokenize=False, add_generation_prompt=True
+    )
     assert rendered == tiny_lm.chat_prompt(messages)
 
 
@@ -98,8 +110,13 @@ class Endpoint:
 
     def __init__(self, sampler: Sampler) -> None:
         self.port = free_port()
-        config = uvicorn.Config(build_app(sampler, "tiny-byte-lm", [KEY], 8 << 20), host="127.0.0.1", port=self.port,
-                                log_level="warning", lifespan="off")  # fmt: skip
+        config = uvicorn.Config(
+            build_app(sampler, "tiny-byte-lm", [KEY], 8 << 20),
+            host="127.0.0.1",
+            port=self.port,
+            log_level="warning",
+            lifespan="off",
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
@@ -119,18 +136,27 @@ def test_atroposlibs_own_clients_sample_tokens_and_logprobs_of_the_served_versio
     sampler = Sampler(model, version=3)
     tokenizer_dir = str(TOKENIZER.save_pretrained(tmp_path / "tok"))
     with Endpoint(sampler) as url:
-        config = APIServerConfig(model_name="tiny-byte-lm", base_url=f"{url}/v1", api_key=KEY, tokenizer_name=tokenizer_dir,
-                                 timeout=30, health_check=False)  # fmt: skip
+        config = APIServerConfig(
+            model_name="tiny-byte-lm",
+            base_url=f"{url}/v1",
+            api_key=KEY,
+            tokenizer_name=tokenizer_dir,
+            timeout=30,
+            health_check=False,
+        )
         prompt = TOKENIZER.encode("ab", add_bos=True)
 
         async def calls() -> tuple:
             sglang, openai_server = SGLangServer(config), OpenAIServer(config)
             sampled = await sglang._tokens_and_logprobs_completion_wrapper(
-                model="tiny-byte-lm", input_ids=prompt, n=3, max_tokens=5, temperature=1.0)  # fmt: skip
-            completion = await openai_server._completion_wrapper(model="tiny-byte-lm", prompt="ab", n=2, max_tokens=4,
-                                                                 logprobs=1)  # fmt: skip
-            chat = await openai_server._chat_completion_wrapper(model="tiny-byte-lm", max_tokens=4,
-                                                                messages=[{"role": "user", "content": "hi"}])  # fmt: skip
+                model="tiny-byte-lm", input_ids=prompt, n=3, max_tokens=5, temperature=1.0
+            )
+            completion = await openai_server._completion_wrapper(
+                model="tiny-byte-lm", prompt="ab", n=2, max_tokens=4, logprobs=1
+            )
+            chat = await openai_server._chat_completion_wrapper(
+                model="tiny-byte-lm", max_tokens=4, messages=[{"role": "user", "content": "hi"}]
+            )
             return sampled, completion, chat
 
         (_, tokens, logprobs, reasons), completion, chat = asyncio.run(calls())
@@ -144,8 +170,10 @@ def test_atroposlibs_own_clients_sample_tokens_and_logprobs_of_the_served_versio
         assert chat.choices[0].message.role == "assistant"
         sampler.update(model, 4)
         http = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {KEY}"})
-        assert http.post("/generate", json={"input_ids": prompt, "sampling_params": {"max_new_tokens": 1}}).json()[
-            "meta_info"]["policy_version"] == 4  # fmt: skip
+        generated = http.post(
+            "/generate", json={"input_ids": prompt, "sampling_params": {"max_new_tokens": 1}}
+        )
+        assert generated.json()["meta_info"]["policy_version"] == 4
         too_long = http.post("/generate", json={"input_ids": [1] * 600, "sampling_params": {}})
         assert too_long.status_code == 400 and "context" in too_long.json()["detail"]
         # the run's key is asked on every route but the health check
@@ -166,8 +194,15 @@ def test_the_atropos_loop_raises_the_score_of_the_preferred_completion(
     """Groups where the completion 'a' scores 1 and 'b' scores 0, with the served policy's log-probs of each: a
     few importance-sampling steps make 'a' the likelier reply, and every step serves a new version."""
     monkeypatch.setenv("TA_TOKEN", "the-run-token")  # the inference endpoint's key is derived from it
-    config = parse_config({"run": {"name": "atropos-loop"}, "trainer": {
-        "experience_loop": False, "atropos": {"enabled": True, "learning_rate": 1e-2, "batch_size": 8}}})  # fmt: skip
+    config = parse_config(
+        {
+            "run": {"name": "atropos-loop"},
+            "trainer": {
+                "experience_loop": False,
+                "atropos": {"enabled": True, "learning_rate": 1e-2, "batch_size": 8},
+            },
+        }
+    )
     loop = AtroposLoop(config, redis_client, tmp_path / "run", torch.device("cpu"))
     prompt = TOKENIZER.encode("pick:", add_bos=True)
     a, b = TOKENIZER.encode("a")[0], TOKENIZER.encode("b")[0]
@@ -184,9 +219,12 @@ def test_the_atropos_loop_raises_the_score_of_the_preferred_completion(
     for step in range(1, 13):
         logprobs = served_logprobs()
         replies = [a, b] * 4
-        group = {"tokens": [prompt + [r] for r in replies], "masks": [[-100] * len(prompt) + [r] for r in replies],
-                 "scores": [1.0 if r == a else 0.0 for r in replies],
-                 "inference_logprobs": [[1.0] * len(prompt) + [float(logprobs[r])] for r in replies]}  # fmt: skip
+        group = {
+            "tokens": [prompt + [r] for r in replies],
+            "masks": [[-100] * len(prompt) + [r] for r in replies],
+            "scores": [1.0 if r == a else 0.0 for r in replies],
+            "inference_logprobs": [[1.0] * len(prompt) + [float(logprobs[r])] for r in replies],
+        }
         loop.learn([group])
         assert loop.sampler.version == step and np.isfinite(loop.figures["loss"])
     assert p_a() > max(0.9, before + 0.3), (before, p_a())
@@ -206,14 +244,21 @@ def test_a_step_that_comes_out_nonfinite_is_undone_and_counted(
     """Scores near float32's limit make the gradients overflow: the step is undone (parameters, optimizer
     moments and version as before it, the served weights unchanged) and counted in the trainer's status."""
     monkeypatch.setenv("TA_TOKEN", "the-run-token")
-    config = parse_config({"run": {"name": "atropos-nonfinite"}, "trainer": {
-        "experience_loop": False, "atropos": {"enabled": True, "batch_size": 4}}})  # fmt: skip
+    config = parse_config(
+        {
+            "run": {"name": "atropos-nonfinite"},
+            "trainer": {"experience_loop": False, "atropos": {"enabled": True, "batch_size": 4}},
+        }
+    )
     loop = AtroposLoop(config, redis_client, tmp_path / "run", torch.device("cpu"))
     prompt, replies = TOKENIZER.encode("pick:", add_bos=True), TOKENIZER.encode("abab")
 
     def group(good: float) -> dict[str, list]:
-        return {"tokens": [prompt + [r] for r in replies], "masks": [[-100] * len(prompt) + [r] for r in replies],
-                "scores": [good if r == replies[0] else -good for r in replies]}  # fmt: skip
+        return {
+            "tokens": [prompt + [r] for r in replies],
+            "masks": [[-100] * len(prompt) + [r] for r in replies],
+            "scores": [good if r == replies[0] else -good for r in replies],
+        }
 
     loop.learn([group(1.0)])  # a sound step first: the optimizer moments exist
     before = copy.deepcopy(loop.model.state_dict())
@@ -233,37 +278,17 @@ def test_groups_the_model_cannot_read_are_skipped_and_counted_and_the_trainer_le
     a sound group, one with a token outside the tiny LM's vocabulary and one past its context. The two are skipped
     and counted, the sound one learned from (a trainer used to exit on such a batch, its sound groups lost), and
     the next batch is learned from as well."""
-    api_port, inference_port = free_port(), free_port()
-    with open(tmp_path / "reference.log", "w") as log:
-        reference = subprocess.Popen([sys.executable, "-m", "atroposlib.cli.run_api", "--host", "127.0.0.1", "--port",
-                                      str(api_port)], stdout=log, stderr=subprocess.STDOUT, preexec_fn=child_preexec)  # fmt: skip
-    try:
-        trainer = _start_trainer(tmp_path, processes, valkey.url, monkeypatch, "atropos-hostile", api_url=f"http://127.0.0.1:{api_port}",
-                                 batch_size=12, max_token_len=1024, inference_port=inference_port)  # fmt: skip
-        api = httpx.Client(base_url=f"http://127.0.0.1:{api_port}", timeout=30)
-
-        def registered() -> bool:
-            assert trainer.poll() is None, processes.log("trainer")[-3000:]
-            try:
-                return api.get("/info").json()["batch_size"] == 12
-            except (httpx.HTTPError, ValueError):
-                return False
-
-        wait_for(registered, 120, "the trainer's registration with run-api")
-        api.get("/batch")  # as a trainer would: the reference lets environments register once it pulled
-        api.post("/register-env", json={"max_token_length": 1024, "desired_name": "hostile", "weight": 1.0,
-                                         "group_size": 4}).raise_for_status()  # fmt: skip
-
-        def group(tokens: list[int], seed: int) -> dict:
-            rows = [[256, seed, k, *tokens] for k in range(4)]
-            return {"tokens": rows, "masks": [[-100, -100, *r[2:]] for r in rows], "scores": [0.0, 1.0, 0.0, 1.0],
-                    "env_id": 0}  # fmt: skip
+    with reference_api(tmp_path / "reference.log") as api_url:
+        atropos = {"api_url": api_url, "batch_size": 12, "max_token_len": 1024, "inference_port": free_port()}
+        trainer = _start_trainer(tmp_path, processes, valkey.url, monkeypatch, "atropos-hostile", **atropos)
+        api = httpx.Client(base_url=api_url, timeout=30)
+        join_as_env(api, processes, trainer, batch_size=12, name="hostile", max_token_length=1024)
 
         def trainer_figures() -> dict:
             services = live_services(redis_client, "atropos-hostile", "trainer")
             return services[0].figures if services else {}
 
-        for posted in (group([97, 98], 1), group([97, 300], 2), group([97] * 600, 3)):
+        for posted in (tiny_lm_group(1), tiny_lm_group(2, (97, 300)), tiny_lm_group(3, (97,) * 600)):
             api.post("/scored_data", json=posted).raise_for_status()
         wait_for(lambda: trainer_figures().get("updates", 0) >= 1, 120, "the trainer's first step")
         figures = trainer_figures()
@@ -272,7 +297,7 @@ def test_groups_the_model_cannot_read_are_skipped_and_counted_and_the_trainer_le
         )
         assert figures["policy_version"] == 1
         for seed in (4, 5, 6):
-            api.post("/scored_data", json=group([97, 98, 99], seed)).raise_for_status()
+            api.post("/scored_data", json=tiny_lm_group(seed, (97, 98, 99))).raise_for_status()
         wait_for(lambda: trainer_figures().get("updates", 0) >= 2, 120, "the trainer's second step")
         assert trainer_figures()["policy_version"] == 2 and trainer.poll() is None
         log = processes.log("trainer")
@@ -281,21 +306,20 @@ def test_groups_the_model_cannot_read_are_skipped_and_counted_and_the_trainer_le
         assert "Traceback" not in log, log[-3000:]
         # its /batch polls (ten a second while no batch is ready) are not logged one by one
         assert "HTTP Request:" not in log and "/batch" not in log, log[-3000:]
-    finally:
-        reference.terminate()
-        reference.wait(timeout=30)
 
 
-def _start_trainer(tmp_path: Path, processes: Processes, redis_url: str, monkeypatch: pytest.MonkeyPatch,
-                   run: str, **atropos: Any) -> subprocess.Popen:  # fmt: skip
+def _start_trainer(
+    tmp_path: Path,
+    processes: Processes,
+    redis_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    run: str,
+    **atropos: Any,
+) -> subprocess.Popen:
     """A trainer process of run ``run`` running the Atropos loop (``atropos``: its settings) and serving the
     inference endpoint, with the run token ``RUN_TOKEN`` (the endpoint asks the key derived from it)."""
-    config = {"run": {"name": run}, "env": {"services": 0}, "rollout": {"replicas": 0},
-              "trainer": {"experience_loop": False, "atropos": {"enabled": True, **atropos}}}  # fmt: skip
-    (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
     monkeypatch.setenv("TA_TOKEN", RUN_TOKEN)
-    return processes.start("trainer", "--config", str(tmp_path / "run.yaml"), "--redis-url", redis_url,
-                           "--port", "0", "--run-dir", str(tmp_path / "run"), name="trainer")  # fmt: skip
+    return start_atropos_trainer(processes, redis_url, tmp_path / "run", run, **atropos)
 
 
 # ------------------------------------------------------------------------------ bodies bounded by what they build
@@ -365,17 +389,22 @@ def test_hostile_bodies_to_the_inference_endpoint_cost_under_ten_times_their_siz
         after_mb = (memory_kb(trainer.pid, "VmRSS") - rss_before) / 1024
         after = client.post("/v1/completions", json=sample)
     sizes_mb = {what: len(body) / 2**20 for what, body in bodies.items()}
-    print(f"{elapsed_s:.1f} s; slowest /health {poller.slowest:.2f} s of {poller.answers}; RSS {after_mb:+.0f} MiB after; peak growth "
-          f"(MiB) for a body of (MiB): { {w: (round(growth_mb[w]), round(sizes_mb[w], 1)) for w in bodies} }")  # fmt: skip
+    growth = {w: (round(growth_mb[w]), round(sizes_mb[w], 1)) for w in bodies}
+    print(
+        f"{elapsed_s:.1f} s; slowest /health {poller.slowest:.2f} s of {poller.answers}; "
+        f"RSS {after_mb:+.0f} MiB after; peak growth (MiB) for a body of (MiB): {growth}"
+    )
     for what, (_, _, status, reason) in hostile.items():
         answer = answers[what]
-        assert answer.status_code == status and reason in answer.text, (what, answer.status_code, answer.text[:500])  # fmt: skip
+        shown = (what, answer.status_code, answer.text[:500])
+        assert answer.status_code == status and reason in answer.text, shown
         if status == 422:  # however many items are bad, five errors and a count at most
             assert len(answer.json()["detail"]) <= 6, (what, answer.text[:2000])
         # 8 MiB: a baseline (the answer, a thread's allocations) that a body of a few kB costs as well
         assert growth_mb[what] < 10 * sizes_mb[what] + 8, (what, growth_mb[what], sizes_mb[what])
     assert over.status_code == 413 and "trainer.atropos.inference_max_request_mb" in over.text, over.text
     # asked throughout (four answers a second at least: one every 20 ms and the time it took)
-    assert poller.slowest < 1.0 and poller.answers >= 4 * elapsed_s, (poller.slowest, poller.answers, elapsed_s)  # fmt: skip
+    polled = (poller.slowest, poller.answers, elapsed_s)
+    assert poller.slowest < 1.0 and poller.answers >= 4 * elapsed_s, polled
     assert after_mb < 3 * MAX_MB, after_mb  # what the bodies took is handed back, but for a few MiB
     assert after.status_code == 200 and after.json()["choices"][0]["logprobs"]["token_ids"], after.text

@@ -6,8 +6,6 @@ nothing there and stops."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -16,14 +14,14 @@ import httpx
 import pytest
 import redis
 import torch
-import yaml
 
+from tests.support.atropos import join_as_env, reference_api, start_atropos_trainer, tiny_lm_group
 from tests.support.loops import started_loop
 from tests.support.processes import Processes, wait_for
 from tests.support.records import serialized_chunk
 from tinker_atropos.config import Config, parse_config
 from tinker_atropos.models import tiny_lm
-from tinker_atropos.processes import child_preexec, free_port
+from tinker_atropos.processes import free_port
 from tinker_atropos.state.checkpoints import save_torch
 from tinker_atropos.state.registry import live_services
 from tinker_atropos.state.run_dir import LOCK_NAME, OWNER_VARIABLE, Holder
@@ -41,8 +39,17 @@ def versions(folder: Path) -> list[int]:
 def preference_group(seed: int) -> dict[str, Any]:
     """Four replies to one prompt, 'a' scored above 'b'."""
     prompt, replies = TOKENIZER.encode(f"pick {seed}:", add_bos=True), TOKENIZER.encode("abab")
-    return {"tokens": [prompt + [r] for r in replies], "masks": [[-100] * len(prompt) + [r] for r in replies],
-            "scores": [1.0 if r == replies[0] else 0.0 for r in replies]}  # fmt: skip
+    return {
+        "tokens": [prompt + [r] for r in replies],
+        "masks": [[-100] * len(prompt) + [r] for r in replies],
+        "scores": [1.0 if r == replies[0] else 0.0 for r in replies],
+    }
+
+
+def atropos_config(run: str) -> Config:
+    """Run ``run``'s trainer running the Atropos loop alone, checkpointed on ``CADENCE``."""
+    trainer = {"experience_loop": False, "checkpoint": CADENCE, "atropos": {"enabled": True, "batch_size": 4}}
+    return parse_config({"run": {"name": run}, "trainer": trainer})
 
 
 def atropos_loop(config: Config, client: redis.Redis, run_dir: Path) -> tuple[AtroposLoop, Checkpointer]:
@@ -58,13 +65,13 @@ def test_one_checkpointer_drives_either_loop_every_n_updates_and_keeps_the_newes
 ) -> None:
     monkeypatch.setenv("TA_TOKEN", "the-run-token")  # the Atropos loop's inference endpoint derives its key
     if driver == "experience":  # a chunk of 2 x 8 steps is one update
-        config = parse_config({"run": {"name": "cadence"}, "trainer": {"samples_per_update": 16,
-                                                                       "checkpoint": CADENCE}})  # fmt: skip
+        config = parse_config(
+            {"run": {"name": "cadence"}, "trainer": {"samples_per_update": 16, "checkpoint": CADENCE}}
+        )
         loop, checkpointer = started_loop(config, redis_client, tmp_path)
         step = lambda seed: loop.step([serialized_chunk(2, seed, version=loop.version)])  # noqa: E731
     else:
-        config = parse_config({"run": {"name": "cadence"}, "trainer": {"experience_loop": False, "checkpoint": CADENCE,
-                                                                       "atropos": {"enabled": True, "batch_size": 4}}})  # fmt: skip
+        config = atropos_config("cadence")
         loop, checkpointer = atropos_loop(config, redis_client, tmp_path)
         step = lambda seed: loop.learn([preference_group(seed)])  # noqa: E731
     written = []
@@ -80,8 +87,7 @@ def test_the_state_pt_of_an_earlier_atropos_loop_still_resumes_and_numbered_chec
     tmp_path: Path, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("TA_TOKEN", "the-run-token")
-    config = parse_config({"run": {"name": "earlier"}, "trainer": {"experience_loop": False, "checkpoint": CADENCE,
-                                                                   "atropos": {"enabled": True, "batch_size": 4}}})  # fmt: skip
+    config = atropos_config("earlier")
     earlier = AtroposLoop(config, redis_client, tmp_path, torch.device("cpu"))
     for seed in (1, 2, 3):
         earlier.learn([preference_group(seed)])
@@ -99,12 +105,6 @@ def test_the_state_pt_of_an_earlier_atropos_loop_still_resumes_and_numbered_chec
     assert (again.step, again.model.core.version) == (5, 5)
 
 
-def group(seed: int) -> dict[str, Any]:
-    rows = [[256, seed, k, 97, 98] for k in range(4)]
-    return {"tokens": rows, "masks": [[-100, -100, *r[2:]] for r in rows], "scores": [0.0, 1.0, 0.0, 1.0],
-            "env_id": 0}  # fmt: skip
-
-
 @pytest.mark.integration
 def test_an_atropos_trainer_whose_run_folder_another_up_took_over_writes_nothing_there_and_stops(
     tmp_path: Path, valkey, redis_client: redis.Redis, processes: Processes, monkeypatch: pytest.MonkeyPatch
@@ -118,49 +118,29 @@ def test_an_atropos_trainer_whose_run_folder_another_up_took_over_writes_nothing
     (run_dir / LOCK_NAME).write_text(json.dumps(asdict(holder)))
     monkeypatch.setenv(OWNER_VARIABLE, holder.id)
     monkeypatch.setenv("TA_TOKEN", "the-run-token")
-    api_port, inference_port = free_port(), free_port()
-    with open(tmp_path / "reference.log", "w") as log:
-        reference = subprocess.Popen([sys.executable, "-m", "atroposlib.cli.run_api", "--host", "127.0.0.1", "--port",
-                                      str(api_port)], stdout=log, stderr=subprocess.STDOUT, preexec_fn=child_preexec)  # fmt: skip
-    try:
-        config = {"run": {"name": "owner"}, "env": {"services": 0}, "rollout": {"replicas": 0},
-                  "trainer": {"experience_loop": False, "checkpoint": {"every_updates": 1, "keep": 2},
-                              "atropos": {"enabled": True, "api_url": f"http://127.0.0.1:{api_port}", "batch_size": 4,
-                                          "max_token_len": 64, "inference_port": inference_port}}}  # fmt: skip
-        (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
-        trainer = processes.start("trainer", "--config", str(tmp_path / "run.yaml"), "--redis-url", valkey.url,
-                                  "--port", "0", "--run-dir", str(run_dir), name="trainer")  # fmt: skip
-        api = httpx.Client(base_url=f"http://127.0.0.1:{api_port}", timeout=30)
-
-        def registered() -> bool:
-            assert trainer.poll() is None, processes.log("trainer")[-3000:]
-            try:
-                return api.get("/info").json()["batch_size"] == 4
-            except (httpx.HTTPError, ValueError):
-                return False
-
-        wait_for(registered, 120, "the trainer's registration with run-api")
-        api.get("/batch")  # as a trainer would: the reference lets environments register once it pulled
-        api.post("/register-env", json={"max_token_length": 64, "desired_name": "owner", "weight": 1.0,
-                                         "group_size": 4}).raise_for_status()  # fmt: skip
+    with reference_api(tmp_path / "reference.log") as api_url:
+        atropos = {"api_url": api_url, "batch_size": 4, "max_token_len": 64, "inference_port": free_port()}
+        checkpoint = {"every_updates": 1, "keep": 2}
+        trainer = start_atropos_trainer(
+            processes, valkey.url, run_dir, "owner", trainer={"checkpoint": checkpoint}, **atropos
+        )
+        api = httpx.Client(base_url=api_url, timeout=30)
+        join_as_env(api, processes, trainer, batch_size=4, name="owner")
         folder = run_dir / "atropos"
         for seed in (1, 2, 3):  # one update each, and its checkpoint
-            api.post("/scored_data", json=group(seed)).raise_for_status()
+            api.post("/scored_data", json=tiny_lm_group(seed)).raise_for_status()
             wait_for(lambda s=seed: versions(folder)[-1:] == [s], 60, f"the checkpoint of update {seed}")
         assert versions(folder) == [2, 3]  # trainer.checkpoint.keep
 
         taken_over = Holder("another-up", "up", 2, "host", "2025-01-02T00:00:00+0000", "owner")
         (run_dir / LOCK_NAME).write_text(json.dumps(asdict(taken_over)))
-        api.post("/scored_data", json=group(4)).raise_for_status()
+        api.post("/scored_data", json=tiny_lm_group(4)).raise_for_status()
         wait_for(
             lambda: live_services(redis_client, "owner", "trainer") == [] or trainer.poll() is not None,
             60,
             "stop",
         )
         assert trainer.wait(timeout=60) == 2, processes.log("trainer")[-3000:]
-    finally:
-        reference.terminate()
-        reference.wait(timeout=30)
     log = processes.log("trainer")
     assert "belongs to `up` (pid 2 on host)" in log and "not writing there" in log, log[-3000:]
     assert "no final checkpoint" in log, log[-3000:]

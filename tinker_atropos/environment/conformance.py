@@ -49,12 +49,8 @@ class Probe:
     def __init__(
         self, address: str, seed: int = 0, max_steps: int = 5000, free_timeout_s: float = 5.0
     ) -> None:
-        self.address, self.seed, self.max_steps, self.free_timeout_s = (
-            address,
-            seed,
-            max_steps,
-            free_timeout_s,
-        )
+        self.address, self.seed = address, seed
+        self.max_steps, self.free_timeout_s = max_steps, free_timeout_s
         self.client = EnvClient(address, "grpc")
         self._channel = open_channel(address, CHANNEL_OPTIONS)
         self._stub = environment_pb2_grpc.EnvironmentStub(self._channel)
@@ -135,15 +131,21 @@ class Conformance(Probe):
         info = self.client.describe()
         self.info = info
         expect(info.num_instances >= 1, f"num_instances {info.num_instances}")
-        expect(0 <= info.free_instances <= info.num_instances,
-               f"free_instances {info.free_instances} of {info.num_instances}")  # fmt: skip
+        expect(
+            0 <= info.free_instances <= info.num_instances,
+            f"free_instances {info.free_instances} of {info.num_instances}",
+        )
         expect(
             isinstance(info.observation_space, gym.spaces.Box), f"observation space {info.observation_space}"
         )
-        expect(isinstance(info.action_space, gym.spaces.Box | gym.spaces.Discrete),
-               f"action space {info.action_space}")  # fmt: skip
-        return (f"{info.env_id}: {info.observation_space} -> {info.action_space}, "
-                f"{info.free_instances}/{info.num_instances} free")  # fmt: skip
+        expect(
+            isinstance(info.action_space, gym.spaces.Box | gym.spaces.Discrete),
+            f"action space {info.action_space}",
+        )
+        return (
+            f"{info.env_id}: {info.observation_space} -> {info.action_space}, "
+            f"{info.free_instances}/{info.num_instances} free"
+        )
 
     def check_open(self) -> str:
         n, before = self._n(), self._free()
@@ -151,8 +153,11 @@ class Conformance(Probe):
         try:
             obs = session.observations
             expect(session.num_instances == n, f"asked {n} instances, opened {session.num_instances}")
-            expect(obs.shape == (n, *self._info.observation_space.shape) and obs.dtype == np.float32,
-                   f"reset observations {obs.dtype} {obs.shape}, not float32 {(n, *self._info.observation_space.shape)}")  # fmt: skip
+            shape = (n, *self._info.observation_space.shape)
+            expect(
+                obs.shape == shape and obs.dtype == np.float32,
+                f"reset observations {obs.dtype} {obs.shape}, not float32 {shape}",
+            )
             expect(bool(np.isfinite(obs).all()), "a NaN or infinity in the reset observations")
             expect(
                 self._free() == before - n, f"free_instances {self._free()} while {n} of {before} are held"
@@ -186,14 +191,21 @@ class Conformance(Probe):
         try:
             step = session.step(self._actions(n))
             shape = (n, *self._info.observation_space.shape)
-            expect(step.observations.shape == shape and step.observations.dtype == np.float32,
-                   f"observations {step.observations.dtype} {step.observations.shape}, not float32 {shape}")  # fmt: skip
+            expect(
+                step.observations.shape == shape and step.observations.dtype == np.float32,
+                f"observations {step.observations.dtype} {step.observations.shape}, not float32 {shape}",
+            )
             for name in ("rewards", "terminated", "truncated"):
                 array, dtype = getattr(step, name), np.float32 if name == "rewards" else np.bool_
-                expect(array.shape == (n,) and array.dtype == dtype, f"{name} {array.dtype} {array.shape}, not {np.dtype(dtype)} ({n},)")  # fmt: skip
+                expect(
+                    array.shape == (n,) and array.dtype == dtype,
+                    f"{name} {array.dtype} {array.shape}, not {np.dtype(dtype)} ({n},)",
+                )
             k = len(step.final_indices)
-            expect(step.final_observations.shape == (k, *shape[1:]),
-                   f"final_observations {step.final_observations.shape} for {k} final_indices")  # fmt: skip
+            expect(
+                step.final_observations.shape == (k, *shape[1:]),
+                f"final_observations {step.final_observations.shape} for {k} final_indices",
+            )
         finally:
             session.close()
         return f"{n} instances in one message"
@@ -208,8 +220,10 @@ class Conformance(Probe):
                 returns += step.rewards
                 lengths += 1
                 done = np.flatnonzero(step.terminated | step.truncated)
-                expect(np.array_equal(np.sort(step.final_indices), done),
-                       f"final_indices {step.final_indices.tolist()} for ended instances {done.tolist()}")  # fmt: skip
+                expect(
+                    np.array_equal(np.sort(step.final_indices), done),
+                    f"final_indices {step.final_indices.tolist()} for ended instances {done.tolist()}",
+                )
                 reports = {int(e.instance): e for e in step.episodes}
                 expect(
                     sorted(reports) == done.tolist(),
@@ -221,12 +235,21 @@ class Conformance(Probe):
                         report.length == lengths[i],
                         f"instance {i}: reported length {report.length}, stepped {lengths[i]}",
                     )
-                    expect(bool(np.isclose(report.episode_return, returns[i], rtol=1e-4, atol=1e-4)),
-                           f"instance {i}: reported return {report.episode_return:.4f}, rewards sum to {returns[i]:.4f}")  # fmt: skip
-                    expect(report.terminated == bool(step.terminated[i]),
-                           f"instance {i}: report says terminated={report.terminated}, the step {bool(step.terminated[i])}")  # fmt: skip
-                    expect(not np.array_equal(step.final_observations[row], step.observations[i]),
-                           f"instance {i}: the observation after its end is its final one: no reset in the same step")  # fmt: skip
+                    expect(
+                        bool(np.isclose(report.episode_return, returns[i], rtol=1e-4, atol=1e-4)),
+                        f"instance {i}: reported return {report.episode_return:.4f}, "
+                        f"rewards sum to {returns[i]:.4f}",
+                    )
+                    expect(
+                        report.terminated == bool(step.terminated[i]),
+                        f"instance {i}: report says terminated={report.terminated}, "
+                        f"the step {bool(step.terminated[i])}",
+                    )
+                    expect(
+                        not np.array_equal(step.final_observations[row], step.observations[i]),
+                        f"instance {i}: the observation after its end is its final one: "
+                        "no reset in the same step",
+                    )
                     returns[i], lengths[i] = 0.0, 0
                 ended += len(done)
                 if ended >= 2 or (ended and n == 1):
@@ -247,8 +270,11 @@ class Conformance(Probe):
             for what, actions in bad.items():
                 session = self.client.open(1, self.seed)
                 try:
-                    shown.append(self._expect_status(lambda s=session, a=actions: s.step(a),
-                                                     grpc.StatusCode.INVALID_ARGUMENT, what))  # fmt: skip
+                    shown.append(
+                        self._expect_status(
+                            lambda s=session, a=actions: s.step(a), grpc.StatusCode.INVALID_ARGUMENT, what
+                        )
+                    )
                 finally:
                     session.close()
                 if bystander is not None:
@@ -289,8 +315,11 @@ class Conformance(Probe):
 
     def check_capacity(self) -> str:
         free = self._free()
-        return self._expect_status(lambda: self.client.open(free + 1, self.seed).close(),
-                                   grpc.StatusCode.RESOURCE_EXHAUSTED, f"{free + 1} instances of {free} free")  # fmt: skip
+        return self._expect_status(
+            lambda: self.client.open(free + 1, self.seed).close(),
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"{free + 1} instances of {free} free",
+        )
 
     def check_close(self) -> str:
         before = self._free()

@@ -61,8 +61,10 @@ def observation_layout(space: gym.Space) -> gym.spaces.Dict | None:
         return None
     odd = [key for key, entry in space.spaces.items() if not isinstance(entry, gym.spaces.Box)]
     if odd or not space.spaces:
-        raise EnvError(f"observation space {space} is not supported: a Dict's entries must be Box spaces "
-                       f"(not {', '.join(map(repr, odd)) or 'none at all'})")  # fmt: skip
+        raise EnvError(
+            f"observation space {space} is not supported: a Dict's entries must be Box spaces "
+            f"(not {', '.join(map(repr, odd)) or 'none at all'})"
+        )
     return space
 
 

@@ -117,8 +117,12 @@ class LocalSessionServer:
                 self.refusals.add(
                     f"uid {control.uid}", f"{control.peer} (this service runs as uid {self.uid})"
                 )
-                self._send_status(connection, grpc.StatusCode.UNAUTHENTICATED, f"the local socket serves only "
-                                  f"processes of uid {self.uid}, the service's user; connect over gRPC")  # fmt: skip
+                self._send_status(
+                    connection,
+                    grpc.StatusCode.UNAUTHENTICATED,
+                    f"the local socket serves only processes of uid {self.uid}, the service's user; "
+                    "connect over gRPC",
+                )
                 return
             try:
                 with contextlib.closing(self.session(requests(), control)) as responses:

@@ -213,8 +213,9 @@ class EnvironmentServicer(environment_pb2_grpc.EnvironmentServicer):
                 self.steps += n
                 self.episodes += len(ended)
                 if cut is not None:
-                    self.cut_nonfinite.add(f"session {session_id[:8]}", f"instances {cut.nonzero()[0].tolist()}",
-                                           int(cut.sum()))  # fmt: skip
+                    self.cut_nonfinite.add(
+                        f"session {session_id[:8]}", f"instances {cut.nonzero()[0].tolist()}", int(cut.sum())
+                    )
                 yield environment_pb2.SessionResponse(step=step.encode(ended))
                 stream.waiting_since = time.monotonic()
         except EnvError as error:  # the env itself misbehaves past what the guard can repair

@@ -75,8 +75,14 @@ class StreamWatch:
         longest idle first, marked ended and counted; none if they do not hold enough. Under the lock."""
         if missing <= 0:
             return []
-        idle = sorted((s for s in self.streams.values() if s.instances and not s.ended
-                       and now - s.waiting_since > self.takeover_after_s), key=lambda s: s.waiting_since)  # fmt: skip
+        idle = sorted(
+            (
+                s
+                for s in self.streams.values()
+                if s.instances and not s.ended and now - s.waiting_since > self.takeover_after_s
+            ),
+            key=lambda s: s.waiting_since,
+        )
         taken: list[Stream] = []
         while idle and missing > 0:
             taken.append(idle.pop(0))

@@ -94,14 +94,18 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             self._close_clients()
             raise EnvServiceLost(f"cannot describe the env services {addresses}: {_reason(error)}") from None
         first = described[0]
+
+        def kind(env: EnvDescription) -> tuple[str, str, str]:
+            return env.env_id, str(env.observation_space), str(env.action_space)
+
         for address, other in zip(addresses[1:], described[1:], strict=True):
-            if (other.env_id, str(other.observation_space), str(other.action_space)) != (
-                first.env_id, str(first.observation_space), str(first.action_space)
-            ):  # fmt: skip
+            if kind(other) != kind(first):
                 self._close_clients()
-                raise ValueError(f"env service {address} serves {other.env_id} {other.observation_space} -> "
-                                 f"{other.action_space}, {addresses[0]} {first.env_id} {first.observation_space} "
-                                 f"-> {first.action_space}: one vector env steps one kind of env")  # fmt: skip
+                raise ValueError(
+                    f"env service {address} serves {other.env_id} {other.observation_space} -> "
+                    f"{other.action_space}, {addresses[0]} {first.env_id} {first.observation_space} "
+                    f"-> {first.action_space}: one vector env steps one kind of env"
+                )
         return first
 
     def _open(self, seed: int) -> None:
@@ -151,8 +155,10 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         if len(self._observations) != self._opened_with:
             opened = len(self._observations)
             self._close_sessions()
-            raise EnvServiceLost(f"the env services now offer {opened} instances, not the {self._opened_with} "
-                                 "this vector env was made with")  # fmt: skip
+            raise EnvServiceLost(
+                f"the env services now offer {opened} instances, not the {self._opened_with} "
+                "this vector env was made with"
+            )
         return self._observation(self._observations), {}
 
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
@@ -207,8 +213,11 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
 
     def _episode_stats(self, batches: list[StepBatch], offsets: list[int]) -> dict[str, Any]:
         """The layout RecordEpisodeStatistics gives: {"r", "l", "t"} arrays, zero where no episode ended."""
-        stats = {"r": np.zeros(self.num_envs), "l": np.zeros(self.num_envs, dtype=np.int64),
-                 "t": np.zeros(self.num_envs)}  # fmt: skip
+        stats = {
+            "r": np.zeros(self.num_envs),
+            "l": np.zeros(self.num_envs, dtype=np.int64),
+            "t": np.zeros(self.num_envs),
+        }
         mask = np.zeros(self.num_envs, dtype=bool)
         now = time.perf_counter()
         for batch, offset in zip(batches, offsets, strict=True):

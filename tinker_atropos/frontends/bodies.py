@@ -186,26 +186,45 @@ class JSONBodies:
         self.setting, self.expansion, self.max_values = setting, expansion, max_values
         self.off_loop = OffLoop(concurrency)
 
-    async def parse(self, request: Request, adapter: TypeAdapter[T], check: Callable[[Any], None] | None = None,
-                    then: Callable[[T], Any] | None = None) -> Any:  # fmt: skip
+    async def parse(
+        self,
+        request: Request,
+        adapter: TypeAdapter[T],
+        check: Callable[[Any], None] | None = None,
+        then: Callable[[T], Any] | None = None,
+    ) -> Any:
         """The body of ``request`` validated by ``adapter`` (what ``then`` makes of it, if given); BodyError for
         one refused."""
         body = await request.body()
         return await self.off_loop.run(body, self._parse, body, adapter, check, then)
 
-    def _parse(self, body: bytes, adapter: TypeAdapter[T], check: Callable[[Any], None] | None,
-               then: Callable[[T], Any] | None) -> Any:  # fmt: skip
+    def _parse(
+        self,
+        body: bytes,
+        adapter: TypeAdapter[T],
+        check: Callable[[Any], None] | None,
+        then: Callable[[T], Any] | None,
+    ) -> Any:
         containers, commas = separators(body)
         if self.max_values is not None and commas >= self.max_values:
-            raise BodyError(413, f"the body holds {commas + 1} JSON values or more; no request here takes more "
-                                 f"than {self.max_values}")  # fmt: skip
+            raise BodyError(
+                413,
+                f"the body holds {commas + 1} JSON values or more; no request here takes more "
+                f"than {self.max_values}",
+            )
         objects, empty_objects = body.count(b"{"), body.count(b"{}")
-        least = (CONTAINER_BYTES * (containers - objects + empty_objects)
-                 + OBJECT_BYTES * (objects - empty_objects) + SLOT_BYTES * commas)  # fmt: skip
+        least = (
+            CONTAINER_BYTES * (containers - objects + empty_objects)
+            + OBJECT_BYTES * (objects - empty_objects)
+            + SLOT_BYTES * commas
+        )
         if len(body) > INLINE_BYTES and least > self.expansion * len(body):
-            raise BodyError(413, f"the body's {containers} JSON arrays and objects would take at least "
-                                 f"{least >> 20} MiB parsed, over {self.expansion} times its "
-                                 f"{len(body) >> 20} MiB ({self.setting} bounds its bytes): send flatter data")  # fmt: skip
+            raise BodyError(
+                413,
+                f"the body's {containers} JSON arrays and objects would take at least "
+                f"{least >> 20} MiB parsed, over {self.expansion} times its "
+                f"{len(body) >> 20} MiB ({self.setting} bounds its bytes): send flatter data",
+            )
         try:
             parsed = pydantic_core.from_json(body)
         except ValueError as error:
@@ -253,8 +272,10 @@ def json_body(model: Any) -> Any:
 def validation_errors(error: ValidationError) -> list[dict[str, Any]]:
     """FastAPI's 422 detail for ``error`` (without the values given: a NaN is no JSON), its first ``MAX_ERRORS``
     errors, then one saying how many more there were."""
-    shown = [{"type": e["type"], "loc": ["body", *e["loc"]], "msg": e["msg"]}
-             for e in error.errors(include_url=False, include_input=False)[:MAX_ERRORS]]  # fmt: skip
+    shown = [
+        {"type": e["type"], "loc": ["body", *e["loc"]], "msg": e["msg"]}
+        for e in error.errors(include_url=False, include_input=False)[:MAX_ERRORS]
+    ]
     if error.error_count() > MAX_ERRORS:
         more = error.error_count() - MAX_ERRORS
         shown.append({"type": "too_many_errors", "loc": ["body"], "msg": f"and {more} more errors"})

@@ -73,8 +73,13 @@ class APIKeys:
     """401 for any request without an allowed key (``presented_key``), before routing (but on ``open_paths``,
     such as a health check), its body unread; each counted in ``refusals`` by reason and client host."""
 
-    def __init__(self, app: ASGIApp, keys: list[bytes], open_paths: frozenset[str] = frozenset(),
-                 refusals: CountedWarnings | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        app: ASGIApp,
+        keys: list[bytes],
+        open_paths: frozenset[str] = frozenset(),
+        refusals: CountedWarnings | None = None,
+    ) -> None:
         self.app, self.keys, self.open_paths = app, keys, open_paths
         self.refusals = refusals if refusals is not None else CountedWarnings("HTTP requests refused (401)")
 
@@ -106,9 +111,11 @@ def endpoint_keys(purpose: str, keys_file: str | None, setting: str, what: str) 
         return [run_key(purpose)]
     if insecure():
         return []
-    raise FatalError(f"the {what} asks an API key and there is none: set {setting}, or give the run's token "
-                     "(TA_TOKEN_FILE or TA_TOKEN, as `up` does: the key is derived from it), or pass --insecure "
-                     "(TA_INSECURE=1) to serve it open on a machine nobody else uses")  # fmt: skip
+    raise FatalError(
+        f"the {what} asks an API key and there is none: set {setting}, or give the run's token "
+        "(TA_TOKEN_FILE or TA_TOKEN, as `up` does: the key is derived from it), or pass --insecure "
+        "(TA_INSECURE=1) to serve it open on a machine nobody else uses"
+    )
 
 
 def endpoint_key(purpose: str, keys_file: str | None) -> str | None:
@@ -139,8 +146,18 @@ class BackgroundServer:
         cert, key = os.environ.get("TA_TLS_CERT"), os.environ.get("TA_TLS_KEY")
         tls = {"ssl_certfile": cert, "ssl_keyfile": key} if cert and key else {}
         self.scheme, self.what = ("https" if tls else "http"), what
-        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off",
-                                                    access_log=False, timeout_graceful_shutdown=2, **tls))  # fmt: skip
+        self.server = uvicorn.Server(
+            uvicorn.Config(
+                app,
+                host=host,
+                port=port,
+                log_level="warning",
+                lifespan="off",
+                access_log=False,
+                timeout_graceful_shutdown=2,
+                **tls,
+            )
+        )
         # ``sock``: a listening socket handed down by the launcher, which outlives this process (see ``up``)
         run = functools.partial(self.server.run, sockets=[sock]) if sock is not None else self.server.run
         self.thread = threading.Thread(target=run, name=what, daemon=True)

@@ -48,9 +48,13 @@ NameOpt = Annotated[
 ]
 MetricsPortOpt = Annotated[
     int | None,
-    typer.Option(envvar="TA_METRICS_PORT", min=0, max=65535,
-                 help="Serve Prometheus metrics on this port of --host (0: a free one, named in the registry)."),
-]  # fmt: skip
+    typer.Option(
+        envvar="TA_METRICS_PORT",
+        min=0,
+        max=65535,
+        help="Serve Prometheus metrics on this port of --host (0: a free one, named in the registry).",
+    ),
+]
 InsecureOpt = Annotated[
     bool,
     typer.Option(
@@ -388,8 +392,11 @@ def _checkpoint(run_dir: Path, checkpoint: Path | None, best: bool) -> Path | No
         typer.echo("error: --best and --checkpoint name two checkpoints: give one", err=True)
         raise typer.Exit(EXIT_FATAL)
     if not path.exists():
-        typer.echo(f"error: {path} does not exist: the trainer keeps the best policy when trainer.evaluation."
-                   "every_updates is on (e.g. up --set trainer.evaluation.every_updates=10)", err=True)  # fmt: skip
+        typer.echo(
+            f"error: {path} does not exist: the trainer keeps the best policy when trainer.evaluation."
+            "every_updates is on (e.g. up --set trainer.evaluation.every_updates=10)",
+            err=True,
+        )
         raise typer.Exit(EXIT_FATAL)
     return path
 
@@ -448,14 +455,21 @@ def evaluate(
         policy, _ = _or_exit(acting_policy, cfg, run_dir, checkpoint, seed)
         recorded = _or_exit(record, cfg, policy, video, video_episodes, video_frames, not stochastic, seed)
     if as_json:
-        extra = {} if recorded is None else {"video": str(recorded.mp4), "gif": str(recorded.gif),
-                                             "video_frames": recorded.frames,
-                                             "video_returns": recorded.episode_returns}  # fmt: skip
+        extra: dict[str, Any] = {}
+        if recorded is not None:
+            extra = {
+                "video": str(recorded.mp4),
+                "gif": str(recorded.gif),
+                "video_frames": recorded.frames,
+                "video_returns": recorded.episode_returns,
+            }
         typer.echo(json.dumps({**result.as_dict(), **extra}))
         return
     if recorded is not None:
-        typer.echo(f"{recorded.mp4} and {recorded.gif}: {recorded.frames} frames, returns "
-                   f"{', '.join(f'{r:.1f}' for r in recorded.episode_returns)}")  # fmt: skip
+        typer.echo(
+            f"{recorded.mp4} and {recorded.gif}: {recorded.frames} frames, returns "
+            f"{', '.join(f'{r:.1f}' for r in recorded.episode_returns)}"
+        )
     mode = "deterministic" if result.deterministic else "stochastic"
     typer.echo(
         f"{cfg.env.id}, policy version {result.policy_version} ({mode}): mean return {result.return_mean:.1f} "
@@ -613,8 +627,10 @@ def _export_language_model(
     target = out or run_dir / f"export-{fmt}"
     exported = _or_exit(export_language_model, file, fmt, target)
     what = "PEFT adapter" if fmt == "peft" else "Hugging Face model folder"
-    typer.echo(f"{target}: {what} of {exported.base_model} from {exported.checkpoint} "
-               f"({', '.join(path.name for path in exported.files)})")  # fmt: skip
+    typer.echo(
+        f"{target}: {what} of {exported.base_model} from {exported.checkpoint} "
+        f"({', '.join(path.name for path in exported.files)})"
+    )
 
 
 @app.command("secrets")

@@ -25,14 +25,24 @@ def write_atropos_config(config: Config, run_dir: Path, token: str | None) -> Pa
     trainer = config.trainer.atropos
     api_key = inference_key = None
     if token is not None:
-        api_key = (read_keys(Path(config.atropos.api_keys_file), "atropos.api_keys_file")[0]
-                   if config.atropos.api_keys_file else run_key("atropos-api", token))  # fmt: skip
-        inference_key = (read_keys(Path(trainer.inference_api_keys_file), "trainer.atropos.inference_api_keys_file")[0]
-                         if trainer.inference_api_keys_file else run_key("inference", token))  # fmt: skip
+        api_key = (
+            read_keys(Path(config.atropos.api_keys_file), "atropos.api_keys_file")[0]
+            if config.atropos.api_keys_file
+            else run_key("atropos-api", token)
+        )
+        inference_key = (
+            read_keys(Path(trainer.inference_api_keys_file), "trainer.atropos.inference_api_keys_file")[0]
+            if trainer.inference_api_keys_file
+            else run_key("inference", token)
+        )
     credentials = f"atropos:{api_key}@" if api_key else ""
-    fields = {"env": {"rollout_server_url": f"http://{credentials}{config.atropos.host}:{config.atropos.port}"},
-              "openai": {"base_url": f"http://{trainer.inference_host}:{trainer.inference_port}/v1",
-                         "api_key": inference_key or "none"}}  # fmt: skip
+    fields = {
+        "env": {"rollout_server_url": f"http://{credentials}{config.atropos.host}:{config.atropos.port}"},
+        "openai": {
+            "base_url": f"http://{trainer.inference_host}:{trainer.inference_port}/v1",
+            "api_key": inference_key or "none",
+        },
+    }
     path = run_dir / ATROPOS_CONFIG
     path.unlink(missing_ok=True)
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -65,8 +75,9 @@ def write_client_env(run_dir: Path, variables: dict[str, str], tinker_keys: Path
     return path
 
 
-def client_variables(config: Config, run_dir: Path, url: str, password_file: Path | None,
-                      insecure: bool) -> tuple[dict[str, str], Path | None]:  # fmt: skip
+def client_variables(
+    config: Config, run_dir: Path, url: str, password_file: Path | None, insecure: bool
+) -> tuple[dict[str, str], Path | None]:
     """What ``client.env`` exports (the run's token file only when up made it: else the shell has it already),
     and the Tinker API's keys file, when it has one."""
     variables = {"TA_REDIS_URL": url}

@@ -30,8 +30,10 @@ def checkpoint_of(root: Path, checkpoint: str | None) -> Path:
     if checkpoint is None:
         saved = [file for kind in KINDS[:2] for file in root.glob(f"*/{kind}/*.pt")]
         if not saved:
-            raise FatalError(f"no Tinker checkpoint under {root}: save one (save_state, save_weights_for_sampler) "
-                             "or name it with --checkpoint")  # fmt: skip
+            raise FatalError(
+                f"no Tinker checkpoint under {root}: save one (save_state, save_weights_for_sampler) "
+                "or name it with --checkpoint"
+            )
         return max(saved, key=lambda file: file.stat().st_mtime)
     if checkpoint.startswith("tinker://"):
         try:

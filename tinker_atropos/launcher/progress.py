@@ -41,8 +41,20 @@ def _duration(seconds: float) -> str:
 
 
 # the words that name a counter of something refused, rejected, lost or gone wrong, whatever service counts it
-INCIDENT_WORDS = ("rejected", "refused", "failed", "nonfinite", "repaired", "skipped", "lost", "invalid", "dropped",
-                  "timed_out", "bad_requests", "taken_over")  # fmt: skip
+INCIDENT_WORDS = (
+    "rejected",
+    "refused",
+    "failed",
+    "nonfinite",
+    "repaired",
+    "skipped",
+    "lost",
+    "invalid",
+    "dropped",
+    "timed_out",
+    "bad_requests",
+    "taken_over",
+)
 
 
 def is_incident(name: str) -> bool:
@@ -65,8 +77,11 @@ class ProgressReporter:
     ) -> None:
         self.client, self.run, self.console = connect_fast(url), run, console
         self.metrics_path = metrics_path
-        self.metrics_writes = FolderWrites("metrics rows", "they wait in memory",
-                                           report=lambda line: console.print(f"[yellow]{line}", highlight=False))  # fmt: skip
+        self.metrics_writes = FolderWrites(
+            "metrics rows",
+            "they wait in memory",
+            report=lambda line: console.print(f"[yellow]{line}", highlight=False),
+        )
         self._pending: deque[str] = deque(maxlen=PENDING_ROWS)  # rows not yet in metrics.jsonl
         # the trainer's write_failure and write_failing_s at the last report
         self.trainer_failure: tuple[str, float] = ("", 0.0)
@@ -180,11 +195,16 @@ class ProgressReporter:
             return
         failure = (str(trainer.get("write_failure") or ""), float(trainer.get("write_failing_s") or 0.0))
         if failure[0] and failure[0] != self.trainer_failure[0]:
-            self.console.print(f"[yellow]the trainer cannot write {failure[0]}; learning goes on, the run stops if "
-                               "it lasts run.write_failure_timeout_s", highlight=False)  # fmt: skip
+            self.console.print(
+                f"[yellow]the trainer cannot write {failure[0]}; learning goes on, the run stops if "
+                "it lasts run.write_failure_timeout_s",
+                highlight=False,
+            )
         elif self.trainer_failure[0] and not failure[0]:
-            self.console.print(f"[green]the trainer writes again (it could not write {self.trainer_failure[0]})",
-                               highlight=False)  # fmt: skip
+            self.console.print(
+                f"[green]the trainer writes again (it could not write {self.trainer_failure[0]})",
+                highlight=False,
+            )
         self.trainer_failure = failure
 
     def _row(self) -> dict[str, Any]:
@@ -195,9 +215,10 @@ class ProgressReporter:
         self.heartbeats |= dict.fromkeys((service.name for service in services), now)
         for service in services:
             self.service_incidents[(service.name or service.kind, service.incarnation)] = {
-                name: value for name, value in service.figures.items()
+                name: value
+                for name, value in service.figures.items()
                 if type(value) is int and value and is_incident(name)
-            }  # fmt: skip
+            }
         trainer = next((service.figures for service in services if service.kind == "trainer"), {})
         self.tinker_api = str(trainer.get("tinker_api") or self.tinker_api)
         self._note_trainer_failure(trainer)
@@ -281,6 +302,9 @@ class ProgressReporter:
     def close(self) -> None:
         """Close the Redis client; rows metrics.jsonl never took are said to be lost, in one line."""
         if self._pending:
-            self.console.print(f"[yellow]{len(self._pending)} metrics rows never reached {self.metrics_path} "
-                               f"({self.metrics_writes.error})", highlight=False)  # fmt: skip
+            self.console.print(
+                f"[yellow]{len(self._pending)} metrics rows never reached {self.metrics_path} "
+                f"({self.metrics_writes.error})",
+                highlight=False,
+            )
         self.client.close()

@@ -41,8 +41,10 @@ def draw_report(run_dir: Path, out: Path | None = None) -> Path:
         if not points:
             axis.text(0.5, 0.5, "not reported", transform=axis.transAxes, ha="center", va="center")
     last = rows[-1]
-    figure.suptitle(f"{run_dir.name}: {last['env_steps']:,} env steps in {last['wall_time_s']:.0f} s, "
-                    f"policy version {last.get('policy_version')}")  # fmt: skip
+    figure.suptitle(
+        f"{run_dir.name}: {last['env_steps']:,} env steps in {last['wall_time_s']:.0f} s, "
+        f"policy version {last.get('policy_version')}"
+    )
     path = out or run_dir / "report.png"
     figure.savefig(path, dpi=100)
     plt.close(figure)

@@ -85,7 +85,7 @@ def new_authority(common_name: str = "tinker-atropos CA", days: int = 3650) -> A
                 decipher_only=False,
             ),
             critical=True,
-        )  # fmt: skip
+        )
         .sign(key, hashes.SHA256())
     )
     return Authority(certificate, key)
@@ -148,7 +148,7 @@ def write_secrets(
     }
     paths = []
     for name, data in contents.items():
-        _write(folder / name, data, 0o600 if name == "ca.key" else secret_mode if name in SECRET_FILES else 0o644,
-               force)  # fmt: skip
+        mode = 0o600 if name == "ca.key" else secret_mode if name in SECRET_FILES else 0o644
+        _write(folder / name, data, mode, force)
         paths.append(folder / name)
     return paths

@@ -55,9 +55,12 @@ def service_children(
 def atropos_environments(config: Config, logs: Path, run_dir: Path) -> list[Child]:
     """The Atropos environment programs of ``atropos.environments``, their placeholders filled in."""
     trainer = config.trainer.atropos
-    values = {"python": sys.executable, "api_url": f"http://{config.atropos.host}:{config.atropos.port}",
-              "inference_url": f"http://{trainer.inference_host}:{trainer.inference_port}/v1",
-              "atropos_config": str(run_dir / ATROPOS_CONFIG)}  # fmt: skip
+    values = {
+        "python": sys.executable,
+        "api_url": f"http://{config.atropos.host}:{config.atropos.port}",
+        "inference_url": f"http://{trainer.inference_host}:{trainer.inference_port}/v1",
+        "atropos_config": str(run_dir / ATROPOS_CONFIG),
+    }
     children = []
     for i, argv in enumerate(config.atropos.environments):
         filled = [arg.format(**values) for arg in argv]

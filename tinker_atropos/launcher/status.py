@@ -30,6 +30,7 @@ from tinker_atropos.state.weights import published_version
 SPARKS = "▁▂▃▄▅▆▇█"
 SPARK_POINTS = 60  # the sparkline's length: a minute of views at one a second
 LATE_HEARTBEAT_S = 3.0  # a heartbeat older than this (every second by default) is shown as late
+COLUMNS = ("kind", "name", "address", "incarnation", "restarts", "health", "heartbeat age", "up", "figures")
 
 SHOWN_FIGURES = {
     "env": (
@@ -147,8 +148,10 @@ def find_run(run_dir: Path | None, url: str | None, here: Path) -> RunAddress:
         return _run_address(running[0] if running else found[0])
     if found:
         names = ", ".join(d.name for d in found)
-        raise FatalError(f"{len(found)} runs in {here / 'runs'} ({names}), {len(running)} of them running: pass "
-                         f"one, e.g. `tinker-atropos status {found[0]}`")  # fmt: skip
+        raise FatalError(
+            f"{len(found)} runs in {here / 'runs'} ({names}), {len(running)} of them running: pass "
+            f"one, e.g. `tinker-atropos status {found[0]}`"
+        )
     return RunAddress(
         DEFAULT_URL, None, f" (no run folder in {here} nor under {here / 'runs'}: pass one, or --redis-url)"
     )
@@ -158,12 +161,16 @@ def _run_address(run_dir: Path) -> RunAddress:
     holder = read_holder(run_dir)
     if not is_locked(run_dir):
         last = f"; it was held by {holder}" if holder else ""
-        raise RunNotRunning(f"the run in {run_dir} is not running: no `up` holds it{last}. Its figures: "
-                            f"{run_dir / 'metrics.jsonl'} (or `tinker-atropos report {run_dir}`)")  # fmt: skip
+        raise RunNotRunning(
+            f"the run in {run_dir} is not running: no `up` holds it{last}. Its figures: "
+            f"{run_dir / 'metrics.jsonl'} (or `tinker-atropos report {run_dir}`)"
+        )
     if holder is None or not holder.redis_url:
         who = holder or "a process that did not say who it is"
-        raise FatalError(f"the run in {run_dir} is held by {who}, which does not say where its Redis is (only "
-                         "`up` does): pass --redis-url")  # fmt: skip
+        raise FatalError(
+            f"the run in {run_dir} is held by {who}, which does not say where its Redis is (only "
+            "`up` does): pass --redis-url"
+        )
     url, password_file = holder.redis_url, run_dir / "redis-password"
     parts = urlsplit(url)
     embedded = not parts.username and parts.password is None and password_file.exists()  # its password, 0600
@@ -264,8 +271,7 @@ def status_view(
     parts: list[RenderableType] = []
     for name in runs:
         table = Table(title=f"run {name!r}  (policy version {_policy_version(client, name)})")
-        for column in ("kind", "name", "address", "incarnation", "restarts", "health", "heartbeat age", "up",
-                       "figures"):  # fmt: skip
+        for column in COLUMNS:
             table.add_column(column)
         for record in live_services(client, name):
             shown = SHOWN_FIGURES.get(record.kind, tuple(record.figures))

@@ -138,8 +138,10 @@ def _config_failure(config: Config, insecure: bool) -> str | None:
         try:
             socket.create_server((config.atropos.host, config.atropos.port)).close()
         except OSError as error:
-            return (f"the Atropos trajectory API cannot bind atropos.host:atropos.port "
-                    f"{config.atropos.host}:{config.atropos.port}: {error.strerror}")  # fmt: skip
+            return (
+                f"the Atropos trajectory API cannot bind atropos.host:atropos.port "
+                f"{config.atropos.host}:{config.atropos.port}: {error.strerror}"
+            )
     return None
 
 
@@ -154,9 +156,11 @@ def _keyless_environment(config: Config) -> str | None:
     for i, argv in enumerate(config.atropos.environments):
         for name, what in KEYLESS_URLS.items():
             if any(f"{{{name}}}" in arg for arg in argv):
-                return (f"atropos.environments[{i}] passes {{{name}}}, a URL without the key {what} asks: pass "
-                        "`--config {atropos_config}` instead (an atroposlib config file, mode 0600, holding both "
-                        "URLs with the run's keys), or run with --insecure")  # fmt: skip
+                return (
+                    f"atropos.environments[{i}] passes {{{name}}}, a URL without the key {what} asks: pass "
+                    "`--config {atropos_config}` instead (an atroposlib config file, mode 0600, holding both "
+                    "URLs with the run's keys), or run with --insecure"
+                )
     return None
 
 
@@ -212,10 +216,12 @@ def _run_locked(
     started = time.monotonic()
     outcome = _Stop("stopped")
     children, client, tinker_keys = prepared.children, prepared.client, prepared.tinker_keys
+
+    def tinker_found(tinker_url: str) -> Path:
+        return write_client_env(run_dir, {**client, "TINKER_BASE_URL": tinker_url}, tinker_keys)
+
     try:
-        _supervise_run(config, options, children, server, reporter, stopping, started, run_dir,
-                       lambda tinker_url: write_client_env(run_dir, {**client, "TINKER_BASE_URL": tinker_url},
-                                                           tinker_keys))  # fmt: skip
+        _supervise_run(config, options, children, server, reporter, stopping, started, run_dir, tinker_found)
     except _Stop as stop:
         outcome = stop
     finally:
@@ -255,8 +261,10 @@ def _fresh_or_resumed(
             "steps[/] (--fresh starts over)"
         )
         if options.total_steps is not None and previous.env_steps >= options.total_steps:
-            console.print(f"run {run!r} already has {previous.env_steps:,} env steps (--total-steps "
-                          f"{options.total_steps:,}): nothing to do")  # fmt: skip
+            console.print(
+                f"run {run!r} already has {previous.env_steps:,} env steps (--total-steps "
+                f"{options.total_steps:,}): nothing to do"
+            )
             return previous, 0
     return previous, None
 
@@ -278,8 +286,15 @@ class _Prepared:
             self.error = error
 
 
-def _prepare(config: Config, run_dir: Path, url: str | None, options: UpOptions, console: Console,
-             lock: RunFolderLock, previous: PreviousRun | None) -> _Prepared:  # fmt: skip
+def _prepare(
+    config: Config,
+    run_dir: Path,
+    url: str | None,
+    options: UpOptions,
+    console: Console,
+    lock: RunFolderLock,
+    previous: PreviousRun | None,
+) -> _Prepared:
     """Write the resolved config, start the embedded Valkey if no Redis is given, give each service its secrets by
     file name (never on a command line), write the Atropos environments' config and ``client.env``.
     ``_Prepared.Failed`` (the embedded Valkey stopped) when the folder takes nothing."""
@@ -345,8 +360,10 @@ def _supervise_run(
         time.sleep(0.1)
         now = time.monotonic()
         if server is not None and server.process.poll() is not None and now >= next_valkey_start:
-            console.print(f"[yellow]embedded Valkey exited with code {server.process.returncode}; restarting "
-                          f"it on port {server.port} (log: {server.log_path})")  # fmt: skip
+            console.print(
+                f"[yellow]embedded Valkey exited with code {server.process.returncode}; restarting "
+                f"it on port {server.port} (log: {server.log_path})"
+            )
             try:
                 server.restart()
                 console.print("[green]embedded Valkey restarted")

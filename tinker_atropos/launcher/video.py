@@ -56,9 +56,14 @@ def _render_env(config: Config) -> gym.Env:
 
 
 def record(
-    config: Config, policy: InferencePolicy, out: Path, episodes: int = 1, max_frames: int = 1000,
-    deterministic: bool = True, seed: int = 0,
-) -> Video:  # fmt: skip
+    config: Config,
+    policy: InferencePolicy,
+    out: Path,
+    episodes: int = 1,
+    max_frames: int = 1000,
+    deterministic: bool = True,
+    seed: int = 0,
+) -> Video:
     """Play ``episodes`` whole episodes (at most ``max_frames`` frames in all) and write ``out`` and its GIF."""
     try:
         import imageio.v2 as imageio
@@ -93,8 +98,10 @@ def record(
     out.parent.mkdir(parents=True, exist_ok=True)
     imageio.mimwrite(out, frames, fps=fps, codec="libx264", quality=7, macro_block_size=16)
     step = max(1, round(fps / GIF_FPS))
-    small = [frame[:: max(1, frame.shape[1] // GIF_WIDTH), :: max(1, frame.shape[1] // GIF_WIDTH)]
-             for frame in frames[::step]]  # fmt: skip
+    small = [
+        frame[:: max(1, frame.shape[1] // GIF_WIDTH), :: max(1, frame.shape[1] // GIF_WIDTH)]
+        for frame in frames[::step]
+    ]
     gif = out.with_suffix(".gif")
     imageio.mimwrite(gif, small, format="GIF", duration=1000 * step / fps, loop=0)
     return Video(out, gif, len(frames), returns)

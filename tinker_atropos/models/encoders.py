@@ -22,11 +22,21 @@ def image_cnn(shape: tuple[int, int, int]) -> tuple[nn.Module, int]:
     convolutions for smaller ones; then a linear layer to ``IMAGE_FEATURES``. (module, output width)."""
     height, width, channels = shape
     if min(height, width) >= 36:
-        convolutions = [nn.Conv2d(channels, 32, 8, 4), nn.ReLU(), nn.Conv2d(32, 64, 4, 2), nn.ReLU(),
-                        nn.Conv2d(64, 64, 3, 1), nn.ReLU()]  # fmt: skip
+        convolutions = [
+            nn.Conv2d(channels, 32, 8, 4),
+            nn.ReLU(),
+            nn.Conv2d(32, 64, 4, 2),
+            nn.ReLU(),
+            nn.Conv2d(64, 64, 3, 1),
+            nn.ReLU(),
+        ]
     else:
-        convolutions = [nn.Conv2d(channels, 16, 3, 2, padding=1), nn.ReLU(), nn.Conv2d(16, 32, 3, 2, padding=1),
-                        nn.ReLU()]  # fmt: skip
+        convolutions = [
+            nn.Conv2d(channels, 16, 3, 2, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(16, 32, 3, 2, padding=1),
+            nn.ReLU(),
+        ]
     trunk = nn.Sequential(*convolutions, nn.Flatten())
     with torch.no_grad():
         flat = trunk(torch.zeros(1, channels, height, width)).shape[1]

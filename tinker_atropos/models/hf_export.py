@@ -26,8 +26,16 @@ from tinker_atropos.models.lora import LoRALinear, adapter
 
 ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
 # what a base folder holds besides its weights and config: the tokenizer a merged folder carries along
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
-                    "vocab.json", "merges.txt", "tokenizer.model", "generation_config.json")  # fmt: skip
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "generation_config.json",
+)
 
 
 def _rank_and_alpha(layers: dict[str, LoRALinear]) -> tuple[int, float]:
@@ -56,10 +64,22 @@ def adapter_config(model: nn.Module, base_path: str) -> dict[str, object]:
     rank, alpha = _rank_and_alpha(layers)
     # a module's own name matches it at any depth; listing them sorted keeps the file the same run to run
     targets = sorted({name.rsplit(".", 1)[-1] for name in layers})
-    return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_path, "r": rank,
-            "lora_alpha": alpha, "lora_dropout": 0.0, "target_modules": targets, "bias": "none",
-            "fan_in_fan_out": False, "use_rslora": False, "use_dora": False, "init_lora_weights": True,
-            "modules_to_save": None, "inference_mode": True}  # fmt: skip
+    return {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": base_path,
+        "r": rank,
+        "lora_alpha": alpha,
+        "lora_dropout": 0.0,
+        "target_modules": targets,
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "use_rslora": False,
+        "use_dora": False,
+        "init_lora_weights": True,
+        "modules_to_save": None,
+        "inference_mode": True,
+    }
 
 
 def write_adapter(model: nn.Module, out: Path, base_path: str) -> list[Path]:
@@ -74,8 +94,11 @@ def write_adapter(model: nn.Module, out: Path, base_path: str) -> list[Path]:
 
 
 def _shares_weight(model: nn.Module, layer: nn.Linear) -> bool:
-    return any(p is layer.weight for name, p in model.named_parameters(remove_duplicate=False)
-               if not name.endswith("base.weight"))  # fmt: skip
+    return any(
+        p is layer.weight
+        for name, p in model.named_parameters(remove_duplicate=False)
+        if not name.endswith("base.weight")
+    )
 
 
 def merged(model: nn.Module) -> nn.Module:
@@ -85,8 +108,13 @@ def merged(model: nn.Module) -> nn.Module:
     for name, layer in adapter(copied).items():
         base = layer.base
         untied |= _shares_weight(copied, base)  # a tied head: it gets a matrix of its own
-        folded = nn.Linear(base.in_features, base.out_features, bias=base.bias is not None,
-                           device=base.weight.device, dtype=base.weight.dtype)  # fmt: skip
+        folded = nn.Linear(
+            base.in_features,
+            base.out_features,
+            bias=base.bias is not None,
+            device=base.weight.device,
+            dtype=base.weight.dtype,
+        )
         with torch.no_grad():
             delta = layer.scale * (layer.lora_b.float() @ layer.lora_a.float())
             folded.weight.copy_(base.weight.float() + delta)

@@ -128,12 +128,8 @@ class ActorCritic(nn.Module):
         self.spec = spec
         obs_dim = int(np.prod(spec["obs_shape"]))
         action = action_layout(spec)
-        self.discrete, self.action_start, self.squashed, n_out = (
-            action.discrete,
-            action.start,
-            action.squashed,
-            action.n,
-        )
+        self.discrete, self.action_start = action.discrete, action.start
+        self.squashed, n_out = action.squashed, action.n
         hidden, activation = spec["hidden_sizes"], spec["activation"]
         self.obs_rms = RunningMeanStd((obs_dim,))
         self.return_rms = RunningMeanStd(())

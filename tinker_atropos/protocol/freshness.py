@@ -48,13 +48,19 @@ class Freshness:
     def take(self, writer: str, sequence: int, policy_version: int) -> None:
         """Mark the record ``sequence`` of ``writer`` taken; RecordError (nothing marked) if it may not be."""
         if policy_version < self.fence:
-            raise RecordError("before_restart", f"a chunk of policy version {policy_version}, from before this "
-                              f"trainer resumed past its checkpoint at version {self.fence}")  # fmt: skip
+            raise RecordError(
+                "before_restart",
+                f"a chunk of policy version {policy_version}, from before this "
+                f"trainer resumed past its checkpoint at version {self.fence}",
+            )
         entry = self._writers.get(writer)
         if entry is None:
             if policy_version < self.floor:
-                raise RecordError("out_of_order", f"a chunk of policy version {policy_version} from rollout "
-                                  f"{writer[:8]}, unknown, below the versions of the forgotten ones ({self.floor})")  # fmt: skip
+                raise RecordError(
+                    "out_of_order",
+                    f"a chunk of policy version {policy_version} from rollout "
+                    f"{writer[:8]}, unknown, below the versions of the forgotten ones ({self.floor})",
+                )
             entry = self._writers[writer] = [0, 0, policy_version]
             self._forget_the_oldest()
         else:
@@ -67,8 +73,11 @@ class Freshness:
         else:
             behind = highest - sequence
             if behind >= WINDOW:
-                raise RecordError("out_of_order", f"record {sequence} of rollout {writer[:8]}, {behind} behind "
-                                  f"its newest taken, past the {WINDOW} told apart")  # fmt: skip
+                raise RecordError(
+                    "out_of_order",
+                    f"record {sequence} of rollout {writer[:8]}, {behind} behind "
+                    f"its newest taken, past the {WINDOW} told apart",
+                )
             if window >> behind & 1:
                 raise RecordError("replayed", f"record {sequence} of rollout {writer[:8]} was taken before")
             entry[1] = window | 1 << behind

@@ -68,8 +68,10 @@ def decode(tensor: tensor_pb2.Tensor) -> np.ndarray:
         raise TensorError(f"negative dimension in shape {_shown(shape)}")
     expected = math.prod(shape) * dtype.itemsize
     if len(tensor.data) != expected:
-        raise TensorError(f"tensor of shape {_shown(shape)} and dtype {dtype} needs {expected} bytes, got "
-                          f"{len(tensor.data)}")  # fmt: skip
+        raise TensorError(
+            f"tensor of shape {_shown(shape)} and dtype {dtype} needs {expected} bytes, got "
+            f"{len(tensor.data)}"
+        )
     try:
         return np.frombuffer(tensor.data, dtype=dtype).reshape(shape)
     except ValueError as error:  # more dimensions than numpy has, or an empty shape too big to index

@@ -25,19 +25,10 @@ from tinker_atropos.protocol.v1 import environment_pb2, experience_pb2
 SCHEMA_VERSION = 3  # 3: sequence; 2: truncated_observations
 
 # Tensors every trajectory carries, and those only a policy with a critic fills in (all three or none).
-REQUIRED = (
-    "observations",
-    "actions",
-    "log_probs",
-    "rewards",
-    "terminated",
-    "truncated",
-    "bootstrap_observations",
-    "truncated_observations",
-)
+_PER_STEP = ("observations", "actions", "log_probs", "rewards", "terminated", "truncated")  # (T, N, ...)
+REQUIRED = (*_PER_STEP, "bootstrap_observations", "truncated_observations")
 CRITIC = ("values", "truncation_values", "bootstrap_values")
-_TIME_MAJOR = ("observations", "actions", "log_probs", "rewards", "terminated", "truncated", "values",
-               "truncation_values")  # fmt: skip
+_TIME_MAJOR = (*_PER_STEP, "values", "truncation_values")
 _FLOAT32 = (
     "observations",
     "log_probs",

@@ -164,8 +164,13 @@ class Collector(threading.Thread):
         env, unit = client.describe(), self.unit
         if env.incarnation != unit.env_incarnation:  # restarted: its slots are new units, leased anew
             self.env_replaced = True
-            log.info("env service %s is now incarnation %s; slot %d of %s ends", unit.address, env.incarnation,
-                     unit.slot, unit.env_incarnation)  # fmt: skip
+            log.info(
+                "env service %s is now incarnation %s; slot %d of %s ends",
+                unit.address,
+                env.incarnation,
+                unit.slot,
+                unit.env_incarnation,
+            )
             return
         policy = self._wait_for_policy()
         if policy is None:
@@ -174,8 +179,14 @@ class Collector(threading.Thread):
         try:
             self.counters.open[unit.key] = (unit.env_name, session.num_instances)
             self.opened_once = True
-            log.info("session %s/%d open over %s: %d instances of env incarnation %s", unit.address, unit.slot,
-                     session.carrier, session.num_instances, session.incarnation)  # fmt: skip
+            log.info(
+                "session %s/%d open over %s: %d instances of env incarnation %s",
+                unit.address,
+                unit.slot,
+                session.carrier,
+                session.num_instances,
+                session.incarnation,
+            )
             try:
                 self._collect(session, env, policy)
             finally:
@@ -184,8 +195,14 @@ class Collector(threading.Thread):
             session.close(HANDOVER_WAIT_S if self.release.is_set() else 0.0)
 
     def _builder(self, env: EnvDescription, n: int, policy: VersionedPolicy) -> TrajectoryBuilder:
-        return TrajectoryBuilder(self.chunk_length, n, env.observation_space.shape, env.action_space.shape,
-                                 env.action_dtype, with_values=policy.has_critic)  # fmt: skip
+        return TrajectoryBuilder(
+            self.chunk_length,
+            n,
+            env.observation_space.shape,
+            env.action_space.shape,
+            env.action_dtype,
+            with_values=policy.has_critic,
+        )
 
     def _collect(self, session: EnvSession, env: EnvDescription, policy: VersionedPolicy) -> None:
         n, action_dtype = session.num_instances, env.action_dtype

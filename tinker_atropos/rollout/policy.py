@@ -109,8 +109,11 @@ class PolicySource:
         publishes upwards; an older record is one written back over its own)."""
         if self.version is None or version >= self.version:
             return False
-        error = WeightsRecordError(f"a weights record of version {version}, below the {self.version} this "
-                                   "rollout acts with (written back over the trainer's)", "rolled_back")  # fmt: skip
+        error = WeightsRecordError(
+            f"a weights record of version {version}, below the {self.version} this "
+            "rollout acts with (written back over the trainer's)",
+            "rolled_back",
+        )
         self._refuse(version, "rolled_back", error)
         return True
 

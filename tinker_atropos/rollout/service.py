@@ -57,9 +57,14 @@ class RolloutService:
         self.leases_lost = 0
         self._next_refresh = self._next_discovery = 0.0
         pausing = config.rollout.flow_control == "pause"
-        self.context = SessionContext(self.policy, self.writer, incarnation, self.counters,
-                                      lambda unit: unit in self._units,
-                                      config.trainer.samples_per_update if pausing else None)  # fmt: skip
+        self.context = SessionContext(
+            self.policy,
+            self.writer,
+            incarnation,
+            self.counters,
+            lambda unit: unit in self._units,
+            config.trainer.samples_per_update if pausing else None,
+        )
         self._sessions_started = 0  # numbers the sessions, so seeds are reproducible
 
     def status(self) -> services_pb2.RolloutStatus:
@@ -122,8 +127,12 @@ class RolloutService:
             members = self.leases.members()
         except redis.RedisError as error:
             if time.monotonic() > self.leases.held_until and self.sessions:
-                log.warning("Redis unreachable past the lease TTL (%s): this rollout's %d sessions stop, since "
-                            "another rollout may take their slots", error, len(self.sessions))  # fmt: skip
+                log.warning(
+                    "Redis unreachable past the lease TTL (%s): this rollout's %d sessions stop, since "
+                    "another rollout may take their slots",
+                    error,
+                    len(self.sessions),
+                )
                 self.leases_lost += len(self.sessions)
                 for session in self.sessions.values():
                     session.halt.set()
@@ -166,8 +175,11 @@ class RolloutService:
                     self.units_handed_over += 1
         view = self.leases.read(self._units, {m.incarnation for m in members})
         held = {**view.held, **dict.fromkeys(self.sessions, self.incarnation)}
-        mine = {key for key, holder in assign(list(self._units.values()), members, held).items()
-                if holder == self.incarnation}  # fmt: skip
+        mine = {
+            key
+            for key, holder in assign(list(self._units.values()), members, held).items()
+            if holder == self.incarnation
+        }
         self._assigned, self._rollouts = len(mine), len(members)
         for key, session in self.sessions.items():
             if key in self._units and key not in mine and not session.release.is_set():

@@ -132,8 +132,12 @@ def live_services(client: redis.Redis, run: str, kind: str | None = None) -> lis
         except (KeyError, ValueError, TypeError) as error:  # written by something else: not a service
             if name not in _reported_malformed:
                 _reported_malformed.add(name)
-                log.warning("skipping malformed registry entry %s: %s: %s", name.decode(errors="replace"),
-                            type(error).__name__, error)  # fmt: skip
+                log.warning(
+                    "skipping malformed registry entry %s: %s: %s",
+                    name.decode(errors="replace"),
+                    type(error).__name__,
+                    error,
+                )
     return records
 
 

@@ -80,8 +80,12 @@ class ReplayJournal:
             parts.append({name: rows[len(rows) - taken :] for name, rows in columns.items()})
             remaining -= taken
         if remaining:
-            log.warning("replay buffer: %d of the latest %d transitions are no longer on disk; restoring %d",
-                        remaining, wanted, wanted - remaining)  # fmt: skip
+            log.warning(
+                "replay buffer: %d of the latest %d transitions are no longer on disk; restoring %d",
+                remaining,
+                wanted,
+                wanted - remaining,
+            )
         if not parts:
             return None
         return {name: np.concatenate([part[name] for part in reversed(parts)]) for name in parts[0]}

@@ -81,8 +81,14 @@ class RunFolderLock:
 
     def __init__(self, run_dir: Path, command: str, run: str) -> None:
         self.run_dir, self.path = run_dir, run_dir / LOCK_NAME
-        self.holder = Holder(uuid.uuid4().hex, command, os.getpid(), socket.gethostname(),
-                             time.strftime("%Y-%m-%dT%H:%M:%S%z"), run)  # fmt: skip
+        self.holder = Holder(
+            uuid.uuid4().hex,
+            command,
+            os.getpid(),
+            socket.gethostname(),
+            time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            run,
+        )
         self._descriptor: int | None = None
 
     def acquire(self) -> Holder | None:
@@ -118,8 +124,11 @@ class RunFolderLock:
             if holder is not None:
                 os.pwrite(self._descriptor, json.dumps(asdict(holder)).encode(), 0)
         except OSError as error:
-            log.warning("cannot write who holds %s (%s); the lock holds all the same", self.path,
-                        describe_os_error(error))  # fmt: skip
+            log.warning(
+                "cannot write who holds %s (%s); the lock holds all the same",
+                self.path,
+                describe_os_error(error),
+            )
 
     def release(self) -> None:
         """Empty the lock file and let go (the file stays: unlinking it would let two processes lock two files)."""
@@ -179,8 +188,13 @@ class FolderWrites:
     only when the error changes), its recovery one line; ``due`` says when to try again, so the caller goes on
     with its work meanwhile; ``failing_s`` lets the process's owner decide how long is too long."""
 
-    def __init__(self, what: str, consequence: str, retry_s: float = RETRY_S,
-                 report: Callable[[str], None] = log.warning) -> None:  # fmt: skip
+    def __init__(
+        self,
+        what: str,
+        consequence: str,
+        retry_s: float = RETRY_S,
+        report: Callable[[str], None] = log.warning,
+    ) -> None:
         self.what, self.consequence, self.retry_s, self.report = what, consequence, retry_s, report
         self.failed = 0  # attempts that failed, over the process's life
         self.error = ""  # "WHAT: PATH: the error" while failing

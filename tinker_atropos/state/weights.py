@@ -61,8 +61,13 @@ def publish_weights(
     spec_json, digest = json.dumps(spec), hashlib.sha256(blob).hexdigest()
     staging = keys.weights_staging(run)
     while True:
-        mapping: dict[str, Any] = {"version": version, "blob": blob, "spec": spec_json, "digest": digest,
-                                   "published_at": time.time()}  # fmt: skip
+        mapping: dict[str, Any] = {
+            "version": version,
+            "blob": blob,
+            "spec": spec_json,
+            "digest": digest,
+            "published_at": time.time(),
+        }
         if key is not None:
             mapping["sig"] = signature(key, str(version).encode(), spec_json.encode(), digest.encode())
         with client.pipeline(transaction=True) as pipe:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from typing import Any
 
 from tinker_atropos.algorithms.base import Learner
 from tinker_atropos.config import TrainerSection
@@ -88,6 +89,19 @@ class Batcher:
         self.lag.record(lag)
         self.unreported[f"chunks_lag_{lag}"] += 1
         return trajectory
+
+    def figures(self) -> dict[str, Any]:
+        """Its fields of the trainer's status: chunks consumed and rejected, the policy lag of those taken."""
+        lag_min, lag_mean, lag_max = self.lag.summary()
+        return {
+            "chunks_consumed": self.chunks_consumed,
+            "chunks_rejected_stale": self.chunks_rejected_stale,
+            "policy_lag_min": lag_min,
+            "policy_lag_mean": lag_mean,
+            "policy_lag_max": lag_max,
+            "policy_lag_counts": self.lag.counts(),
+            "records_rejected": self.rejected.totals,
+        }
 
     def take_unreported(self) -> Counter[str]:
         """The counts since the last call, for the run's counters: stale chunks, lags, records skipped by reason."""

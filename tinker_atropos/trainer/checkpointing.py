@@ -41,6 +41,7 @@ from tinker_atropos.state.replay_journal import ReplayJournal
 from tinker_atropos.state.run_dir import FolderWrites, RunFolderInUse, RunFolderOwner
 from tinker_atropos.state.weights import fetch_weights
 from tinker_atropos.trainer.driver import Checkpoint, Driver
+from tinker_atropos.trainer.figures import write_figures
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +57,16 @@ class Checkpointer:
     ``earlier``: the name of the single file an earlier version of the driver kept there, resumed from when no
     checkpoint is."""
 
-    def __init__(self, driver: Driver, folder: Path, policy: CheckpointSection, owner: RunFolderOwner | None,
-                 client: redis.Redis | None = None, run: str = "", earlier: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        driver: Driver,
+        folder: Path,
+        policy: CheckpointSection,
+        owner: RunFolderOwner | None,
+        client: redis.Redis | None = None,
+        run: str = "",
+        earlier: str | None = None,
+    ) -> None:
         self.driver, self.folder, self.policy, self.owner = driver, folder, policy, owner
         self.client, self.run, self.earlier = client, run, earlier
         self.writes = FolderWrites("checkpoint", "learning goes on without checkpoints")
@@ -119,9 +128,7 @@ class Checkpointer:
             log.warning("no final checkpoint: %s", error)
 
     def status(self) -> services_pb2.TrainerStatus:
-        writes = self.writes
-        return services_pb2.TrainerStatus(writes_failed={writes.what: writes.failed}, write_failure=writes.error,
-                                          write_failing_s=writes.failing_s)  # fmt: skip
+        return services_pb2.TrainerStatus(**write_figures(self.writes))
 
 
 def snapshot(value: Any) -> Any:
@@ -159,8 +166,11 @@ class ExperienceState:
         core = state["learner"].get("core", {}) if state.get("format", 1) >= 2 else {}
         version = core.get("version", state.get("counters", {}).get("version", 0))  # format 1: in counters
         if state.get("algorithm") != self.algorithm or core.get("spec") != learner.core.spec:
-            log.warning("checkpoint %s is of another algorithm, model or layout; starting fresh above its "
-                        "version %d", source, version)  # fmt: skip
+            log.warning(
+                "checkpoint %s is of another algorithm, model or layout; starting fresh above its version %d",
+                source,
+                version,
+            )
             learner.core.version = version + 1
             self._restore_replay(learner, None)
             return None
@@ -258,7 +268,12 @@ def continue_above_rollouts(client: redis.Redis, run: str, ahead: int, learner: 
         held = 0
     ahead = min(ahead, held)
     if ahead > core.version:
-        log.warning("rollouts act with policy version %d, above this trainer's %d (its newer weights were lost with "
-                    "Redis's data); continuing at version %d", ahead, core.version, ahead + 1)  # fmt: skip
+        log.warning(
+            "rollouts act with policy version %d, above this trainer's %d (its newer weights were lost with "
+            "Redis's data); continuing at version %d",
+            ahead,
+            core.version,
+            ahead + 1,
+        )
         core.version = ahead + 1
     return True

@@ -40,9 +40,9 @@ from tinker_atropos.state.weights import publish_weights, verified_version
 from tinker_atropos.trainer.batcher import Batcher
 from tinker_atropos.trainer.checkpointing import ExperienceState, adopt_newer_weights, continue_above_rollouts
 from tinker_atropos.trainer.driver import Checkpoint
-from tinker_atropos.trainer.figures import BusyMeter
+from tinker_atropos.trainer.figures import BusyMeter, write_figures
 from tinker_atropos.trainer.periodic_eval import PeriodicEvaluation
-from tinker_atropos.trainer.tensorboard import TensorBoardLog
+from tinker_atropos.trainer.tensorboard import run_log
 from tinker_atropos.training.guard import NonfiniteGuard
 
 log = logging.getLogger(__name__)
@@ -76,9 +76,10 @@ class TrainingDiverged(FatalError):
 class ExperienceLoop:
     def __init__(self, config: Config, client: redis.Redis, run_dir: Path) -> None:
         self.config, self.client, self.run_name = config, client, config.run.name
+        trainer = config.trainer
         self.weights_key = signing_key("weights")  # what the rollouts check the published weights against
-        self.device = resolve_device(config.trainer.device)
-        self.algorithm = algorithms.algorithm(config.trainer.algorithm)
+        self.device = resolve_device(trainer.device)
+        self.algorithm = algorithms.algorithm(trainer.algorithm)
         # its checkpoints (the trainer's Checkpointer writes them), best.pt
         self.folder = run_dir / "checkpoints"
         self.checkpoints = ExperienceState(self.folder, self.algorithm.name)
@@ -86,21 +87,18 @@ class ExperienceLoop:
         self.lock = threading.Lock()
         self._resume: tuple[dict[str, Any], Path] | None = None  # the checkpoint handed over, until ``setup``
         self._progress = 0  # updates since it started
-        self.batcher = Batcher(config.trainer, self.algorithm.name)
+        self.batcher = Batcher(trainer, self.algorithm.name)
         self.learner: Learner | None = None
         self.set_up = False  # built, resumed and published: what ``close`` keeps
         self.spec: TrajectorySpec | None = None
-        self.updates = 0
-        self.env_steps_trained = 0
+        self.updates = self.env_steps_trained = 0  # checkpointed (``_counters``)
         self.guard = NonfiniteGuard()  # counts the updates it undid: ``updates_discarded_nonfinite``
         self.losses: dict[str, float] = {}
         self._unreported: Counter[str] = Counter()  # run counters not yet added in Redis
         self._last_sync = 0.0
         self.busy = BusyMeter()
-        self.tensorboard = (TensorBoardLog(run_dir / "tensorboard", client, self.run_name, config.trainer.wandb,
-                                           config.model_dump(mode="json")) if config.trainer.tensorboard else None)  # fmt: skip
-        self.evaluation = PeriodicEvaluation(config.trainer.evaluation, client, self.run_name, config.trainer.model.network,
-                                             config.run.seed, self.tensorboard, self.folder)  # fmt: skip
+        self.tensorboard = run_log(config, client, run_dir)
+        self.evaluation = PeriodicEvaluation(config, client, self.tensorboard, self.folder)
 
     @property
     def version(self) -> int:
@@ -113,23 +111,18 @@ class ExperienceLoop:
 
     def status(self) -> services_pb2.TrainerStatus:
         """Its figures; of the writes into the run folder, its TensorBoard events (the checkpointer tells its own)."""
-        batcher, evaluation = self.batcher, self.evaluation
-        lag_min, lag_mean, lag_max = batcher.lag.summary()
-        status = services_pb2.TrainerStatus(
-            policy_version=self.version, updates=self.updates, env_steps_trained=self.env_steps_trained,
-            chunks_consumed=batcher.chunks_consumed, chunks_rejected_stale=batcher.chunks_rejected_stale,
-            busy_fraction=self.busy.fraction(), policy_lag_min=lag_min, policy_lag_mean=lag_mean,
-            policy_lag_max=lag_max, policy_lag_counts=batcher.lag.counts(), losses=self.losses,
-            records_rejected=batcher.rejected.totals, updates_discarded_nonfinite=self.guard.undone,
-            eval_policy_version=evaluation.version, eval_return_mean=evaluation.return_mean,
-            eval_return_std=evaluation.return_std, eval_best_policy_version=evaluation.best_version,
-            eval_best_return_mean=evaluation.best_return if evaluation.best_version else 0.0,
-        )  # fmt: skip
-        if self.tensorboard is not None:
-            writes = self.tensorboard.writes
-            status.writes_failed[writes.what] = writes.failed
-            status.write_failure, status.write_failing_s = writes.error, writes.failing_s
-        return status
+        tensorboard = {} if self.tensorboard is None else write_figures(self.tensorboard.writes)
+        return services_pb2.TrainerStatus(
+            **self.batcher.figures(),
+            **self.evaluation.figures(),
+            **tensorboard,
+            policy_version=self.version,
+            updates=self.updates,
+            env_steps_trained=self.env_steps_trained,
+            busy_fraction=self.busy.fraction(),
+            losses=self.losses,
+            updates_discarded_nonfinite=self.guard.undone,
+        )
 
     # -- state ---------------------------------------------------------------------------------------
     def setup(self, env: EnvDescription) -> None:
@@ -140,13 +133,21 @@ class ExperienceLoop:
     def _setup(self, env: EnvDescription) -> None:
         self.spec = TrajectorySpec.from_spaces(env.observation_space, env.action_space)
         trainer = self.config.trainer
-        setup = LearnerSetup(env.observation_space, env.action_space, trainer, trainer.hyperparameters,
-                             self.device, self.config.run.seed, env.observation_layout)  # fmt: skip
+        setup = LearnerSetup(
+            env.observation_space,
+            env.action_space,
+            trainer,
+            trainer.hyperparameters,
+            self.device,
+            self.config.run.seed,
+            env.observation_layout,
+        )
         try:
             self.learner = self.algorithm.build(setup)
         except ValueError as error:  # spaces the algorithm cannot act in, a user network that does not fit
-            raise FatalError(f"trainer.algorithm {self.algorithm.name!r} cannot learn {self.config.env.id}: "
-                             f"{error}") from None  # fmt: skip
+            raise FatalError(
+                f"trainer.algorithm {self.algorithm.name!r} cannot learn {self.config.env.id}: {error}"
+            ) from None
         self.batcher.start(self.spec, self.learner)
         state, source = self._resume or (None, None)
         state, self._resume = self.checkpoints.restore(self.learner, state, source), None
@@ -236,8 +237,11 @@ class ExperienceLoop:
         try:
             published = verified_version(self.client, self.run_name, self.weights_key)
         except ValueError as error:  # a malformed record, or one this trainer did not sign: replace it
-            log.warning("the weights in Redis are not this run's (%s); publishing version %d over them",
-                        error, self.version)  # fmt: skip
+            log.warning(
+                "the weights in Redis are not this run's (%s); publishing version %d over them",
+                error,
+                self.version,
+            )
             published = None
         if self.batcher.ahead > self.version and continue_above_rollouts(
             self.client, self.run_name, self.batcher.ahead, self.learner

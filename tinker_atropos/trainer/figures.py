@@ -1,9 +1,12 @@
-"""Trainer figures over a sliding window: busy fraction and policy lag."""
+"""Trainer figures: busy fraction and policy lag over a sliding window, the writes into the run folder."""
 
 from __future__ import annotations
 
 import time
 from collections import Counter, deque
+from typing import Any
+
+from tinker_atropos.state.run_dir import FolderWrites
 
 BUSY_WINDOW_S = 10.0
 
@@ -45,3 +48,12 @@ class LagMeter:
     def counts(self) -> dict[int, int]:
         """How many of the latest chunks had each lag: the distribution, not only its extremes."""
         return dict(sorted(Counter(self._lags).items()))
+
+
+def write_figures(writes: FolderWrites) -> dict[str, Any]:
+    """The trainer status's fields of ``writes``: how many failed, the failure going on and for how long."""
+    return {
+        "writes_failed": {writes.what: writes.failed},
+        "write_failure": writes.error,
+        "write_failing_s": writes.failing_s,
+    }

@@ -21,7 +21,7 @@ import grpc
 import numpy as np
 import redis
 
-from tinker_atropos.config import EvaluationSection
+from tinker_atropos.config import Config
 from tinker_atropos.environment.client import EnvClient
 from tinker_atropos.environment.episodes import equal_shares
 from tinker_atropos.models.acting import InferencePolicy, load_policy
@@ -34,15 +34,18 @@ log = logging.getLogger(__name__)
 
 
 class PeriodicEvaluation:
-    def __init__(self, section: EvaluationSection, client: redis.Redis, run: str, network: str, seed: int,
-                 tensorboard: TensorBoardLog | None, checkpoint_dir: Path) -> None:  # fmt: skip
-        self.section, self.client, self.run, self.network = section, client, run, network
-        self.tensorboard, self.seed, self.checkpoint_dir = tensorboard, seed, checkpoint_dir
+    def __init__(
+        self, config: Config, client: redis.Redis, tensorboard: TensorBoardLog | None, checkpoint_dir: Path
+    ) -> None:
+        """Of ``config``: ``trainer.evaluation``, the run's name and seed, and the policy network to load."""
+        self.section, self.client, self.run = config.trainer.evaluation, client, config.run.name
+        self.network, self.seed = config.trainer.model.network, config.run.seed
+        self.tensorboard, self.checkpoint_dir = tensorboard, checkpoint_dir
         self.version, self.return_mean, self.return_std = 0, 0.0, 0.0  # of the latest evaluation
         self.best_version, self.best_return = 0, -math.inf  # of the best one, kept in best.pt
         self._thread: threading.Thread | None = None
         self._missing_logged = False
-        if section.every_updates:
+        if self.section.every_updates:
             self._read_best()
 
     def _read_best(self) -> None:
@@ -57,14 +60,28 @@ class PeriodicEvaluation:
         except Exception as error:  # any unpickling failure, or a file of something else
             log.warning("%s is unreadable (%s); the next evaluation replaces it", path, error)
 
+    def figures(self) -> dict[str, Any]:
+        """Its fields of the trainer's status: the latest evaluation and the best one (0 before any)."""
+        return {
+            "eval_policy_version": self.version,
+            "eval_return_mean": self.return_mean,
+            "eval_return_std": self.return_std,
+            "eval_best_policy_version": self.best_version,
+            "eval_best_return_mean": self.best_return if self.best_version else 0.0,
+        }
+
     def after_update(self, updates: int, core: TrainingCore) -> None:
         """Start an evaluation of the core's version when one is due and none is running (a slow one is not
         queued): its weights are copied now, learning goes on."""
         every = self.section.every_updates
         if not every or updates % every or (self._thread is not None and self._thread.is_alive()):
             return
-        self._thread = threading.Thread(target=self._evaluate, args=(core.version, core.spec, core.weights()),
-                                        name="evaluation", daemon=True)  # fmt: skip
+        self._thread = threading.Thread(
+            target=self._evaluate,
+            args=(core.version, core.spec, core.weights()),
+            name="evaluation",
+            daemon=True,
+        )
         self._thread.start()
 
     def join(self, timeout_s: float) -> None:
@@ -79,8 +96,11 @@ class PeriodicEvaluation:
             return
         if not services:
             if not self._missing_logged:
-                log.warning("trainer.evaluation is on, but run %r has no evaluation env service (`tinker-atropos "
-                            "env --role eval`; `up` starts one)", self.run)  # fmt: skip
+                log.warning(
+                    "trainer.evaluation is on, but run %r has no evaluation env service (`tinker-atropos "
+                    "env --role eval`; `up` starts one)",
+                    self.run,
+                )
                 self._missing_logged = True
             return
         rng = np.random.default_rng(self.seed + version)
@@ -92,13 +112,15 @@ class PeriodicEvaluation:
                 "evaluation of version %d stopped: %s: %s", version, error.code().name, error.details()
             )
             return
-        self.version, self.return_mean, self.return_std = (
+        self.version = version
+        self.return_mean, self.return_std = float(np.mean(returns)), float(np.std(returns))
+        log.info(
+            "evaluation of policy version %d: mean return %.1f ± %.1f over %d episodes",
             version,
-            float(np.mean(returns)),
-            float(np.std(returns)),
+            self.return_mean,
+            self.return_std,
+            len(returns),
         )
-        log.info("evaluation of policy version %d: mean return %.1f ± %.1f over %d episodes", version,
-                 self.return_mean, self.return_std, len(returns))  # fmt: skip
         if self.return_mean > self.best_return:
             self._keep_best(version, spec, weights, returns)
         if self.tensorboard is not None:
@@ -106,12 +128,17 @@ class PeriodicEvaluation:
                 self.tensorboard.add_evaluation(self.return_mean, self.return_std)
 
     def _keep_best(self, version: int, spec: dict[str, Any], weights: bytes, returns: list[float]) -> None:
-        evaluation = {"return_mean": self.return_mean, "return_std": self.return_std, "episodes": len(returns),
-                      "deterministic": self.section.deterministic}  # fmt: skip
+        evaluation = {
+            "return_mean": self.return_mean,
+            "return_std": self.return_std,
+            "episodes": len(returns),
+            "deterministic": self.section.deterministic,
+        }
         try:
-            path = save_best(self.checkpoint_dir,
-                             {"policy": {"spec": spec, "version": version, "weights": weights},
-                              "evaluation": evaluation})  # fmt: skip
+            path = save_best(
+                self.checkpoint_dir,
+                {"policy": {"spec": spec, "version": version, "weights": weights}, "evaluation": evaluation},
+            )
         except OSError as error:  # a full or read-only disk: the best stays the one before, tried again later
             log.warning("cannot write the best checkpoint (%s: %s)", error.filename, error.strerror)
             return

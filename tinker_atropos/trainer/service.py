@@ -64,10 +64,12 @@ class TrainerService:
         self.drivers = [driver for driver, _, _ in built]
         # one checkpointer per driver that checkpoints: the same cadence, retention, retries and owner check
         self.checkpointers = {
-            id(driver): Checkpointer(driver, folder, config.trainer.checkpoint, self.owner, client, config.run.name,
-                                     earlier)
-            for driver, folder, earlier in built if folder is not None
-        }  # fmt: skip
+            id(driver): Checkpointer(
+                driver, folder, config.trainer.checkpoint, self.owner, client, config.run.name, earlier
+            )
+            for driver, folder, earlier in built
+            if folder is not None
+        }
         for checkpointer in self.checkpointers.values():
             checkpointer.resume()
 

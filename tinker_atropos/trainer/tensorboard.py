@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from tinker_atropos.config import WandbSection
+from tinker_atropos.config import Config, WandbSection
 from tinker_atropos.errors import FatalError
 from tinker_atropos.state.experience import read_stats, recent_episodes
 from tinker_atropos.state.run_dir import FolderWrites
@@ -39,8 +39,14 @@ class TensorBoardLog:
     """With ``wandb`` enabled, the same events are mirrored to Weights & Biases (``sync_tensorboard``), under the
     run's name, with the resolved config; wandb is imported only then."""
 
-    def __init__(self, log_dir: Path, client: redis.Redis, run: str, wandb: WandbSection | None = None,
-                 config: dict[str, Any] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        log_dir: Path,
+        client: redis.Redis,
+        run: str,
+        wandb: WandbSection | None = None,
+        config: dict[str, Any] | None = None,
+    ) -> None:
         self._wandb_run = (
             _start_wandb(wandb, log_dir.parent, run, config) if wandb and wandb.enabled else None
         )
@@ -140,14 +146,31 @@ class TensorBoardLog:
             wandb.teardown()
 
 
+def run_log(config: Config, client: redis.Redis, run_dir: Path) -> TensorBoardLog | None:
+    """The run's log in ``<run folder>/tensorboard`` (mirrored to W&B with the resolved config when
+    ``trainer.wandb`` is on); None when ``trainer.tensorboard`` is off."""
+    trainer = config.trainer
+    if not trainer.tensorboard:
+        return None
+    dumped = config.model_dump(mode="json")
+    return TensorBoardLog(run_dir / "tensorboard", client, config.run.name, trainer.wandb, dumped)
+
+
 def _start_wandb(section: WandbSection, run_dir: Path, run: str, config: dict[str, Any] | None) -> Any:
     """A W&B run mirroring the event files written after it (it patches TensorBoard's writer: start it first)."""
     try:
         import wandb
     except ImportError:
         raise FatalError("trainer.wandb.enabled needs wandb: pip install 'tinker-atropos[wandb]'") from None
-    return wandb.init(project=section.project, entity=section.entity, mode=section.mode, dir=str(run_dir),
-                      name=run, config=config, sync_tensorboard=True)  # fmt: skip
+    return wandb.init(
+        project=section.project,
+        entity=section.entity,
+        mode=section.mode,
+        dir=str(run_dir),
+        name=run,
+        config=config,
+        sync_tensorboard=True,
+    )
 
 
 def _quiet_writer_threads() -> None:

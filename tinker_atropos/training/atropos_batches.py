@@ -105,8 +105,11 @@ def _group(group: Any, schema: Schema | None) -> tuple[list[Datum], list[float],
             per_token = np.asarray(given[i][1:], np.float32) * weights
         else:
             per_token = np.float32(0.0 if advantages is None else advantages[i]) * weights
-        inputs = {"target_tokens": np.asarray(sequence[1:], np.int64), "weights": weights,
-                  "advantages": per_token.astype(np.float32)}  # fmt: skip
+        inputs = {
+            "target_tokens": np.asarray(sequence[1:], np.int64),
+            "weights": weights,
+            "advantages": per_token.astype(np.float32),
+        }
         if logprobs is not None and logprobs[i] is not None:
             if len(logprobs[i]) != len(sequence):
                 raise BatchError(f"sequence {i}: {len(logprobs[i])} log-probs for {len(sequence)} tokens")

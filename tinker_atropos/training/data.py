@@ -70,8 +70,9 @@ def check_datum(schema: Schema, datum: Datum, index: int, needed: tuple[str, ...
         _within(f"{where}: model_input", datum.tokens, 0, schema.vocab_size)
     unknown = sorted(set(datum.inputs) - set(schema.inputs))
     if unknown:
-        raise DatumError(f"{where}: loss_fn_inputs {unknown} are not read by this model; it reads "
-                         f"{sorted(schema.inputs)}")  # fmt: skip
+        raise DatumError(
+            f"{where}: loss_fn_inputs {unknown} are not read by this model; it reads {sorted(schema.inputs)}"
+        )
     for name, spec in schema.inputs.items():
         value, what = datum.inputs.get(name), f"{where}: loss_fn_inputs[{name!r}]"
         if value is None:
@@ -82,8 +83,10 @@ def check_datum(schema: Schema, datum: Datum, index: int, needed: tuple[str, ...
             continue
         expected = (length, *spec.trailing)
         if tuple(value.shape) != expected:
-            raise DatumError(f"{what} has shape {list(value.shape)}; this model takes {list(expected)} (T = the "
-                             f"model_input length {length})")  # fmt: skip
+            raise DatumError(
+                f"{what} has shape {list(value.shape)}; this model takes {list(expected)} (T = the "
+                f"model_input length {length})"
+            )
         if spec.integers is not None:
             if value.dtype.kind not in "iu":
                 raise DatumError(f"{what} must hold integers (int64 or int32), not {value.dtype}")

@@ -72,15 +72,19 @@ def ppo(logprobs: torch.Tensor, inputs: Inputs, config: Config) -> torch.Tensor:
 def stable_reinforce(logprobs: torch.Tensor, inputs: Inputs, config: Config) -> torch.Tensor:
     sampler = inputs.get("sampler_logprobs")  # NaN where the target was not sampled (a prompt token)
     if sampler is None:
-        raise LossError("stable_reinforce needs each datum's provenance: sample with record_stability_info=True and "
-                        "attach the sequences' spans (Datum.with_provenance)")  # fmt: skip
+        raise LossError(
+            "stable_reinforce needs each datum's provenance: sample with record_stability_info=True and "
+            "attach the sequences' spans (Datum.with_provenance)"
+        )
     sampled = ~torch.isnan(sampler)
     ratio = torch.exp(logprobs - torch.where(sampled, sampler, logprobs.detach()))
     low = config_number(config, "mask_low_threshold", 0.5)
     high = config_number(config, "mask_high_threshold", 2.0)
     if not 0 < low <= 1 <= high:
-        raise LossError(f"stable_reinforce keeps the ratios in [mask_low_threshold, mask_high_threshold], which "
-                        f"must hold 1 (0 < low <= 1 <= high); got [{low}, {high}]")  # fmt: skip
+        raise LossError(
+            f"stable_reinforce keeps the ratios in [mask_low_threshold, mask_high_threshold], which "
+            f"must hold 1 (0 < low <= 1 <= high); got [{low}, {high}]"
+        )
     keep = sampled & (ratio.detach() >= low) & (ratio.detach() <= high)
     return -(torch.where(keep, ratio, torch.zeros_like(ratio)) * inputs["advantages"]).sum()
 

@@ -33,8 +33,11 @@ class APPOLearner(PPOLearner):
         values = model.denormalize_value(model.normalized_value(norm_obs))
         norm_bootstrap = model.normalize_obs(torch.as_tensor(bootstrap_observations, device=device))
         bootstrap = model.denormalize_value(model.normalized_value(norm_bootstrap))
-        return (log_probs.reshape(steps, instances).cpu().numpy(), values.reshape(steps, instances).cpu().numpy(),
-                bootstrap.cpu().numpy())  # fmt: skip
+        return (
+            log_probs.reshape(steps, instances).cpu().numpy(),
+            values.reshape(steps, instances).cpu().numpy(),
+            bootstrap.cpu().numpy(),
+        )
 
     def advantages(
         self, run: list[Trajectory], along_time: Callable[[str], np.ndarray]

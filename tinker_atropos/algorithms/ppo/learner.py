@@ -44,8 +44,14 @@ class PPOLearner:
 
     def __init__(self, setup: LearnerSetup) -> None:
         self.hp = hp = setup.hyperparameters
-        spec = mlp_spec(setup.observation_space, setup.action_space, setup.trainer.model, hp.normalize_observations,
-                        hp.normalize_returns, observation_layout=setup.observation_layout)  # fmt: skip
+        spec = mlp_spec(
+            setup.observation_space,
+            setup.action_space,
+            setup.trainer.model,
+            hp.normalize_observations,
+            hp.normalize_returns,
+            observation_layout=setup.observation_layout,
+        )
         torch.manual_seed(setup.seed)
         self.core = TrainingCore(build_network(spec), spec, setup.device)
         self.generator = torch.Generator().manual_seed(setup.seed)

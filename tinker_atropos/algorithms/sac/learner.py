@@ -39,9 +39,16 @@ class SACLearner:
             )
         self.hp = hp = setup.hyperparameters
         model = setup.trainer.model
-        spec = mlp_spec(setup.observation_space, setup.action_space, model, normalize_observations=False,
-                        normalize_returns=False, critic=False, squashed=True,
-                        observation_layout=setup.observation_layout)  # fmt: skip
+        spec = mlp_spec(
+            setup.observation_space,
+            setup.action_space,
+            model,
+            normalize_observations=False,
+            normalize_returns=False,
+            critic=False,
+            squashed=True,
+            observation_layout=setup.observation_layout,
+        )
         torch.manual_seed(setup.seed)
         self.core = TrainingCore(build_network(spec), spec, setup.device)
         obs_dim = int(np.prod(setup.observation_space.shape))
@@ -123,11 +130,8 @@ class SACLearner:
         if critics.alpha_optimizer is not None and state["alpha_optimizer"] is not None:
             critics.alpha_optimizer.load_state_dict(state["alpha_optimizer"])
         counters = state["counters"]
-        self.env_steps, self.gradient_steps, self.owed = (
-            counters["env_steps"],
-            counters["gradient_steps"],
-            counters["owed"],
-        )
+        self.env_steps, self.gradient_steps = counters["env_steps"], counters["gradient_steps"]
+        self.owed = counters["owed"]
         rng = state["rng"]
         self.generator.bit_generator.state = rng["generator"]
         torch.set_rng_state(rng["torch"])

@@ -74,8 +74,10 @@ def backend_class(backend: str) -> Callable[[BatchSetup], EnvBatch]:
     reference = _REGISTRY.get(backend, backend)
     module, _, name = reference.partition(":")
     if not name:
-        raise EnvError(f"env.backend {backend!r} is not a registered backend; registered: "
-                       f"{', '.join(map(repr, sorted(_REGISTRY)))}, or 'module:Class' for a third party's")  # fmt: skip
+        raise EnvError(
+            f"env.backend {backend!r} is not a registered backend; registered: "
+            f"{', '.join(map(repr, sorted(_REGISTRY)))}, or 'module:Class' for a third party's"
+        )
     try:
         return getattr(importlib.import_module(module), name)
     except Exception as error:  # ImportError, AttributeError, or whatever the module raises while imported

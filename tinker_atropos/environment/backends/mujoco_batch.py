@@ -356,12 +356,8 @@ class MujocoBatch:
     """N instances of one gymnasium MuJoCo locomotion env, equal in results to N ``gymnasium.make`` envs."""
 
     def __init__(self, setup: BatchSetup) -> None:
-        env_id, kwargs, num_instances, num_threads = (
-            setup.env_id,
-            setup.kwargs,
-            setup.num_instances,
-            setup.num_threads,
-        )
+        env_id, kwargs = setup.env_id, setup.kwargs
+        num_instances, num_threads = setup.num_instances, setup.num_threads
         if env_id not in _TASKS:
             raise ValueError(
                 f"the mujoco backend does not implement {env_id!r}; it supports {', '.join(sorted(_TASKS))}"

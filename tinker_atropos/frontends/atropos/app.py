@@ -132,8 +132,10 @@ def lined_up(group: Any, where: str = "") -> None:
     if not all(isinstance(v, list) for v in (tokens, masks, scores)):
         return
     if not len(tokens) == len(masks) == len(scores) or not tokens:
-        raise ValueError(f"{where}tokens, masks and scores need one entry per sequence, at least one: got "
-                         f"{len(tokens)}, {len(masks)} and {len(scores)}")  # fmt: skip
+        raise ValueError(
+            f"{where}tokens, masks and scores need one entry per sequence, at least one: got "
+            f"{len(tokens)}, {len(masks)} and {len(scores)}"
+        )
     for name in ("masks", "inference_logprobs", "advantages"):
         rows = group.get(name)
         if not isinstance(rows, list):
@@ -230,8 +232,10 @@ def _within_token_length(store: TrajectoryStore, groups: list[dict[str, Any]]) -
             if 0 < limit < len(tokens):
                 store.refuse_invalid(len(groups))
                 where = f"[{g}]" if len(groups) > 1 else ""
-                raise _Refused(f"body{where}.tokens[{i}] has {len(tokens)} tokens; the trainer registered "
-                               f"max_token_len {limit}")  # fmt: skip
+                raise _Refused(
+                    f"body{where}.tokens[{i}] has {len(tokens)} tokens; the trainer registered "
+                    f"max_token_len {limit}"
+                )
 
 
 ONE_GROUP, GROUPS = TypeAdapter(ScoredData), TypeAdapter(Annotated[list[ScoredData], FAIL_FAST])
@@ -259,8 +263,12 @@ async def _posted(request: Request, store: TrajectoryStore, listed: bool) -> lis
 
     bodies: JSONBodies = request.app.state.bodies
     try:
-        stored = await bodies.parse(request, GROUPS if listed else ONE_GROUP, check,
-                                    lambda value: _stored(value if listed else [value]))  # fmt: skip
+        stored = await bodies.parse(
+            request,
+            GROUPS if listed else ONE_GROUP,
+            check,
+            lambda value: _stored(value if listed else [value]),
+        )
     except BodyError as error:
         if error.status == 422:
             store.refuse_invalid(posted)
@@ -291,16 +299,18 @@ async def status_env(
 ) -> Any:  # a GET with a JSON body, as atroposlib sends it
     answer = store.status_env(env.env_id)
     if answer is None:
-        return JSONResponse({"detail": f"env_id {env.env_id} is not registered (POST /register-env)"},
-                            status_code=404)  # fmt: skip
+        return JSONResponse(
+            {"detail": f"env_id {env.env_id} is not registered (POST /register-env)"}, status_code=404
+        )
     return answer
 
 
 # errors -----------------------------------------------------------------------------------------------------
 def _retry_later(request: Request, detail: str) -> JSONResponse:
     """503 with the ``Retry-After`` this API was built with."""
-    return JSONResponse({"detail": detail}, status_code=503,
-                        headers={"Retry-After": str(request.app.state.retry_after_s)})  # fmt: skip
+    return JSONResponse(
+        {"detail": detail}, status_code=503, headers={"Retry-After": str(request.app.state.retry_after_s)}
+    )
 
 
 async def _redis_away(request: Request, error: redis.RedisError) -> JSONResponse:
@@ -334,8 +344,12 @@ def build_app(
         app.add_middleware(
             APIKeys, keys=[k.encode() for k in api_keys], open_paths=frozenset({"/", "/healthz"})
         )
-    for error, handler in ((redis.RedisError, _redis_away), (BodyError, body_error),
-                           (_Refused, _refused), (QueueFull, _queue_full)):  # fmt: skip
+    for error, handler in (
+        (redis.RedisError, _redis_away),
+        (BodyError, body_error),
+        (_Refused, _refused),
+        (QueueFull, _queue_full),
+    ):
         app.add_exception_handler(error, handler)
     app.include_router(trainers)
     app.include_router(envs)

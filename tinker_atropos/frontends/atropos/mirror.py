@@ -19,8 +19,16 @@ from tinker_atropos.state.records import parse_json
 
 log = logging.getLogger(__name__)
 
-COUNTERS = ("groups_received", "groups_buffered", "groups_refused_full", "groups_duplicate",
-            "batches_served", "sequences_served", "records_skipped", "groups_refused_invalid")  # fmt: skip
+COUNTERS = (
+    "groups_received",
+    "groups_buffered",
+    "groups_refused_full",
+    "groups_duplicate",
+    "batches_served",
+    "sequences_served",
+    "records_skipped",
+    "groups_refused_invalid",
+)
 
 
 @dataclass
@@ -91,8 +99,9 @@ def _fields(item: Any) -> Any:
 def load(client: redis.Redis, key: Callable[..., str], dedup_window: int) -> Mirror:
     """The mirror read from Redis; a malformed entry is skipped and counted, never a crash at every restart."""
     m, skipped = Mirror(), 0
-    meta = {k.decode(errors="replace"): v.decode(errors="replace")
-            for k, v in client.hgetall(key("meta")).items()}  # fmt: skip
+    meta = {
+        k.decode(errors="replace"): v.decode(errors="replace") for k, v in client.hgetall(key("meta")).items()
+    }
     try:
         m.step, m.next_gid = int(meta.get("step", 0)), int(meta.get("next_gid", 0))
         registration = parse_json(meta.get("registration", "{}"))
@@ -129,8 +138,9 @@ def load(client: redis.Redis, key: Callable[..., str], dedup_window: int) -> Mir
             repaired[key] = [json.dumps(_fields(item)) for item in out]
         return out
 
-    m.envs = read(key("envs"), lambda f: EnvEntry(**f),
-                  lambda i: EnvEntry(0, 0.0, "", "", i, 0.0, False, None, 1))  # fmt: skip
+    m.envs = read(
+        key("envs"), lambda f: EnvEntry(**f), lambda i: EnvEntry(0, 0.0, "", "", i, 0.0, False, None, 1)
+    )
     m.queue = read(key("queue"), Entry.decode)
     for env in range(len(m.envs)):
         if buffered := read(key("buffer", str(env)), Entry.decode):

@@ -23,8 +23,14 @@ log = logging.getLogger(__name__)
 class AtroposAPI:
     """A ``service_host.Service``: its HTTP server in a thread until the stop event."""
 
-    def __init__(self, config: Config, client: redis.Redis, incarnation: str, endpoint: Endpoint,
-                 http_fd: int | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        config: Config,
+        client: redis.Redis,
+        incarnation: str,
+        endpoint: Endpoint,
+        http_fd: int | None = None,
+    ) -> None:
         section = config.atropos
         self.incarnation, self.endpoint = incarnation, endpoint
         self.store = TrajectoryStore(
@@ -59,8 +65,10 @@ class AtroposAPI:
 
     def run(self, stop: threading.Event) -> None:
         if self.open:  # said before it answers anyone
-            log.warning("the Atropos trajectory API takes no API key (--insecure): anyone who reaches it can post "
-                        "groups and reset its data")  # fmt: skip
+            log.warning(
+                "the Atropos trajectory API takes no API key (--insecure): anyone who reaches it can post "
+                "groups and reset its data"
+            )
         self.http.start(stop)
         log.info("Atropos trajectory API at %s (state in Redis, %s)", self.url, self.store.prefix)
         stop.wait()

@@ -33,6 +33,20 @@ class QueueFull(Exception):
     """The queue holds ``atropos.max_queue_sequences``: the group is refused (503), the env retries later."""
 
 
+# the fields of a scored group, each an empty list in ``latest_example`` before any group was posted
+EXAMPLE_FIELDS = (
+    "tokens",
+    "masks",
+    "scores",
+    "advantages",
+    "ref_logprobs",
+    "generation_params",
+    "inference_logprobs",
+    "messages",
+    "images",
+)
+
+
 def encode(group: dict[str, Any]) -> bytes:
     """A group's JSON as stored, and digested to recognise a retried post."""
     return pydantic_core.to_json(group)
@@ -56,19 +70,14 @@ class TrajectoryStore:
     def _key(self, *parts: str) -> str:
         return ":".join((self.prefix, *parts))
 
-    # loading ----------------------------------------------------------------------------------------------
     # registration ------------------------------------------------------------------------------------------
     def register(self, registration: dict[str, Any]) -> dict[str, Any]:
         m = self.fresh()
         if not m.registered:  # a later trainer's registration changes nothing, as in the reference
-            self.client.hset(self._key("meta"), mapping={"registered": 1, "started": 0, "step": registration["starting_step"],
-                                                         "registration": json.dumps(registration)})  # fmt: skip
-            m.registered, m.started, m.step, m.registration = (
-                True,
-                False,
-                registration["starting_step"],
-                registration,
-            )
+            step = registration["starting_step"]
+            meta = {"registered": 1, "started": 0, "step": step, "registration": json.dumps(registration)}
+            self.client.hset(self._key("meta"), mapping=meta)
+            m.registered, m.started, m.step, m.registration = True, False, step, registration
         return {"uuid": uuid.uuid4().int}  # as the reference: a random 128-bit id that nothing later uses
 
     def register_env(self, fields: dict[str, Any]) -> dict[str, Any]:
@@ -90,9 +99,15 @@ class TrajectoryStore:
         self.client.rpush(self._key("envs"), json.dumps(asdict(entry)))
         m.envs.append(entry)
         r = m.registration
-        return {"status": "success", "env_id": entry.registered_id, "wandb_name": entry.real_name,
-                "checkpoint_dir": r.get("checkpoint_dir", ""), "starting_step": m.step,
-                "checkpoint_interval": r.get("save_checkpoint_interval"), "num_steps": r.get("num_steps")}  # fmt: skip
+        return {
+            "status": "success",
+            "env_id": entry.registered_id,
+            "wandb_name": entry.real_name,
+            "checkpoint_dir": r.get("checkpoint_dir", ""),
+            "starting_step": m.step,
+            "checkpoint_interval": r.get("save_checkpoint_interval"),
+            "num_steps": r.get("num_steps"),
+        }
 
     def _save_env(self, pipe: Any, env_id: int) -> None:
         pipe.lset(self._key("envs"), env_id, json.dumps(asdict(self.state.envs[env_id])))
@@ -130,8 +145,10 @@ class TrajectoryStore:
         if new and m.queued_sequences() + incoming > self.max_queue_sequences:
             self.client.hincrby(self._key("meta"), "groups_refused_full", len(new))
             m.counters["groups_refused_full"] += len(new)
-            raise QueueFull(f"the queue holds {m.queued_sequences()} sequences, at most "
-                            f"{self.max_queue_sequences} (atropos.max_queue_sequences): retry later")  # fmt: skip
+            raise QueueFull(
+                f"the queue holds {m.queued_sequences()} sequences, at most "
+                f"{self.max_queue_sequences} (atropos.max_queue_sequences): retry later"
+            )
         placed = place(m, groups, digests, new)
         queue, buffers, gid, bodies = placed.queue, placed.buffers, placed.next_gid, placed.bodies
         touched, latest, answers = placed.touched, placed.latest, placed.answers
@@ -229,9 +246,8 @@ class TrajectoryStore:
 
     def latest_example(self) -> Any:
         raw = self.client.get(self._key("latest"))
-        if raw is None:
-            return {"tokens": [], "masks": [], "scores": [], "advantages": [], "ref_logprobs": [],
-                    "generation_params": [], "inference_logprobs": [], "messages": [], "images": []}  # fmt: skip
+        if raw is None:  # the reference's answer before any group: each field empty
+            return {name: [] for name in EXAMPLE_FIELDS}
         return parse_json(raw)
 
     # status ------------------------------------------------------------------------------------------------
@@ -248,8 +264,8 @@ class TrajectoryStore:
         m = self.fresh()
         if not 0 <= env_id < len(m.envs):
             return None
-        answer, group_size = env_status([Queued(e.size, e.env_id) for e in m.queue], m.envs, env_id, m.step,
-                                        m.registration.get("batch_size", 0))  # fmt: skip
+        queued = [Queued(e.size, e.env_id) for e in m.queue]
+        answer, group_size = env_status(queued, m.envs, env_id, m.step, m.registration.get("batch_size", 0))
         if group_size != m.envs[env_id].group_size:
             with self.client.pipeline(transaction=True) as pipe:
                 m.envs[env_id].group_size = group_size
@@ -266,6 +282,12 @@ class TrajectoryStore:
     def figures(self) -> dict[str, Any]:
         """For the status and the registry (the heartbeat thread): read only, never a reload."""
         m = self.state
-        return {**m.counters, "step": m.step, "queue_groups": len(m.queue), "queue_sequences": m.queued_sequences(),
-                "pending_batches": len(m.pending), "envs_registered": len(m.envs),
-                "envs_connected": sum(e.connected for e in m.envs)}  # fmt: skip
+        return {
+            **m.counters,
+            "step": m.step,
+            "queue_groups": len(m.queue),
+            "queue_sequences": m.queued_sequences(),
+            "pending_batches": len(m.pending),
+            "envs_registered": len(m.envs),
+            "envs_connected": sum(e.connected for e in m.envs),
+        }

@@ -38,9 +38,14 @@ from tinker_atropos.frontends.tinker.store import Store
 from tinker_atropos.security import insecure, read_keys
 
 
-def build_app(store: Store, api_keys: list[str], capabilities: list[base_models.Capability],
-              long_poll_s: float = 20.0, max_request_bytes: int = 64 << 20,
-              max_request_tokens: int = 65_536) -> FastAPI:  # fmt: skip
+def build_app(
+    store: Store,
+    api_keys: list[str],
+    capabilities: list[base_models.Capability],
+    long_poll_s: float = 20.0,
+    max_request_bytes: int = 64 << 20,
+    max_request_tokens: int = 65_536,
+) -> FastAPI:
     """The API; ``api_keys`` empty: no key asked (an ``--insecure`` run)."""
     app = FastAPI(title="tinker-atropos Tinker API", docs_url=None, redoc_url=None, openapi_url=None)
     api = Api(store, capabilities, long_poll_s, max_request_bytes, max_request_tokens)
@@ -77,6 +82,8 @@ def api_keys(config: Config, run_dir: Path) -> tuple[list[str], Path | None]:
     keys = read_keys(path, "trainer.tinker.api_keys_file")
     for number, key in enumerate(keys, 1):
         if not key.startswith("tml-") or len(key) < 20:
-            raise FatalError(f"{path}: key {number} must start with 'tml-' and be at least 20 characters long "
-                             "(the tinker SDK refuses other keys)")  # fmt: skip
+            raise FatalError(
+                f"{path}: key {number} must start with 'tml-' and be at least 20 characters long "
+                "(the tinker SDK refuses other keys)"
+            )
     return keys, path

@@ -104,8 +104,10 @@ def register(section: TinkerSection, device: torch.device) -> list[Capability]:
             raise FatalError(f"trainer.tinker.base_models[{name!r}]: {error}") from None
         size_mb = folder.parameters * dtype(section, device).itemsize / 1e6
         if section.max_models_mb is not None and size_mb > section.max_models_mb:
-            raise FatalError(f"trainer.tinker.base_models[{name!r}]: model folder {folder.path}: its weights take "
-                             f"{size_mb:,.0f} MB, more than trainer.tinker.max_models_mb ({section.max_models_mb:,.0f})")  # fmt: skip
+            raise FatalError(
+                f"trainer.tinker.base_models[{name!r}]: model folder {folder.path}: its weights take "
+                f"{size_mb:,.0f} MB, more than trainer.tinker.max_models_mb ({section.max_models_mb:,.0f})"
+            )
         listed.append(Capability(name, True, True, folder.context))
     return listed
 

@@ -47,8 +47,15 @@ class Record(Keys):
             sequence_ids(request_id, len(sequences)), sequences, strict=True
         ):
             key = self._key("sequence", sequence_id)
-            pipe.hset(key, mapping={"session": session, "prompt": prompt, "tokens": tokens.tobytes(),
-                                    "logprobs": logprobs.tobytes()})  # fmt: skip
+            pipe.hset(
+                key,
+                mapping={
+                    "session": session,
+                    "prompt": prompt,
+                    "tokens": tokens.tobytes(),
+                    "logprobs": logprobs.tobytes(),
+                },
+            )
             pipe.expire(key, SEQUENCE_TTL_S)
         pipe.execute()
 
@@ -61,32 +68,43 @@ class Record(Keys):
             pipe.hgetall(self._key("sequence", sequence_id))
             pipe.expire(self._key("sequence", sequence_id), SEQUENCE_TTL_S)
         replies = pipe.execute()
-        records = {name: found for name, found in zip(named, replies[::2], strict=True)
-                   if found and found[b"session"].decode() == session}  # fmt: skip
+        records = {
+            name: found
+            for name, found in zip(named, replies[::2], strict=True)
+            if found and found[b"session"].decode() == session
+        }
         for index, (datum, spans) in enumerate(zip(request.data, request.provenance, strict=True)):
             if spans is None:
-                raise wire.WireError(f"datum {index}: stable_reinforce needs its provenance: sample with "
-                                     "record_stability_info=True and attach the spans (Datum.with_provenance)")  # fmt: skip
+                raise wire.WireError(
+                    f"datum {index}: stable_reinforce needs its provenance: sample with "
+                    "record_stability_info=True and attach the spans (Datum.with_provenance)"
+                )
             targets = datum.inputs.get("target_tokens")
             out, at = np.full(len(datum.tokens), np.nan, dtype=np.float32), 0
             for span in spans:
                 found = records.get(span.sequence_id)
                 if found is None:
-                    raise wire.WireError(f"datum {index}: no recorded sequence {span.sequence_id!r} in this session "
-                                         f"(sampled elsewhere, without record_stability_info, or over "
-                                         f"{SEQUENCE_TTL_S // 3600} h unused)")  # fmt: skip
+                    raise wire.WireError(
+                        f"datum {index}: no recorded sequence {span.sequence_id!r} in this session "
+                        f"(sampled elsewhere, without record_stability_info, or over "
+                        f"{SEQUENCE_TTL_S // 3600} h unused)"
+                    )
                 source = np.frombuffer(found[b"tokens" if span.sampled else b"prompt"], dtype=np.int32)
                 end = span.offset + span.length
                 if end > len(source):
-                    raise wire.WireError(f"datum {index}: a span names positions {span.offset} to {end - 1} of "
-                                         f"sequence {span.sequence_id!r}'s {'sampled tokens' if span.sampled else 'prompt'}"
-                                         f", which has {len(source)}")  # fmt: skip
+                    raise wire.WireError(
+                        f"datum {index}: a span names positions {span.offset} to {end - 1} of "
+                        f"sequence {span.sequence_id!r}'s {'sampled tokens' if span.sampled else 'prompt'}"
+                        f", which has {len(source)}"
+                    )
                 if span.sampled:
                     if targets is not None and not np.array_equal(
                         targets[at : at + span.length], source[span.offset : end]
                     ):
-                        raise wire.WireError(f"datum {index}: targets {at} to {at + span.length - 1} are not the "
-                                             f"tokens sequence {span.sequence_id!r} sampled")  # fmt: skip
+                        raise wire.WireError(
+                            f"datum {index}: targets {at} to {at + span.length - 1} are not the "
+                            f"tokens sequence {span.sequence_id!r} sampled"
+                        )
                     out[at : at + span.length] = np.frombuffer(found[b"logprobs"], dtype=np.float32)[
                         span.offset : end
                     ]

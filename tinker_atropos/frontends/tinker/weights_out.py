@@ -29,8 +29,10 @@ def transformers_model(model: ServedModel) -> nn.Module:
     hf = getattr(model.core.model, "hf", None)
     if not isinstance(model, LanguageModel) or hf is None:
         kind = "a control policy" if not isinstance(model, LanguageModel) else "an architecture of ours"
-        raise WireError(f"{model.base_model} is {kind}, which neither transformers nor PEFT loads: its weights "
-                        "leave the run only as its checkpoint (save_state)")  # fmt: skip
+        raise WireError(
+            f"{model.base_model} is {kind}, which neither transformers nor PEFT loads: its weights "
+            "leave the run only as its checkpoint (save_state)"
+        )
     return hf
 
 
@@ -43,8 +45,10 @@ def base_folder(model: ServedModel, hf: nn.Module) -> Path:
     for folder in candidates:
         if (folder / "config.json").is_file():
             return folder.resolve()
-    raise WireError(f"{model.base_model} has no Hugging Face folder on this machine (looked in "
-                    f"{', '.join(map(str, candidates))}): an adapter needs its base's")  # fmt: skip
+    raise WireError(
+        f"{model.base_model} has no Hugging Face folder on this machine (looked in "
+        f"{', '.join(map(str, candidates))}): an adapter needs its base's"
+    )
 
 
 def natural_format(model: ServedModel) -> str:
@@ -61,8 +65,10 @@ def write(model: ServedModel, fmt: str, out: Path) -> list[Path]:
     base = base_folder(model, hf)
     if fmt == "peft":
         if not model.lora:
-            raise WireError(f"the model trained every weight of {model.base_model} (LoRA rank 0): it has no "
-                            "adapter; export it merged")  # fmt: skip
+            raise WireError(
+                f"the model trained every weight of {model.base_model} (LoRA rank 0): it has no "
+                "adapter; export it merged"
+            )
         return hf_export.write_adapter(hf, out, str(base))
     return hf_export.write_merged(hf, out, base)
 
@@ -75,8 +81,10 @@ def from_checkpoint(state: dict[str, Any]) -> LanguageModel:
         raise WireError("not a Tinker checkpoint (no record of its base model)")
     base_model = record.get("base_model")
     if base_model not in LANGUAGE_MODELS:
-        raise WireError(f"the checkpoint holds a {base_model}, not a language model: export control policies "
-                        "with --format onnx or pt2 (runs of `up`)")  # fmt: skip
+        raise WireError(
+            f"the checkpoint holds a {base_model}, not a language model: export control policies "
+            "with --format onnx or pt2 (runs of `up`)"
+        )
     if base_model == smollm2.NAME and not smollm2.available():
         raise WireError(f"{base_model} is not installed here (see docs/tinker.md, The Tinker API: Models)")
     try:

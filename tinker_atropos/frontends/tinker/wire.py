@@ -52,8 +52,11 @@ class Budget:
 
     def take(self, what: str, nbytes: int) -> None:
         if nbytes > self.left:
-            raise WireError(f"{what}: densified, the request's arrays would take {_mib(self.limit - self.left + nbytes)}; "
-                            f"a request's may take at most {_mib(self.limit)} ({self.setting})")  # fmt: skip
+            wanted = _mib(self.limit - self.left + nbytes)
+            raise WireError(
+                f"{what}: densified, the request's arrays would take {wanted}; a request's may take at most "
+                f"{_mib(self.limit)} ({self.setting})"
+            )
         self.left -= nbytes
 
 
@@ -79,8 +82,8 @@ def _tensor(name: str, msg: pb.Tensor, budget: Budget, densify: bool) -> np.ndar
     what = f"loss_fn_inputs[{name!r}]"
     dtype = _DTYPES.get(msg.dtype)
     if dtype is None:
-        raise WireError(f"{what}: unsupported dtype {pb.DType.Name(msg.dtype) if msg.dtype in pb.DType.values() else msg.dtype}"
-                        " (float32, int64 or int32)")  # fmt: skip
+        named = pb.DType.Name(msg.dtype) if msg.dtype in pb.DType.values() else msg.dtype
+        raise WireError(f"{what}: unsupported dtype {named} (float32, int64 or int32)")
     shape = list(msg.shape)
     if any(n < 0 for n in shape):
         raise WireError(f"{what}: negative dimension in shape {shape}")
@@ -93,8 +96,14 @@ def _tensor(name: str, msg: pb.Tensor, budget: Budget, densify: bool) -> np.ndar
         values = _frombuffer(f"{what} values", csr.values, dtype)
         crow = _frombuffer(f"{what} crow_indices", csr.crow_indices, np.int64)
         col = _frombuffer(f"{what} col_indices", csr.col_indices, np.int64)
-        if (len(crow) != shape[0] + 1 or len(col) != len(values) or crow[0] != 0 or crow[-1] != len(values)
-                or np.any(np.diff(crow) < 0) or (len(col) and (col.min() < 0 or col.max() >= shape[1]))):  # fmt: skip
+        if (
+            len(crow) != shape[0] + 1
+            or len(col) != len(values)
+            or crow[0] != 0
+            or crow[-1] != len(values)
+            or np.any(np.diff(crow) < 0)
+            or (len(col) and (col.min() < 0 or col.max() >= shape[1]))
+        ):
             raise WireError(f"{what}: inconsistent sparse CSR indices")
         if not densify:
             return None
@@ -144,8 +153,10 @@ def _provenance(datum: pb.Datum, index: int, length: int) -> list[Span] | None:
             runs[field].append(Span(kind == "sampled_tokens", run.sequence_id, run.offset, run.length))
         covered = sum(run.length for run in runs[field])
         if covered != length:
-            raise WireError(f"datum {index}: {field} cover {covered} positions, the datum has {length}; the runs "
-                            "must tile it (Datum.with_provenance)")  # fmt: skip
+            raise WireError(
+                f"datum {index}: {field} cover {covered} positions, the datum has {length}; the runs "
+                "must tile it (Datum.with_provenance)"
+            )
     return runs["loss_fn_input_spans"]
 
 
@@ -167,8 +178,10 @@ def count_fields(body: bytes) -> None:
         while at < end:
             left -= 1
             if left < 0:
-                raise WireError(f"the body holds more than {len(body) // FIELD_BYTES + FREE_FIELDS} Protobuf fields, "
-                                f"for {len(body)} bytes: not a request the SDK builds")  # fmt: skip
+                raise WireError(
+                    f"the body holds more than {len(body) // FIELD_BYTES + FREE_FIELDS} Protobuf fields, "
+                    f"for {len(body)} bytes: not a request the SDK builds"
+                )
             key, at = _varint(body, at)
             kind = key & 7
             if kind == 0:
@@ -244,8 +257,10 @@ def read_sample_response(body: bytes) -> list[tuple[np.ndarray, np.ndarray]]:
     """Each sampled sequence's tokens (int32) and log-probs (float32) from a ``SampleResponse`` body."""
     out = pb.SampleResponse()
     out.ParseFromString(body)
-    return [(np.frombuffer(s.tokens, dtype=np.int32), np.frombuffer(s.logprobs, dtype=np.float32))
-            for s in out.sequences]  # fmt: skip
+    return [
+        (np.frombuffer(s.tokens, dtype=np.int32), np.frombuffer(s.logprobs, dtype=np.float32))
+        for s in out.sequences
+    ]
 
 
 def leading_fields(prefix: bytes) -> tuple[str | None, int | None]:

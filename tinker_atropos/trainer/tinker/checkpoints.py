@@ -34,8 +34,10 @@ def named(request: dict[str, Any]) -> str | None:
     """The name a save request asks for (None: unnamed), checked with its ``ttl_seconds``; WireError otherwise."""
     name = request.get("path")
     if name is not None and (not NAME.match(str(name)) or str(name).startswith(EPHEMERAL)):
-        raise wire.WireError(f"checkpoint name {name!r}: use letters, digits, '_', '.', '-' (at most 128), not "
-                             f"starting {EPHEMERAL!r} (the unnamed weights of sampling clients)")  # fmt: skip
+        raise wire.WireError(
+            f"checkpoint name {name!r}: use letters, digits, '_', '.', '-' (at most 128), not "
+            f"starting {EPHEMERAL!r} (the unnamed weights of sampling clients)"
+        )
     ttl = request.get("ttl_seconds")
     if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int) or ttl < 1):
         raise wire.WireError(f"ttl_seconds must be a whole number of seconds >= 1, or None; got {ttl!r}")
@@ -61,9 +63,17 @@ class Checkpoints:
         """Record a checkpoint saved under a name, with its ``ttl_seconds`` and ``user_metadata``; its path."""
         ttl = request.get("ttl_seconds")
         now = time.time()
-        self.runs.add_checkpoint(model_id, f"{kind}/{name}", {
-            "created_at": now, "size_bytes": self.files.file(model_id, kind, name).stat().st_size, "public": False,
-            "user_metadata": request.get("user_metadata"), "expires_at": None if ttl is None else now + ttl})  # fmt: skip
+        self.runs.add_checkpoint(
+            model_id,
+            f"{kind}/{name}",
+            {
+                "created_at": now,
+                "size_bytes": self.files.file(model_id, kind, name).stat().st_size,
+                "public": False,
+                "user_metadata": request.get("user_metadata"),
+                "expires_at": None if ttl is None else now + ttl,
+            },
+        )
         return tinker_path(model_id, kind, name)
 
     def save_external(self, model_id: str, model: ServedModel, request: dict[str, Any]) -> tuple[str, int]:
@@ -74,8 +84,10 @@ class Checkpoints:
         if name is None:
             raise wire.WireError("save_weights_external needs a name (path)")
         if request.get("age_encryption_recipients"):
-            raise wire.WireError("age_encryption_recipients: this server writes the files to its own disk "
-                                 "unencrypted; encrypt them there if they leave it")  # fmt: skip
+            raise wire.WireError(
+                "age_encryption_recipients: this server writes the files to its own disk "
+                "unencrypted; encrypt them there if they leave it"
+            )
         folder = self.files.file(model_id, EXTERNAL, name)
         if folder.exists():
             raise wire.WireError(
@@ -90,9 +102,17 @@ class Checkpoints:
             shutil.rmtree(scratch, ignore_errors=True)
         size = sum(file.stat().st_size for file in folder.iterdir())
         ttl, now = request.get("ttl_seconds"), time.time()
-        self.runs.add_checkpoint(model_id, f"{EXTERNAL}/{name}", {
-            "created_at": now, "size_bytes": size, "public": False, "user_metadata": None,
-            "expires_at": None if ttl is None else now + ttl})  # fmt: skip
+        self.runs.add_checkpoint(
+            model_id,
+            f"{EXTERNAL}/{name}",
+            {
+                "created_at": now,
+                "size_bytes": size,
+                "public": False,
+                "user_metadata": None,
+                "expires_at": None if ttl is None else now + ttl,
+            },
+        )
         return tinker_path(model_id, EXTERNAL, name), size
 
     def keep_ephemeral(self, path: str) -> None:

@@ -37,8 +37,14 @@ class TinkerAPI:
         self.worker = Worker(store, client, config, device)
         configured = base_models.register(section, device)  # FatalError for a folder it cannot serve
         capabilities = base_models.capabilities(config.env.id, _run_env_action_space(config), configured)
-        app = build_app(store, keys, capabilities, section.long_poll_s, int(section.max_request_mb * 2**20),
-                        section.max_request_tokens)  # fmt: skip
+        app = build_app(
+            store,
+            keys,
+            capabilities,
+            section.long_poll_s,
+            int(section.max_request_mb * 2**20),
+            section.max_request_tokens,
+        )
         self.unauthenticated = app.state.api.unauthenticated
         self.http = BackgroundServer(app, section.host, section.port, "Tinker API")
 
@@ -58,8 +64,11 @@ class TinkerAPI:
         """Where it serves, the steps of Tinker clients' models it undid, and what it refused or expired: requests
         refused without a key, sessions that stopped heart-beating and the models they held."""
         events = {"requests_unauthenticated": self.unauthenticated.total(), **self.worker.expiry.expired}
-        return services_pb2.TrainerStatus(tinker_api=self.http.url, updates_discarded_nonfinite=self.worker.guard.undone,
-                                          tinker_events=events)  # fmt: skip
+        return services_pb2.TrainerStatus(
+            tinker_api=self.http.url,
+            updates_discarded_nonfinite=self.worker.guard.undone,
+            tinker_events=events,
+        )
 
     def save(self) -> Checkpoint | None:
         """Nothing for a checkpointer: every state-changing request is snapshotted as it is applied."""

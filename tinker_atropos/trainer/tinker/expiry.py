@@ -37,8 +37,12 @@ class SessionExpiry:
         for session in self.store.sessions.stale(sessions, older_than=now - self.timeout_s):
             self.store.sessions.finish(session, "heartbeat_expired")
             models = self.store.models.of_session(session)
-            log.warning("Tinker session %s sent no heartbeat for %.0f s: finished, its %d models unloaded",
-                        session, self.timeout_s, len(models))  # fmt: skip
+            log.warning(
+                "Tinker session %s sent no heartbeat for %.0f s: finished, its %d models unloaded",
+                session,
+                self.timeout_s,
+                len(models),
+            )
             for model_id in models:
                 self.unload(model_id)
             self.expired.update(sessions_expired=1, models_expired=len(models))

@@ -41,11 +41,20 @@ def recover(store: Store, handlers: RequestHandlers, checkpoints: Checkpoints) -
                     handlers.apply_forward_backward(model_id, parsed, deadline=None)
                 # the samplers' record it named may have expired since: a warning, never a crash loop
                 except ClientError as error:
-                    log.warning("Tinker model %s: accumulated gradients of request %s cannot be replayed (%s); "
-                                "they are lost", model_id, request_id, error)  # fmt: skip
+                    log.warning(
+                        "Tinker model %s: accumulated gradients of request %s cannot be replayed (%s); "
+                        "they are lost",
+                        model_id,
+                        request_id,
+                        error,
+                    )
                     continue
             replayed.append(request_id)
         replays[model_id] = replayed
-        log.info("Tinker model %s restored (applied %d, %d accumulations replayed)", model_id, applied,
-                 len(replayed))  # fmt: skip
+        log.info(
+            "Tinker model %s restored (applied %d, %d accumulations replayed)",
+            model_id,
+            applied,
+            len(replayed),
+        )
     return replays

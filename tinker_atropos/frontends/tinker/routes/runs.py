@@ -40,10 +40,16 @@ def _checkpoint_id(api: Api, run_id: str, kind: str, name: str) -> str:
 
 def _checkpoint_json(run_id: str, found: str, info: dict[str, Any]) -> dict[str, Any]:
     kind, _, name = found.partition("/")
-    return {"checkpoint_id": found, "checkpoint_type": CHECKPOINT_TYPES[kind], "time": iso(info["created_at"]),
-            "tinker_path": tinker_path(run_id, kind, name), "size_bytes": info.get("size_bytes"),
-            "public": info.get("public", False), "user_metadata": info.get("user_metadata"),
-            "expires_at": iso(info["expires_at"]) if info.get("expires_at") is not None else None}  # fmt: skip
+    return {
+        "checkpoint_id": found,
+        "checkpoint_type": CHECKPOINT_TYPES[kind],
+        "time": iso(info["created_at"]),
+        "tinker_path": tinker_path(run_id, kind, name),
+        "size_bytes": info.get("size_bytes"),
+        "public": info.get("public", False),
+        "user_metadata": info.get("user_metadata"),
+        "expires_at": iso(info["expires_at"]) if info.get("expires_at") is not None else None,
+    }
 
 
 def _run_checkpoints(api: Api, run_id: str) -> list[dict[str, Any]]:
@@ -53,12 +59,20 @@ def _run_checkpoints(api: Api, run_id: str) -> list[dict[str, Any]]:
 
 def _training_run(api: Api, run_id: str) -> dict[str, Any]:
     record, checkpoints = _run_record(api, run_id), _run_checkpoints(api, run_id)
-    latest = {kind: next((c for c in reversed(checkpoints) if c["checkpoint_type"] == kind), None)
-              for kind in ("training", "sampler")}  # fmt: skip
-    return {"training_run_id": run_id, "base_model": record["base_model"], "model_owner": OWNER,
-            **lora_of(record), "last_request_time": iso(api.store.runs.last_request_at(run_id)),
-            "last_checkpoint": latest["training"], "last_sampler_checkpoint": latest["sampler"],
-            "user_metadata": record.get("user_metadata") or None}  # fmt: skip
+    latest = {
+        kind: next((c for c in reversed(checkpoints) if c["checkpoint_type"] == kind), None)
+        for kind in ("training", "sampler")
+    }
+    return {
+        "training_run_id": run_id,
+        "base_model": record["base_model"],
+        "model_owner": OWNER,
+        **lora_of(record),
+        "last_request_time": iso(api.store.runs.last_request_at(run_id)),
+        "last_checkpoint": latest["training"],
+        "last_sampler_checkpoint": latest["sampler"],
+        "user_metadata": record.get("user_metadata") or None,
+    }
 
 
 def _page(request: Request) -> tuple[int, int]:
@@ -76,8 +90,10 @@ def _page(request: Request) -> tuple[int, int]:
 async def list_training_runs(request: Request, api: Shared) -> dict[str, Any]:
     limit, offset = _page(request)
     ids = api.store.runs.ids()
-    return {"training_runs": [_training_run(api, r) for r in ids[offset : offset + limit]],
-            "cursor": {"offset": offset, "limit": limit, "total_count": len(ids)}}  # fmt: skip
+    return {
+        "training_runs": [_training_run(api, r) for r in ids[offset : offset + limit]],
+        "cursor": {"offset": offset, "limit": limit, "total_count": len(ids)},
+    }
 
 
 @runs.get("/training_runs/{run_id}")
@@ -99,8 +115,10 @@ async def list_user_checkpoints(request: Request, api: Shared) -> dict[str, Any]
         key=lambda c: c["time"],
         reverse=True,
     )
-    return {"checkpoints": every[offset : offset + limit],
-            "cursor": {"offset": offset, "limit": limit, "total_count": len(every)}}  # fmt: skip
+    return {
+        "checkpoints": every[offset : offset + limit],
+        "cursor": {"offset": offset, "limit": limit, "total_count": len(every)},
+    }
 
 
 @runs.delete("/training_runs/{run_id}/checkpoints/{kind}/{name}")
@@ -141,6 +159,8 @@ async def weights_info(request: Request, api: Shared) -> dict[str, Any]:
     path = (await api.json(await request.body(), '{"tinker_path": "tinker://..."}')).get("tinker_path")
     record = await api.checkpoint_record(str(path))
     lora, adapters = record.get("lora") or {}, lora_of(record)
-    parts = {f"train_{part}": bool(lora.get(f"train_{part}", True)) if adapters["is_lora"] else None
-             for part in ("unembed", "mlp", "attn")}  # fmt: skip
+    parts = {
+        f"train_{part}": bool(lora.get(f"train_{part}", True)) if adapters["is_lora"] else None
+        for part in ("unembed", "mlp", "attn")
+    }
     return {"base_model": record["base_model"], **adapters, **parts}

@@ -49,8 +49,11 @@ async def asample(request: Request, api: Shared) -> dict[str, Any]:
         raise HTTPError(400, f"num_samples must lie in [1, 64], got {body.num_samples}")
     tokens = body.num_samples * (body.prompt.length + (body.sampling_params.max_tokens or 16))
     if tokens > api.max_request_tokens:
-        raise HTTPError(400, f"num_samples x (prompt + max_tokens) is {tokens} tokens; a request may take "
-                             f"{api.max_request_tokens} (trainer.tinker.max_request_tokens)")  # fmt: skip
+        raise HTTPError(
+            400,
+            f"num_samples x (prompt + max_tokens) is {tokens} tokens; a request may take "
+            f"{api.max_request_tokens} (trainer.tinker.max_request_tokens)",
+        )
     dedup = f"sample:{body.sampling_session_id}:{body.seq_id}" if body.seq_id is not None else None
     request_id = api.store.requests.submit("sample", raw, dedup=dedup, lane=sampler_lane(*found))
     return api.queued(request_id, sample_sequence_ids=sequence_ids(request_id, body.num_samples))

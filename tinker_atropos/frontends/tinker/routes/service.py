@@ -57,8 +57,17 @@ async def healthz() -> dict[str, str]:
 
 @service.get("/get_server_capabilities")
 async def server_capabilities(api: Shared) -> dict[str, Any]:
-    return {"supported_models": [{"model_name": c.name, "trainable": c.trainable, "sampleable": c.sampleable,
-                                  "max_context_length": c.max_context_length} for c in api.capabilities]}  # fmt: skip
+    return {
+        "supported_models": [
+            {
+                "model_name": c.name,
+                "trainable": c.trainable,
+                "sampleable": c.sampleable,
+                "max_context_length": c.max_context_length,
+            }
+            for c in api.capabilities
+        ]
+    }
 
 
 @service.post("/telemetry")

@@ -21,8 +21,9 @@ sessions = APIRouter()
 @sessions.post("/create_session")
 async def create_session(request: Request, api: Shared) -> dict[str, Any]:
     body = await api.parse(types.CreateSessionRequest, await request.body())
-    session_id = api.store.sessions.create({"sdk_version": body.sdk_version, "tags": body.tags,
-                                           "user_metadata": body.user_metadata})  # fmt: skip
+    session_id = api.store.sessions.create(
+        {"sdk_version": body.sdk_version, "tags": body.tags, "user_metadata": body.user_metadata}
+    )
     return {"type": "create_session", "session_id": session_id}
 
 
@@ -69,9 +70,13 @@ async def create_model(request: Request, api: Shared) -> dict[str, Any]:
 async def get_info(request: Request, api: Shared) -> dict[str, Any]:
     body = await api.parse(types.GetInfoRequest, await request.body())
     record = api.known_model(body.model_id, loaded=False)
-    return {"type": "get_info", "model_id": body.model_id, "model_name": record["base_model"],
-            "model_data": {"arch": record["base_model"].split("/")[0], "model_name": record["base_model"]},
-            **lora_of(record)}  # fmt: skip
+    return {
+        "type": "get_info",
+        "model_id": body.model_id,
+        "model_name": record["base_model"],
+        "model_data": {"arch": record["base_model"].split("/")[0], "model_name": record["base_model"]},
+        **lora_of(record),
+    }
 
 
 @sessions.post("/unload_model")

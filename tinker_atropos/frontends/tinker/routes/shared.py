@@ -28,8 +28,14 @@ from tinker_atropos.frontends.tinker.store import Store
 from tinker_atropos.logs import CountedWarnings
 from tinker_atropos.training.served import LANGUAGE_MODELS
 
-NUMBERED = ("forward_backward", "optim_step", "save_weights", "save_weights_for_sampler", "load_weights",
-            "save_weights_external")  # fmt: skip
+NUMBERED = (
+    "forward_backward",
+    "optim_step",
+    "save_weights",
+    "save_weights_for_sampler",
+    "load_weights",
+    "save_weights_external",
+)
 OWNER = "tinker-atropos"  # the runs of one server share its API keys: no owner of their own
 CHECKPOINT_TYPES = {"weights": "training", "sampler_weights": "sampler", "external_weights": "external"}
 JSON_VALUES = 4096  # values a JSON body may hold (a sample's prompt tokens besides): no request needs more
@@ -68,8 +74,11 @@ def json_values(body: bytes, max_values: int = JSON_VALUES) -> None:
     700 MB and 5 s)."""
     values = sum(separators(body))
     if values > max_values:
-        raise HTTPError(400, f"the body holds about {values} JSON values (counted by commas and brackets); a "
-                             f"request to this route holds at most {max_values}")  # fmt: skip
+        raise HTTPError(
+            400,
+            f"the body holds about {values} JSON values (counted by commas and brackets); a "
+            f"request to this route holds at most {max_values}",
+        )
 
 
 def parse_body(model: type[BaseModel], body: bytes, max_values: int = JSON_VALUES) -> Any:
@@ -114,8 +123,10 @@ def numbered(route: str, body: bytes) -> tuple[str, int] | None:
             fields = json.loads(body)  # Python's parser: a NaN in AdamParams does not hide the number
         except HTTPError:
             found_model, found_seq = _MODEL_ID.search(body), _SEQ_ID.search(body)
-            fields = {"model_id": found_model and found_model[1].decode(errors="replace"),
-                      "seq_id": found_seq and int(found_seq[1])}  # fmt: skip
+            fields = {
+                "model_id": found_model and found_model[1].decode(errors="replace"),
+                "seq_id": found_seq and int(found_seq[1]),
+            }
         except ValueError:
             return None
         model_id, seq = (

@@ -53,8 +53,11 @@ async def forward_backward(api: Api, request: Request, body: bytes) -> dict[str,
     if seq_id < 1:
         raise HTTPError(400, f"seq_id must be 1 or more, got {seq_id}")
     if tokens > api.max_request_tokens:
-        raise HTTPError(400, f"the request holds {tokens} tokens; a request may hold {api.max_request_tokens} "
-                             "(trainer.tinker.max_request_tokens): send fewer data per forward_backward")  # fmt: skip
+        raise HTTPError(
+            400,
+            f"the request holds {tokens} tokens; a request may hold {api.max_request_tokens} "
+            "(trainer.tinker.max_request_tokens): send fewer data per forward_backward",
+        )
     return api.queued(api.store.requests.submit("forward_backward", body, model_id, seq=seq_id), model_id)
 
 
@@ -84,8 +87,16 @@ async def load_weights(api: Api, request: Request, raw: bytes) -> dict[str, Any]
     if body.session_id is not None:  # a new model made from the checkpoint: its request number 0
         api.session(body.session_id)
         model_id = f"{body.session_id}:train:{body.model_seq_id}"
-        api.store.models.add(model_id, {"base_model": "", "lora": {}, "session": body.session_id,
-                                       "created_at": time.time(), "user_metadata": metadata_strings(body.user_metadata)})  # fmt: skip
+        api.store.models.add(
+            model_id,
+            {
+                "base_model": "",
+                "lora": {},
+                "session": body.session_id,
+                "created_at": time.time(),
+                "user_metadata": metadata_strings(body.user_metadata),
+            },
+        )
         return api.queued(api.store.requests.submit("create_from_state", raw, model_id, seq=0), model_id)
     if body.model_id is None or body.seq_id is None:
         raise HTTPError(400, "load_weights needs session_id and model_seq_id, or model_id and seq_id")
@@ -110,8 +121,10 @@ async def retrieve_future(request: Request, api: Shared) -> Response:
                 return Response(result.body, media_type=result.content_type)
             left = deadline - time.monotonic()
             if left <= 0:
-                return JSONResponse({"type": "try_again", "request_id": body.request_id,
-                                     "queue_state": "active"}, status_code=408)  # fmt: skip
+                return JSONResponse(
+                    {"type": "try_again", "request_id": body.request_id, "queue_state": "active"},
+                    status_code=408,
+                )
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), timeout=min(left, 1.0))
     finally:

@@ -21,8 +21,14 @@ from tinker_atropos.frontends.tinker.store.sessions import Sessions
 class Store:
     """One run's Tinker state, each part a class over its own keys; ``checkpoints``: the run's checkpoint folder."""
 
-    def __init__(self, client: redis.Redis, run: str, checkpoints: Path, future_ttl_s: float = 3600.0,
-                 ephemeral_ttl_s: float = 3600.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        client: redis.Redis,
+        run: str,
+        checkpoints: Path,
+        future_ttl_s: float = 3600.0,
+        ephemeral_ttl_s: float = 3600.0,
+    ) -> None:
         self.client, self.run = client, run
         self.sessions = Sessions(client, run)
         self.models = Models(client, run)

@@ -69,9 +69,11 @@ class CheckpointFiles:
             )
         file = self.file(model_id, kind, name)
         if not file.exists():
-            raise wire.WireError(f"no checkpoint {path!r} on this server (never saved, deleted, past its ttl_seconds, "
-                                 "or, saved under no name by save_weights_and_get_sampling_client, unused for "
-                                 f"{self.ephemeral_ttl_s:g} s)")  # fmt: skip
+            raise wire.WireError(
+                f"no checkpoint {path!r} on this server (never saved, deleted, past its ttl_seconds, "
+                "or, saved under no name by save_weights_and_get_sampling_client, unused for "
+                f"{self.ephemeral_ttl_s:g} s)"
+            )
         return file
 
     def record(self, path: str) -> dict[str, Any]:

@@ -57,17 +57,33 @@ class Requests(Keys):
         self.arrived = threading.Event()
         self.finished: list[Callable[[str], None]] = []
 
-    def submit(self, kind: str, body: bytes, model_id: str = "", seq: int | None = None,
-               dedup: str | None = None, lane: str = "") -> str:  # fmt: skip
+    def submit(
+        self,
+        kind: str,
+        body: bytes,
+        model_id: str = "",
+        seq: int | None = None,
+        dedup: str | None = None,
+        lane: str = "",
+    ) -> str:
         """Queue a request and return its future's id. With ``seq`` it is the model's request of that number,
         with ``dedup`` the request of that key; when it is taken, the existing future's id. A request outside
         any model's numbers runs in ``lane`` (the model it changes, or the sampler it samples from), after the
         lane's earlier ones and beside other lanes'."""
         request_id = f"req-{uuid.uuid4().hex}"
         future = self._key("future", request_id)
-        self.client.hset(future, mapping={"kind": kind, "model_id": model_id, "seq": -1 if seq is None else seq,
-                                          "status": PENDING, "body": body, "created_at": time.time(),
-                                          "lane": lane or model_id})  # fmt: skip
+        self.client.hset(
+            future,
+            mapping={
+                "kind": kind,
+                "model_id": model_id,
+                "seq": -1 if seq is None else seq,
+                "status": PENDING,
+                "body": body,
+                "created_at": time.time(),
+                "lane": lane or model_id,
+            },
+        )
         if seq is not None:
             claimed = self.client.hsetnx(self._key("model", model_id, "ops"), str(seq), request_id)
             existing = None if claimed else self.client.hget(self._key("model", model_id, "ops"), str(seq))
@@ -126,8 +142,8 @@ class Requests(Keys):
         lanes = [(raw or b"").decode() for raw in replies[len(unknown) :]]
         with self.client.pipeline(transaction=False) as pipe:
             for model_id in models:
-                ops, refused, following = (self._key("model", model_id, "ops"), self._key("model", model_id, "refused"),
-                                           str(applied[model_id] + 2))  # fmt: skip
+                ops, refused = self._key("model", model_id, "ops"), self._key("model", model_id, "refused")
+                following = str(applied[model_id] + 2)
                 pipe.hget(ops, str(applied[model_id] + 1)).hget(refused, str(applied[model_id] + 1))
                 pipe.hexists(ops, following).hexists(refused, following)
             replies = pipe.execute()
@@ -142,8 +158,10 @@ class Requests(Keys):
 
     def waiting(self, model_id: str, after: int) -> list[str]:
         """The model's requests numbered past ``after`` and still pending."""
-        numbered = [(int(seq), request_id.decode())
-                    for seq, request_id in self.client.hgetall(self._key("model", model_id, "ops")).items()]  # fmt: skip
+        numbered = [
+            (int(seq), request_id.decode())
+            for seq, request_id in self.client.hgetall(self._key("model", model_id, "ops")).items()
+        ]
         later = [request_id for seq, request_id in sorted(numbered) if seq > after]
         with self.client.pipeline(transaction=False) as pipe:
             for request_id in later:
@@ -157,14 +175,22 @@ class Requests(Keys):
 
     def request(self, request_id: str) -> tuple[str, bytes, str, int] | None:
         """(kind, body, model_id, seq) of a request whose payload is still kept."""
-        kind, body, model_id, seq = self.client.hmget(self._key("future", request_id),
-                                                      ["kind", "body", "model_id", "seq"])  # fmt: skip
+        kind, body, model_id, seq = self.client.hmget(
+            self._key("future", request_id), ["kind", "body", "model_id", "seq"]
+        )
         if kind is None:
             return None
         return kind.decode(), body or b"", (model_id or b"").decode(), int(seq)
 
-    def finish(self, request_id: str, status: bytes, body: bytes, content_type: str = "application/json",
-               applied: tuple[str, int] | None = None, snapshot: tuple[int, str] | None = None) -> None:  # fmt: skip
+    def finish(
+        self,
+        request_id: str,
+        status: bytes,
+        body: bytes,
+        content_type: str = "application/json",
+        applied: tuple[str, int] | None = None,
+        snapshot: tuple[int, str] | None = None,
+    ) -> None:
         """Store a request's outcome in one transaction with what it changed: ``applied``, the (model, seq) now
         applied, and ``snapshot``, the (seq, file) of the model's state it left."""
         future = self._key("future", request_id)
@@ -172,12 +198,16 @@ class Requests(Keys):
             pipe.hset(future, mapping={"status": status, "result": body, "content_type": content_type})
             pipe.expire(future, self.future_ttl_s)
             if applied is not None:
-                pipe.hset(self._key("model", applied[0]), mapping={"applied_seq": applied[1],
-                                                                   "last_request_at": time.time()})  # fmt: skip
+                pipe.hset(
+                    self._key("model", applied[0]),
+                    mapping={"applied_seq": applied[1], "last_request_at": time.time()},
+                )
                 pipe.hdel(self._key("model", applied[0], "refused"), str(applied[1]))
                 if snapshot is not None:
-                    pipe.hset(self._key("model", applied[0]),
-                              mapping={"snapshot_seq": snapshot[0], "snapshot_path": snapshot[1]})  # fmt: skip
+                    pipe.hset(
+                        self._key("model", applied[0]),
+                        mapping={"snapshot_seq": snapshot[0], "snapshot_path": snapshot[1]},
+                    )
             else:
                 pipe.lrem(self._key("queue"), 1, request_id)
             pipe.execute()
@@ -189,8 +219,9 @@ class Requests(Keys):
         self.client.hdel(self._key("future", request_id), "body")
 
     def result(self, request_id: str) -> Result | None:
-        status, body, content_type = self.client.hmget(self._key("future", request_id),
-                                                       ["status", "result", "content_type"])  # fmt: skip
+        status, body, content_type = self.client.hmget(
+            self._key("future", request_id), ["status", "result", "content_type"]
+        )
         if status is None:
             return None
         return Result(status, body or b"", (content_type or b"application/json").decode())

@@ -27,8 +27,10 @@ class TrainingRuns(Keys):
         self.expire_at(model_id, checkpoint_id, info.get("expires_at"))
 
     def checkpoints(self, model_id: str) -> dict[str, dict[str, Any]]:
-        return {cid.decode(): json.loads(raw)
-                for cid, raw in self.client.hgetall(self._key("checkpoints", model_id)).items()}  # fmt: skip
+        return {
+            cid.decode(): json.loads(raw)
+            for cid, raw in self.client.hgetall(self._key("checkpoints", model_id)).items()
+        }
 
     def checkpoint(self, model_id: str, checkpoint_id: str) -> dict[str, Any] | None:
         raw = self.client.hget(self._key("checkpoints", model_id), checkpoint_id)

@@ -14,8 +14,10 @@ def sampler_lane(base_model: str, model_path: str | None) -> str:
 
 class Samplers(Keys):
     def add(self, sampler_id: str, base_model: str, model_path: str | None) -> None:
-        self.client.hset(self._key("sampler", sampler_id),
-                         mapping={"base_model": base_model, "model_path": model_path or ""})  # fmt: skip
+        self.client.hset(
+            self._key("sampler", sampler_id),
+            mapping={"base_model": base_model, "model_path": model_path or ""},
+        )
 
     def get(self, sampler_id: str) -> tuple[str, str | None] | None:
         """(base model, weights' tinker path or None) of a sampling session; None for no such session."""

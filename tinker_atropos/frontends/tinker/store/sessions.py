@@ -15,8 +15,10 @@ class Sessions(Keys):
     def create(self, fields: dict[str, Any]) -> str:
         session = f"session-{uuid.uuid4().hex[:16]}"
         now = time.time()
-        self.client.hset(self._key("session", session), mapping={"created_at": now, "heartbeat_at": now,
-                                                                  "info": json.dumps(fields)})  # fmt: skip
+        self.client.hset(
+            self._key("session", session),
+            mapping={"created_at": now, "heartbeat_at": now, "info": json.dumps(fields)},
+        )
         return session
 
     def state(self, session: str) -> str | None:
