@@ -79,8 +79,12 @@ def through_api(work: Path, clients: int = 8, rank: int = 8) -> list[dict]:
             data = []
             for _ in range(4):
                 tokens = rng.integers(0, 49152, size=65)
-                data.append(types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1].tolist()),
-                                        loss_fn_inputs={"target_tokens": tokens[1:]}))  # fmt: skip
+                data.append(
+                    types.Datum(
+                        model_input=types.ModelInput.from_ints(tokens[:-1].tolist()),
+                        loss_fn_inputs={"target_tokens": tokens[1:]},
+                    )
+                )
             backward, step = (
                 client.forward_backward(data, "cross_entropy"),
                 client.optim_step(types.AdamParams(**ADAM)),
@@ -95,8 +99,9 @@ def run(counts: tuple[int, ...] = (1, 8)) -> list[dict]:
     """Each count in a fresh process; the rows, with the cost per client beyond the first."""
     rows = []
     for n in counts:
-        out = subprocess.run([sys.executable, "-m", "bench.lm_memory", str(n)], capture_output=True, text=True,
-                             check=True)  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, "-m", "bench.lm_memory", str(n)], capture_output=True, text=True, check=True
+        )
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
     one = next((r["rss_mb"] for r in rows if r["clients"] == 1), None)
     for row in rows:

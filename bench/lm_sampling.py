@@ -62,9 +62,14 @@ def through_sdk(url: str, key: str, count: int) -> dict[str, Any]:
     wall = time.perf_counter() - begun
     for service in services:
         service.close("success").result(timeout=60)
-    return {"clients": count, "tokens": count * SAMPLES * TOKENS, "wall_s": wall,
-            "tokens_per_s": count * SAMPLES * TOKENS / wall, "latency_p50_s": statistics.median(latencies),
-            "latency_max_s": max(latencies)}  # fmt: skip
+    return {
+        "clients": count,
+        "tokens": count * SAMPLES * TOKENS,
+        "wall_s": wall,
+        "tokens_per_s": count * SAMPLES * TOKENS / wall,
+        "latency_p50_s": statistics.median(latencies),
+        "latency_max_s": max(latencies),
+    }
 
 
 def hf_static_batch(threads: int) -> dict[str, Any]:
@@ -75,8 +80,17 @@ def hf_static_batch(threads: int) -> dict[str, Any]:
     with torch.inference_mode():
         model.hf.generate(batch[:1], do_sample=True, max_new_tokens=2, pad_token_id=model.eos_id)  # warm-up
         begun = time.perf_counter()
-        out = model.hf.generate(batch, do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=TOKENS,
-                                min_new_tokens=TOKENS, num_return_sequences=SAMPLES, pad_token_id=model.eos_id)  # fmt: skip
+        out = model.hf.generate(
+            batch,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=TOKENS,
+            min_new_tokens=TOKENS,
+            num_return_sequences=SAMPLES,
+            pad_token_id=model.eos_id,
+        )
         wall = time.perf_counter() - begun
     assert out.shape == (CLIENTS * SAMPLES, PROMPT + TOKENS)
     return {"sequences": CLIENTS * SAMPLES, "wall_s": wall, "tokens_per_s": CLIENTS * SAMPLES * TOKENS / wall}
@@ -103,8 +117,12 @@ def first_tokens(threads: int) -> dict[str, Any]:
     finally:
         engine.close()
     firsts = list(engine.first_token_s)
-    return {"wall_s": wall, "tokens_per_s": CLIENTS * SAMPLES * TOKENS / wall,
-            "ttft_p50_s": float(np.percentile(firsts, 50)), "ttft_p95_s": float(np.percentile(firsts, 95))}  # fmt: skip
+    return {
+        "wall_s": wall,
+        "tokens_per_s": CLIENTS * SAMPLES * TOKENS / wall,
+        "ttft_p50_s": float(np.percentile(firsts, 50)),
+        "ttft_p95_s": float(np.percentile(firsts, 95)),
+    }
 
 
 def run(work: Path, threads: int = 1) -> dict[str, Any]:
@@ -114,10 +132,19 @@ def run(work: Path, threads: int = 1) -> dict[str, Any]:
         together = through_sdk(served.url, served.key, CLIENTS)
     static = hf_static_batch(threads)
     engine = first_tokens(threads)
-    return {"model": smollm2.NAME, "torch_threads": threads, "samples": SAMPLES, "max_tokens": TOKENS,
-            "prompt_tokens": PROMPT, "alone": alone, "together": together, "hf_static_batch": static,
-            "engine_in_process": engine, "together_vs_alone": together["tokens_per_s"] / alone["tokens_per_s"],
-            "together_vs_hf_static": together["tokens_per_s"] / static["tokens_per_s"]}  # fmt: skip
+    return {
+        "model": smollm2.NAME,
+        "torch_threads": threads,
+        "samples": SAMPLES,
+        "max_tokens": TOKENS,
+        "prompt_tokens": PROMPT,
+        "alone": alone,
+        "together": together,
+        "hf_static_batch": static,
+        "engine_in_process": engine,
+        "together_vs_alone": together["tokens_per_s"] / alone["tokens_per_s"],
+        "together_vs_hf_static": together["tokens_per_s"] / static["tokens_per_s"],
+    }
 
 
 if __name__ == "__main__":

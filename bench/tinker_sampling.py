@@ -78,9 +78,17 @@ def measure(case: Case, model: Any, device: torch.device, repeats: int) -> dict[
 
         def peer() -> None:
             with torch.inference_mode():
-                model.hf.generate(torch.tensor([prompt], device=device), do_sample=True, temperature=1.0, top_k=0,
-                                  top_p=1.0, max_new_tokens=case.max_tokens, min_new_tokens=case.max_tokens,
-                                  num_return_sequences=case.num_samples, pad_token_id=model.eos_id)  # fmt: skip
+                model.hf.generate(
+                    torch.tensor([prompt], device=device),
+                    do_sample=True,
+                    temperature=1.0,
+                    top_k=0,
+                    top_p=1.0,
+                    max_new_tokens=case.max_tokens,
+                    min_new_tokens=case.max_tokens,
+                    num_return_sequences=case.num_samples,
+                    pad_token_id=model.eos_id,
+                )
     else:
         peer_name = "full recompute per token (before issue 33)"
 
@@ -93,10 +101,18 @@ def measure(case: Case, model: Any, device: torch.device, repeats: int) -> dict[
         times["ours"].append(_timed(ours))
         times["peer"].append(_timed(peer))
     ours_rate, peer_rate = (case.tokens / statistics.median(times[k]) for k in ("ours", "peer"))
-    return {"model": smollm2.NAME if case.model == "smollm2" else "tiny-byte-lm", "device": str(device),
-            "prompt_tokens": case.prompt_tokens, "num_samples": case.num_samples, "max_tokens": case.max_tokens,
-            "ours_tokens_per_s": ours_rate, "peer": peer_name, "peer_tokens_per_s": peer_rate,
-            "ratio": ours_rate / peer_rate, "repeats": repeats}  # fmt: skip
+    return {
+        "model": smollm2.NAME if case.model == "smollm2" else "tiny-byte-lm",
+        "device": str(device),
+        "prompt_tokens": case.prompt_tokens,
+        "num_samples": case.num_samples,
+        "max_tokens": case.max_tokens,
+        "ours_tokens_per_s": ours_rate,
+        "peer": peer_name,
+        "peer_tokens_per_s": peer_rate,
+        "ratio": ours_rate / peer_rate,
+        "repeats": repeats,
+    }
 
 
 def smollm2_of_random_weights() -> smollm2.SmolLM2:
@@ -104,9 +120,20 @@ def smollm2_of_random_weights() -> smollm2.SmolLM2:
     (it is too large to carry to a GPU machine), the same work per token for both samplers."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                         num_attention_heads=9, num_key_value_heads=3, head_dim=64, max_position_embeddings=8192,
-                         rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=True, hidden_act="silu")  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        head_dim=64,
+        max_position_embeddings=8192,
+        rope_theta=100000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        hidden_act="silu",
+    )
     return smollm2.SmolLM2(LlamaForCausalLM(config).eval(), eos_id=2)
 
 

@@ -27,25 +27,50 @@ class Served:
 
 
 @contextlib.contextmanager
-def serving(work: Path, tinker: dict[str, Any] | None = None, env_id: str = "Pendulum-v1",
-            key: str = "tml-bench-0123456789abcdef") -> Iterator[Served]:  # fmt: skip
+def serving(
+    work: Path,
+    tinker: dict[str, Any] | None = None,
+    env_id: str = "Pendulum-v1",
+    key: str = "tml-bench-0123456789abcdef",
+) -> Iterator[Served]:
     """The trainer, its log and config in ``work``; ``tinker``: settings of ``trainer.tinker`` besides the port
     and the key file. Stopped on leaving."""
     work.mkdir(parents=True, exist_ok=True)
     (work / "keys").write_text(key + "\n")
     port = free_port()
     env = {"id": env_id, **({"backend": "mujoco"} if env_id.startswith("Humanoid") else {})}
-    config = {"run": {"name": "bench-tinker"}, "env": env,
-              "trainer": {"experience_loop": False, "tinker": {"enabled": True, "port": port,
-                                                               "api_keys_file": str(work / "keys"), **(tinker or {})}}}  # fmt: skip
+    config = {
+        "run": {"name": "bench-tinker"},
+        "env": env,
+        "trainer": {
+            "experience_loop": False,
+            "tinker": {"enabled": True, "port": port, "api_keys_file": str(work / "keys"), **(tinker or {})},
+        },
+    }
     (work / "run.yaml").write_text(yaml.safe_dump(config))
     valkey = EmbeddedValkey(work / "valkey")
     log_path = work / "trainer.log"
     log = open(log_path, "w")  # noqa: SIM115 - inherited by the child
-    trainer = subprocess.Popen([sys.executable, "-m", "tinker_atropos", "trainer", "--config", str(work / "run.yaml"),
-                                "--redis-url", valkey.url, "--port", str(free_port()), "--run-dir", str(work / "run")],
-                               stdout=log, stderr=subprocess.STDOUT, preexec_fn=child_preexec,
-                               env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+    trainer = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tinker_atropos",
+            "trainer",
+            "--config",
+            str(work / "run.yaml"),
+            "--redis-url",
+            valkey.url,
+            "--port",
+            str(free_port()),
+            "--run-dir",
+            str(work / "run"),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        preexec_fn=child_preexec,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     try:
         deadline = time.monotonic() + 60
         while "Tinker API at" not in log_path.read_text():

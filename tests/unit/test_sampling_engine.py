@@ -21,8 +21,13 @@ TOK = ByteTokenizer()
 EOS = frozenset({TOK.eos_id})
 
 
-def draw(model: torch.nn.Module, prompt: Sequence[int], max_tokens: int, stop: frozenset[int] = EOS,
-         **params: object) -> list[SampledTokens]:  # fmt: skip
+def draw(
+    model: torch.nn.Module,
+    prompt: Sequence[int],
+    max_tokens: int,
+    stop: frozenset[int] = EOS,
+    **params: object,
+) -> list[SampledTokens]:
     return sample(model, prompt, Params(max_tokens, stop_tokens=stop, **params))  # type: ignore[arg-type]
 
 
@@ -102,11 +107,20 @@ def test_requests_joining_a_running_batch_get_what_they_get_alone() -> None:
     first, second = _adapted(base, 1), _adapted(base, 2)
     asks = [  # (model alone, adapter, prompt, params)
         (base, None, TOK.encode("hello there", add_bos=True), Params(24, 3, seed=1, stop_tokens=EOS)),
-        (first[0], first[1], TOK.encode("a", add_bos=True), Params(9, 2, seed=2, stop_tokens=frozenset({101}))),
-        (second[0], second[1], TOK.encode("a much longer prompt, read in chunks", add_bos=True),
-         Params(30, 2, temperature=0.7, top_k=20, seed=3)),
+        (
+            first[0],
+            first[1],
+            TOK.encode("a", add_bos=True),
+            Params(9, 2, seed=2, stop_tokens=frozenset({101})),
+        ),
+        (
+            second[0],
+            second[1],
+            TOK.encode("a much longer prompt, read in chunks", add_bos=True),
+            Params(30, 2, temperature=0.7, top_k=20, seed=3),
+        ),
         (first[0], first[1], TOK.encode("xyz", add_bos=True), Params(5, 1, temperature=0)),
-    ]  # fmt: skip
+    ]
     alone = [sample(model, prompt, params) for model, _, prompt, params in asks]
 
     engine = Engine(serving, kv_tokens=10_000, prefill_chunk=7)

@@ -117,8 +117,10 @@ def lora_targets(model: smollm2.SmolLM2, attn: bool, mlp: bool, unembed: bool) -
     projections of every decoder layer (the names Llama, Qwen, Mistral and Gemma share), and the unembedding."""
     targets: list[tuple[nn.Module, str]] = []
     for layer in model.hf.model.layers:
-        for parent, names, chosen in ((layer.self_attn, ("q_proj", "k_proj", "v_proj", "o_proj"), attn),
-                                      (layer.mlp, ("gate_proj", "up_proj", "down_proj"), mlp)):  # fmt: skip
+        for parent, names, chosen in (
+            (layer.self_attn, ("q_proj", "k_proj", "v_proj", "o_proj"), attn),
+            (layer.mlp, ("gate_proj", "up_proj", "down_proj"), mlp),
+        ):
             if chosen:
                 targets += [(parent, n) for n in names if isinstance(getattr(parent, n, None), nn.Linear)]
     if unembed:

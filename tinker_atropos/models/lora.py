@@ -23,8 +23,9 @@ class LoRALinear(nn.Module):
     """``base`` frozen, plus its own adapter of ``rank`` (none with rank 0: a layer of a tree that only ever runs
     rows of other models' adapters). ``path`` names the layer within its model: the same in every model of a base."""
 
-    def __init__(self, base: nn.Linear, rank: int, alpha: float, generator: torch.Generator | None,
-                 path: str = "") -> None:  # fmt: skip
+    def __init__(
+        self, base: nn.Linear, rank: int, alpha: float, generator: torch.Generator | None, path: str = ""
+    ) -> None:
         super().__init__()
         self.base = base.requires_grad_(False)
         self.path = path
@@ -74,8 +75,15 @@ def adapter(model: nn.Module) -> dict[str, LoRALinear]:
     return {name: module for name, module in model.named_modules() if isinstance(module, LoRALinear)}
 
 
-def wrap(model: nn.Module, targets: Sequence[tuple[nn.Module, str]], rank: int, *, alpha: float | None = None,
-         seed: int | None = None, allow_rank_zero: bool = False) -> list[nn.Parameter]:  # fmt: skip
+def wrap(
+    model: nn.Module,
+    targets: Sequence[tuple[nn.Module, str]],
+    rank: int,
+    *,
+    alpha: float | None = None,
+    seed: int | None = None,
+    allow_rank_zero: bool = False,
+) -> list[nn.Parameter]:
     """Wrap each ``(parent, attribute)`` Linear of ``model`` in ``LoRALinear`` and freeze every base parameter; the
     adapters' parameters (what the optimiser steps).
 

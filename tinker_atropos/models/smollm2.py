@@ -65,8 +65,13 @@ class SmolLM2(nn.Module):
             raise ValueError(f"token ids must be in [0, {self.config.vocab_size})")
         return self.hf(input_ids=tokens, use_cache=False).logits
 
-    def step(self, tokens: torch.Tensor, past: list[tuple[torch.Tensor, torch.Tensor]] | None,
-             mask: torch.Tensor | None, positions: torch.Tensor) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:  # fmt: skip
+    def step(
+        self,
+        tokens: torch.Tensor,
+        past: list[tuple[torch.Tensor, torch.Tensor]] | None,
+        mask: torch.Tensor | None,
+        positions: torch.Tensor,
+    ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
         """``sampling.Decoder.step`` with transformers' own cache (``DynamicCache``) around the keys and values
         the engine keeps (given as they are, not copied); only the last position's logits are computed."""
         from transformers import DynamicCache

@@ -94,8 +94,12 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(config.d_model, 3 * config.d_model)
         self.proj = nn.Linear(config.d_model, config.d_model)
 
-    def forward(self, x: torch.Tensor, past: tuple[torch.Tensor, torch.Tensor] | None = None,
-                mask: torch.Tensor | None = None) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:  # fmt: skip
+    def forward(
+        self,
+        x: torch.Tensor,
+        past: tuple[torch.Tensor, torch.Tensor] | None = None,
+        mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """The attention over ``past``'s positions and ``x``'s, causal within ``x``; ``mask`` [B, T, P + T]: which
         keys each query may see (left padding in a batch of several lengths), None for all of them."""
         B, T, C = x.shape
@@ -127,8 +131,12 @@ class Block(nn.Module):
         self.ln2 = nn.LayerNorm(config.d_model)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, past: tuple[torch.Tensor, torch.Tensor] | None = None,
-                mask: torch.Tensor | None = None) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:  # fmt: skip
+    def forward(
+        self,
+        x: torch.Tensor,
+        past: tuple[torch.Tensor, torch.Tensor] | None = None,
+        mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         attended, kv = self.attn(self.ln1(x), past, mask)
         x = x + attended
         return x + self.mlp(self.ln2(x)), kv
@@ -175,8 +183,9 @@ class TinyCausalLM(nn.Module):
             x, _ = block(x)
         return self.lm_head(self.ln_f(x))
 
-    def step(self, tokens: torch.Tensor, past: KV | None, mask: torch.Tensor | None,
-             positions: torch.Tensor) -> tuple[torch.Tensor, KV]:  # fmt: skip
+    def step(
+        self, tokens: torch.Tensor, past: KV | None, mask: torch.Tensor | None, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, KV]:
         """``sampling.Decoder.step``: the last position's logits [B, vocab] of ``tokens`` [B, T] at ``positions``
         [B, T] after the ``past`` keys and values, and the keys and values with theirs."""
         self._check(tokens, int(positions.max()) + 1)

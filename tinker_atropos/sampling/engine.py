@@ -86,8 +86,15 @@ class Engine:
     """One served model's running batch. ``submit`` from any thread; ``start`` runs it in a thread of its own,
     ``drain`` in the caller's."""
 
-    def __init__(self, decoder: Decoder, *, kv_tokens: int, prefill_chunk: int,
-                 pause: Callable[[float], float] | None = None, budget_name: str = "kv_tokens") -> None:  # fmt: skip
+    def __init__(
+        self,
+        decoder: Decoder,
+        *,
+        kv_tokens: int,
+        prefill_chunk: int,
+        pause: Callable[[float], float] | None = None,
+        budget_name: str = "kv_tokens",
+    ) -> None:
         self.decoder = decoder
         self.device = next(decoder.parameters()).device  # type: ignore[attr-defined]
         self.kv_tokens, self.prefill_chunk, self.budget_name = kv_tokens, prefill_chunk, budget_name
@@ -104,18 +111,34 @@ class Engine:
 
     # ---- the callers' side -------------------------------------------------------------------------------
 
-    def submit(self, prompt: Sequence[int], params: Params, adapter: lora.Adapter | None = None,
-               deadline: float | None = None) -> Future[list[SampledTokens]]:  # fmt: skip
+    def submit(
+        self,
+        prompt: Sequence[int],
+        params: Params,
+        adapter: lora.Adapter | None = None,
+        deadline: float | None = None,
+    ) -> Future[list[SampledTokens]]:
         """The request's samples, in a future; ValueError at once for one the model or the budget cannot take."""
         params.check(prompt, self.decoder.config)
         needed = params.num_samples * (len(prompt) + params.max_tokens)
         if needed > self.kv_tokens:
-            raise ValueError(f"{params.num_samples} samples of {len(prompt)} + {params.max_tokens} tokens need "
-                             f"{needed} positions of keys and values, more than {self.budget_name} "
-                             f"({self.kv_tokens}); ask for fewer or shorter samples")  # fmt: skip
+            raise ValueError(
+                f"{params.num_samples} samples of {len(prompt)} + {params.max_tokens} tokens need "
+                f"{needed} positions of keys and values, more than {self.budget_name} "
+                f"({self.kv_tokens}); ask for fewer or shorter samples"
+            )
         n = params.num_samples
-        request = _Request(list(prompt), params, adapter, deadline, Future(), params.generators(self.device),
-                           tokens=[[] for _ in range(n)], logprobs=[[] for _ in range(n)], ends=[None] * n)  # fmt: skip
+        request = _Request(
+            list(prompt),
+            params,
+            adapter,
+            deadline,
+            Future(),
+            params.generators(self.device),
+            tokens=[[] for _ in range(n)],
+            logprobs=[[] for _ in range(n)],
+            ends=[None] * n,
+        )
         with self.changed:
             if self.closed:
                 raise Stopped("the sampling engine is closed")
@@ -248,8 +271,11 @@ class Engine:
         n = request.params.num_samples
         tokens, logprobs = request.params.draw(logits.expand(n, -1), request.generators)
         self.first_token_s.append(time.monotonic() - request.submitted)
-        request.live = [s for s, t, lp in zip(range(n), tokens.tolist(), logprobs.tolist(), strict=True)
-                        if request.record(s, t, lp)]  # fmt: skip
+        request.live = [
+            s
+            for s, t, lp in zip(range(n), tokens.tolist(), logprobs.tolist(), strict=True)
+            if request.record(s, t, lp)
+        ]
         kv, request.kv = request.kv, None
         if not request.live:
             request.future.set_result(request.result())
@@ -304,9 +330,13 @@ class Rows:
         else:
             held = self.kv[0][0].shape[2]
             width = max(held, length)
-            self.kv = [(torch.cat([_pad(k, width - held), _pad(jk, width - length)]),
-                        torch.cat([_pad(v, width - held), _pad(jv, width - length)]))
-                       for (k, v), (jk, jv) in zip(self.kv, joining, strict=True)]  # fmt: skip
+            self.kv = [
+                (
+                    torch.cat([_pad(k, width - held), _pad(jk, width - length)]),
+                    torch.cat([_pad(v, width - held), _pad(jv, width - length)]),
+                )
+                for (k, v), (jk, jv) in zip(self.kv, joining, strict=True)
+            ]
             real = torch.ones(rows, length, dtype=torch.bool, device=self.device)
             mask = self.mask
             if mask is None:
@@ -323,8 +353,9 @@ class Rows:
         if mask is not None:
             mask = torch.cat([mask, torch.ones(len(self.last), 1, dtype=torch.bool, device=self.device)], 1)
         with _adapted([(len(r.live), r.adapter) for r in self.requests]):
-            logits, self.kv = decoder.step(self.last[:, None].to(self.device), self.kv, mask,
-                                           self.positions[:, None].to(self.device))  # fmt: skip
+            logits, self.kv = decoder.step(
+                self.last[:, None].to(self.device), self.kv, mask, self.positions[:, None].to(self.device)
+            )
         self.mask, self.positions = mask, self.positions + 1
         return logits
 
@@ -376,11 +407,15 @@ def _fail(request: _Request, error: BaseException) -> None:
         request.future.set_exception(error)
 
 
-def sample(decoder: Decoder, prompt: Sequence[int], params: Params,
-           adapter: lora.Adapter | None = None) -> list[SampledTokens]:  # fmt: skip
+def sample(
+    decoder: Decoder, prompt: Sequence[int], params: Params, adapter: lora.Adapter | None = None
+) -> list[SampledTokens]:
     """One request's samples, decoded in the caller's thread by an engine of its own (the prompt read at once)."""
-    engine = Engine(decoder, kv_tokens=params.num_samples * (len(prompt) + params.max_tokens),
-                    prefill_chunk=max(1, len(prompt)))  # fmt: skip
+    engine = Engine(
+        decoder,
+        kv_tokens=params.num_samples * (len(prompt) + params.max_tokens),
+        prefill_chunk=max(1, len(prompt)),
+    )
     future = engine.submit(prompt, params, adapter)
     engine.drain()
     return future.result()

@@ -18,8 +18,9 @@ class Decoder(Protocol):
     config: Any  # max_seq_len, vocab_size
     eos_id: int
 
-    def step(self, tokens: torch.Tensor, past: Any, mask: torch.Tensor | None,
-             positions: torch.Tensor) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:  # fmt: skip
+    def step(
+        self, tokens: torch.Tensor, past: Any, mask: torch.Tensor | None, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
         """The logits [B, vocab] after ``tokens`` [B, T] at ``positions`` [B, T], following ``past`` (per layer,
         keys and values [B, heads, P, head_dim], or None), and the keys and values with theirs. ``mask``
         [B, P + T] marks the real positions (left padding off), None when all are."""
@@ -62,8 +63,10 @@ class Params:
                 f"max_tokens and num_samples must be >= 1, got {self.max_tokens} and {self.num_samples}"
             )
         if len(prompt) + self.max_tokens > limits.max_seq_len:
-            raise ValueError(f"prompt of {len(prompt)} tokens + max_tokens {self.max_tokens} exceeds "
-                             f"max_seq_len {limits.max_seq_len}")  # fmt: skip
+            raise ValueError(
+                f"prompt of {len(prompt)} tokens + max_tokens {self.max_tokens} exceeds "
+                f"max_seq_len {limits.max_seq_len}"
+            )
         if self.temperature < 0 or not 0 < self.top_p <= 1:
             raise ValueError(
                 f"need temperature >= 0 and 0 < top_p <= 1, got {self.temperature} and {self.top_p}"

@@ -102,8 +102,9 @@ class SamplingProcess:
                 return
             context = multiprocessing.get_context("spawn")
             ours, theirs = context.Pipe()
-            self.process = context.Process(target=serve, args=(theirs, self.settings, self.training),
-                                           name="tinker-sampling", daemon=True)  # fmt: skip
+            self.process = context.Process(
+                target=serve, args=(theirs, self.settings, self.training), name="tinker-sampling", daemon=True
+            )
             self.process.start()
             theirs.close()
             self.connection = ours
@@ -255,8 +256,13 @@ class Samplers:
             model = self.models.get(job.key)
         if model is None:  # built by this request's thread; another may build the same one: the last kept
             state = torch.load(job.file, map_location=self.device, weights_only=False)
-            built = base_models.build(job.base_model, state["record"].get("lora") or {}, self.settings.model,
-                                      self.device, self.settings.seed)  # fmt: skip
+            built = base_models.build(
+                job.base_model,
+                state["record"].get("lora") or {},
+                self.settings.model,
+                self.device,
+                self.settings.seed,
+            )
             assert isinstance(built, LanguageModel)
             built.load_model_state(state["model"])
             model = built
@@ -272,9 +278,13 @@ class Samplers:
             if found is None:
                 decoder = tree()
                 tinker = self.settings.tinker
-                engine = Engine(decoder, kv_tokens=tinker.kv_cache_tokens, prefill_chunk=tinker.prefill_chunk_tokens,
-                                pause=TrainingFirst(self.training, self.stopping),
-                                budget_name="trainer.tinker.kv_cache_tokens")  # fmt: skip
+                engine = Engine(
+                    decoder,
+                    kv_tokens=tinker.kv_cache_tokens,
+                    prefill_chunk=tinker.prefill_chunk_tokens,
+                    pause=TrainingFirst(self.training, self.stopping),
+                    budget_name="trainer.tinker.kv_cache_tokens",
+                )
                 engine.start(f"tinker-sampling {key}")
                 found = self.engines[key] = (engine, decoder)
             return found
@@ -310,18 +320,29 @@ class Samplers:
         params = request.get("sampling_params") or {}
         stop = stops(params.get("stop"), decoder.eos_id)
         try:
-            future = engine.submit(prompt, Params(
-                max_tokens=int(params.get("max_tokens") or 16), num_samples=int(request.get("num_samples", 1)),
-                temperature=float(params.get("temperature", 1.0)), top_k=int(params.get("top_k", -1)),
-                top_p=float(params.get("top_p", 1.0)), stop_tokens=frozenset(stop.tokens),
-                stop_text=stop_strings(stop.strings, tokenizer(job.base_model).decode), seed=params.get("seed"),
-            ), adapter, job.deadline)  # fmt: skip
+            future = engine.submit(
+                prompt,
+                Params(
+                    max_tokens=int(params.get("max_tokens") or 16),
+                    num_samples=int(request.get("num_samples", 1)),
+                    temperature=float(params.get("temperature", 1.0)),
+                    top_k=int(params.get("top_k", -1)),
+                    top_p=float(params.get("top_p", 1.0)),
+                    stop_tokens=frozenset(stop.tokens),
+                    stop_text=stop_strings(stop.strings, tokenizer(job.base_model).decode),
+                    seed=params.get("seed"),
+                ),
+                adapter,
+                job.deadline,
+            )
             sequences = future.result()
         except Stopped:
             raise Interrupted from None
         except TimeoutError:
-            raise wire.WireError(f"the request ran past its time budget of {job.budget_s:g} s "
-                                 "(trainer.tinker.max_request_s); ask for less work per request") from None  # fmt: skip
+            raise wire.WireError(
+                f"the request ran past its time budget of {job.budget_s:g} s "
+                "(trainer.tinker.max_request_s); ask for less work per request"
+            ) from None
         except ValueError as error:
             raise wire.WireError(str(error)) from None
         prompt_logprobs = None
