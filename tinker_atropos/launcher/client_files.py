@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from tinker_atropos.config import Config
+from tinker_atropos.config import TINY_LM, Config
 from tinker_atropos.frontends.http import run_key
 from tinker_atropos.security import read_keys
 
@@ -21,7 +21,8 @@ ATROPOS_CONFIG = "atropos_env.yaml"
 def write_atropos_config(config: Config, run_dir: Path, token: str | None) -> Path:
     """The atroposlib ``--config`` file of the run's environments (``{atropos_config}``), mode 0600: the trajectory
     API's URL with the run's key as its password (atroposlib's environments send no header; aiohttp sends a URL's
-    password as Basic auth) and the inference endpoint's URL and key. Without keys (``--insecure``), plain URLs."""
+    password as Basic auth), the inference endpoint's URL and key, and the trained model's name and tokenizer
+    (``tokenizer_folder``). Without keys (``--insecure``), plain URLs."""
     trainer = config.trainer.atropos
     api_key = inference_key = None
     if token is not None:
@@ -30,9 +31,12 @@ def write_atropos_config(config: Config, run_dir: Path, token: str | None) -> Pa
         inference_key = (read_keys(Path(trainer.inference_api_keys_file), "trainer.atropos.inference_api_keys_file")[0]
                          if trainer.inference_api_keys_file else run_key("inference", token))  # fmt: skip
     credentials = f"atropos:{api_key}@" if api_key else ""
-    fields = {"env": {"rollout_server_url": f"http://{credentials}{config.atropos.host}:{config.atropos.port}"},
+    tokenizer = tokenizer_folder(config, run_dir)
+    fields = {"env": {"rollout_server_url": f"http://{credentials}{config.atropos.host}:{config.atropos.port}",
+                      "tokenizer_name": tokenizer},
               "openai": {"base_url": f"http://{trainer.inference_host}:{trainer.inference_port}/v1",
-                         "api_key": inference_key or "none"}}  # fmt: skip
+                         "api_key": inference_key or "none", "model_name": trainer.base_model,
+                         "tokenizer_name": tokenizer}}  # fmt: skip
     path = run_dir / ATROPOS_CONFIG
     path.unlink(missing_ok=True)
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -42,6 +46,22 @@ def write_atropos_config(config: Config, run_dir: Path, token: str | None) -> Pa
         )
         yaml.safe_dump(fields, file)
     return path
+
+
+def tokenizer_folder(config: Config, run_dir: Path) -> str:
+    """Where the environments load the trained model's tokenizer from (atroposlib's ``tokenizer_name``), offline: a
+    model folder of ``trainer.tinker.base_models`` itself; the tiny LM's (``ByteTokenizer.save_pretrained``) and
+    SmolLM2's (from its package: 40 s once without the trainer's conversion) written once into the run folder."""
+    name = config.trainer.atropos.base_model
+    folders = config.trainer.tinker.base_models
+    if name in folders:
+        return str(Path(folders[name]).expanduser().resolve())
+    folder = run_dir / "tokenizers" / name.replace("/", "--")
+    if not (folder / "tokenizer.json").exists():
+        from tinker_atropos.models import smollm2, tiny_lm
+
+        (tiny_lm.ByteTokenizer() if name == TINY_LM else smollm2.tokenizer()).save_pretrained(folder)
+    return str(folder.resolve())
 
 
 CLIENT_ENV = "client.env"
