@@ -46,7 +46,9 @@ def word_tokenizer(folder: Path) -> None:
     words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     words.decoder = decoders.WordPiece()  # words joined by spaces
     words.add_special_tokens(SPECIALS)
-    fast = PreTrainedTokenizerFast(tokenizer_object=words, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=words, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
     fast.chat_template = TEMPLATE
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         (folder / name).unlink(missing_ok=True)
@@ -114,7 +116,9 @@ def test_the_loop_trains_a_model_folders_lm_with_lora_sampled_through_its_own_to
         assert any(not torch.equal(before[k], v) for k, v in loop.model.model_state().items())
         assert all(torch.equal(base_before[k], v) for k, v in base.items())
 
-        http = httpx.Client(base_url=loop.inference.url, headers={"Authorization": f"Bearer {key}"}, timeout=30)
+        http = httpx.Client(
+            base_url=loop.inference.url, headers={"Authorization": f"Bearer {key}"}, timeout=30
+        )
         messages = [{"role": "user", "content": "w20 w21 w22"}]
         chat = http.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 5, "logprobs": True,
                                                         "seed": 3}).json()  # fmt: skip
@@ -125,7 +129,9 @@ def test_the_loop_trains_a_model_folders_lm_with_lora_sampled_through_its_own_to
         assert chat["policy_version"] == 3 and chat["model"] == "my-llama"
         generated = http.post("/generate", json={"text": "w30 w31", "return_logprob": True,
                                                  "sampling_params": {"max_new_tokens": 4}}).json()  # fmt: skip
-        assert generated["meta_info"]["prompt_tokens"] == 2 and all(0 <= t < 258 for t in generated["output_ids"])
+        assert generated["meta_info"]["prompt_tokens"] == 2 and all(
+            0 <= t < 258 for t in generated["output_ids"]
+        )
         assert generated["text"] == hf.decode(generated["output_ids"], skip_special_tokens=True)
         assert http.get("/v1/models").json()["data"][0]["max_model_len"] == 256  # the folder's context
         too_long = http.post("/v1/completions", json={"prompt": " ".join(["w40"] * 300), "max_tokens": 1})
@@ -144,7 +150,9 @@ def test_the_loop_trains_a_model_folders_lm_with_lora_sampled_through_its_own_to
     tiny = parse_config({**_config(llama, "atropos-llama"), "trainer": {"experience_loop": False,
                          "atropos": {"enabled": True, "inference_port": 0}}})  # fmt: skip
     other = AtroposLoop(tiny, redis_client, tmp_path / "run", torch.device("cpu"))
-    with pytest.raises(FatalError, match="holds a my-llama model, trainer.atropos.base_model is tiny-byte-lm"):
+    with pytest.raises(
+        FatalError, match="holds a my-llama model, trainer.atropos.base_model is tiny-byte-lm"
+    ):
         Checkpointer(other, other.folder, tiny.trainer.checkpoint, None).resume()
 
 

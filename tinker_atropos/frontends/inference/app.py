@@ -174,7 +174,10 @@ def chat_completions(
         raise HTTPException(
             400, f"the conversation has more tokens than the context ({endpoint.sampler.max_seq_len})"
         )
-    prompt = tokenizer.chat(messages)
+    try:
+        prompt = tokenizer.chat(messages)
+    except ValueError as error:
+        raise HTTPException(400, str(error)) from None
     done = endpoint.generate(prompt, request, request.max_completion_tokens or request.max_tokens)
     choices = []
     for i, c in enumerate(done):

@@ -24,7 +24,8 @@ class Tokens(Protocol):
     def encode(self, text: str) -> list[int]: ...
 
     def chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
-        """The prompt of a conversation, ending where the assistant's reply starts."""
+        """The prompt of a conversation, ending where the assistant's reply starts; ValueError for one the chat
+        template refuses."""
         ...
 
     def decode(self, ids: Sequence[int]) -> str:
@@ -75,9 +76,14 @@ class HFTokens:
         return list(self.hf.encode(text))
 
     def chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
+        from jinja2 import TemplateError
+
         template = None if self.hf.chat_template else tiny_lm.CHAT_TEMPLATE
-        text = self.hf.apply_chat_template(list(messages), chat_template=template, tokenize=False,
-                                           add_generation_prompt=True)  # fmt: skip
+        try:
+            text = self.hf.apply_chat_template(list(messages), chat_template=template, tokenize=False,
+                                               add_generation_prompt=True)  # fmt: skip
+        except TemplateError as error:  # a template's own refusal (Gemma's of a system turn)
+            raise ValueError(f"the model's chat template refuses the conversation: {error}") from None
         return list(self.hf.encode(text, add_special_tokens=False))  # the template wrote the special tokens
 
     def decode(self, ids: Sequence[int]) -> str:
