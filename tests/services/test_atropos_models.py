@@ -20,13 +20,14 @@ from atroposlib.envs.server_handling.sglang_server import SGLangServer
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from tests.support.hf_models import model_folder
-from tinker_atropos.config import ConfigError, parse_config
+from tinker_atropos.config import SMOLLM2, TINY_LM, ConfigError, parse_config
 from tinker_atropos.errors import FatalError
 from tinker_atropos.frontends.http import run_key
 from tinker_atropos.launcher.client_files import tokenizer_folder
-from tinker_atropos.models import tiny_lm
+from tinker_atropos.models import smollm2, tiny_lm
 from tinker_atropos.trainer.atropos_loop import AtroposLoop
 from tinker_atropos.trainer.checkpointing import Checkpointer
+from tinker_atropos.training import served
 
 RUN_TOKEN = "the-run-token"
 SPECIALS = ["<s>", "</s>", "<unk>", "<|user|>", "<|assistant|>", "<|end|>"]
@@ -177,6 +178,7 @@ def test_full_fine_tuning_of_a_folders_lm_serves_every_changed_weight(
 def test_a_base_model_it_does_not_serve_fails_the_config_or_the_start_in_one_line(
     tmp_path: Path, valkey, redis_client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    assert (TINY_LM, SMOLLM2) == (served.TINY_LM, smollm2.NAME)  # the names a config takes before models load
     with pytest.raises(ConfigError) as refused:
         parse_config(_config(tmp_path, "bad", base_model="my-lama"))
     line = str(refused.value).splitlines()[1]

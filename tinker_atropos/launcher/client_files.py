@@ -56,10 +56,12 @@ def tokenizer_folder(config: Config, run_dir: Path) -> str:
     folders = config.trainer.tinker.base_models
     if name in folders:
         return str(Path(folders[name]).expanduser().resolve())
+    from tinker_atropos.models import smollm2, tiny_lm
+
+    if name != TINY_LM and not smollm2.available():
+        return name  # the trainer refuses it at its start, in one line
     folder = run_dir / "tokenizers" / name.replace("/", "--")
     if not (folder / "tokenizer.json").exists():
-        from tinker_atropos.models import smollm2, tiny_lm
-
         (tiny_lm.ByteTokenizer() if name == TINY_LM else smollm2.tokenizer()).save_pretrained(folder)
     return str(folder.resolve())
 
