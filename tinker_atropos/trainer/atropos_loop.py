@@ -39,7 +39,6 @@ from tinker_atropos.frontends.http import BackgroundServer, endpoint_key, endpoi
 from tinker_atropos.frontends.inference.app import build_app
 from tinker_atropos.frontends.inference.sampler import Sampler
 from tinker_atropos.frontends.inference.tokens import served_tokens
-from tinker_atropos.frontends.tinker import base_models
 from tinker_atropos.models import hf_lm, smollm2
 from tinker_atropos.protocol.v1 import services_pb2
 from tinker_atropos.state import keys
@@ -68,6 +67,9 @@ def language_model(config: Config, device: torch.device) -> LanguageModel:
     section, tinker = config.trainer.atropos, config.trainer.tinker
     name = section.base_model
     if name in tinker.base_models:
+        # the Tinker API's front-end (gymnasium, its envs): imported only for a model folder
+        from tinker_atropos.frontends.tinker import base_models
+
         base_models.register(
             tinker.model_copy(update={"base_models": {name: tinker.base_models[name]}}), device
         )
