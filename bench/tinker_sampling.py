@@ -1,4 +1,4 @@
-"""Sampling tokens per second of the Tinker API's sampler (``tiny_lm.sample``: the prompt read once, then a KV
+"""Sampling tokens per second of the Tinker API's sampler (``sampling.engine``: the prompt read once, then a KV
 cache) against Hugging Face ``generate`` with its own cache, on the same model, prompt, sample count and length,
 in the same process, alternating, the median of a few repeats each. The model is SmolLM2-135M (the served LM that
 ``generate`` can run); for the tiny byte-level LM, which ``generate`` cannot run, the peer is the sampler this
@@ -20,6 +20,8 @@ from typing import Any
 import torch
 
 from tinker_atropos.models import smollm2, tiny_lm
+from tinker_atropos.sampling.engine import sample
+from tinker_atropos.sampling.requests import Params
 
 
 @dataclass(frozen=True)
@@ -69,8 +71,7 @@ def measure(case: Case, model: Any, device: torch.device, repeats: int) -> dict[
     ]
 
     def ours() -> None:
-        tiny_lm.sample(model, prompt, max_tokens=case.max_tokens, num_samples=case.num_samples, seed=0,
-                       stop_tokens=())  # fmt: skip
+        sample(model, prompt, Params(case.max_tokens, case.num_samples, seed=0))
 
     if case.model == "smollm2":
         peer_name = "transformers generate (its KV cache)"

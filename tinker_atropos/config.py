@@ -374,8 +374,27 @@ class TinkerSection(Section):
     max_samplers: int = Field(
         4,
         ge=1,
-        description="Sampler models (a base model or saved weights) kept loaded and sampled from at once, each in a "
-        "lane of its own beside the training models'; a request for another waits for a lane.",
+        description="Sampler models (saved weights) kept loaded in the sampling process, the latest used; a LoRA "
+        "sampler keeps only its adapter, its base shared. Samples of every sampler of one base decode in one batch.",
+    )
+    max_running_samples: int = Field(
+        64,
+        ge=1,
+        description="Sample requests decoding at once, of every client (each joins its model's running batch "
+        "between two tokens); more wait in the queue.",
+    )
+    kv_cache_tokens: int = Field(
+        32_768,
+        ge=1,
+        description="Positions of keys and values one model's running batch may hold (every row counted at the "
+        "batch's longest, prompt + max_tokens): a sample request waits until it fits, and one that never could is "
+        "refused. SmolLM2-135M takes 46 KB per position in float32.",
+    )
+    prefill_chunk_tokens: int = Field(
+        256,
+        ge=1,
+        description="Prompt tokens read between two decoding steps of the running batch: a long prompt is read in "
+        "chunks, so it delays the samples in progress by one chunk at a time.",
     )
     long_poll_s: float = Field(
         20.0, gt=0, le=40, description="How long retrieve_future waits for a result before answering 408."

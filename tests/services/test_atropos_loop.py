@@ -25,6 +25,8 @@ from tests.support.running import REPO, cli, leftovers, report_rows, start_up, s
 from tinker_atropos.frontends.http import run_key
 from tinker_atropos.models import tiny_lm
 from tinker_atropos.processes import free_port
+from tinker_atropos.sampling.engine import sample
+from tinker_atropos.sampling.requests import Params
 from tinker_atropos.training.served import LANGUAGE_MODELS, TINY_LM
 
 pytestmark = pytest.mark.integration
@@ -36,8 +38,8 @@ def untrained_score() -> float:
     """The toy task's mean score under the weights the trainer starts from (the tiny LM's fixed seed)."""
     model, tokenizer = LANGUAGE_MODELS[TINY_LM][0](), tiny_lm.ByteTokenizer()
     scores = [lowercase_fraction(s.tokens) for prompt in PROMPTS
-              for s in tiny_lm.sample(model, tokenizer.encode(prompt), max_tokens=COMPLETION_TOKENS, num_samples=16,
-                                      seed=1)]  # fmt: skip
+              for s in sample(model, tokenizer.encode(prompt),
+                              Params(COMPLETION_TOKENS, 16, seed=1, stop_tokens=frozenset({tokenizer.eos_id})))]  # fmt: skip
     return float(np.mean(scores))
 
 

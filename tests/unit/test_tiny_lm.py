@@ -13,10 +13,10 @@ from tinker_atropos.models.tiny_lm import (
     add_lora,
     batch_target_logprobs,
     prompt_logprobs,
-    sample,
-    stop_strings,
     target_logprobs,
 )
+from tinker_atropos.sampling import engine
+from tinker_atropos.sampling.requests import Params
 
 TOK = ByteTokenizer()
 TEXT = "tinker-atropos learns to speak.\n"
@@ -72,7 +72,7 @@ def test_learns_a_string_then_greedy_sampling_speaks_it() -> None:
     assert nll(model).item() > 5.0  # about log(258) at init
     assert train(model, list(model.parameters()), steps=100) < 0.05  # reached at ~45 steps for seeds 0-3
     prompt = IDS[:5].tolist()  # bos + "tink"
-    out = sample(model, prompt, max_tokens=64, temperature=0)[0]
+    out = engine.sample(model, prompt, Params(64, temperature=0, stop_tokens=frozenset({TOK.eos_id})))[0]
     assert TOK.decode(out.tokens) == TEXT[4:]
     assert out.tokens[-1] == TOK.eos_id and out.stop_reason == "stop"
 
@@ -136,58 +136,3 @@ def test_prompt_logprobs_are_shifted_target_logprobs() -> None:
     assert got[0] is None and len(got) == len(IDS)
     torch.testing.assert_close(torch.tensor(got[1:]), target_logprobs(model, IDS[:-1], IDS[1:]).detach())
     assert prompt_logprobs(model, [TOK.bos_id]) == [None]
-
-
-def test_sample_is_seeded_and_reports_sampling_logprobs() -> None:
-    model = TinyCausalLM().train()
-    prompt = TOK.encode("hi", add_bos=True)
-    a = sample(model, prompt, max_tokens=12, seed=7, num_samples=3)
-    assert model.training
-    assert a == sample(model, prompt, max_tokens=12, seed=7, num_samples=3)
-    assert a != sample(model, prompt, max_tokens=12, seed=8, num_samples=3)
-    assert len({tuple(s.tokens) for s in a}) == 3
-
-    for temperature in (1.0, 0.5):
-        out = sample(model, prompt, max_tokens=12, temperature=temperature, seed=1)[0]
-        assert out.stop_reason == "length" and len(out.tokens) == len(out.logprobs) == 12
-        seq = torch.tensor(prompt + out.tokens)
-        logits = model(seq[None, :-1])[0, len(prompt) - 1 :] / temperature
-        expected = logits.log_softmax(-1).gather(-1, seq[len(prompt) :, None]).squeeze(-1)
-        torch.testing.assert_close(torch.tensor(out.logprobs), expected, atol=1e-5, rtol=1e-5)
-
-    greedy = sample(model, prompt, max_tokens=6, temperature=0)[0]
-    assert sample(model, prompt, max_tokens=6, top_k=1, seed=3)[0].tokens == greedy.tokens
-    nucleus = sample(model, prompt, max_tokens=6, top_p=1e-6, seed=3)[0]
-    assert nucleus.tokens == greedy.tokens and nucleus.logprobs == [0.0] * 6  # one token left: p = 1
-
-
-def test_sample_stops_and_limits() -> None:
-    model = TinyCausalLM()
-    prompt = TOK.encode("hi", add_bos=True)
-    free = sample(model, prompt, max_tokens=20, seed=5)[0]
-    assert free.stop_reason == "length" and len(free.tokens) == 20
-    # stop at the first token not seen before it: the same seed draws the same tokens up to there
-    i = next(i for i in range(1, 20) if free.tokens[i] not in free.tokens[:i])
-    stopped = sample(model, prompt, max_tokens=20, seed=5, stop_tokens=[free.tokens[i]])[0]
-    assert stopped.tokens == free.tokens[: i + 1] and stopped.stop_reason == "stop"
-    assert stopped.logprobs == free.logprobs[: i + 1]
-
-    # a stop string ends each sample at the token that completes it in the decoded text, that token kept; a
-    # sample whose text never holds it runs to max_tokens
-    samples = sample(model, prompt, max_tokens=20, seed=5, num_samples=4, stop_tokens=())
-    text = TOK.decode(samples[0].tokens[2:4])
-    check = stop_strings([text, "\x00never"], TOK.decode)
-    ended = sample(model, prompt, max_tokens=20, seed=5, num_samples=4, stop_tokens=(), stop_text=check)
-    for free_row, row in zip(samples, ended, strict=True):
-        end = next((i for i in range(1, 21) if text in TOK.decode(free_row.tokens[:i])), None)
-        assert row.tokens == free_row.tokens[:end] and row.logprobs == free_row.logprobs[:end]
-        assert row.stop_reason == ("length" if end is None else "stop")
-    assert ended[0].stop_reason == "stop" and len(ended[0].tokens) <= 4
-    assert stop_strings([], TOK.decode) is None
-
-    limit = model.config.max_seq_len
-    assert len(sample(model, [0] * (limit - 4), max_tokens=4)[0].tokens) <= 4
-    with pytest.raises(ValueError, match="max_seq_len"):
-        sample(model, [0] * (limit - 4), max_tokens=5)
-    with pytest.raises(ValueError, match="empty"):
-        sample(model, [], max_tokens=5)

@@ -2,9 +2,9 @@
 GGUF file, Q4_1), loaded with transformers' GGUF reader and dequantised to float32 on the CPU. Nothing is
 downloaded: the Hugging Face hub is switched off before transformers is imported.
 
-It speaks the same token-level functions as the tiny LM (``tiny_lm.batch_target_logprobs``, ``sample``,
-``prompt_logprobs``) through ``SmolLM2``: a module whose ``forward(tokens)`` gives logits and ``decode`` decodes
-with a KV cache, with the limits those functions check. Reading the GGUF file (its tokenizer above all) takes 40 s of CPU, so it is
+It speaks the same token-level functions as the tiny LM (``tiny_lm.batch_target_logprobs``,
+``prompt_logprobs``) and the sampling engine's ``Decoder`` through ``SmolLM2``: a module whose ``forward(tokens)``
+gives logits and ``step`` decodes with keys and values, with the limits those functions check. Reading the GGUF file (its tokenizer above all) takes 40 s of CPU, so it is
 converted once into transformers' own format in the user's cache (``$XDG_CACHE_HOME/tinker-atropos``, else
 ``~/.cache``): every later process reads that in about 3 s. Within a process it is read once (``load``).
 """
@@ -65,19 +65,22 @@ class SmolLM2(nn.Module):
             raise ValueError(f"token ids must be in [0, {self.config.vocab_size})")
         return self.hf(input_ids=tokens, use_cache=False).logits
 
-    def decode(self, tokens: torch.Tensor, cache: Any | None, length: int = 0) -> tuple[torch.Tensor, Any]:
-        """``tiny_lm.Decoder.decode`` with transformers' own KV cache (``DynamicCache``); only the last
-        position's logits are computed, the prompt's others are never read."""
+    def step(self, tokens: torch.Tensor, past: list[tuple[torch.Tensor, torch.Tensor]] | None,
+             mask: torch.Tensor | None, positions: torch.Tensor) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:  # fmt: skip
+        """``sampling.Decoder.step`` with transformers' own cache (``DynamicCache``) around the keys and values
+        the engine keeps (given as they are, not copied); only the last position's logits are computed."""
         from transformers import DynamicCache
+        from transformers.cache_utils import DynamicLayer
 
-        cache = DynamicCache() if cache is None else cache  # filled in place
+        cache = DynamicCache()
+        for keys, values in past or []:
+            layer = DynamicLayer()
+            layer.lazy_initialization(keys, values)
+            layer.keys, layer.values = keys, values
+            cache.layers.append(layer)
         arguments = {self.cache_argument: cache, "use_cache": True, "logits_to_keep": 1}
-        return self.hf(input_ids=tokens, **arguments).logits[:, -1], cache
-
-    @staticmethod
-    def repeat_cache(cache: Any, n: int) -> Any:
-        cache.batch_repeat_interleave(n)
-        return cache
+        out = self.hf(input_ids=tokens, attention_mask=mask, position_ids=positions, **arguments)
+        return out.logits[:, -1], [(layer.keys, layer.values) for layer in cache.layers]
 
 
 def lora_targets(model: SmolLM2, attn: bool, mlp: bool, unembed: bool) -> list[tuple[nn.Module, str]]:

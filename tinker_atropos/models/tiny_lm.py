@@ -2,16 +2,15 @@
 
 It gives the Tinker-compatible training API (forward_backward / optim_step / sample) a real token path that
 runs in milliseconds on a CPU: a byte tokenizer, a pre-LayerNorm GPT, LoRA adapters, and the token-level
-functions the API needs (log-probs of targets, of a prompt, and sampling with a KV cache).
+functions the API needs (log-probs of targets, of a prompt; ``step`` for the sampling engine).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -83,23 +82,7 @@ class TinyLMConfig:
     seed: int = 0  # the initial weights are a function of the config alone
 
 
-class KVCache:
-    """The keys and values of every layer at the positions seen so far, in buffers sized for the whole sequence
-    (prompt and every token to sample), so a decoding step appends in place."""
-
-    def __init__(self, config: TinyLMConfig, batch: int, length: int, device: torch.device, dtype: torch.dtype) -> None:  # fmt: skip
-        shape = (config.n_layers, batch, config.n_heads, length, config.d_model // config.n_heads)
-        self.keys = torch.empty(shape, device=device, dtype=dtype)
-        self.values = torch.empty(shape, device=device, dtype=dtype)
-        self.length = 0  # positions filled
-
-    def repeat(self, n: int) -> KVCache:
-        """The cache of a batch of one, for ``n`` sequences that go on from it."""
-        copy = KVCache.__new__(KVCache)
-        copy.keys = self.keys.expand(-1, n, -1, -1, -1).clone()
-        copy.values = self.values.expand(-1, n, -1, -1, -1).clone()
-        copy.length = self.length
-        return copy
+KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys and values [B, heads, positions, head_dim]
 
 
 class CausalSelfAttention(nn.Module):
@@ -111,21 +94,19 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(config.d_model, 3 * config.d_model)
         self.proj = nn.Linear(config.d_model, config.d_model)
 
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, past: tuple[torch.Tensor, torch.Tensor] | None = None,
+                mask: torch.Tensor | None = None) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:  # fmt: skip
+        """The attention over ``past``'s positions and ``x``'s, causal within ``x``; ``mask`` [B, T, P + T]: which
+        keys each query may see (left padding in a batch of several lengths), None for all of them."""
         B, T, C = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, C // self.n_heads).permute(2, 0, 3, 1, 4)
-        causal = True
-        # a prompt from position 0 (causal), or one new token that sees every earlier one
-        if cache is not None:
-            start = cache.length
-            if start and T > 1:
-                raise ValueError("the KV cache takes one token at a time after the prompt")
-            cache.keys[layer, :, :, start : start + T] = k
-            cache.values[layer, :, :, start : start + T] = v
-            k, v = cache.keys[layer, :, :, : start + T], cache.values[layer, :, :, : start + T]
-            causal = start == 0
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=causal)  # [B, heads, T, head_dim]
-        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+        if past is not None:
+            k, v = torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)
+        if mask is None:  # a prompt from position 0, or one token that sees every earlier one
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=past is None and T > 1)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None])  # [B, heads, T, head_dim]
+        return self.proj(y.transpose(1, 2).reshape(B, T, C)), (k, v)
 
 
 class MLP(nn.Module):
@@ -146,9 +127,11 @@ class Block(nn.Module):
         self.ln2 = nn.LayerNorm(config.d_model)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
-        x = x + self.attn(self.ln1(x), cache, layer)
-        return x + self.mlp(self.ln2(x))
+    def forward(self, x: torch.Tensor, past: tuple[torch.Tensor, torch.Tensor] | None = None,
+                mask: torch.Tensor | None = None) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:  # fmt: skip
+        attended, kv = self.attn(self.ln1(x), past, mask)
+        x = x + attended
+        return x + self.mlp(self.ln2(x)), kv
 
 
 class TinyCausalLM(nn.Module):
@@ -183,37 +166,44 @@ class TinyCausalLM(nn.Module):
             for proj in (block.attn.proj, block.mlp.proj):
                 proj.weight.mul_(1 / math.sqrt(2 * self.config.n_layers))
 
-    def forward(self, tokens: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        """Logits [B, T, vocab] of the next token at every position of ``tokens`` [B, T]; with ``cache``, the
-        tokens follow the positions it holds, and it takes theirs."""
-        start = 0 if cache is None else cache.length
-        seq_len = tokens.shape[1]
-        if start + seq_len > self.config.max_seq_len:
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Logits [B, T, vocab] of the next token at every position of ``tokens`` [B, T]."""
+        self._check(tokens, tokens.shape[1])
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        x = self.tok_emb(tokens) + self.pos_emb(positions)
+        for block in self.blocks:
+            x, _ = block(x)
+        return self.lm_head(self.ln_f(x))
+
+    def step(self, tokens: torch.Tensor, past: KV | None, mask: torch.Tensor | None,
+             positions: torch.Tensor) -> tuple[torch.Tensor, KV]:  # fmt: skip
+        """``sampling.Decoder.step``: the last position's logits [B, vocab] of ``tokens`` [B, T] at ``positions``
+        [B, T] after the ``past`` keys and values, and the keys and values with theirs."""
+        self._check(tokens, int(positions.max()) + 1)
+        x = self.tok_emb(tokens) + self.pos_emb(positions)
+        attend = None
+        if mask is not None or (past is not None and tokens.shape[1] > 1):
+            attend = attention_mask(mask, past[0][0].shape[2] if past else 0, tokens.shape[1], tokens.device)
+        kv = []
+        for layer, block in enumerate(self.blocks):
+            x, layer_kv = block(x, past[layer] if past else None, attend)
+            kv.append(layer_kv)
+        return self.lm_head(self.ln_f(x[:, -1])), kv
+
+    def _check(self, tokens: torch.Tensor, length: int) -> None:
+        if length > self.config.max_seq_len:
             raise ValueError(
-                f"sequence of {start + seq_len} tokens is longer than max_seq_len {self.config.max_seq_len}"
+                f"sequence of {length} tokens is longer than max_seq_len {self.config.max_seq_len}"
             )
         if tokens.numel() and (tokens.min() < 0 or tokens.max() >= self.config.vocab_size):
             raise ValueError(f"token ids must be in [0, {self.config.vocab_size})")
-        x = self.tok_emb(tokens) + self.pos_emb(torch.arange(start, start + seq_len, device=tokens.device))
-        for layer, block in enumerate(self.blocks):
-            x = block(x, cache, layer)
-        if cache is not None:
-            cache.length += seq_len
-        return self.lm_head(self.ln_f(x))
 
-    def decode(
-        self, tokens: torch.Tensor, cache: KVCache | None, length: int = 0
-    ) -> tuple[torch.Tensor, KVCache]:
-        """``Decoder.decode``: a new cache of ``length`` positions when ``cache`` is None."""
-        if cache is None:
-            weight = self.tok_emb.weight  # never wrapped in LoRA
-            cache = KVCache(self.config, tokens.shape[0], length or self.config.max_seq_len, weight.device,
-                            weight.dtype)  # fmt: skip
-        return self(tokens, cache)[:, -1], cache
 
-    @staticmethod
-    def repeat_cache(cache: KVCache, n: int) -> KVCache:
-        return cache.repeat(n)
+def attention_mask(keys: torch.Tensor | None, past: int, new: int, device: torch.device) -> torch.Tensor:
+    """[B, new, past + new]: which keys each of ``new`` queries sees: the earlier ones that ``keys`` [B, past + new]
+    marks real (all when None), causally."""
+    causal = torch.ones(new, past + new, dtype=torch.bool, device=device).tril(past)
+    return causal[None] if keys is None else causal[None] & keys[:, None, :]
 
 
 # ---- LoRA ---------------------------------------------------------------------------------------------------
@@ -287,152 +277,6 @@ def prompt_logprobs(model: TinyCausalLM, prompt: Sequence[int]) -> list[float | 
         return [None]
     tokens = torch.tensor(prompt, device=_device(model))
     return [None, *target_logprobs(model, tokens[:-1], tokens[1:]).tolist()]
-
-
-@dataclass(frozen=True)
-class SampledTokens:
-    tokens: list[int]
-    logprobs: list[float]
-    stop_reason: Literal["length", "stop"]
-
-
-class Decoder(Protocol):
-    """What ``sample`` decodes with: a causal LM that keeps its keys and values (the tiny LM, SmolLM2)."""
-
-    config: Any  # max_seq_len, vocab_size
-    eos_id: int
-
-    def decode(self, tokens: torch.Tensor, cache: Any | None, length: int = 0) -> tuple[torch.Tensor, Any]:
-        """Logits [B, vocab] of the token after ``tokens`` [B, T] and the cache to decode the next one with:
-        ``tokens`` are a prompt when ``cache`` is None (``length``: the positions the cache will hold at most),
-        else one new token per sequence."""
-        ...
-
-    def repeat_cache(self, cache: Any, n: int) -> Any:
-        """The cache of one sequence for ``n`` that go on from it."""
-        ...
-
-
-@torch.inference_mode()
-def sample(
-    model: Decoder,
-    prompt: Sequence[int],
-    *,
-    max_tokens: int,
-    temperature: float = 1.0,
-    top_k: int = -1,
-    top_p: float = 1.0,
-    stop_tokens: Sequence[int] | None = None,
-    stop_text: Callable[[Sequence[int]], bool] | None = None,
-    seed: int | None = None,
-    num_samples: int = 1,
-    check: Callable[[], None] | None = None,
-) -> list[SampledTokens]:
-    """``num_samples`` continuations of ``prompt``, sampled together in one batch.
-
-        Each ends after ``max_tokens`` tokens ("length"), or at the first token in ``stop_tokens`` ("stop"; that
-        token is included); ``None`` stops at the model's ``eos_id``, ``()`` never stops early. ``stop_text`` ends a
-    sample too, at the first token after which it holds for the sample's tokens (a stop string in their decoded
-    text; that token included, as a stop token is). ``logprobs`` are those
-        of the distribution actually sampled from: the model's logits divided by ``temperature``, cut to ``top_k`` /
-        ``top_p`` and renormalised (what an importance ratio needs). ``temperature == 0`` is greedy, its logprobs those
-        of temperature 1. ``top_k <= 0`` and ``top_p == 1`` keep every token. A given ``seed`` reproduces the samples
-        exactly. ``check`` is called before each token: what it raises ends the sampling (a time budget).
-
-        The prompt is read once, its keys and values then shared by every sample: each new token costs one position.
-    """
-    limit = model.config.max_seq_len
-    if not prompt:
-        raise ValueError("prompt is empty")
-    if max_tokens < 1 or num_samples < 1:
-        raise ValueError(f"max_tokens and num_samples must be >= 1, got {max_tokens} and {num_samples}")
-    if len(prompt) + max_tokens > limit:
-        raise ValueError(
-            f"prompt of {len(prompt)} tokens + max_tokens {max_tokens} exceeds max_seq_len {limit}"
-        )
-    if temperature < 0 or not 0 < top_p <= 1:
-        raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, got {temperature} and {top_p}")
-    device = _device(model)
-    generator = torch.Generator(device=device)
-    if seed is None:
-        generator.seed()
-    else:
-        generator.manual_seed(seed)
-    stop_set = {model.eos_id} if stop_tokens is None else set(stop_tokens)
-    stops = torch.tensor(sorted(stop_set), dtype=torch.long, device=device)
-
-    logits, cache = model.decode(torch.tensor([prompt], device=device), None, len(prompt) + max_tokens)
-    if num_samples > 1:
-        logits, cache = logits.expand(num_samples, -1), model.repeat_cache(cache, num_samples)
-    done = torch.zeros(num_samples, dtype=torch.bool, device=device)
-    ends: list[int | None] = [None] * num_samples  # the length of each sample that stopped
-    rows: list[list[int]] = [[] for _ in range(num_samples)]  # the tokens so far, for stop_text
-    new_tokens, new_logprobs = [], []
-    for step in range(max_tokens):
-        if check is not None:
-            check()
-        logprobs = _sampling_logprobs(logits.float(), temperature, top_k, top_p)
-        if temperature == 0:
-            token = logprobs.argmax(-1, keepdim=True)
-        else:
-            token = torch.multinomial(logprobs.exp(), 1, generator=generator)
-        new_tokens.append(token.squeeze(1))
-        new_logprobs.append(logprobs.gather(-1, token).squeeze(1))
-        hit = torch.isin(token.squeeze(1), stops)
-        if stop_text is not None:
-            for row, value in enumerate(token.squeeze(1).tolist()):
-                rows[row].append(value)
-                if ends[row] is None and stop_text(rows[row]):
-                    hit[row] = True
-        for row in (hit & ~done).nonzero().flatten().tolist():
-            ends[row] = step + 1
-        done |= hit
-        if done.all() or step == max_tokens - 1:
-            break
-        logits, cache = model.decode(token, cache)
-
-    results = []
-    for row_tokens, row_logprobs, end in zip(
-        torch.stack(new_tokens, 1).tolist(), torch.stack(new_logprobs, 1).tolist(), ends, strict=True
-    ):
-        if end is None:
-            results.append(SampledTokens(row_tokens, row_logprobs, "length"))
-        else:
-            results.append(SampledTokens(row_tokens[:end], row_logprobs[:end], "stop"))
-    return results
-
-
-def stop_strings(
-    strings: Sequence[str], decode: Callable[[Sequence[int]], str]
-) -> Callable[[Sequence[int]], bool] | None:
-    """``sample``'s ``stop_text`` for stop strings: whether one of them is in the text ``decode`` makes of the
-    tokens sampled so far (None without strings)."""
-    if not strings:
-        return None
-
-    def reached(tokens: Sequence[int]) -> bool:
-        text = decode(tokens)
-        return any(s in text for s in strings)
-
-    return reached
-
-
-def _sampling_logprobs(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
-    """Log-probabilities [N, vocab] of the distribution that ``sample`` draws from."""
-    if temperature == 0:
-        return logits.log_softmax(-1)
-    logits = logits / temperature
-    if 0 < top_k < logits.shape[-1]:
-        kth_largest = logits.topk(top_k, dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth_largest, -math.inf)
-    if top_p < 1:
-        # keep the smallest set of most likely tokens whose mass reaches top_p: drop a token once the mass
-        # of those before it already does (the most likely token always stays)
-        sorted_logits, order = logits.sort(-1, descending=True)
-        probs = sorted_logits.softmax(-1)
-        drop = probs.cumsum(-1) - probs >= top_p
-        logits = logits.scatter(-1, order, sorted_logits.masked_fill(drop, -math.inf))
-    return logits.log_softmax(-1)
 
 
 def _device(model: nn.Module) -> torch.device:

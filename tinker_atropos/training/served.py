@@ -221,6 +221,14 @@ def own_copy(base: nn.Module, share: bool) -> nn.Module:
     return copy.deepcopy(base).requires_grad_(True)
 
 
+def serving_tree(base_model: str, device: torch.device) -> nn.Module:
+    """A module tree over ``base_model``'s shared weights whose every LoRA target takes other models' adapters
+    (``lora.rows``) and has none of its own: what the sampling engine runs the rows of every adapter through."""
+    tree = own_copy(shared_base(base_model, device), share=True)
+    lora.wrap(tree, LANGUAGE_MODELS[base_model][1](tree, True, True, True), 0, allow_rank_zero=True)
+    return tree
+
+
 def shared_bytes() -> int:
     """The bytes of the shared bases loaded in this process."""
     with _SHARING:

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import torch
 
 from tinker_atropos.frontends.inference.tokens import ByteTokens, Tokens
-from tinker_atropos.models import tiny_lm
+from tinker_atropos.sampling import engine, requests
+from tinker_atropos.sampling.requests import Params
 
 
 @dataclass(frozen=True)
@@ -24,10 +25,10 @@ class Completion:
 
 
 class Sampler:
-    """``model`` (a ``tiny_lm.Decoder``: the tiny LM, SmolLM2, a model folder's LM) served with ``tokenizer``;
+    """``model`` (a ``requests.Decoder``: the tiny LM, SmolLM2, a model folder's LM) served with ``tokenizer``;
     ``shared``: its tensors that never change (a LoRA model's base), held by every copy rather than copied."""
 
-    def __init__(self, model: tiny_lm.Decoder, version: int = 0, tokenizer: Tokens | None = None,
+    def __init__(self, model: requests.Decoder, version: int = 0, tokenizer: Tokens | None = None,
                  shared: Iterable[torch.Tensor] = ()) -> None:  # fmt: skip
         self._lock = threading.Lock()
         self._shared = list(shared)
@@ -56,7 +57,7 @@ class Sampler:
         room = self.max_seq_len - len(prompt)
         if room < 1:
             raise ValueError(f"the prompt has {len(prompt)} tokens; the context is {self.max_seq_len}")
-        samples = tiny_lm.sample(model, prompt, max_tokens=min(max_tokens, room), temperature=temperature, top_k=top_k,
-                                 top_p=top_p, stop_tokens=[*self.tokenizer.eos_ids, *stop_tokens], seed=seed, num_samples=n,
-                                 stop_text=tiny_lm.stop_strings(stop_strings, self.tokenizer.decode))  # fmt: skip
+        params = Params(min(max_tokens, room), n, temperature, top_k, top_p, frozenset([*self.tokenizer.eos_ids, *stop_tokens]),
+                        requests.stop_strings(stop_strings, self.tokenizer.decode), seed)  # fmt: skip
+        samples = engine.sample(model, prompt, params)
         return [Completion(s.tokens, s.logprobs, s.stop_reason, version) for s in samples]

@@ -4,13 +4,15 @@ Python between tiny tensor operations) nor the trainer's memory (a sample that r
 its request fails with the reason, and the next sample starts a new one).
 
 The worker resolves a request's sampler (its base model and weights file) and sends it here with its time
-budget; each sampler is a lane, as in the worker, here a thread of this process. A stopping worker interrupts the
-samples in progress: their requests stay queued and run again after the restart.
+budget, each request as soon as it is queued (up to ``trainer.tinker.max_running_samples``): every sample of one
+base model, whichever client, session or LoRA sampler it comes from, joins that base's running batch
+(``sampling/engine.py``: continuous batching). A stopping worker interrupts the samples in progress: their requests
+stay queued and run again after the restart.
 
 Training goes first: while a training request runs (the worker counts them in ``training``, shared with this
-process), a sample waits between two tokens, up to ``YIELD`` times as long as it has run, so that where cores are
-short (two, shared with other processes) a client's training step is not slowed by another client's long sample,
-and a sample still gets at least a fifth of its time when training never pauses.
+process), the batch waits between two tokens, up to ``YIELD`` times as long as it has run (``TrainingFirst``), so
+that where cores are short (two, shared with other processes) a client's training step is not slowed by other
+clients' samples, and sampling still gets at least a fifth of the time when training never pauses.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -32,17 +34,20 @@ from multiprocessing.sharedctypes import Synchronized
 from typing import Any
 
 import torch
+from torch import nn
 
 from tinker_atropos.config import ModelSection, TinkerSection
 from tinker_atropos.frontends.tinker import base_models, wire
-from tinker_atropos.models import tiny_lm
+from tinker_atropos.models import lora, tiny_lm
+from tinker_atropos.sampling.engine import Engine, Stopped
+from tinker_atropos.sampling.requests import Params, stop_strings
 from tinker_atropos.training.data import ClientError
-from tinker_atropos.training.served import LanguageModel
+from tinker_atropos.training.served import LanguageModel, serving_tree, tokenizer
 
 log = logging.getLogger(__name__)
 
 PROTOBUF = "application/x-protobuf"
-YIELD = 4.0  # a sample waits for training requests at most this many times as long as it has run
+YIELD = 4.0  # the batch waits for training requests at most this many times as long as it has run
 YIELD_POLL_S = 0.005
 _PR_SET_PDEATHSIG = 1
 
@@ -181,11 +186,11 @@ def serve(connection: Connection, settings: Settings, training: Synchronized) ->
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the trainer, which stops this process
     torch.set_num_threads(settings.torch_threads)
     base_models.register(settings.tinker, torch.device(settings.device))
-    samplers = Samplers(settings, training)
-    sending, stopping, threads = threading.Lock(), threading.Event(), []
+    stopping, threads = threading.Event(), []
+    samplers, sending = Samplers(settings, training, stopping), threading.Lock()
 
     def answer(job_id: int, job: Job) -> None:
-        outcome = samplers.sample(job, stopping)
+        outcome = samplers.sample(job)
         with sending:
             connection.send((job_id, outcome))
 
@@ -201,43 +206,88 @@ def serve(connection: Connection, settings: Settings, training: Synchronized) ->
     except (EOFError, OSError):  # the worker went away
         pass
     stopping.set()
+    samplers.close()
     for thread in threads:
         thread.join(timeout=10)
 
 
-class Samplers:
-    """The sampler models, the latest ``max_samplers`` kept, and the sampling of a request."""
+class TrainingFirst:
+    """An engine's ``pause``: while training requests run, the batch waits between two tokens, up to ``YIELD``
+    times as long as it has run since training began, so a client's training step is not slowed by others' long
+    samples and sampling still gets a fifth of the time when training never pauses."""
 
-    def __init__(self, settings: Settings, training: Synchronized) -> None:
-        self.settings, self.device, self.training = settings, torch.device(settings.device), training
+    def __init__(self, training: Synchronized, stopping: threading.Event) -> None:
+        self.training, self.stopping = training, stopping
+        self.ran = self.waited = 0.0
+
+    def __call__(self, ran: float) -> float:
+        if not self.training.value:
+            self.ran = self.waited = 0.0
+            return 0.0
+        self.ran += ran
+        started = time.monotonic()
+        while self.training.value and not self.stopping.is_set():
+            if self.waited + time.monotonic() - started >= YIELD * self.ran:
+                break
+            time.sleep(YIELD_POLL_S)
+        waited = time.monotonic() - started
+        self.waited += waited
+        return waited
+
+
+class Samplers:
+    """The sampler models (the latest ``max_samplers`` kept; a LoRA one only for its adapter), one engine per base
+    model (its LoRA samplers' rows and the base's own decode together) or per fully trained sampler, and the
+    sampling of a request."""
+
+    def __init__(self, settings: Settings, training: Synchronized, stopping: threading.Event) -> None:
+        self.settings, self.device = settings, torch.device(settings.device)
+        self.training, self.stopping = training, stopping
         self.models: dict[str, LanguageModel] = {}
+        self.engines: dict[str, tuple[Engine, nn.Module]] = {}
         self.lock = threading.Lock()
 
-    def model(self, job: Job) -> LanguageModel:
+    def model(self, job: Job) -> LanguageModel | None:
+        """The sampler's model, loaded from its weights file; None for the base model itself."""
+        if job.file is None:
+            return None
         with self.lock:
             model = self.models.get(job.key)
-        if model is None:  # built by this sampler's lane only: no other thread builds the same one
-            lora: dict[str, Any] = {}
-            state = None
-            if job.file is not None:
-                state = torch.load(job.file, map_location=self.device, weights_only=False)
-                lora = state["record"].get("lora") or {}
-            built = base_models.build(
-                job.base_model, lora, self.settings.model, self.device, self.settings.seed
-            )
+        if model is None:  # built by this request's thread; another may build the same one: the last kept
+            state = torch.load(job.file, map_location=self.device, weights_only=False)
+            built = base_models.build(job.base_model, state["record"].get("lora") or {}, self.settings.model,
+                                      self.device, self.settings.seed)  # fmt: skip
             assert isinstance(built, LanguageModel)
-            if state is not None:
-                built.load_model_state(state["model"])
+            built.load_model_state(state["model"])
             model = built
             with self.lock:
                 self.models[job.key] = model
                 while len(self.models) > self.settings.max_samplers:
-                    self.models.pop(next(iter(self.models)))  # the oldest; a lane using it keeps its own
+                    self.models.pop(next(iter(self.models)))  # the oldest; a request using it keeps its own
         return model
 
-    def sample(self, job: Job, stopping: threading.Event) -> Outcome:
+    def engine(self, key: str, tree: Callable[[], nn.Module]) -> tuple[Engine, nn.Module]:
+        with self.lock:
+            found = self.engines.get(key)
+            if found is None:
+                decoder = tree()
+                tinker = self.settings.tinker
+                engine = Engine(decoder, kv_tokens=tinker.kv_cache_tokens, prefill_chunk=tinker.prefill_chunk_tokens,
+                                pause=TrainingFirst(self.training, self.stopping),
+                                budget_name="trainer.tinker.kv_cache_tokens")  # fmt: skip
+                engine.start(f"tinker-sampling {key}")
+                found = self.engines[key] = (engine, decoder)
+            return found
+
+    def close(self) -> None:
+        with self.lock:
+            engines = list(self.engines.values())
+        for engine, _ in engines:
+            engine.close()
+
+    def sample(self, job: Job) -> Outcome:
         try:
-            return Outcome("done", self._sample(job, stopping), PROTOBUF)
+            return Outcome("done", self._sample(job), PROTOBUF)
         except Interrupted:
             return Outcome("interrupted", b"")
         except ClientError as error:
@@ -247,43 +297,37 @@ class Samplers:
             message = f"{type(error).__name__}: {error}"
             return Outcome("server", json.dumps({"error": message, "category": "server"}).encode())
 
-    def _sample(self, job: Job, stopping: threading.Event) -> bytes:
+    def _sample(self, job: Job) -> bytes:
         model = self.model(job)
+        if model is not None and not model.lora:  # trained fully: a batch of its own weights
+            engine, decoder = self.engine(job.key, lambda: model.core.model)
+            adapter = None
+        else:
+            engine, decoder = self.engine(job.base_model, lambda: serving_tree(job.base_model, self.device))
+            adapter = lora.adapter(model.core.model) if model is not None else None
         request = json.loads(job.body)
         prompt = wire.prompt_tokens(request)
         params = request.get("sampling_params") or {}
-
-        stop = stops(params.get("stop"), model)
-        started, waited = time.monotonic(), 0.0
-
-        def check() -> None:
-            """Between two tokens: the stop, the time budget (time spent waiting for training aside), and the wait
-            while a training request runs."""
-            nonlocal waited
-            while self.training.value and waited < YIELD * (time.monotonic() - started - waited):
-                if stopping.is_set():
-                    break
-                pause = time.monotonic()
-                time.sleep(YIELD_POLL_S)
-                waited += time.monotonic() - pause
-            if stopping.is_set():
-                raise Interrupted
-            if time.monotonic() - waited > job.deadline:
-                raise wire.WireError(f"the request ran past its time budget of {job.budget_s:g} s "
-                                     "(trainer.tinker.max_request_s); ask for less work per request")  # fmt: skip
-
+        stop = stops(params.get("stop"), decoder.eos_id)
         try:
-            sequences = tiny_lm.sample(
-                model.core.model, prompt, max_tokens=int(params.get("max_tokens") or 16),
+            future = engine.submit(prompt, Params(
+                max_tokens=int(params.get("max_tokens") or 16), num_samples=int(request.get("num_samples", 1)),
                 temperature=float(params.get("temperature", 1.0)), top_k=int(params.get("top_k", -1)),
-                top_p=float(params.get("top_p", 1.0)), stop_tokens=stop.tokens,
-                stop_text=tiny_lm.stop_strings(stop.strings, model.decode_text),
-                seed=params.get("seed"), num_samples=int(request.get("num_samples", 1)), check=check)  # fmt: skip
+                top_p=float(params.get("top_p", 1.0)), stop_tokens=frozenset(stop.tokens),
+                stop_text=stop_strings(stop.strings, tokenizer(job.base_model).decode), seed=params.get("seed"),
+            ), adapter, job.deadline)  # fmt: skip
+            sequences = future.result()
+        except Stopped:
+            raise Interrupted from None
+        except TimeoutError:
+            raise wire.WireError(f"the request ran past its time budget of {job.budget_s:g} s "
+                                 "(trainer.tinker.max_request_s); ask for less work per request") from None  # fmt: skip
         except ValueError as error:
             raise wire.WireError(str(error)) from None
-        prompt_logprobs = (
-            tiny_lm.prompt_logprobs(model.core.model, prompt) if request.get("prompt_logprobs") else None
-        )
+        prompt_logprobs = None
+        if request.get("prompt_logprobs"):
+            with torch.inference_mode(), lora.rows([(1, adapter)]):
+                prompt_logprobs = tiny_lm.prompt_logprobs(decoder, prompt)
         return wire.sample_response(sequences, prompt_logprobs)
 
 
@@ -298,10 +342,9 @@ class Stops:
     strings: tuple[str, ...] = ()
 
 
-def stops(stop: Any, model: LanguageModel) -> Stops:
+def stops(stop: Any, eos: int) -> Stops:
     """SamplingParams.stop as the SDK documents it: None stops at the end-of-sequence token, ``[]`` at nothing
     (not even it), stop tokens or stop strings besides it otherwise."""
-    eos = model.core.model.eos_id
     if stop is None:
         return Stops([eos])
     listed = [stop] if isinstance(stop, str) else list(stop)

@@ -1,6 +1,6 @@
 """Applies the Tinker API's requests in lanes, taking them from the store the API queued them in and writing their
 outcomes back there (the two meet nowhere else): each training model is a lane (its requests in the order of their
-numbers), and so is each sampler (a base model or saved weights; its requests in arrival order). Lanes run in
+numbers), and so is each sample request (sampled in the sampling process, in its model's running batch). Lanes run in
 threads of their own, one request at a time each, so one model's long request never holds another model back; a
 model is only ever touched by its lane's thread. What it applies it records in the store, and a model's state is
 snapshotted after every request that changes it, before that request counts as applied; a restarted worker
@@ -126,18 +126,20 @@ class Worker:
             if request_id is None:
                 request_id = self.store.requests.take_refusal(model_id, seq, upcoming.refused[model_id])
             jobs.append((model_id, request_id, (model_id, seq)))
-        # a lane's requests run one at a time, oldest first: a model's numbered one goes before its unload
+        # a lane's requests run one at a time, oldest first: a model's numbered one goes before its unload; every
+        # sample runs at once (a lane of its own), joining its model's batch in the sampling process
         seen = busy | {lane for lane, _, _ in jobs}
-        samplers = sum(lane.startswith(SAMPLER_LANE) for lane in busy)
+        samples = sum(lane.startswith(SAMPLER_LANE) for lane in busy)
         for request_id, lane in upcoming.queued:
-            if lane in seen:
+            if lane.startswith(SAMPLER_LANE):
+                lane = f"{lane}#{request_id}"
+                if lane in seen or samples >= self.config.trainer.tinker.max_running_samples:
+                    continue
+                samples += 1
+                self.sampling.ensure_started()  # from this long-lived thread: see SamplingProcess
+            elif lane in seen:
                 continue
             seen.add(lane)
-            if lane.startswith(SAMPLER_LANE):
-                if samplers >= self.config.trainer.tinker.max_samplers:
-                    continue
-                samplers += 1
-                self.sampling.ensure_started()  # from this long-lived thread: see SamplingProcess
             jobs.append((lane, request_id, None))
         for lane, request_id, position in jobs:
             with self.lock:

@@ -1,0 +1,164 @@
+"""The sampling engine: a request's samples (seeded, their log-probabilities those of what was sampled from,
+stopped by tokens, strings and lengths), and continuous batching: requests that join a running batch, of other
+adapters, prompt lengths and chunkings, get exactly what they get alone; the key-value budget makes requests wait,
+never overflow; deadlines and closing fail only what they name."""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Sequence
+
+import pytest
+import torch
+
+from tinker_atropos.models import lora, tiny_lm
+from tinker_atropos.models.tiny_lm import ByteTokenizer, TinyCausalLM
+from tinker_atropos.sampling.engine import Engine, Stopped, sample
+from tinker_atropos.sampling.requests import Params, SampledTokens, stop_strings
+
+TOK = ByteTokenizer()
+EOS = frozenset({TOK.eos_id})
+
+
+def draw(model: torch.nn.Module, prompt: Sequence[int], max_tokens: int, stop: frozenset[int] = EOS,
+         **params: object) -> list[SampledTokens]:  # fmt: skip
+    return sample(model, prompt, Params(max_tokens, stop_tokens=stop, **params))  # type: ignore[arg-type]
+
+
+def test_samples_are_seeded_and_report_sampling_logprobs() -> None:
+    model = TinyCausalLM().train()
+    prompt = TOK.encode("hi", add_bos=True)
+    a = draw(model, prompt, 12, seed=7, num_samples=3)
+    assert model.training
+    assert a == draw(model, prompt, 12, seed=7, num_samples=3)
+    assert a != draw(model, prompt, 12, seed=8, num_samples=3)
+    assert len({tuple(s.tokens) for s in a}) == 3
+
+    for temperature in (1.0, 0.5):
+        out = draw(model, prompt, 12, temperature=temperature, seed=1)[0]
+        assert out.stop_reason == "length" and len(out.tokens) == len(out.logprobs) == 12
+        seq = torch.tensor(prompt + out.tokens)
+        logits = model(seq[None, :-1])[0, len(prompt) - 1 :] / temperature
+        expected = logits.log_softmax(-1).gather(-1, seq[len(prompt) :, None]).squeeze(-1)
+        torch.testing.assert_close(torch.tensor(out.logprobs), expected, atol=1e-5, rtol=1e-5)
+
+    greedy = draw(model, prompt, 6, temperature=0)[0]
+    assert draw(model, prompt, 6, top_k=1, seed=3)[0].tokens == greedy.tokens
+    nucleus = draw(model, prompt, 6, top_p=1e-6, seed=3)[0]
+    assert nucleus.tokens == greedy.tokens and nucleus.logprobs == [0.0] * 6  # one token left: p = 1
+
+
+def test_samples_stop_at_tokens_strings_and_limits() -> None:
+    model = TinyCausalLM()
+    prompt = TOK.encode("hi", add_bos=True)
+    free = draw(model, prompt, 20, seed=5)[0]
+    assert free.stop_reason == "length" and len(free.tokens) == 20
+    # stop at the first token not seen before it: the same seed draws the same tokens up to there
+    i = next(i for i in range(1, 20) if free.tokens[i] not in free.tokens[:i])
+    stopped = draw(model, prompt, 20, frozenset({free.tokens[i]}), seed=5)[0]
+    assert stopped.tokens == free.tokens[: i + 1] and stopped.stop_reason == "stop"
+    assert stopped.logprobs == free.logprobs[: i + 1]
+
+    # a stop string ends each sample at the token that completes it in the decoded text, that token kept; a
+    # sample whose text never holds it runs to max_tokens, unchanged by the others' stopping
+    samples = draw(model, prompt, 20, frozenset(), seed=5, num_samples=4)
+    text = TOK.decode(samples[0].tokens[2:4])
+    check = stop_strings([text, "\x00never"], TOK.decode)
+    ended = draw(model, prompt, 20, frozenset(), seed=5, num_samples=4, stop_text=check)
+    for free_row, row in zip(samples, ended, strict=True):
+        end = next((i for i in range(1, 21) if text in TOK.decode(free_row.tokens[:i])), None)
+        assert row.tokens == free_row.tokens[:end]  # the batch shrank as samples stopped: float noise only
+        torch.testing.assert_close(torch.tensor(row.logprobs), torch.tensor(free_row.logprobs[:end]))
+        assert row.stop_reason == ("length" if end is None else "stop")
+    assert ended[0].stop_reason == "stop" and len(ended[0].tokens) <= 4
+    assert stop_strings([], TOK.decode) is None
+
+    limit = model.config.max_seq_len
+    assert len(draw(model, [0] * (limit - 4), 4)[0].tokens) <= 4
+    with pytest.raises(ValueError, match="max_seq_len"):
+        draw(model, [0] * (limit - 4), 5)
+    with pytest.raises(ValueError, match="empty"):
+        draw(model, [], 5)
+    with pytest.raises(ValueError, match="token ids"):
+        draw(model, [TOK.vocab_size], 5)
+
+
+def _adapted(base: TinyCausalLM, seed: int) -> tuple[TinyCausalLM, lora.Adapter]:
+    model = copy.deepcopy(base)
+    tiny_lm.add_lora(model, rank=4, seed=seed)
+    with torch.no_grad():
+        for layer in lora.adapter(model).values():
+            layer.lora_b.normal_(0.0, 0.3, generator=torch.Generator().manual_seed(seed))
+    return model, lora.adapter(model)
+
+
+def test_requests_joining_a_running_batch_get_what_they_get_alone() -> None:
+    """Prompts of several lengths (left padding), read in chunks, of two adapters and the base, submitted while
+    others decode and stopping at different times: each request's samples are those it draws alone."""
+    base = TinyCausalLM()
+    serving = copy.deepcopy(base)
+    lora.wrap(serving, tiny_lm.lora_targets(serving, True, True, True), 0, allow_rank_zero=True)
+    first, second = _adapted(base, 1), _adapted(base, 2)
+    asks = [  # (model alone, adapter, prompt, params)
+        (base, None, TOK.encode("hello there", add_bos=True), Params(24, 3, seed=1, stop_tokens=EOS)),
+        (first[0], first[1], TOK.encode("a", add_bos=True), Params(9, 2, seed=2, stop_tokens=frozenset({101}))),
+        (second[0], second[1], TOK.encode("a much longer prompt, read in chunks", add_bos=True),
+         Params(30, 2, temperature=0.7, top_k=20, seed=3)),
+        (first[0], first[1], TOK.encode("xyz", add_bos=True), Params(5, 1, temperature=0)),
+    ]  # fmt: skip
+    alone = [sample(model, prompt, params) for model, _, prompt, params in asks]
+
+    engine = Engine(serving, kv_tokens=10_000, prefill_chunk=7)
+    futures = [engine.submit(*asks[0][2:3], asks[0][3], asks[0][1])]
+    for _ in range(3):
+        engine.step()  # the first request decodes alone for a while
+    futures += [engine.submit(prompt, params, adapter) for _, adapter, prompt, params in asks[1:3]]
+    engine.step()
+    futures.append(engine.submit(asks[3][2], asks[3][3], asks[3][1]))
+    engine.drain()
+    for future, want in zip(futures, alone, strict=True):
+        got = future.result()
+        assert [s.tokens for s in got] == [s.tokens for s in want]
+        assert [s.stop_reason for s in got] == [s.stop_reason for s in want]
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(
+                torch.tensor(g.logprobs), torch.tensor(w.logprobs), atol=1e-4, rtol=1e-4
+            )
+    assert engine.rows.kv is None and not engine.rows.requests  # every row left
+
+
+def test_the_key_value_budget_makes_requests_wait_and_refuses_what_never_fits() -> None:
+    model = TinyCausalLM()
+    engine = Engine(model, kv_tokens=2 * (4 + 20), prefill_chunk=64)
+    prompt = TOK.encode("abc", add_bos=True)  # 4 tokens
+    futures = [engine.submit(prompt, Params(20, 1, seed=s, stop_tokens=frozenset())) for s in range(3)]
+    engine.step()
+    assert len(engine.rows.requests) == 2 and len(engine.waiting) == 1  # two rows of 24 positions fill the budget
+    engine.drain()
+    assert all(len(f.result()[0].tokens) == 20 for f in futures)
+    with pytest.raises(ValueError, match="more than kv_tokens"):
+        engine.submit(prompt, Params(20, 3))
+
+
+def test_a_late_request_fails_alone_and_closing_fails_the_rest() -> None:
+    model = TinyCausalLM()
+    engine = Engine(model, kv_tokens=10_000, prefill_chunk=64)
+    prompt = TOK.encode("abc", add_bos=True)
+    late = engine.submit(prompt, Params(50, 2, stop_tokens=frozenset()), deadline=time.monotonic() + 3600)
+    on_time = engine.submit(prompt, Params(10, 1, seed=4, stop_tokens=frozenset()))
+    engine.step()
+    engine.rows.requests[0].deadline = time.monotonic() - 1  # its time ran out between two steps
+    engine.drain()
+    with pytest.raises(TimeoutError):
+        late.result()
+    got, alone = on_time.result()[0], draw(model, prompt, 10, frozenset(), seed=4)[0]
+    assert got.tokens == alone.tokens and got.stop_reason == alone.stop_reason == "length"
+
+    engine.start()
+    pending = engine.submit(prompt, Params(400, 1, stop_tokens=frozenset()))
+    engine.close()
+    with pytest.raises(Stopped):
+        pending.result(timeout=10)
+    with pytest.raises(Stopped):
+        engine.submit(prompt, Params(4))

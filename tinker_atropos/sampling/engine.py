@@ -1,0 +1,382 @@
+"""Continuous batching: the sample requests of every client of one served model (any of its LoRA adapters, or the
+base itself) decode as one batch, as vLLM and SGLang batch sequences. A request joins the running batch between two
+tokens once its prompt is read and leaves it when its samples stop; the batch never waits for its slowest member.
+
+- **Prompts are read in chunks** of at most ``prefill_chunk`` tokens between two decoding steps, so a long prompt
+  delays the running samples by one chunk, not by the whole prompt. A prompt's keys and values are read once and
+  shared by its ``num_samples`` rows.
+- **The keys and values are bounded** by ``kv_tokens`` positions: a request is admitted while every request in
+  flight, each grown to its longest, fits (the batch is padded on the left to its longest row); otherwise it
+  waits, oldest first. A request that could never fit is refused at once.
+- **Several adapters in one pass**: each request's rows carry its adapter (``lora.rows``); the base's matmuls are
+  shared by every row.
+- **Between two steps** the engine drops requests past their deadline and asks ``pause`` whether to wait (the
+  Tinker API lets training requests go first where cores are short); the time it waits is not counted against the
+  requests' deadlines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from tinker_atropos.models import lora
+from tinker_atropos.sampling.requests import Decoder, Params, SampledTokens
+
+log = logging.getLogger(__name__)
+
+KV = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+class Stopped(Exception):
+    """The engine was closed before the request finished."""
+
+
+@dataclass(eq=False)
+class _Request:
+    prompt: list[int]
+    params: Params
+    adapter: lora.Adapter | None
+    deadline: float | None  # time.monotonic() past which it fails (time paused for training aside)
+    future: Future[list[SampledTokens]]
+    generators: list[torch.Generator]  # one per sample
+    excused: float = 0.0  # seconds the engine paused while this request was in it
+    kv: KV | None = None  # its prompt's, while it is read
+    read: int = 0  # prompt tokens read
+    tokens: list[list[int]] = field(default_factory=list)
+    logprobs: list[list[float]] = field(default_factory=list)
+    ends: list[str | None] = field(default_factory=list)
+    live: list[int] = field(default_factory=list)  # its samples still in the batch, in the batch's order
+
+    @property
+    def positions(self) -> int:
+        """The positions each of its rows holds at most."""
+        return len(self.prompt) + self.params.max_tokens
+
+    def record(self, sample: int, token: int, logprob: float) -> bool:
+        """A sample's new token; whether the sample goes on."""
+        tokens = self.tokens[sample]
+        tokens.append(token)
+        self.logprobs[sample].append(logprob)
+        params = self.params
+        if token in params.stop_tokens or (params.stop_text is not None and params.stop_text(tokens)):
+            self.ends[sample] = "stop"
+        elif len(tokens) == params.max_tokens:
+            self.ends[sample] = "length"
+        return self.ends[sample] is None
+
+    def result(self) -> list[SampledTokens]:
+        return [
+            SampledTokens(t, lp, end)
+            for t, lp, end in zip(self.tokens, self.logprobs, self.ends, strict=True)
+        ]  # type: ignore[arg-type]
+
+
+class Engine:
+    """One served model's running batch. ``submit`` from any thread; ``start`` runs it in a thread of its own,
+    ``drain`` in the caller's."""
+
+    def __init__(self, decoder: Decoder, *, kv_tokens: int, prefill_chunk: int,
+                 pause: Callable[[float], float] | None = None, budget_name: str = "kv_tokens") -> None:  # fmt: skip
+        self.decoder = decoder
+        self.device = next(decoder.parameters()).device  # type: ignore[attr-defined]
+        self.kv_tokens, self.prefill_chunk, self.budget_name = kv_tokens, prefill_chunk, budget_name
+        self.pause = pause
+        self.changed = threading.Condition()
+        self.waiting: deque[_Request] = deque()  # submitted, under ``changed``
+        self.reading: deque[_Request] = deque()  # admitted, their prompts being read
+        self.rows = Rows(self.device)  # decoding
+        self.closed = False
+        self.thread: threading.Thread | None = None
+        self.busy_since = time.monotonic()
+
+    # ---- the callers' side -------------------------------------------------------------------------------
+
+    def submit(self, prompt: Sequence[int], params: Params, adapter: lora.Adapter | None = None,
+               deadline: float | None = None) -> Future[list[SampledTokens]]:  # fmt: skip
+        """The request's samples, in a future; ValueError at once for one the model or the budget cannot take."""
+        params.check(prompt, self.decoder.config)
+        needed = params.num_samples * (len(prompt) + params.max_tokens)
+        if needed > self.kv_tokens:
+            raise ValueError(f"{params.num_samples} samples of {len(prompt)} + {params.max_tokens} tokens need "
+                             f"{needed} positions of keys and values, more than {self.budget_name} "
+                             f"({self.kv_tokens}); ask for fewer or shorter samples")  # fmt: skip
+        n = params.num_samples
+        request = _Request(list(prompt), params, adapter, deadline, Future(), params.generators(self.device),
+                           tokens=[[] for _ in range(n)], logprobs=[[] for _ in range(n)], ends=[None] * n)  # fmt: skip
+        with self.changed:
+            if self.closed:
+                raise Stopped("the sampling engine is closed")
+            self.waiting.append(request)
+            self.changed.notify()
+        return request.future
+
+    def start(self, name: str = "sampling-engine") -> None:
+        self.thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self.thread.start()
+
+    def drain(self) -> None:
+        """Run until every submitted request is answered."""
+        while self._has_work():
+            self.step()
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Stop between two steps; every request not yet answered fails with ``Stopped``."""
+        with self.changed:
+            self.closed = True
+            self.changed.notify()
+        if self.thread is not None:
+            self.thread.join(timeout_s)
+        with self.changed:
+            pending = [*self.waiting, *self.reading, *self.rows.requests]
+            self.waiting.clear()
+        self.reading.clear()
+        self.rows.drop(self.rows.requests)
+        for request in pending:
+            _fail(request, Stopped("the sampling engine stopped"))
+
+    def _serve(self) -> None:
+        while True:
+            with self.changed:
+                while not self.closed and not self._has_work():
+                    self.changed.wait()
+                if self.closed:
+                    return
+            self.step()
+
+    def _has_work(self) -> bool:
+        return bool(self.waiting or self.reading or self.rows.requests)
+
+    # ---- one step ----------------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def step(self) -> None:
+        """Drop what is past its deadline, maybe pause, admit what fits, read up to a chunk of prompts, and
+        decode one token for every row."""
+        now = time.monotonic()
+        if self.pause is not None:
+            waited = self.pause(now - self.busy_since)
+            for request in [*self.waiting, *self.reading, *self.rows.requests]:
+                request.excused += waited
+        self.busy_since = time.monotonic()
+        self._expire()
+        self._admit()
+        self._read_prompts()
+        if self.rows.requests:
+            try:
+                self._decode()
+            except (
+                Exception
+            ) as error:  # the batch's model failed (out of memory): its requests fail, not the engine
+                log.exception("sampling step failed")
+                failed = list(self.rows.requests)
+                self.rows.drop(failed)
+                for request in failed:
+                    _fail(request, error)
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+
+        def expired(request: _Request) -> bool:
+            return request.deadline is not None and now - request.excused > request.deadline
+
+        with self.changed:
+            late = [r for r in self.waiting if expired(r)]
+            for request in late:
+                self.waiting.remove(request)
+        late += [r for r in self.reading if expired(r)]
+        self.reading = deque(r for r in self.reading if not expired(r))
+        in_batch = [r for r in self.rows.requests if expired(r)]
+        self.rows.drop(in_batch)
+        for request in [*late, *in_batch]:
+            _fail(request, TimeoutError("the request ran past its deadline"))
+
+    def _admit(self) -> None:
+        """Oldest first, while every request in flight fits the budget grown to its longest."""
+        while True:
+            with self.changed:
+                if not self.waiting:
+                    return
+                request = self.waiting[0]
+                flight = [*self.reading, *self.rows.requests]
+                rows = sum(len(r.live) for r in self.rows.requests) + sum(
+                    r.params.num_samples for r in self.reading
+                )
+                longest = max([r.positions for r in flight] + [request.positions])
+                if flight and (rows + request.params.num_samples) * longest > self.kv_tokens:
+                    return
+                self.waiting.popleft()
+            self.reading.append(request)
+
+    def _read_prompts(self) -> None:
+        """Up to ``prefill_chunk`` prompt tokens, oldest request first; a prompt read joins the batch."""
+        budget = self.prefill_chunk
+        while budget > 0 and self.reading:
+            request = self.reading[0]
+            count = min(budget, len(request.prompt) - request.read)
+            tokens = torch.tensor([request.prompt[request.read : request.read + count]], device=self.device)
+            positions = torch.arange(request.read, request.read + count, device=self.device)[None]
+            try:
+                with _adapted([(1, request.adapter)]):
+                    logits, request.kv = self.decoder.step(tokens, request.kv, None, positions)
+            except Exception as error:
+                self.reading.popleft()
+                _fail(request, error)
+                continue
+            request.read += count
+            budget -= count
+            if request.read < len(request.prompt):
+                return
+            self.reading.popleft()
+            self._join(request, logits)
+
+    def _join(self, request: _Request, logits: torch.Tensor) -> None:
+        """Draw the first token of each sample, then add the samples that go on to the batch, the prompt's keys
+        and values shared by them."""
+        n = request.params.num_samples
+        tokens, logprobs = request.params.draw(logits.expand(n, -1), request.generators)
+        request.live = [s for s, t, lp in zip(range(n), tokens.tolist(), logprobs.tolist(), strict=True)
+                        if request.record(s, t, lp)]  # fmt: skip
+        kv, request.kv = request.kv, None
+        if not request.live:
+            request.future.set_result(request.result())
+            return
+        self.rows.join(request, kv, tokens[request.live])  # type: ignore[arg-type]
+
+    def _decode(self) -> None:
+        """One token for every row; the rows whose samples stop leave the batch."""
+        rows = self.rows
+        logits = rows.step(self.decoder)
+        keep, start = [], 0
+        for request in list(rows.requests):
+            count = len(request.live)
+            generators = [request.generators[i] for i in request.live]
+            tokens, logprobs = request.params.draw(logits[start : start + count], generators)
+            rows.last[start : start + count] = tokens.to(rows.last.device)
+            going = []
+            for row, (sample, t, lp) in enumerate(
+                zip(request.live, tokens.tolist(), logprobs.tolist(), strict=True)
+            ):
+                if request.record(sample, t, lp):
+                    going.append(sample)
+                    keep.append(start + row)
+            request.live = going
+            start += count
+            if not going:
+                rows.requests.remove(request)
+                request.future.set_result(request.result())
+        if len(keep) < len(rows.last):
+            rows.keep(keep)
+
+
+class Rows:
+    """The running batch: its requests' rows in order, their keys and values padded on the left to the longest."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.requests: list[_Request] = []
+        self.kv: KV | None = None
+        self.mask: torch.Tensor | None = None  # [rows, positions]: False on the left padding; None when none
+        self.positions = torch.zeros(0, dtype=torch.long)  # each row's next position
+        self.last = torch.zeros(
+            0, dtype=torch.long
+        )  # each row's newest token, not yet in the keys and values
+
+    def join(self, request: _Request, kv: KV, tokens: torch.Tensor) -> None:
+        """Add ``request``'s live samples, their first ``tokens`` drawn, the prompt's keys and values shared."""
+        rows, length = len(request.live), len(request.prompt)
+        joining = [(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1)) for k, v in kv]
+        if self.kv is None:
+            self.kv, self.mask = joining, None
+        else:
+            held = self.kv[0][0].shape[2]
+            width = max(held, length)
+            self.kv = [(torch.cat([_pad(k, width - held), _pad(jk, width - length)]),
+                        torch.cat([_pad(v, width - held), _pad(jv, width - length)]))
+                       for (k, v), (jk, jv) in zip(self.kv, joining, strict=True)]  # fmt: skip
+            real = torch.ones(rows, length, dtype=torch.bool, device=self.device)
+            mask = self.mask
+            if mask is None:
+                mask = torch.ones(len(self.last), held, dtype=torch.bool, device=self.device)
+            mask = torch.cat([F.pad(mask, (width - held, 0)), F.pad(real, (width - length, 0))])
+            self.mask = None if bool(mask.all()) else mask
+        self.positions = torch.cat([self.positions, torch.full((rows,), length, dtype=torch.long)])
+        self.last = torch.cat([self.last, tokens.to(self.last.device)])
+        self.requests.append(request)
+
+    def step(self, decoder: Decoder) -> torch.Tensor:
+        """The logits [rows, vocab] after every row's newest token, which joins its keys and values."""
+        mask = self.mask
+        if mask is not None:
+            mask = torch.cat([mask, torch.ones(len(self.last), 1, dtype=torch.bool, device=self.device)], 1)
+        with _adapted([(len(r.live), r.adapter) for r in self.requests]):
+            logits, self.kv = decoder.step(self.last[:, None].to(self.device), self.kv, mask,
+                                           self.positions[:, None].to(self.device))  # fmt: skip
+        self.mask, self.positions = mask, self.positions + 1
+        return logits
+
+    def drop(self, requests: list[_Request]) -> None:
+        """Take ``requests``' rows out of the batch."""
+        if not requests:
+            return
+        keep, start = [], 0
+        for request in self.requests:
+            if request not in requests:
+                keep += range(start, start + len(request.live))
+            start += len(request.live)
+        self.requests = [r for r in self.requests if r not in requests]
+        self.keep(keep)
+
+    def keep(self, rows: list[int]) -> None:
+        """Only ``rows`` of the batch stay; positions every row pads are cut."""
+        if not rows:
+            self.kv, self.mask = None, None
+            self.positions, self.last = self.positions[:0], self.last[:0]
+            return
+        index = torch.tensor(rows, dtype=torch.long)
+        device_index = index.to(self.device)
+        self.positions, self.last = self.positions[index], self.last[index]
+        kv = [(k.index_select(0, device_index), v.index_select(0, device_index)) for k, v in self.kv or []]
+        if self.mask is not None:
+            mask = self.mask[device_index]
+            first = int(mask.any(0).nonzero()[0])  # the leftmost position some row still reads
+            kv = [(k[:, :, first:], v[:, :, first:]) for k, v in kv]
+            mask = mask[:, first:]
+            self.mask = None if bool(mask.all()) else mask
+        self.kv = kv
+
+
+def _pad(tensor: torch.Tensor, width: int) -> torch.Tensor:
+    """Keys or values [B, heads, positions, head_dim] with ``width`` more positions on the left."""
+    return F.pad(tensor, (0, 0, width, 0)) if width else tensor
+
+
+def _adapted(segments: list[tuple[int, lora.Adapter | None]]) -> contextlib.AbstractContextManager[None]:
+    """The rows' adapters, when any of them has one."""
+    if all(adapter is None for _, adapter in segments):
+        return contextlib.nullcontext()
+    return lora.rows(segments)
+
+
+def _fail(request: _Request, error: BaseException) -> None:
+    if not request.future.done():
+        request.future.set_exception(error)
+
+
+def sample(decoder: Decoder, prompt: Sequence[int], params: Params,
+           adapter: lora.Adapter | None = None) -> list[SampledTokens]:  # fmt: skip
+    """One request's samples, decoded in the caller's thread by an engine of its own (the prompt read at once)."""
+    engine = Engine(decoder, kv_tokens=params.num_samples * (len(prompt) + params.max_tokens),
+                    prefill_chunk=max(1, len(prompt)))  # fmt: skip
+    future = engine.submit(prompt, params, adapter)
+    engine.drain()
+    return future.result()
