@@ -299,6 +299,9 @@ class EvaluationSection(Section):
     )
 
 
+# the language models the trainer builds itself (training/served.py's LANGUAGE_MODELS: the tiny byte-level LM, SmolLM2
+# when installed); a config names them before models are imported
+TINY_LM, SMOLLM2 = "tiny-byte-lm", "HuggingFaceTB/SmolLM2-135M-Instruct"
 SDK_HEARTBEAT_S = 10.0  # the tinker SDK's session heartbeat period (SESSION_HEARTBEAT_PERIOD_SEC, 0.38.0)
 
 
@@ -416,11 +419,7 @@ class TinkerSection(Section):
     @classmethod
     def _base_model_names(cls, value: dict[str, str]) -> dict[str, str]:
         for name in value:
-            if (
-                not name
-                or name == "tiny-byte-lm"
-                or name.split("/")[0] in ("mlp-gaussian", "mlp-categorical")
-            ):
+            if not name or name == TINY_LM or name.split("/")[0] in ("mlp-gaussian", "mlp-categorical"):
                 raise ValueError(f"{name!r} names a model this server builds itself; choose another name")
         return value
 
@@ -428,8 +427,15 @@ class TinkerSection(Section):
 class AtroposTrainerSection(Section):
     enabled: bool = Field(
         False,
-        description="Learn from an Atropos trajectory API's batches (ours or atroposlib's run-api) on the tiny "
-        "language model, and serve its weights to the environments for sampling; needs trainer.experience_loop: false.",
+        description="Learn from an Atropos trajectory API's batches (ours or atroposlib's run-api) on base_model, "
+        "and serve its weights to the environments for sampling; needs trainer.experience_loop: false.",
+    )
+    base_model: str = Field(
+        TINY_LM,
+        min_length=1,
+        description=f"The language model it trains and serves: {TINY_LM}, {SMOLLM2} (when installed), or a name of "
+        "trainer.tinker.base_models (a local Hugging Face model folder); the environments read its tokenizer "
+        "(the atroposlib --config file `up` writes names it).",
     )
     api_url: str | None = Field(
         None,
@@ -446,7 +452,7 @@ class AtroposTrainerSection(Section):
         "importance_sampling", description="Tinker loss over the group-relative advantages."
     )
     learning_rate: float = Field(3e-3, gt=0, description="AdamW step size.")
-    lora_rank: int = Field(0, ge=0, description="LoRA rank on the tiny LM; 0 trains every parameter.")
+    lora_rank: int = Field(0, ge=0, description="LoRA rank on base_model; 0 trains every parameter.")
     inference_host: str = Field(
         "127.0.0.1", description="Address of the inference endpoint the environments sample from."
     )
@@ -546,10 +552,13 @@ class TrainerSection(Section):
                 hyperparameters = algorithm.hyperparameters.model_validate(data.pop(algorithm.name, {}))
             except ValidationError as error:
                 errors += [_nested(item, algorithm.name) for item in error.errors()]
+        trainer = None
         try:
             trainer = handler({**data, "hyperparameters": hyperparameters})
         except ValidationError as error:
             errors += [_nested(item) for item in error.errors()]
+        if trainer is not None and trainer.atropos.enabled:
+            errors += _unserved_base_model(trainer.atropos.base_model, trainer.tinker)
         if errors:
             raise ValidationError.from_exception_data(cls.__name__, errors)
         return trainer
@@ -570,8 +579,18 @@ _RENAMED_CHUNKS = (
 )
 
 
+def _unserved_base_model(name: str, tinker: TinkerSection) -> list[InitErrorDetails]:
+    """The error of a ``trainer.atropos.base_model`` no model of the trainer's (none when it is served)."""
+    served = [TINY_LM, SMOLLM2, *tinker.base_models]
+    if name in served:
+        return []
+    message = (f"{name!r} is no model this trainer serves; one of {', '.join(served)} (a local model folder: name "
+               "it in trainer.tinker.base_models)")  # fmt: skip
+    return [_error("unserved_model", "", message, name) | {"loc": ("atropos", "base_model")}]
+
+
 # their messages name what was given, or must not show it (a Redis URL may hold a password)
-_SELF_EXPLAINED = {"renamed", "unknown_algorithm", "other_algorithm", "redis_url"}
+_SELF_EXPLAINED = {"renamed", "unknown_algorithm", "other_algorithm", "redis_url", "unserved_model"}
 
 
 def _error(kind: str, field: str, message: str, value: Any) -> InitErrorDetails:

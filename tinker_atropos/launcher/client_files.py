@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from tinker_atropos.config import Config
+from tinker_atropos.config import TINY_LM, Config
 from tinker_atropos.frontends.http import run_key
 from tinker_atropos.security import read_keys
 
@@ -21,7 +21,8 @@ ATROPOS_CONFIG = "atropos_env.yaml"
 def write_atropos_config(config: Config, run_dir: Path, token: str | None) -> Path:
     """The atroposlib ``--config`` file of the run's environments (``{atropos_config}``), mode 0600: the trajectory
     API's URL with the run's key as its password (atroposlib's environments send no header; aiohttp sends a URL's
-    password as Basic auth) and the inference endpoint's URL and key. Without keys (``--insecure``), plain URLs."""
+    password as Basic auth), the inference endpoint's URL and key, and the trained model's name and tokenizer
+    (``tokenizer_folder``). Without keys (``--insecure``), plain URLs."""
     trainer = config.trainer.atropos
     api_key = inference_key = None
     if token is not None:
@@ -36,11 +37,15 @@ def write_atropos_config(config: Config, run_dir: Path, token: str | None) -> Pa
             else run_key("inference", token)
         )
     credentials = f"atropos:{api_key}@" if api_key else ""
+    tokenizer = tokenizer_folder(config, run_dir)
+    rollout_server = f"http://{credentials}{config.atropos.host}:{config.atropos.port}"
     fields = {
-        "env": {"rollout_server_url": f"http://{credentials}{config.atropos.host}:{config.atropos.port}"},
+        "env": {"rollout_server_url": rollout_server, "tokenizer_name": tokenizer},
         "openai": {
             "base_url": f"http://{trainer.inference_host}:{trainer.inference_port}/v1",
             "api_key": inference_key or "none",
+            "model_name": trainer.base_model,
+            "tokenizer_name": tokenizer,
         },
     }
     path = run_dir / ATROPOS_CONFIG
@@ -52,6 +57,24 @@ def write_atropos_config(config: Config, run_dir: Path, token: str | None) -> Pa
         )
         yaml.safe_dump(fields, file)
     return path
+
+
+def tokenizer_folder(config: Config, run_dir: Path) -> str:
+    """Where the environments load the trained model's tokenizer from (atroposlib's ``tokenizer_name``), offline: a
+    model folder of ``trainer.tinker.base_models`` itself; the tiny LM's (``ByteTokenizer.save_pretrained``) and
+    SmolLM2's (from its package: 40 s once without the trainer's conversion) written once into the run folder."""
+    name = config.trainer.atropos.base_model
+    folders = config.trainer.tinker.base_models
+    if name in folders:
+        return str(Path(folders[name]).expanduser().resolve())
+    from tinker_atropos.models import smollm2, tiny_lm
+
+    if name != TINY_LM and not smollm2.available():
+        return name  # the trainer refuses it at its start, in one line
+    folder = run_dir / "tokenizers" / name.replace("/", "--")
+    if not (folder / "tokenizer.json").exists():
+        (tiny_lm.ByteTokenizer() if name == TINY_LM else smollm2.tokenizer()).save_pretrained(folder)
+    return str(folder.resolve())
 
 
 CLIENT_ENV = "client.env"

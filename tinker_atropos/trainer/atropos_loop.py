@@ -1,7 +1,9 @@
 """The trainer as an Atropos trainer (``trainer.atropos.enabled``): it registers with a trajectory API (the run's
 ``atropos-api``, or atroposlib's own ``run-api``), pulls its fixed-size batches, turns them into Tinker datums
 (``training/atropos_batches.py``: group-relative advantages, masks, behaviour log-probs) and learns with a Tinker
-loss on the tiny language model; after each optimizer step the inference endpoint samples with the new weights.
+loss on ``trainer.atropos.base_model`` (the tiny byte-level LM, SmolLM2, or a local model folder of
+``trainer.tinker.base_models``: any language model the Tinker API serves, LoRA or fully trained); after each
+optimizer step the inference endpoint samples with the new weights, through that model's tokenizer.
 
 Each scored sequence counts as an episode of the run (its score the return, its trained tokens the length) and
 its tokens as env steps, so ``up``'s progress, ``metrics.jsonl``, TensorBoard and ``status`` follow an Atropos run
@@ -32,9 +34,12 @@ import redis
 import torch
 
 from tinker_atropos.config import Config
+from tinker_atropos.errors import FatalError
 from tinker_atropos.frontends.http import BackgroundServer, endpoint_key, endpoint_keys, service_client
 from tinker_atropos.frontends.inference.app import build_app
 from tinker_atropos.frontends.inference.sampler import Sampler
+from tinker_atropos.frontends.inference.tokens import served_tokens
+from tinker_atropos.models import hf_lm, smollm2
 from tinker_atropos.protocol.v1 import services_pb2
 from tinker_atropos.state import keys
 from tinker_atropos.state.experience import MAX_EPISODES_KEPT, add_stats
@@ -46,7 +51,7 @@ from tinker_atropos.training.atropos_batches import batch_datums
 from tinker_atropos.training.core import AdamParams
 from tinker_atropos.training.data import ClientError, Datum
 from tinker_atropos.training.guard import NonfiniteGuard
-from tinker_atropos.training.served import TINY_LM, LanguageModel, run_loss
+from tinker_atropos.training.served import TINY_LM, LanguageModel, run_loss, shared_tensors
 
 log = logging.getLogger(__name__)
 
@@ -55,11 +60,33 @@ RETRY_S = 1.0  # after the API did not answer
 EARLIER_STATE = "state.pt"  # its one checkpoint file before the trainer's checkpointer wrote numbered ones
 
 
+def language_model(config: Config, device: torch.device) -> LanguageModel:
+    """``trainer.atropos.base_model`` with LoRA adapters of ``lora_rank`` (0: every parameter trains); a name of
+    ``trainer.tinker.base_models`` is registered as the Tinker API registers it (the same checks, the same shared
+    base when both run). FatalError, one line, for a model that cannot be served."""
+    section, tinker = config.trainer.atropos, config.trainer.tinker
+    name = section.base_model
+    if name in tinker.base_models:
+        # the Tinker API's front-end (gymnasium, its envs): imported only for a model folder
+        from tinker_atropos.frontends.tinker import base_models
+
+        base_models.register(
+            tinker.model_copy(update={"base_models": {name: tinker.base_models[name]}}), device
+        )
+    elif name == smollm2.NAME and not smollm2.available():
+        raise FatalError(f"trainer.atropos.base_model: {name} is not installed on this trainer (see docs/tinker.md, "
+                         "The Tinker API: Models)")  # fmt: skip
+    try:
+        return LanguageModel(name, {"rank": section.lora_rank}, device)
+    except hf_lm.FolderError as error:  # its folder changed since the check
+        raise FatalError(f"trainer.atropos.base_model {name!r}: {error}") from None
+
+
 class AtroposLoop:
     def __init__(self, config: Config, client: redis.Redis, run_dir: Path, device: torch.device) -> None:
         self.section, self.client, self.run_name = config.trainer.atropos, client, config.run.name
         self.checkpoint_every = config.trainer.checkpoint.every_updates
-        self.model = LanguageModel(TINY_LM, {"rank": self.section.lora_rank}, device)
+        self.model = language_model(config, device)
         self.folder = run_dir / "atropos"  # its checkpoints (the trainer's Checkpointer writes them)
         # held over a step: ``save`` (another thread) takes its state between two
         self.lock = threading.Lock()
@@ -70,10 +97,15 @@ class AtroposLoop:
         self.guard = NonfiniteGuard()  # counts the steps it undid: ``updates_discarded_nonfinite``
         self.counters = {"sequences_trained": 0, "groups_skipped_equal": 0, "groups_invalid": 0,
                          "batches_malformed": 0}  # fmt: skip
-        self.sampler = Sampler(self.model.core.model, self.model.core.version)
+        core = self.model.core
+        # a LoRA model's frozen base: the sampler's copies hold its tensors, a step copies the adapters only
+        shared = [t for t in shared_tensors(core.model) if core.is_shared(t)]
+        self.sampler = Sampler(core.model, core.version, served_tokens(self.model), shared)
         keys = endpoint_keys("inference", self.section.inference_api_keys_file,
                              "trainer.atropos.inference_api_keys_file", "inference endpoint")  # fmt: skip
-        app = build_app(self.sampler, TINY_LM, keys, int(self.section.inference_max_request_mb * 2**20))
+        app = build_app(
+            self.sampler, self.model.base_model, keys, int(self.section.inference_max_request_mb * 2**20)
+        )
         self.inference = BackgroundServer(app, self.section.inference_host, self.section.inference_port,
                                           "inference endpoint")  # fmt: skip
         self.api_url = ""
@@ -81,12 +113,17 @@ class AtroposLoop:
 
     # what the trainer's Checkpointer asks (driver.py) -------------------------------------------------------
     def save(self) -> Checkpoint:
-        """{"core": the model's state, "step", "counters"}, as ``state.pt`` held it."""
+        """{"core": the model's state, "step", "counters"}, as ``state.pt`` held it, and the base model's name."""
         with self.lock:
-            state = {"core": self.model.core.state_dict(), "step": self.step, "counters": self.counters}
+            state = {"core": self.model.core.state_dict(), "step": self.step, "counters": self.counters,
+                     "base_model": self.model.base_model}  # fmt: skip
             return Checkpoint(self.model.core.version, snapshot(state))
 
     def restore(self, state: dict[str, Any], source: Path) -> None:
+        """A checkpoint back; FatalError, one line, for one of another base model (those before it: the tiny LM's)."""
+        if (held := state.get("base_model", TINY_LM)) != self.model.base_model:
+            raise FatalError(f"{source} holds a {held} model, trainer.atropos.base_model is {self.model.base_model}: "
+                             "name the model it trained, or start a new run folder")  # fmt: skip
         with self.lock:
             core = self.model.core
             core.load_state_dict(state["core"])

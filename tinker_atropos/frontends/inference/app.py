@@ -29,7 +29,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from tinker_atropos.frontends.bodies import BodyError, BodyLimit, JSONBodies, body_error, json_body
 from tinker_atropos.frontends.http import APIKeys
 from tinker_atropos.frontends.inference.sampler import Completion, Sampler
-from tinker_atropos.models.tiny_lm import chat_prompt
 
 # what a request may hold, checked as it is validated (a longer list stops there): no model served here reads
 # more tokens than this, nor an OpenAI server more stop strings or messages
@@ -89,13 +88,14 @@ class Endpoint:
     model_name: str
 
     def encode(self, text: str) -> list[int]:
-        """``text``'s tokens, after a BOS; a 400 before encoding a text that cannot fit the context (the byte
-        tokenizer makes a token of every byte, so of every character at least): as a list of tokens, a long
-        text would take sixteen times its size."""
-        if len(text) >= self.sampler.max_seq_len:
-            raise HTTPException(400, f"the prompt has at least {len(text) + 1} tokens; the context is "
+        """``text``'s tokens, with the BOS the model expects; a 400 before encoding a text the tokenizer knows
+        cannot fit the context (the byte tokenizer makes a token of every character at least): as a list of
+        tokens, a long text would take sixteen times its size."""
+        fewest = self.sampler.tokenizer.fewest_tokens(text)
+        if fewest > self.sampler.max_seq_len:
+            raise HTTPException(400, f"the prompt has at least {fewest} tokens; the context is "
                                      f"{self.sampler.max_seq_len}")  # fmt: skip
-        return self.sampler.tokenizer.encode(text, add_bos=True)
+        return self.sampler.tokenizer.encode(text)
 
     def generate(self, prompt: list[int], request: _Sampling, max_tokens: int, stop_ids: list[int] = ()) -> list[Completion]:  # fmt: skip
         tokenizer = self.sampler.tokenizer
@@ -136,6 +136,7 @@ def health(endpoint: Shared) -> dict[str, Any]:
 @status_routes.get("/v1/models")
 def models(endpoint: Shared) -> dict[str, Any]:
     return {"object": "list", "data": [{"id": endpoint.model_name, "object": "model", "owned_by": "tinker-atropos",
+                                        "max_model_len": endpoint.sampler.max_seq_len,
                                         "policy_version": endpoint.sampler.version}]}  # fmt: skip
 
 
@@ -168,14 +169,21 @@ def chat_completions(
     request: Annotated[ChatRequest, json_body(ChatRequest)], endpoint: Shared
 ) -> dict[str, Any]:
     tokenizer = endpoint.sampler.tokenizer
-    text = chat_prompt([(m.role, m.content) for m in request.messages])
-    prompt = endpoint.encode(text)
+    messages = [{"role": m.role, "content": m.content} for m in request.messages]
+    if sum(tokenizer.fewest_tokens(m["content"]) for m in messages) > endpoint.sampler.max_seq_len:
+        raise HTTPException(
+            400, f"the conversation has more tokens than the context ({endpoint.sampler.max_seq_len})"
+        )
+    try:
+        prompt = tokenizer.chat(messages)
+    except ValueError as error:
+        raise HTTPException(400, str(error)) from None
     done = endpoint.generate(prompt, request, request.max_completion_tokens or request.max_tokens)
     choices = []
     for i, c in enumerate(done):
         logprobs = None
         if request.logprobs:
-            logprobs = {"content": [{"token": tokenizer.decode([t]), "logprob": lp, "bytes": [t] if t < 256 else [],
+            logprobs = {"content": [{"token": tokenizer.decode([t]), "logprob": lp, "bytes": tokenizer.token_bytes(t),
                                      "top_logprobs": []} for t, lp in zip(c.tokens, c.logprobs, strict=True)]}  # fmt: skip
         choices.append({"index": i, "message": {"role": "assistant", "content": tokenizer.decode(c.tokens)},
                         "logprobs": logprobs, "finish_reason": c.finish_reason})  # fmt: skip
