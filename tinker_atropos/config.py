@@ -388,13 +388,15 @@ class TinkerSection(Section):
         ge=1,
         description="Positions of keys and values one model's running batch may hold (every row counted at the "
         "batch's longest, prompt + max_tokens): a sample request waits until it fits, and one that never could is "
-        "refused. SmolLM2-135M takes 46 KB per position in float32.",
+        "refused. SmolLM2-135M takes 46 KB per position in float32. The Atropos loop's inference endpoint batches "
+        "within it too.",
     )
     prefill_chunk_tokens: int = Field(
         256,
         ge=1,
-        description="Prompt tokens read between two decoding steps of the running batch: a long prompt is read in "
-        "chunks, so it delays the samples in progress by one chunk at a time.",
+        description="Prompt tokens read between two decoding steps of the running batch (of the Tinker API's "
+        "sampling and the Atropos loop's inference endpoint): a long prompt is read in chunks, so it delays the "
+        "samples in progress by one chunk at a time.",
     )
     long_poll_s: float = Field(
         20.0, gt=0, le=40, description="How long retrieve_future waits for a result before answering 408."

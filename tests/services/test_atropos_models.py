@@ -85,7 +85,7 @@ def test_the_loop_trains_a_model_folders_lm_with_lora_sampled_through_its_own_to
     core = loop.model.core
     base = {name: p for name, p in core.model.named_parameters() if core.is_shared(p)}
     assert base and loop.model.lora
-    served = dict(loop.sampler._model.named_parameters())
+    served = dict(loop.sampler.model.named_parameters())
     assert all(served[name] is p for name, p in base.items())  # the sampler's copy holds the base, not a copy
     before, base_before = _adapters(loop), {k: v.clone() for k, v in base.items()}
     stop = threading.Event()
@@ -168,9 +168,9 @@ def test_full_fine_tuning_of_a_folders_lm_serves_every_changed_weight(
     replies = [100, 200, 100, 200]
     group = {"tokens": [prompt + [r] for r in replies], "masks": [[-100] * len(prompt) + [r] for r in replies],
              "scores": [1.0 if r == 100 else 0.0 for r in replies]}  # fmt: skip
-    before = {k: v.clone() for k, v in loop.sampler._model.state_dict().items()}
+    before = {k: v.clone() for k, v in loop.sampler.model.state_dict().items()}
     loop.learn([group])
-    after = loop.sampler._model.state_dict()
+    after = loop.sampler.model.state_dict()
     assert loop.sampler.version == 1
     assert not torch.equal(before["hf.model.embed_tokens.weight"], after["hf.model.embed_tokens.weight"])
 

@@ -109,7 +109,7 @@ class Endpoint:
     """The inference app on a free port in a thread of the test process."""
 
     def __init__(self, sampler: Sampler) -> None:
-        self.port = free_port()
+        self.port, self.sampler = free_port(), sampler
         config = uvicorn.Config(
             build_app(sampler, "tiny-byte-lm", [KEY], 8 << 20),
             host="127.0.0.1",
@@ -129,6 +129,7 @@ class Endpoint:
     def __exit__(self, *exc: object) -> None:
         self.server.should_exit = True
         self.thread.join(10)
+        self.sampler.close()
 
 
 def test_atroposlibs_own_clients_sample_tokens_and_logprobs_of_the_served_version(tmp_path: Path) -> None:
@@ -209,7 +210,7 @@ def test_the_atropos_loop_raises_the_score_of_the_preferred_completion(
 
     def served_logprobs() -> torch.Tensor:
         with torch.no_grad():
-            return loop.sampler._model(torch.tensor([prompt]))[0, -1].log_softmax(-1)
+            return loop.sampler.model(torch.tensor([prompt]))[0, -1].log_softmax(-1)
 
     def p_a() -> float:
         probs = served_logprobs().exp()

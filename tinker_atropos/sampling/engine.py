@@ -179,6 +179,11 @@ class Engine:
                     return
             self.step()
 
+    def busy(self) -> bool:
+        """Whether a request is not yet answered."""
+        with self.changed:
+            return self._has_work()
+
     def _has_work(self) -> bool:
         return bool(self.waiting or self.reading or self.rows.requests)
 

@@ -100,7 +100,9 @@ class AtroposLoop:
         core = self.model.core
         # a LoRA model's frozen base: the sampler's copies hold its tensors, a step copies the adapters only
         shared = [t for t in shared_tensors(core.model) if core.is_shared(t)]
-        self.sampler = Sampler(core.model, core.version, served_tokens(self.model), shared)
+        batching = config.trainer.tinker  # its running batch's bounds: the same as the Tinker API's sampling
+        self.sampler = Sampler(core.model, core.version, served_tokens(self.model), shared,
+                               batching.kv_cache_tokens, batching.prefill_chunk_tokens)  # fmt: skip
         keys = endpoint_keys("inference", self.section.inference_api_keys_file,
                              "trainer.atropos.inference_api_keys_file", "inference endpoint")  # fmt: skip
         app = build_app(
@@ -177,8 +179,9 @@ class AtroposLoop:
                 self._learn(http, stop)
 
     def close(self) -> None:
-        """The inference endpoint closed (after its last checkpoint)."""
+        """The inference endpoint closed (after its last checkpoint), then its engines."""
         self.inference.close()
+        self.sampler.close()
 
     def _learn(self, http: httpx.Client, stop: threading.Event) -> None:
         while not stop.is_set():

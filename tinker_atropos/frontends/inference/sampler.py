@@ -26,38 +26,93 @@ class Completion:
 
 class Sampler:
     """``model`` (a ``requests.Decoder``: the tiny LM, SmolLM2, a model folder's LM) served with ``tokenizer``;
-    ``shared``: its tensors that never change (a LoRA model's base), held by every copy rather than copied."""
+    ``shared``: its tensors that never change (a LoRA model's base), held by every copy rather than copied.
 
-    def __init__(self, model: requests.Decoder, version: int = 0, tokenizer: Tokens | None = None,
-                 shared: Iterable[torch.Tensor] = ()) -> None:  # fmt: skip
+    Each policy version decodes in a continuous-batching engine of its own (``sampling/engine.py``): concurrent
+    requests share its running batch, and a request finishes with the version it started with; an older version's
+    engine closes once its last request is answered."""
+
+    def __init__(
+        self,
+        model: requests.Decoder,
+        version: int = 0,
+        tokenizer: Tokens | None = None,
+        shared: Iterable[torch.Tensor] = (),
+        kv_tokens: int = 32_768,
+        prefill_chunk: int = 256,
+    ) -> None:
         self._lock = threading.Lock()
         self._shared = list(shared)
-        self._model, self.version = self._frozen(model), version
+        self._settings = {
+            "kv_tokens": kv_tokens,
+            "prefill_chunk": prefill_chunk,
+            "budget_name": "trainer.tinker.kv_cache_tokens",
+        }
+        self._engine, self.version = self._serving(model, version), version
+        self._retired: list[engine.Engine] = []
         self.tokenizer = tokenizer or ByteTokens()
         self.max_seq_len = model.config.max_seq_len
 
-    def _frozen(self, model: torch.nn.Module) -> torch.nn.Module:
+    @property
+    def model(self) -> torch.nn.Module:
+        """The frozen copy the current version samples with."""
+        with self._lock:
+            return self._engine.decoder  # type: ignore[return-value]
+
+    def _serving(self, model: torch.nn.Module, version: int) -> engine.Engine:
         frozen = copy.deepcopy(model, memo={id(t): t for t in self._shared}).eval()
         frozen.requires_grad_(False)
-        return frozen
+        served = engine.Engine(frozen, **self._settings)
+        served.start(f"inference v{version}")
+        return served
 
     def update(self, model: torch.nn.Module, version: int) -> None:
         """Serve ``model``'s current weights (copied) as ``version`` from the next request on."""
-        frozen = self._frozen(model)
+        served = self._serving(model, version)
         with self._lock:
-            self._model, self.version = frozen, version
+            self._retired.append(self._engine)
+            self._engine, self.version = served, version
+        self._close_idle()
 
-    def generate(self, prompt: Sequence[int], *, n: int, max_tokens: int, temperature: float, top_p: float,
-                 top_k: int, stop_tokens: Sequence[int], stop_strings: Sequence[str], seed: int | None) -> list[Completion]:  # fmt: skip
+    def _close_idle(self) -> None:
+        """Close the older versions' engines that have answered every request."""
+        with self._lock:
+            idle = [e for e in self._retired if not e.busy()]
+            self._retired = [e for e in self._retired if e not in idle]
+        for old in idle:
+            old.close()
+
+    def close(self) -> None:
+        with self._lock:
+            engines, self._retired = [self._engine, *self._retired], []
+        for served in engines:
+            served.close()
+
+    def generate(
+        self,
+        prompt: Sequence[int],
+        *,
+        n: int,
+        max_tokens: int,
+        temperature: float,
+        top_p: float,
+        top_k: int,
+        stop_tokens: Sequence[int],
+        stop_strings: Sequence[str],
+        seed: int | None,
+    ) -> list[Completion]:
         """``n`` continuations of ``prompt``; ValueError for a request the model cannot serve. A completion ends
         at the end-of-sequence token (as an OpenAI server's always does) or one of ``stop_tokens``; a stop string
         ends it where its text first contains it (included, as a stop token is)."""
-        with self._lock:
-            model, version = self._model, self.version
         room = self.max_seq_len - len(prompt)
         if room < 1:
             raise ValueError(f"the prompt has {len(prompt)} tokens; the context is {self.max_seq_len}")
-        params = Params(min(max_tokens, room), n, temperature, top_k, top_p, frozenset([*self.tokenizer.eos_ids, *stop_tokens]),
-                        requests.stop_strings(stop_strings, self.tokenizer.decode), seed)  # fmt: skip
-        samples = engine.sample(model, prompt, params)
+        stops = frozenset([*self.tokenizer.eos_ids, *stop_tokens])
+        text_stop = requests.stop_strings(stop_strings, self.tokenizer.decode)
+        params = Params(min(max_tokens, room), n, temperature, top_k, top_p, stops, text_stop, seed)
+        with self._lock:
+            served, version = self._engine, self.version
+        samples = served.submit(prompt, params).result()
+        if served is not self._engine:
+            self._close_idle()
         return [Completion(s.tokens, s.logprobs, s.stop_reason, version) for s in samples]
