@@ -152,7 +152,11 @@ def test_trainer_death_resumes_from_checkpoint_with_a_higher_version(
     cluster.start("env", "env")
     trainer = cluster.start("trainer", "trainer")
     cluster.start("rollout", "rollout")
-    wait_for(lambda: cluster.version() >= 4, 90, "four updates")
+    # a checkpoint is written between two steps on the trainer's cadence: under load it may come an update or two
+    # after the one that made it due, so one is waited for on disk before the kill
+    wait_for(
+        lambda: cluster.version() >= 4 and any(cluster.run_dir.rglob("checkpoint-*.pt")), 90, "a checkpoint"
+    )
     os.kill(trainer.pid, signal.SIGKILL)
     before = cluster.version()
     time.sleep(2)
