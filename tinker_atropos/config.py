@@ -342,6 +342,12 @@ class TinkerSection(Section):
         description="LoRA models of one base model held at once (they share the base's frozen weights, one copy per "
         "base and device, each holding its adapters, their Adam moments and its activations); creating more is refused.",
     )
+    batch_models: bool = Field(
+        True,
+        description="Run the forward_backward (and forward) requests of LoRA models of one base and one adapter "
+        "layout that are ready together as one batched pass (the base's matmuls shared; each adapter its own "
+        "gradients and optimizer), rather than each model in its own lane. Off: every model runs alone.",
+    )
     max_models_mb: float | None = Field(
         None,
         gt=0,

@@ -252,6 +252,9 @@ class LanguageModel(ServedModel):
             if not chosen:
                 raise ClientError("LoRA needs at least one target: attention, MLP or unembedding")
             lora.wrap(model, chosen, rank, seed=config.get("seed"))
+        # its LoRA layers by module path: what ``run_losses`` hands ``lora.rows`` to run its rows in another
+        # model's pass, and which models can share one (the same paths)
+        self.adapter = lora.adapter(model)
         shared = shared_tensors(base) if rank > 0 else []
         self.core = TrainingCore(model, {"model": base_model, "lora": config}, device, shared=shared)
         limits = model.config  # max_seq_len, vocab_size
@@ -276,12 +279,15 @@ class LanguageModel(ServedModel):
             raise ClientError(f"the checkpoint does not fit this {self.base_model}: {error}") from None
 
     def forward(self, data: list[Datum], config: dict[str, float | str]) -> Forward:
-        device = self.core.device
-        inputs = [torch.as_tensor(d.tokens, device=device) for d in data]
-        targets = [_tensor(d, "target_tokens", torch.int64).to(device) for d in data]
-        logprobs = tiny_lm.batch_target_logprobs(self.core.model, inputs, targets)
-        outputs = [{"logprobs": lp.detach().cpu().numpy()} for lp in logprobs]
-        return Forward(logprobs, None, outputs)
+        logprobs = _target_logprobs(self.core.model, data, self.core.device)
+        return Forward(logprobs, None, [{"logprobs": lp.detach().cpu().numpy()} for lp in logprobs])
+
+
+def _target_logprobs(model: nn.Module, data: list[Datum], device: torch.device) -> list[torch.Tensor]:
+    """Each datum's target log-probabilities, all the data in one padded batch through ``model``."""
+    inputs = [torch.as_tensor(d.tokens, device=device) for d in data]
+    targets = [_tensor(d, "target_tokens", torch.int64).to(device) for d in data]
+    return tiny_lm.batch_target_logprobs(model, inputs, targets)
 
 
 def owned_bytes(model: ServedModel) -> int:
@@ -318,3 +324,68 @@ def run_loss(model: ServedModel, data: list[Datum], loss_name: str, config: dict
     else:
         metrics = model.core.forward_backward(loss)
     return outputs, metrics
+
+
+@dataclass(frozen=True)
+class LossRun:
+    """One request of ``run_losses``: ``run_loss``'s arguments."""
+
+    model: LanguageModel
+    data: list[Datum]
+    loss_name: str
+    config: dict[str, float | str]
+    forward_only: bool
+    check: Callable[[], None] | None = None
+
+
+Outcome = tuple[list[dict[str, np.ndarray]], dict[str, float]]
+
+
+def run_losses(runs: Sequence[LossRun]) -> list[Outcome | ClientError]:
+    """``run_loss`` of several LoRA models of one base and one adapter layout (``LanguageModel.adapter``'s paths)
+    in one batched forward pass (``lora.rows``: the base's matmuls shared) and one backward pass: each model's loss
+    depends on its own adapter only, so the backward of their sum adds to each adapter's ``.grad`` exactly what its
+    own ``run_loss`` would (within float rounding). Per run, its outcome, or the ClientError it alone failed with
+    (its model untouched): data the model cannot read, a loss it cannot compute, what its ``check`` raised."""
+    outcomes: list[Outcome | ClientError | None] = [None] * len(runs)
+    ready: list[int] = []
+    for index, run in enumerate(runs):
+        try:
+            check_data(run.model.schema, run.data, inputs_of(run.loss_name))
+            ready.append(index)
+        except ClientError as error:
+            outcomes[index] = error
+    training = any(not runs[i].forward_only for i in ready)
+    losses = []
+    with torch.set_grad_enabled(training):
+        logprobs = _logprobs_together([runs[i] for i in ready]) if ready else []
+        for index, found in zip(ready, logprobs, strict=True):
+            run = runs[index]
+            try:
+                compute = loss_fn(run.loss_name)
+                total = sum(
+                    compute(lp, {k: v.to(lp.device) for k, v in inputs.items()}, run.config)
+                    for lp, inputs in zip(found, loss_inputs(run.data), strict=True)
+                )
+                if run.check is not None:
+                    run.check()
+            except ClientError as error:
+                outcomes[index] = error
+                continue
+            outputs = [{"logprobs": lp.detach().cpu().numpy()} for lp in found]
+            outcomes[index] = (outputs, {"loss:sum": float(total.detach())})
+            if not run.forward_only:
+                losses.append(total)
+    if losses:
+        torch.stack(losses).sum().backward()
+    return outcomes  # type: ignore[return-value]  # every run has its outcome by now
+
+
+def _logprobs_together(runs: Sequence[LossRun]) -> list[list[torch.Tensor]]:
+    """Per run, its data's target log-probabilities, every run's rows in one batch through the first model's tree
+    (any model of the layout has a LoRA layer at every path), each row's update from its own model's adapter."""
+    model = runs[0].model.core
+    with lora.rows([(len(run.data), run.model.adapter) for run in runs]):
+        logprobs = _target_logprobs(model.model, [d for run in runs for d in run.data], model.device)
+    counts = np.cumsum([0] + [len(run.data) for run in runs])
+    return [logprobs[start:end] for start, end in zip(counts[:-1], counts[1:], strict=True)]

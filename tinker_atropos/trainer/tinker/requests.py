@@ -31,11 +31,13 @@ from tinker_atropos.training.guard import NonfiniteGuard
 from tinker_atropos.training.served import (
     LANGUAGE_MODELS,
     LanguageModel,
+    LossRun,
     PolicyModel,
     ServedModel,
     checkpoint,
     owned_bytes,
     run_loss,
+    run_losses,
     shared_bytes,
 )
 
@@ -159,6 +161,43 @@ class RequestHandlers:
     def forward_backward(self, model_id: str, seq: int, body: bytes, deadline: float) -> tuple[bytes, str]:
         request = wire.parse_forward_backward(body, self.budget())
         return self.apply_forward_backward(model_id, request, deadline), PROTOBUF
+
+    def forward_backward_together(
+        self, requests: list[tuple[str, bytes]], deadline: float
+    ) -> list[tuple[bytes, str] | Exception]:
+        """The ``forward_backward`` (or forward) requests, given as (model, body), of LoRA models of one base and
+        one adapter layout, in one batched pass (``run_losses``); per request, its response or the error it alone
+        failed with, its model untouched."""
+        outcomes: list[tuple[bytes, str] | Exception | None] = [None] * len(requests)
+        runs, ran = [], []
+        for index, (model_id, body) in enumerate(requests):
+            try:
+                request = wire.parse_forward_backward(body, self.budget())
+                if request.loss_fn == "stable_reinforce":
+                    self.stability.look_up(model_id, request)
+                model = self.model(model_id)
+            except Exception as error:  # this request's alone: a body, a model, a sampler record
+                outcomes[index] = error
+                continue
+            assert isinstance(model, LanguageModel)  # the dispatcher groups LoRA language models only
+            runs.append(
+                LossRun(
+                    model,
+                    request.data,
+                    request.loss_fn,
+                    request.loss_fn_config,
+                    request.forward_only,
+                    self._time_check(deadline),
+                )
+            )
+            ran.append(index)
+        for index, outcome in zip(ran, run_losses(runs) if runs else [], strict=True):
+            outcomes[index] = (
+                outcome
+                if isinstance(outcome, Exception)
+                else (wire.forward_backward_output(*outcome), PROTOBUF)
+            )
+        return outcomes  # type: ignore[return-value]  # every request has its outcome by now
 
     def _time_check(self, deadline: float | None) -> Callable[[], None]:
         """What a request calls between its steps: it ends the request past its time budget, or when the

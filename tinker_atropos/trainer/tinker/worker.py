@@ -2,9 +2,12 @@
 outcomes back there (the two meet nowhere else): each training model is a lane (its requests in the order of their
 numbers), and so is each sampler (a base model or saved weights; its requests in arrival order). Lanes run in
 threads of their own, one request at a time each, so one model's long request never holds another model back; a
-model is only ever touched by its lane's thread. What it applies it records in the store, and a model's state is
-snapshotted after every request that changes it, before that request counts as applied; a restarted worker
-rebuilds each model from its snapshot and replays the gradient accumulations applied since (``recovery.py``).
+model is only ever touched by its lane's thread. LoRA models of one base whose next requests are all
+``forward_backward`` (or forward) run together instead, in one thread and one batched pass
+(``trainer.tinker.batch_models``), each request still recorded on its own, in its model's order. What it applies
+it records in the store, and a model's state is snapshotted after every request that changes it, before that
+request counts as applied; a restarted worker rebuilds each model from its snapshot and replays the gradient
+accumulations applied since (``recovery.py``).
 
 Each request has a budget: at most ``trainer.tinker.max_request_tokens`` tokens (checked by the API before it is
 queued) and ``trainer.tinker.max_request_s`` seconds of work, past which it fails as the client's error.
@@ -19,6 +22,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 import redis
 import torch
@@ -34,10 +38,12 @@ from tinker_atropos.trainer.tinker.requests import JSON, Handler, RequestHandler
 from tinker_atropos.trainer.tinker.sampling import Interrupted, SamplingProcess, Settings
 from tinker_atropos.training.data import ClientError
 from tinker_atropos.training.guard import NonfiniteGuard
+from tinker_atropos.training.served import LanguageModel, ServedModel
 
 log = logging.getLogger(__name__)
 
 _STATE_CHANGING = {"create_model", "create_from_state", "optim_step", "load_weights"}
+Job = tuple[str, str, tuple[str, int] | None]  # (lane, request, the model's number it applies, if numbered)
 FINISH_RETRY_S = 1.0  # between two tries to record an applied request's outcome while Redis is away
 
 
@@ -119,7 +125,7 @@ class Worker:
                 self.applied.setdefault(model_id, seq)
             for model_id in [m for m in self.applied if m not in applied and m not in self.busy]:
                 del self.applied[model_id]  # unloaded
-        jobs: list[tuple[str, str, tuple[str, int] | None]] = []
+        jobs: list[Job] = []
         for model_id in sorted({*upcoming.requests, *upcoming.refused} - busy):
             seq = applied[model_id] + 1
             request_id = upcoming.requests.get(model_id)
@@ -139,44 +145,64 @@ class Worker:
                 samplers += 1
                 self.sampling.ensure_started()  # from this long-lived thread: see SamplingProcess
             jobs.append((lane, request_id, None))
-        for lane, request_id, position in jobs:
+        if self.config.trainer.tinker.batch_models:
+            runs = together(jobs, self.requests.models, self.store.requests.kinds)
+        else:
+            runs = [[job] for job in jobs]
+        for run in runs:
             with self.lock:
-                self.busy[lane] = request_id
+                self.busy.update({lane: request_id for lane, request_id, _ in run})
             if threaded:
-                thread = threading.Thread(target=self._run_lane, args=(lane, request_id, position),
-                                          name=f"tinker-lane {lane}", daemon=True)  # fmt: skip
+                thread = threading.Thread(
+                    target=self._run_lanes,
+                    args=(run,),
+                    daemon=True,
+                    name=f"tinker-lane {'+'.join(lane for lane, _, _ in run)}",
+                )
                 self.threads.add(thread)
                 thread.start()
             else:
-                self._run_lane(lane, request_id, position)
+                self._run_lanes(run)
         return bool(jobs)
 
-    def _run_lane(self, lane: str, request_id: str, position: tuple[str, int] | None) -> None:
+    def _run_lanes(self, run: list[Job]) -> None:
+        """A lane's next request, or several models' run together; their lanes are free again after."""
         training = (
-            contextlib.nullcontext() if lane.startswith(SAMPLER_LANE) else self.sampling.training_request()
+            contextlib.nullcontext()
+            if run[0][0].startswith(SAMPLER_LANE)
+            else self.sampling.training_request()
         )
+        ids = ", ".join(request_id for _, request_id, _ in run)
         try:
             with training:
-                self._apply(request_id, position)
+                if len(run) == 1:
+                    self._apply(run[0][1], run[0][2])
+                else:
+                    self._apply_together(run)
         except Interrupted:
-            log.info(
-                "Tinker request %s interrupted by the shutdown; it runs again after the restart", request_id
-            )
+            log.info("Tinker request %s interrupted by the shutdown; it runs again after the restart", ids)
         except Exception:  # Redis away before the request was applied: it stays queued, tried again
-            log.exception("Tinker request %s could not be applied; it stays queued", request_id)
+            log.exception("Tinker request %s could not be applied; it stays queued", ids)
         finally:
             with self.lock:
-                self.busy.pop(lane, None)
+                for lane, _, _ in run:
+                    self.busy.pop(lane, None)
             self.threads.discard(threading.current_thread())
             self.wake.set()
 
-    def _apply(self, request_id: str, position: tuple[str, int] | None) -> None:
+    def _read(self, request_id: str, position: tuple[str, int] | None) -> tuple[str, bytes, str, int] | None:
+        """The request's (kind, body, model, number); None when it has no payload (it is answered as lost)."""
         request = self.store.requests.request(request_id)
         if request is None:  # expired or never written: nothing to answer, but the sequence goes on
             log.warning("Tinker request %s has no payload; skipped", request_id)
             self._finish(
                 request_id, FAILED, json_body(error="request lost", category="server"), JSON, position, None
             )
+        return request
+
+    def _apply(self, request_id: str, position: tuple[str, int] | None) -> None:
+        request = self._read(request_id, position)
+        if request is None:
             return
         kind, body, model_id, seq = request
         snapshot = None
@@ -190,19 +216,42 @@ class Worker:
                 self.requests.stability.add(request_id, body, result)
             if position is not None and kind in _STATE_CHANGING and model_id in self.requests.models:
                 snapshot = self.checkpoints.write_snapshot(model_id, seq, self.requests.state(model_id))
-            status = DONE
+            outcome = DONE, result, content_type
         except Interrupted:
             raise
-        except ClientError as error:  # the request's own: a WireError, a datum or loss the model cannot take
-            result, content_type = json_body(error=str(error), category="user"), JSON
-            status = FAILED
         except Exception as error:
-            log.exception("Tinker request %s (%s) failed", request_id, kind)
-            message = f"{type(error).__name__}: {error}"
-            result, content_type, status = json_body(error=message, category="server"), JSON, FAILED
+            outcome = failed(request_id, kind, error)
+        self._record(request_id, request, position, outcome, snapshot)
+
+    def _apply_together(self, run: list[Job]) -> None:
+        """Several models' ``forward_backward`` requests in one batched pass, each then recorded as if it had run
+        alone, in its model's order; one that fails (its data, its budget) fails alone."""
+        deadline = time.monotonic() + self.config.trainer.tinker.max_request_s
+        read = [
+            (request_id, position, request)
+            for _, request_id, position in run
+            if (request := self._read(request_id, position)) is not None
+        ]
+        together = [(request[2], request[1]) for _, _, request in read]
+        for (request_id, position, request), outcome in zip(
+            read, self.requests.forward_backward_together(together, deadline), strict=True
+        ):
+            done = (DONE, *outcome) if isinstance(outcome, tuple) else failed(request_id, request[0], outcome)
+            self._record(request_id, request, position, done, None)
+
+    def _record(
+        self,
+        request_id: str,
+        request: tuple[str, bytes, str, int],
+        position: tuple[str, int] | None,
+        outcome: tuple[bytes, bytes, str],
+        snapshot: tuple[int, str] | None,
+    ) -> None:
+        """Store an applied request's outcome, and what a replay after a restart needs of it."""
+        kind, model_id, status = request[0], request[2], outcome[0]
         if kind == "forward_backward" and status == DONE:
             self.since_snapshot.setdefault(model_id, []).append(request_id)
-        self._finish(request_id, status, result, content_type, position, snapshot)
+        self._finish(request_id, *outcome, position, snapshot)
         if snapshot is not None:
             self.checkpoints.snapshot_taken(model_id, snapshot[1])
             for done in self.since_snapshot.pop(model_id, []):  # a replay needs them no more
@@ -244,3 +293,36 @@ class Worker:
         for request_id in self.store.requests.waiting(model_id, after=applied):
             self.store.requests.finish(request_id, FAILED, reason, JSON)
         return json_body(model_id=model_id, type="unload_model"), JSON
+
+
+def together(
+    jobs: list[Job], models: dict[str, ServedModel], kinds: Callable[[list[str]], list[str | None]]
+) -> list[list[Job]]:
+    """The jobs as they run, each list in one thread: the next requests of LoRA models of one base and one adapter
+    layout that are all ``forward_backward`` (or forward) run as one batched pass, any other alone. ``kinds``: the
+    kind of each request (the store's)."""
+    layouts = {}
+    for job in jobs:
+        model = models.get(job[0]) if job[2] is not None else None
+        if isinstance(model, LanguageModel) and model.lora:
+            layouts[job] = (model.base_model, frozenset(model.adapter))
+    if len(layouts) < 2:
+        return [[job] for job in jobs]
+    groups: dict[tuple[str, frozenset[str]], list[Job]] = {}
+    for (job, layout), kind in zip(
+        layouts.items(), kinds([request_id for _, request_id, _ in layouts]), strict=True
+    ):
+        if kind == "forward_backward":
+            groups.setdefault(layout, []).append(job)
+    grouped = [group for group in groups.values() if len(group) > 1]
+    members = {job for group in grouped for job in group}
+    return grouped + [[job] for job in jobs if job not in members]
+
+
+def failed(request_id: str, kind: str, error: Exception) -> tuple[bytes, bytes, str]:
+    """The outcome of a request that raised ``error``: the client's (a ClientError: a WireError, a datum or loss the
+    model cannot take) or the server's."""
+    if isinstance(error, ClientError):
+        return FAILED, json_body(error=str(error), category="user"), JSON
+    log.error("Tinker request %s (%s) failed", request_id, kind, exc_info=error)
+    return FAILED, json_body(error=f"{type(error).__name__}: {error}", category="server"), JSON

@@ -163,6 +163,13 @@ class Requests(Keys):
             return None
         return kind.decode(), body or b"", (model_id or b"").decode(), int(seq)
 
+    def kinds(self, request_ids: list[str]) -> list[str | None]:
+        """The kind of each request (None: its future is gone), in one round trip."""
+        with self.client.pipeline(transaction=False) as pipe:
+            for request_id in request_ids:
+                pipe.hget(self._key("future", request_id), "kind")
+            return [None if kind is None else kind.decode() for kind in pipe.execute()]
+
     def finish(self, request_id: str, status: bytes, body: bytes, content_type: str = "application/json",
                applied: tuple[str, int] | None = None, snapshot: tuple[int, str] | None = None) -> None:  # fmt: skip
         """Store a request's outcome in one transaction with what it changed: ``applied``, the (model, seq) now
