@@ -356,7 +356,8 @@ def run_losses(runs: Sequence[LossRun]) -> list[Outcome | ClientError]:
         except ClientError as error:
             outcomes[index] = error
     training = any(not runs[i].forward_only for i in ready)
-    losses = []
+    losses: list[torch.Tensor] = []
+    trained: list[torch.Tensor] = []
     with torch.set_grad_enabled(training):
         logprobs = _logprobs_together([runs[i] for i in ready]) if ready else []
         for index, found in zip(ready, logprobs, strict=True):
@@ -376,8 +377,11 @@ def run_losses(runs: Sequence[LossRun]) -> list[Outcome | ClientError]:
             outcomes[index] = (outputs, {"loss:sum": float(total.detach())})
             if not run.forward_only:
                 losses.append(total)
+                trained += [p for p in run.model.core.model.parameters() if p.requires_grad]
     if losses:
-        torch.stack(losses).sum().backward()
+        # into these only: the other runs' adapters (forward-only, failed) are in the graph too, and a zero .grad
+        # would make their next optim_step move them where no gradient (None) leaves them be
+        torch.stack(losses).sum().backward(inputs=trained)
     return outcomes  # type: ignore[return-value]  # every run has its outcome by now
 
 
