@@ -38,8 +38,12 @@ def _data(rng: np.random.Generator) -> list:
     data = []
     for _ in range(SEQUENCES):
         tokens = rng.integers(0, 49152, size=LENGTH + 1)
-        data.append(types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1].tolist()),
-                                loss_fn_inputs={"target_tokens": tokens[1:]}))  # fmt: skip
+        data.append(
+            types.Datum(
+                model_input=types.ModelInput.from_ints(tokens[:-1].tolist()),
+                loss_fn_inputs={"target_tokens": tokens[1:]},
+            )
+        )
     return data
 
 
@@ -81,17 +85,43 @@ def through_api(work: Path, batch_models: bool, clients: int = 8, rounds: int = 
     work.mkdir(parents=True, exist_ok=True)
     port = free_port()
     (work / "keys").write_text(KEY + "\n")
-    config = {"run": {"name": "bench-lm-training"}, "env": {"id": "Pendulum-v1"},
-              "trainer": {"experience_loop": False, "tinker": {"enabled": True, "port": port, "max_models": clients,
-                                                               "batch_models": batch_models,
-                                                               "api_keys_file": str(work / "keys")}}}  # fmt: skip
+    config = {
+        "run": {"name": "bench-lm-training"},
+        "env": {"id": "Pendulum-v1"},
+        "trainer": {
+            "experience_loop": False,
+            "tinker": {
+                "enabled": True,
+                "port": port,
+                "max_models": clients,
+                "batch_models": batch_models,
+                "api_keys_file": str(work / "keys"),
+            },
+        },
+    }
     (work / "run.yaml").write_text(yaml.safe_dump(config))
     valkey = EmbeddedValkey(work / "valkey")
     log = open(work / "trainer.log", "w")  # noqa: SIM115 - inherited by the child
-    trainer = subprocess.Popen([sys.executable, "-m", "tinker_atropos", "trainer", "--config", str(work / "run.yaml"),
-                                "--redis-url", valkey.url, "--port", str(free_port()), "--run-dir", str(work / "run")],
-                               stdout=log, stderr=subprocess.STDOUT, preexec_fn=child_preexec,
-                               env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+    trainer = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tinker_atropos",
+            "trainer",
+            "--config",
+            str(work / "run.yaml"),
+            "--redis-url",
+            valkey.url,
+            "--port",
+            str(free_port()),
+            "--run-dir",
+            str(work / "run"),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        preexec_fn=child_preexec,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     try:
         deadline = time.monotonic() + 60
         while "Tinker API at" not in (work / "trainer.log").read_text():
@@ -99,8 +129,10 @@ def through_api(work: Path, batch_models: bool, clients: int = 8, rounds: int = 
                 raise RuntimeError(f"the trainer did not serve:\n{(work / 'trainer.log').read_text()}")
             time.sleep(0.2)
         service = tinker.ServiceClient(base_url=f"http://127.0.0.1:{port}", api_key=KEY)
-        made = [service.create_lora_training_client(base_model=smollm2.NAME, rank=8).result(timeout=300)
-                for _ in range(clients)]  # fmt: skip
+        made = [
+            service.create_lora_training_client(base_model=smollm2.NAME, rank=8).result(timeout=300)
+            for _ in range(clients)
+        ]
         rng = np.random.default_rng(0)
         data = [_data(rng) for _ in made]
         one = _tokens_per_s(made[:1], data[:1], rounds)
@@ -111,8 +143,13 @@ def through_api(work: Path, batch_models: bool, clients: int = 8, rounds: int = 
         trainer.wait(timeout=30)
         log.close()
         valkey.stop()
-    return {"batch_models": batch_models, "clients": clients, "rounds": rounds, "one_client_tokens_per_s": one,
-            "clients_tokens_per_s": many}  # fmt: skip
+    return {
+        "batch_models": batch_models,
+        "clients": clients,
+        "rounds": rounds,
+        "one_client_tokens_per_s": one,
+        "clients_tokens_per_s": many,
+    }
 
 
 def run(work: Path, clients: int = 8, rounds: int = 3) -> dict:
@@ -121,10 +158,15 @@ def run(work: Path, clients: int = 8, rounds: int = 3) -> dict:
         return {}
     off = through_api(work / "lanes", False, clients, rounds)
     on = through_api(work / "batched", True, clients, rounds)
-    return {"lanes": off, "batched": on, "torch_threads": 1, "cpus": os.cpu_count(),
-            "batched_vs_lanes": on["clients_tokens_per_s"] / off["clients_tokens_per_s"],
-            "one_client_batched_vs_lanes": on["one_client_tokens_per_s"] / off["one_client_tokens_per_s"],
-            "clients_vs_one_batched": on["clients_tokens_per_s"] / on["one_client_tokens_per_s"]}  # fmt: skip
+    return {
+        "lanes": off,
+        "batched": on,
+        "torch_threads": 1,
+        "cpus": os.cpu_count(),
+        "batched_vs_lanes": on["clients_tokens_per_s"] / off["clients_tokens_per_s"],
+        "one_client_batched_vs_lanes": on["one_client_tokens_per_s"] / off["one_client_tokens_per_s"],
+        "clients_vs_one_batched": on["clients_tokens_per_s"] / on["one_client_tokens_per_s"],
+    }
 
 
 if __name__ == "__main__":

@@ -28,8 +28,13 @@ BAD = MODELS[1]  # its first forward_backward holds a token past the vocabulary
 
 
 def _config(**tinker: object) -> Config:
-    return parse_config({"run": {"name": "grouped"}, "env": {"id": "Pendulum-v1"},
-                         "trainer": {"experience_loop": False, "tinker": {"enabled": True, **tinker}}})  # fmt: skip
+    return parse_config(
+        {
+            "run": {"name": "grouped"},
+            "env": {"id": "Pendulum-v1"},
+            "trainer": {"experience_loop": False, "tinker": {"enabled": True, **tinker}},
+        }
+    )
 
 
 def _forward_backward(model: str, seq: int) -> bytes:
@@ -39,8 +44,12 @@ def _forward_backward(model: str, seq: int) -> bytes:
         tokens = [int(t) for t in rng.integers(0, 256, length + 1)]
         if model == BAD and seq == 1:
             tokens[2] = 300
-        data.append(types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
-                                loss_fn_inputs={"target_tokens": np.array(tokens[1:], np.int64)}))  # fmt: skip
+        data.append(
+            types.Datum(
+                model_input=types.ModelInput.from_ints(tokens[:-1]),
+                loss_fn_inputs={"target_tokens": np.array(tokens[1:], np.int64)},
+            )
+        )
     request = types.ForwardBackwardRequest(
         types.ForwardBackwardInput(data=data, loss_fn="cross_entropy"), model, seq
     )
@@ -52,8 +61,10 @@ def _store(client: redis.Redis, run: str, folder: Path) -> Store:
     store = Store(client, run, folder)
     step = json.dumps({"adam_params": {"learning_rate": 0.05}}).encode()
     for index, model in enumerate(MODELS):
-        store.models.add(model, {"base_model": TINY_LM, "lora": {"rank": 4 if index == 0 else 8, "seed": index},
-                                 "session": "s"})  # fmt: skip
+        store.models.add(
+            model,
+            {"base_model": TINY_LM, "lora": {"rank": 4 if index == 0 else 8, "seed": index}, "session": "s"},
+        )
         store.requests.submit("create_model", b"", model, seq=0)
         for seq in (1, 3):
             store.requests.submit("forward_backward", _forward_backward(model, seq), model, seq=seq)
@@ -62,8 +73,16 @@ def _store(client: redis.Redis, run: str, folder: Path) -> Store:
 
 
 def _adapters(worker: Worker) -> dict[str, torch.Tensor]:
-    return {model: torch.cat([p.detach().flatten() for p in worker.requests.models[model].core.model.parameters()
-                              if p.requires_grad]) for model in MODELS}  # fmt: skip
+    return {
+        model: torch.cat(
+            [
+                p.detach().flatten()
+                for p in worker.requests.models[model].core.model.parameters()
+                if p.requires_grad
+            ]
+        )
+        for model in MODELS
+    }
 
 
 def _losses(store: Store, model: str) -> list[float]:
@@ -117,8 +136,12 @@ def test_a_batched_pass_leaves_every_model_as_its_own_lane_would_and_a_bad_datum
 def test_a_restart_after_a_batched_pass_replays_each_models_accumulation(
     redis_client: redis.Redis, tmp_path: Path, passes: list[int]
 ) -> None:
-    reference = Worker(_store(redis_client, "reference", tmp_path / "reference"), redis_client, _config(),
-                       torch.device("cpu"))  # fmt: skip
+    reference = Worker(
+        _store(redis_client, "reference", tmp_path / "reference"),
+        redis_client,
+        _config(),
+        torch.device("cpu"),
+    )
     while reference.step():
         pass
 
@@ -130,6 +153,11 @@ def test_a_restart_after_a_batched_pass_replays_each_models_accumulation(
     worker.recover()
     while worker.step():
         pass
-    assert passes == [3, 3, 3, 3]  # the reference's two, the first round's before the restart, the second's after
+    assert passes == [
+        3,
+        3,
+        3,
+        3,
+    ]  # the reference's two, the first round's before the restart, the second's after
     for model, adapter in _adapters(worker).items():
         torch.testing.assert_close(adapter, _adapters(reference)[model], atol=1e-5, rtol=1e-4)

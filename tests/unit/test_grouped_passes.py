@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from tests.support.hf_models import model_folder
+from tinker_atropos.trainer.tinker.worker import together
 from tinker_atropos.training.core import AdamParams
 from tinker_atropos.training.data import ClientError, Datum
 from tinker_atropos.training.served import (
@@ -133,11 +134,13 @@ def test_a_request_that_fails_fails_alone_and_a_forward_only_one_gets_no_gradien
     for model in grouped:
         model.core.discard_gradients()
     rewarded = [Datum(d.tokens, {**d.inputs, "advantages": np.ones(len(d.tokens))}) for d in DATA[1]]
-    outcomes = run_losses([
-        LossRun(grouped[0], DATA[0], "cross_entropy", {}, False),
-        LossRun(grouped[1], rewarded, "stable_reinforce", {}, False),  # without the sampler's log-probs
-        LossRun(grouped[2], DATA[2], "cross_entropy", {}, False, check=past_budget),
-    ])  # fmt: skip
+    outcomes = run_losses(
+        [
+            LossRun(grouped[0], DATA[0], "cross_entropy", {}, False),
+            LossRun(grouped[1], rewarded, "stable_reinforce", {}, False),  # without the sampler's log-probs
+            LossRun(grouped[2], DATA[2], "cross_entropy", {}, False, check=past_budget),
+        ]
+    )
     assert isinstance(outcomes[1], ClientError) and "provenance" in str(outcomes[1])
     assert isinstance(outcomes[2], ClientError)
     assert "past its time budget" in str(outcomes[2])
@@ -154,3 +157,27 @@ def test_one_adapters_step_after_a_batched_pass_changes_no_other_models_outputs(
     assert not torch.equal(logits(models[0]), before[0])
     for model, was in zip(models[1:], before[1:], strict=True):
         assert torch.equal(logits(model), was)
+
+
+def test_only_lora_models_of_one_base_and_layout_with_a_forward_backward_next_run_together() -> None:
+    models = {
+        "a": lm(TINY_LM, 4, 1),
+        "b": lm(TINY_LM, 8, 2),  # another rank: the same layout
+        "c": lm(TINY_LM, 4, 3),  # its next request is an optim_step
+        "full": LanguageModel(TINY_LM, {"rank": 0}, CPU),
+        "attention": LanguageModel(TINY_LM, {"rank": 4, "train_mlp": False}, CPU),
+        "attention2": LanguageModel(TINY_LM, {"rank": 4, "train_mlp": False, "seed": 5}, CPU),
+    }
+    jobs = [(name, f"req-{name}", (name, 1)) for name in models] + [("sampler", "req-sample", None)]
+
+    def kinds(request_ids: list[str]) -> list[str | None]:
+        return ["optim_step" if request_id == "req-c" else "forward_backward" for request_id in request_ids]
+
+    runs = together(jobs, models, kinds)
+    assert sorted(sorted(job[0] for job in run) for run in runs) == [
+        ["a", "b"],
+        ["attention", "attention2"],
+        ["c"],
+        ["full"],
+        ["sampler"],
+    ]
