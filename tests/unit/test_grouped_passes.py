@@ -181,3 +181,13 @@ def test_only_lora_models_of_one_base_and_layout_with_a_forward_backward_next_ru
         ["full"],
         ["sampler"],
     ]
+    halves = together(jobs, models, kinds, passes=2)  # a pair split in two: each alone
+    assert sorted(sorted(job[0] for job in run) for run in halves) == [
+        ["a"],
+        ["attention"],
+        ["attention2"],
+        ["b"],
+        ["c"],
+        ["full"],
+        ["sampler"],
+    ]

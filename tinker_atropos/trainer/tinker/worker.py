@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -58,6 +59,10 @@ class Worker:
         # rung by the API as it queues a request or refuses a number (through the store), and by a lane's end
         self.wake = store.requests.arrived
         self.stopping = threading.Event()
+        # batched passes side by side: one on a GPU; on a CPU, where a pass is compute-bound in its intra-op
+        # threads, as many as keep every core busy (one pass in one thread would leave the others idle)
+        cores = len(os.sched_getaffinity(0)) // section.torch_threads
+        self.passes = 1 if device.type == "cuda" else max(1, cores)
         self.checkpoints = Checkpoints(store.files)
         # every model's steps: counts those it undid (the trainer's status reads it)
         self.guard = NonfiniteGuard()
@@ -146,7 +151,7 @@ class Worker:
                 self.sampling.ensure_started()  # from this long-lived thread: see SamplingProcess
             jobs.append((lane, request_id, None))
         if self.config.trainer.tinker.batch_models:
-            runs = together(jobs, self.requests.models, self.store.requests.kinds)
+            runs = together(jobs, self.requests.models, self.store.requests.kinds, self.passes)
         else:
             runs = [[job] for job in jobs]
         for run in runs:
@@ -296,11 +301,14 @@ class Worker:
 
 
 def together(
-    jobs: list[Job], models: dict[str, ServedModel], kinds: Callable[[list[str]], list[str | None]]
+    jobs: list[Job],
+    models: dict[str, ServedModel],
+    kinds: Callable[[list[str]], list[str | None]],
+    passes: int = 1,
 ) -> list[list[Job]]:
     """The jobs as they run, each list in one thread: the next requests of LoRA models of one base and one adapter
-    layout that are all ``forward_backward`` (or forward) run as one batched pass, any other alone. ``kinds``: the
-    kind of each request (the store's)."""
+    layout that are all ``forward_backward`` (or forward) run as batched passes, ``passes`` of them side by side
+    (each of at least two requests), any other alone. ``kinds``: the kind of each request (the store's)."""
     layouts = {}
     for job in jobs:
         model = models.get(job[0]) if job[2] is not None else None
@@ -314,7 +322,9 @@ def together(
     ):
         if kind == "forward_backward":
             groups.setdefault(layout, []).append(job)
-    grouped = [group for group in groups.values() if len(group) > 1]
+    grouped = [
+        group[i::passes] for group in groups.values() for i in range(passes) if len(group[i::passes]) > 1
+    ]
     members = {job for group in grouped for job in group}
     return grouped + [[job] for job in jobs if job not in members]
 
