@@ -3,7 +3,8 @@ Tinker API, beside the same update called in-process on the same model code, for
 (a 512-step PPO minibatch) and the tiny LM (4 x 64 tokens of cross-entropy). The overhead is what the API adds:
 the SDK's serialisation, HTTP, the request and result kept in Redis, the snapshot after each step, the long poll.
 Then the sampler's tokens per second against Hugging Face ``generate`` (``bench/tinker_sampling.py``), and the
-trainer's memory with 1 to 8 LoRA clients of SmolLM2 (``bench/lm_memory.py``).
+trainer's memory with 1 to 8 LoRA clients of SmolLM2 (``bench/lm_memory.py``), and their trained tokens per second
+with the worker's batched passes on and off (``bench/lm_training.py``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from bench import lm_memory, lm_sampling, tinker_sampling
+from bench import lm_memory, lm_sampling, lm_training, tinker_sampling
 from bench.tinker_server import serving
 from tinker_atropos.config import parse_config
 from tinker_atropos.frontends.tinker import base_models
@@ -132,9 +133,10 @@ def run(out: Path, iterations: int = 60, warmup: int = 10) -> dict:
     sampling = tinker_sampling.run()
     memory = lm_memory.through_api(work / "memory") if smollm2.available() else []
     concurrent = lm_sampling.run(work / "concurrent") if smollm2.available() else {}
+    training = lm_training.run(work / "lm-training")
     result = {"iterations": iterations, "machine": os.uname().nodename, "cpus": os.cpu_count(), "rows": rows}
     result.update(torch_threads=torch.get_num_threads(), sampling=sampling, memory=memory)
-    result["concurrent_sampling"] = concurrent
+    result.update(concurrent_sampling=concurrent, lm_training=training)
     (out / "bench-tinker.json").write_text(json.dumps(result, indent=2))
     table = Table(title=f"forward_backward + optim_step round trip (median of {iterations})")
     for column in (
@@ -183,5 +185,16 @@ def run(out: Path, iterations: int = 60, warmup: int = 10) -> dict:
         for row in memory:
             extra = (row["rss_mb"] - one) / (row["clients"] - 1) if row["clients"] > 1 else float("nan")
             table.add_row(str(row["clients"]), f"{row['rss_mb']:,.0f}", f"{extra:.0f}")
+        Console().print(table)
+    if training:  # issue 45: 8 clients batched >= 1.5 x their lanes; one client within the noise
+        table = Table(
+            title="trained tokens/s of rank-8 LoRA clients of SmolLM2, forward_backward (4 x 64 tokens) + "
+            "optim_step through the SDK, batched passes (trainer.tinker.batch_models) on vs off"
+        )
+        for column in ("clients", "lanes tok/s", "batched tok/s", "batched / lanes"):
+            table.add_column(column)
+        off, on = training["lanes"], training["batched"]
+        for label, key in (("1", "one_client_tokens_per_s"), (str(on["clients"]), "clients_tokens_per_s")):
+            table.add_row(label, f"{off[key]:.0f}", f"{on[key]:.0f}", f"{on[key] / off[key]:.2f}")
         Console().print(table)
     return result

@@ -173,8 +173,9 @@ class EnvSection(Section):
         # a name is looked up in the backends' registry, a 'module:Class' imported, where a batch is built
         # (check_env, before anything starts): the backends register themselves, as algorithms do
         if not re.fullmatch(r"[a-z][a-z0-9_]*|[A-Za-z_][\w.]*:[A-Za-z_]\w*", backend):
-            raise ValueError("neither a registered backend's name (such as 'gymnasium', 'mujoco') nor "
-                             "'module:Class'")  # fmt: skip
+            raise ValueError(
+                "neither a registered backend's name (such as 'gymnasium', 'mujoco') nor 'module:Class'"
+            )
         return backend
 
     @field_validator("id")
@@ -344,6 +345,12 @@ class TinkerSection(Section):
         ge=1,
         description="LoRA models of one base model held at once (they share the base's frozen weights, one copy per "
         "base and device, each holding its adapters, their Adam moments and its activations); creating more is refused.",
+    )
+    batch_models: bool = Field(
+        True,
+        description="Run the forward_backward (and forward) requests of LoRA models of one base and one adapter "
+        "layout that are ready together as one batched pass (the base's matmuls shared; each adapter its own "
+        "gradients and optimizer), rather than each model in its own lane. Off: every model runs alone.",
     )
     max_models_mb: float | None = Field(
         None,
@@ -547,8 +554,14 @@ class TrainerSection(Section):
             if name in data and (algorithm is None or name != algorithm.name):
                 section = data.pop(name)
                 if algorithm is not None:
-                    errors.append(_error("other_algorithm", name, f"the section of algorithm {name!r}, but "
-                                         f"trainer.algorithm is {reference!r}", section))  # fmt: skip
+                    errors.append(
+                        _error(
+                            "other_algorithm",
+                            name,
+                            f"the section of algorithm {name!r}, but trainer.algorithm is {reference!r}",
+                            section,
+                        )
+                    )
         if algorithm is not None:
             try:
                 hyperparameters = algorithm.hyperparameters.model_validate(data.pop(algorithm.name, {}))
@@ -586,8 +599,10 @@ def _unserved_base_model(name: str, tinker: TinkerSection) -> list[InitErrorDeta
     served = [TINY_LM, SMOLLM2, *tinker.base_models]
     if name in served:
         return []
-    message = (f"{name!r} is no model this trainer serves; one of {', '.join(served)} (a local model folder: name "
-               "it in trainer.tinker.base_models)")  # fmt: skip
+    message = (
+        f"{name!r} is no model this trainer serves; one of {', '.join(served)} (a local model folder: name "
+        "it in trainer.tinker.base_models)"
+    )
     return [_error("unserved_model", "", message, name) | {"loc": ("atropos", "base_model")}]
 
 
@@ -661,8 +676,10 @@ class AtroposSection(Section):
                     "atropos_config",
                 }
                 if unknown:
-                    raise ValueError(f"unknown placeholder(s) {sorted(unknown)} in {arg!r}; allowed: {{python}}, "
-                                     "{api_url}, {inference_url}, {atropos_config}")  # fmt: skip
+                    raise ValueError(
+                        f"unknown placeholder(s) {sorted(unknown)} in {arg!r}; allowed: {{python}}, "
+                        "{api_url}, {inference_url}, {atropos_config}"
+                    )
         return commands
 
 
@@ -693,11 +710,15 @@ class Config(Section):
                 f"trainer.tinker and atropos both bind {atropos.host}:{atropos.port}: give one another port"
             )
         if not (self.trainer.experience_loop or self.trainer.tinker.enabled or self.trainer.atropos.enabled):
-            raise ValueError("trainer.experience_loop, trainer.tinker.enabled and trainer.atropos.enabled are all "
-                             "false: the trainer would learn from nothing; enable one of them")  # fmt: skip
+            raise ValueError(
+                "trainer.experience_loop, trainer.tinker.enabled and trainer.atropos.enabled are all "
+                "false: the trainer would learn from nothing; enable one of them"
+            )
         if self.trainer.experience_loop and self.trainer.atropos.enabled:
-            raise ValueError("trainer.atropos.enabled learns a language model from an Atropos API, "
-                             "trainer.experience_loop a policy from the env services: set experience_loop false")  # fmt: skip
+            raise ValueError(
+                "trainer.atropos.enabled learns a language model from an Atropos API, "
+                "trainer.experience_loop a policy from the env services: set experience_loop false"
+            )
         if self.trainer.wandb.enabled and not self.trainer.tensorboard:
             raise ValueError("trainer.wandb.enabled needs trainer.tensorboard: W&B mirrors its event files")
         return self
@@ -794,8 +815,9 @@ def apply_settings(data: dict[str, Any], settings: Sequence[str]) -> None:
         key, equals, text = setting.partition("=")
         path = key.strip().split(".")
         if not equals or not all(path):
-            raise ConfigError(f"--set {setting!r}: expected KEY=VALUE, KEY a dotted path such as "
-                              "trainer.ppo.learning_rate")  # fmt: skip
+            raise ConfigError(
+                f"--set {setting!r}: expected KEY=VALUE, KEY a dotted path such as trainer.ppo.learning_rate"
+            )
         try:
             value = yaml.safe_load(text)
         except yaml.YAMLError as error:
@@ -806,8 +828,10 @@ def apply_settings(data: dict[str, Any], settings: Sequence[str]) -> None:
                 section[name] = {}
             section = section[name]
             if not isinstance(section, dict):
-                raise ConfigError(f"--set {setting!r}: {'.'.join(path[: depth + 1])} is a value, not a section "
-                                  f"(it holds {_GOT.repr(section)})")  # fmt: skip
+                raise ConfigError(
+                    f"--set {setting!r}: {'.'.join(path[: depth + 1])} is a value, not a section "
+                    f"(it holds {_GOT.repr(section)})"
+                )
         section[path[-1]] = value
 
 

@@ -37,20 +37,25 @@ class LoRALinear(nn.Module):
 
     def update(self, x: torch.Tensor) -> torch.Tensor:
         """``scale * x A^T B^T``, in the adapter's float32 whatever the base's dtype, returned in ``x``'s."""
-        return (self.scale * (x.to(self.lora_a.dtype) @ self.lora_a.T @ self.lora_b.T)).to(x.dtype)
+        # scaled at rank width: a pass over the output (an unembedding's: the vocabulary's width) saved
+        return ((self.scale * (x.to(self.lora_a.dtype) @ self.lora_a.T)) @ self.lora_b.T).to(x.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         segments = _ROWS.get()
         if segments is None:
             return self.base(x) + self.update(x) if self.scale else self.base(x)
         y = self.base(x)
-        start = 0
-        for count, adapter in segments:
+        # each segment's rows plus its update, joined. Split, not sliced: the backward of each slice would write a
+        # zero gradient of the whole output (and an in-place add into the rows would copy it, CopySlices) per segment
+        counts = [count for count, _ in segments]
+        parts, updated = [], False
+        for rows, inputs, (_, adapter) in zip(y.split(counts), x.split(counts), segments, strict=True):
             layer = adapter.get(self.path) if adapter is not None else None
             if layer is not None and layer.scale:
-                y[start : start + count] += layer.update(x[start : start + count])
-            start += count
-        return y
+                rows = rows + layer.update(inputs)
+                updated = True
+            parts.append(rows)
+        return torch.cat(parts) if updated else y
 
 
 Adapter = Mapping[str, LoRALinear]  # a model's LoRA layers by module path

@@ -46,14 +46,21 @@ class EmbeddedValkey:
         self._args = [
             str(get_binary_path()),
             str(config_path),
-            "--port", str(self.port),
-            "--bind", host,
-            "--dir", str(data_dir),
-            "--save", "",
-            "--appendonly", "yes" if append_only else "no",
-            "--protected-mode", "no",
-            "--loglevel", "warning",
-        ]  # fmt: skip
+            "--port",
+            str(self.port),
+            "--bind",
+            host,
+            "--dir",
+            str(data_dir),
+            "--save",
+            "",
+            "--appendonly",
+            "yes" if append_only else "no",
+            "--protected-mode",
+            "no",
+            "--loglevel",
+            "warning",
+        ]
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the server
         self.process = self._spawn()
         self._wait_ready()

@@ -74,8 +74,10 @@ def language_model(config: Config, device: torch.device) -> LanguageModel:
             tinker.model_copy(update={"base_models": {name: tinker.base_models[name]}}), device
         )
     elif name == smollm2.NAME and not smollm2.available():
-        raise FatalError(f"trainer.atropos.base_model: {name} is not installed on this trainer (see docs/tinker.md, "
-                         "The Tinker API: Models)")  # fmt: skip
+        raise FatalError(
+            f"trainer.atropos.base_model: {name} is not installed on this trainer (see docs/tinker.md, "
+            "The Tinker API: Models)"
+        )
     try:
         return LanguageModel(name, {"rank": section.lora_rank}, device)
     except hf_lm.FolderError as error:  # its folder changed since the check
@@ -95,21 +97,36 @@ class AtroposLoop:
         self.figures: dict[str, float] = {}
         self.busy = BusyMeter()
         self.guard = NonfiniteGuard()  # counts the steps it undid: ``updates_discarded_nonfinite``
-        self.counters = {"sequences_trained": 0, "groups_skipped_equal": 0, "groups_invalid": 0,
-                         "batches_malformed": 0}  # fmt: skip
+        self.counters = {
+            "sequences_trained": 0,
+            "groups_skipped_equal": 0,
+            "groups_invalid": 0,
+            "batches_malformed": 0,
+        }
         core = self.model.core
         # a LoRA model's frozen base: the sampler's copies hold its tensors, a step copies the adapters only
         shared = [t for t in shared_tensors(core.model) if core.is_shared(t)]
         batching = config.trainer.tinker  # its running batch's bounds: the same as the Tinker API's sampling
-        self.sampler = Sampler(core.model, core.version, served_tokens(self.model), shared,
-                               batching.kv_cache_tokens, batching.prefill_chunk_tokens)  # fmt: skip
-        keys = endpoint_keys("inference", self.section.inference_api_keys_file,
-                             "trainer.atropos.inference_api_keys_file", "inference endpoint")  # fmt: skip
+        self.sampler = Sampler(
+            core.model,
+            core.version,
+            served_tokens(self.model),
+            shared,
+            batching.kv_cache_tokens,
+            batching.prefill_chunk_tokens,
+        )
+        keys = endpoint_keys(
+            "inference",
+            self.section.inference_api_keys_file,
+            "trainer.atropos.inference_api_keys_file",
+            "inference endpoint",
+        )
         app = build_app(
             self.sampler, self.model.base_model, keys, int(self.section.inference_max_request_mb * 2**20)
         )
-        self.inference = BackgroundServer(app, self.section.inference_host, self.section.inference_port,
-                                          "inference endpoint")  # fmt: skip
+        self.inference = BackgroundServer(
+            app, self.section.inference_host, self.section.inference_port, "inference endpoint"
+        )
         self.api_url = ""
         self.api_key = endpoint_key("atropos-api", config.atropos.api_keys_file)  # None: an API without keys
 
@@ -117,31 +134,45 @@ class AtroposLoop:
     def save(self) -> Checkpoint:
         """{"core": the model's state, "step", "counters"}, as ``state.pt`` held it, and the base model's name."""
         with self.lock:
-            state = {"core": self.model.core.state_dict(), "step": self.step, "counters": self.counters,
-                     "base_model": self.model.base_model}  # fmt: skip
+            state = {
+                "core": self.model.core.state_dict(),
+                "step": self.step,
+                "counters": self.counters,
+                "base_model": self.model.base_model,
+            }
             return Checkpoint(self.model.core.version, snapshot(state))
 
     def restore(self, state: dict[str, Any], source: Path) -> None:
         """A checkpoint back; FatalError, one line, for one of another base model (those before it: the tiny LM's)."""
         if (held := state.get("base_model", TINY_LM)) != self.model.base_model:
-            raise FatalError(f"{source} holds a {held} model, trainer.atropos.base_model is {self.model.base_model}: "
-                             "name the model it trained, or start a new run folder")  # fmt: skip
+            raise FatalError(
+                f"{source} holds a {held} model, trainer.atropos.base_model is {self.model.base_model}: "
+                "name the model it trained, or start a new run folder"
+            )
         with self.lock:
             core = self.model.core
             core.load_state_dict(state["core"])
             self.step = self._first_step = state["step"]
             self.counters |= state["counters"]
             self.sampler.update(core.model, core.version)
-        log.info("resumed the Atropos trainer from %s at step %d (policy version %d)", source, self.step,
-                 core.version)  # fmt: skip
+        log.info(
+            "resumed the Atropos trainer from %s at step %d (policy version %d)",
+            source,
+            self.step,
+            core.version,
+        )
 
     def progress(self) -> int:
         return self.step - self._first_step
 
     def status(self) -> services_pb2.TrainerStatus:
-        return services_pb2.TrainerStatus(policy_version=self.model.core.version,
-                                          updates=self.step, losses=self.figures, busy_fraction=self.busy.fraction(),
-                                          updates_discarded_nonfinite=self.guard.undone)  # fmt: skip
+        return services_pb2.TrainerStatus(
+            policy_version=self.model.core.version,
+            updates=self.step,
+            losses=self.figures,
+            busy_fraction=self.busy.fraction(),
+            updates_discarded_nonfinite=self.guard.undone,
+        )
 
     # the loop ---------------------------------------------------------------------------------------------
     def _find_api(self, stop: threading.Event) -> str | None:
@@ -156,10 +187,16 @@ class AtroposLoop:
         return None
 
     def _register(self, http: httpx.Client, stop: threading.Event) -> bool:
-        body = {"wandb_group": self.run_name, "wandb_project": "tinker-atropos", "batch_size": self.section.batch_size,
-                "max_token_len": self.section.max_token_len, "checkpoint_dir": str(self.folder),
-                "save_checkpoint_interval": self.checkpoint_every, "starting_step": self.step,
-                "num_steps": self.section.num_steps}  # fmt: skip
+        body = {
+            "wandb_group": self.run_name,
+            "wandb_project": "tinker-atropos",
+            "batch_size": self.section.batch_size,
+            "max_token_len": self.section.max_token_len,
+            "checkpoint_dir": str(self.folder),
+            "save_checkpoint_interval": self.checkpoint_every,
+            "starting_step": self.step,
+            "num_steps": self.section.num_steps,
+        }
         while not stop.is_set():
             try:
                 http.post("/register", json=body).raise_for_status()
@@ -240,9 +277,11 @@ class AtroposLoop:
         self.step += 1
         if stood:
             self.counters["sequences_trained"] += len(datums.data)
-        self.figures |= {"score_mean": float(np.mean(datums.scores)) if datums.scores else 0.0,
-                         "step_seconds": time.monotonic() - started,
-                         **{k: float(v) for k, v in self.counters.items()}}  # fmt: skip
+        self.figures |= {
+            "score_mean": float(np.mean(datums.scores)) if datums.scores else 0.0,
+            "step_seconds": time.monotonic() - started,
+            **{k: float(v) for k, v in self.counters.items()},
+        }
         self._record_episodes(datums.episodes)
         self.busy.record(started, time.monotonic())
 

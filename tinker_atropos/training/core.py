@@ -45,8 +45,13 @@ class TrainingCore:
     device): never trained, never copied by ``snapshot``, never written by a restore or a ``load_state_dict``, and
     left out of ``state_dict``."""
 
-    def __init__(self, model: nn.Module, spec: dict[str, Any], device: torch.device,
-                 shared: Iterable[torch.Tensor] = ()) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model: nn.Module,
+        spec: dict[str, Any],
+        device: torch.device,
+        shared: Iterable[torch.Tensor] = (),
+    ) -> None:
         self.model, self.spec, self.device = model.to(device), spec, device
         self._shared = {id(t) for t in shared}
         self.version = 0
@@ -70,8 +75,12 @@ class TrainingCore:
             norm = nn.utils.clip_grad_norm_(self.model.parameters(), adam.grad_clip_norm, foreach=True)
             metrics["grad_norm"] = float(norm)
         for group in self.optimizer.param_groups:
-            group.update(lr=adam.learning_rate, betas=(adam.beta1, adam.beta2), eps=adam.eps,
-                         weight_decay=adam.weight_decay)  # fmt: skip
+            group.update(
+                lr=adam.learning_rate,
+                betas=(adam.beta1, adam.beta2),
+                eps=adam.eps,
+                weight_decay=adam.weight_decay,
+            )
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return metrics
@@ -131,8 +140,10 @@ class TrainingCore:
 
     def shared_names(self) -> set[str]:
         """The names, in the model's state dict, of the tensors it shares with other models."""
-        named = [*self.model.named_parameters(remove_duplicate=False),
-                 *self.model.named_buffers(remove_duplicate=False)]  # fmt: skip
+        named = [
+            *self.model.named_parameters(remove_duplicate=False),
+            *self.model.named_buffers(remove_duplicate=False),
+        ]
         return {name for name, t in named if id(t) in self._shared}
 
     def model_state(self) -> dict[str, torch.Tensor]:
@@ -154,8 +165,10 @@ class TrainingCore:
         expected = set(self.model.state_dict()) - shared
         missing, unexpected = expected - set(own), set(own) - expected
         if missing or unexpected:
-            raise ValueError(f"the state does not fit the model (missing {sorted(missing)[:3]}, unexpected "
-                             f"{sorted(unexpected)[:3]})")  # fmt: skip
+            raise ValueError(
+                f"the state does not fit the model (missing {sorted(missing)[:3]}, unexpected "
+                f"{sorted(unexpected)[:3]})"
+            )
         self.model.load_state_dict(own, strict=False)
 
     def weights(self) -> bytes:

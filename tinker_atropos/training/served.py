@@ -126,8 +126,14 @@ class PolicyModel(ServedModel):
             actions = Input(integers=(low, low + model.spec["action"]["n"]), required=True)
         else:
             actions = Input(tuple(model.spec["action"]["shape"]), required=True)
-        self.schema = Schema({"observations": Input(tuple(model.spec["obs_shape"]), required=True),
-                                     "actions": actions, "returns": Input(), **_LOSS_INPUTS})  # fmt: skip
+        self.schema = Schema(
+            {
+                "observations": Input(tuple(model.spec["obs_shape"]), required=True),
+                "actions": actions,
+                "returns": Input(),
+                **_LOSS_INPUTS,
+            }
+        )
 
     def model_state(self) -> dict[str, torch.Tensor]:
         return self.core.model.state_dict()
@@ -175,11 +181,12 @@ class Tokenizer(Protocol):
 # the causal LMs served: how each base is loaded (a fresh model or the process's one frozen copy: never trained in
 # place, ``shared_base`` copies what trains), where LoRA goes in it, and its tokenizer (what a client encodes with:
 # stop strings are matched on the text it decodes)
-LANGUAGE_MODELS: dict[str, tuple[Callable[[], nn.Module], Callable[..., list[tuple[nn.Module, str]]],
-                                 Callable[[], Tokenizer]]] = {
+LANGUAGE_MODELS: dict[
+    str, tuple[Callable[[], nn.Module], Callable[..., list[tuple[nn.Module, str]]], Callable[[], Tokenizer]]
+] = {
     TINY_LM: (_tiny_lm, tiny_lm.lora_targets, tiny_lm.ByteTokenizer),
     smollm2.NAME: (smollm2.load, smollm2.lora_targets, smollm2.tokenizer),
-}  # fmt: skip
+}
 _SHARED: dict[tuple[str, str], nn.Module] = {}  # (base model, device) -> its frozen weights, one copy
 _SHARING = threading.Lock()
 
@@ -188,8 +195,11 @@ def register_folder(name: str, path: str, dtype: torch.dtype) -> hf_lm.Folder:
     """Serve the causal LM of a local Hugging Face folder as ``name`` (``trainer.tinker.base_models``), its weights
     read at its first model; what ``hf_lm.check`` found of it (FolderError, one line, when it cannot be served)."""
     folder = hf_lm.check(path)
-    LANGUAGE_MODELS[name] = (functools.partial(hf_lm.load, folder.path, dtype), hf_lm.lora_targets,
-                             functools.partial(hf_lm.tokenizer, folder.path))  # fmt: skip
+    LANGUAGE_MODELS[name] = (
+        functools.partial(hf_lm.load, folder.path, dtype),
+        hf_lm.lora_targets,
+        functools.partial(hf_lm.tokenizer, folder.path),
+    )
     return folder
 
 
@@ -255,11 +265,18 @@ class LanguageModel(ServedModel):
         rank = int(config.get("rank", 0))
         model = own_copy(base, share=rank > 0)
         if rank > 0:
-            chosen = targets(model, config.get("train_attn", True), config.get("train_mlp", True),
-                             config.get("train_unembed", True))  # fmt: skip
+            chosen = targets(
+                model,
+                config.get("train_attn", True),
+                config.get("train_mlp", True),
+                config.get("train_unembed", True),
+            )
             if not chosen:
                 raise ClientError("LoRA needs at least one target: attention, MLP or unembedding")
             lora.wrap(model, chosen, rank, seed=config.get("seed"))
+        # its LoRA layers by module path: what ``run_losses`` hands ``lora.rows`` to run its rows in another
+        # model's pass, and which models can share one (the same paths)
+        self.adapter = lora.adapter(model)
         shared = shared_tensors(base) if rank > 0 else []
         self.core = TrainingCore(model, {"model": base_model, "lora": config}, device, shared=shared)
         limits = model.config  # max_seq_len, vocab_size
@@ -284,12 +301,15 @@ class LanguageModel(ServedModel):
             raise ClientError(f"the checkpoint does not fit this {self.base_model}: {error}") from None
 
     def forward(self, data: list[Datum], config: dict[str, float | str]) -> Forward:
-        device = self.core.device
-        inputs = [torch.as_tensor(d.tokens, device=device) for d in data]
-        targets = [_tensor(d, "target_tokens", torch.int64).to(device) for d in data]
-        logprobs = tiny_lm.batch_target_logprobs(self.core.model, inputs, targets)
-        outputs = [{"logprobs": lp.detach().cpu().numpy()} for lp in logprobs]
-        return Forward(logprobs, None, outputs)
+        logprobs = _target_logprobs(self.core.model, data, self.core.device)
+        return Forward(logprobs, None, [{"logprobs": lp.detach().cpu().numpy()} for lp in logprobs])
+
+
+def _target_logprobs(model: nn.Module, data: list[Datum], device: torch.device) -> list[torch.Tensor]:
+    """Each datum's target log-probabilities, all the data in one padded batch through ``model``."""
+    inputs = [torch.as_tensor(d.tokens, device=device) for d in data]
+    targets = [_tensor(d, "target_tokens", torch.int64).to(device) for d in data]
+    return tiny_lm.batch_target_logprobs(model, inputs, targets)
 
 
 def owned_bytes(model: ServedModel) -> int:
@@ -298,9 +318,14 @@ def owned_bytes(model: ServedModel) -> int:
     return 4 * sum(p.nbytes for p in model.core.model.parameters() if not model.core.is_shared(p))
 
 
-def run_loss(model: ServedModel, data: list[Datum], loss_name: str, config: dict[str, float | str],
-             forward_only: bool, check: Callable[[], None] | None = None,
-             ) -> tuple[list[dict[str, np.ndarray]], dict[str, float]]:  # fmt: skip
+def run_loss(
+    model: ServedModel,
+    data: list[Datum],
+    loss_name: str,
+    config: dict[str, float | str],
+    forward_only: bool,
+    check: Callable[[], None] | None = None,
+) -> tuple[list[dict[str, np.ndarray]], dict[str, float]]:
     """Tinker's ``forward`` / ``forward_backward`` on a model: the loss summed over the data (its gradients added
     to the parameters' unless ``forward_only``), each datum's outputs and the loss metric. The data are checked
     against the model's schema first (DatumError, LossError); ``check`` runs between the forward and the backward
@@ -311,8 +336,10 @@ def run_loss(model: ServedModel, data: list[Datum], loss_name: str, config: dict
 
     def loss(_: nn.Module) -> tuple[torch.Tensor, dict[str, float]]:
         forward = model.forward(data, config)
-        total = sum(compute(lp, {k: v.to(lp.device) for k, v in inputs.items()}, config)
-                    for lp, inputs in zip(forward.logprobs, loss_inputs(data), strict=True))  # fmt: skip
+        total = sum(
+            compute(lp, {k: v.to(lp.device) for k, v in inputs.items()}, config)
+            for lp, inputs in zip(forward.logprobs, loss_inputs(data), strict=True)
+        )
         if forward.extra_loss is not None:
             total = total + forward.extra_loss
         if check is not None:
@@ -326,3 +353,72 @@ def run_loss(model: ServedModel, data: list[Datum], loss_name: str, config: dict
     else:
         metrics = model.core.forward_backward(loss)
     return outputs, metrics
+
+
+@dataclass(frozen=True)
+class LossRun:
+    """One request of ``run_losses``: ``run_loss``'s arguments."""
+
+    model: LanguageModel
+    data: list[Datum]
+    loss_name: str
+    config: dict[str, float | str]
+    forward_only: bool
+    check: Callable[[], None] | None = None
+
+
+Outcome = tuple[list[dict[str, np.ndarray]], dict[str, float]]
+
+
+def run_losses(runs: Sequence[LossRun]) -> list[Outcome | ClientError]:
+    """``run_loss`` of several LoRA models of one base and one adapter layout (``LanguageModel.adapter``'s paths)
+    in one batched forward pass (``lora.rows``: the base's matmuls shared) and one backward pass: each model's loss
+    depends on its own adapter only, so the backward of their sum adds to each adapter's ``.grad`` exactly what its
+    own ``run_loss`` would (within float rounding). Per run, its outcome, or the ClientError it alone failed with
+    (its model untouched): data the model cannot read, a loss it cannot compute, what its ``check`` raised."""
+    outcomes: list[Outcome | ClientError | None] = [None] * len(runs)
+    ready: list[int] = []
+    for index, run in enumerate(runs):
+        try:
+            check_data(run.model.schema, run.data, inputs_of(run.loss_name))
+            ready.append(index)
+        except ClientError as error:
+            outcomes[index] = error
+    training = any(not runs[i].forward_only for i in ready)
+    losses: list[torch.Tensor] = []
+    trained: list[torch.Tensor] = []
+    with torch.set_grad_enabled(training):
+        logprobs = _logprobs_together([runs[i] for i in ready]) if ready else []
+        for index, found in zip(ready, logprobs, strict=True):
+            run = runs[index]
+            try:
+                compute = loss_fn(run.loss_name)
+                total = sum(
+                    compute(lp, {k: v.to(lp.device) for k, v in inputs.items()}, run.config)
+                    for lp, inputs in zip(found, loss_inputs(run.data), strict=True)
+                )
+                if run.check is not None:
+                    run.check()
+            except ClientError as error:
+                outcomes[index] = error
+                continue
+            outputs = [{"logprobs": lp.detach().cpu().numpy()} for lp in found]
+            outcomes[index] = (outputs, {"loss:sum": float(total.detach())})
+            if not run.forward_only:
+                losses.append(total)
+                trained += [p for p in run.model.core.model.parameters() if p.requires_grad]
+    if losses:
+        # into these only: the other runs' adapters (forward-only, failed) are in the graph too, and a zero .grad
+        # would make their next optim_step move them where no gradient (None) leaves them be
+        torch.stack(losses).sum().backward(inputs=trained)
+    return outcomes  # type: ignore[return-value]  # every run has its outcome by now
+
+
+def _logprobs_together(runs: Sequence[LossRun]) -> list[list[torch.Tensor]]:
+    """Per run, its data's target log-probabilities, every run's rows in one batch through the first model's tree
+    (any model of the layout has a LoRA layer at every path), each row's update from its own model's adapter."""
+    model = runs[0].model.core
+    with lora.rows([(len(run.data), run.model.adapter) for run in runs]):
+        logprobs = _target_logprobs(model.model, [d for run in runs for d in run.data], model.device)
+    counts = np.cumsum([0] + [len(run.data) for run in runs])
+    return [logprobs[start:end] for start, end in zip(counts[:-1], counts[1:], strict=True)]

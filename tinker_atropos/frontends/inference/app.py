@@ -93,29 +93,51 @@ class Endpoint:
         tokens, a long text would take sixteen times its size."""
         fewest = self.sampler.tokenizer.fewest_tokens(text)
         if fewest > self.sampler.max_seq_len:
-            raise HTTPException(400, f"the prompt has at least {fewest} tokens; the context is "
-                                     f"{self.sampler.max_seq_len}")  # fmt: skip
+            raise HTTPException(
+                400, f"the prompt has at least {fewest} tokens; the context is {self.sampler.max_seq_len}"
+            )
         return self.sampler.tokenizer.encode(text)
 
-    def generate(self, prompt: list[int], request: _Sampling, max_tokens: int, stop_ids: list[int] = ()) -> list[Completion]:  # fmt: skip
+    def generate(
+        self, prompt: list[int], request: _Sampling, max_tokens: int, stop_ids: list[int] = ()
+    ) -> list[Completion]:
         tokenizer = self.sampler.tokenizer
         if not prompt:
             raise HTTPException(400, "the prompt is empty")
         if min(prompt) < 0 or max(prompt) >= tokenizer.vocab_size:
             raise HTTPException(400, f"prompt tokens must lie in [0, {tokenizer.vocab_size})")
         try:
-            return self.sampler.generate(prompt, n=request.n, max_tokens=max_tokens, temperature=request.temperature,
-                                         top_p=request.top_p, top_k=request.top_k, stop_tokens=stop_ids,
-                                         stop_strings=_stops(request.stop), seed=request.seed)  # fmt: skip
+            return self.sampler.generate(
+                prompt,
+                n=request.n,
+                max_tokens=max_tokens,
+                temperature=request.temperature,
+                top_p=request.top_p,
+                top_k=request.top_k,
+                stop_tokens=stop_ids,
+                stop_strings=_stops(request.stop),
+                seed=request.seed,
+            )
         except ValueError as error:
             raise HTTPException(400, str(error)) from None
 
-    def envelope(self, kind: str, choices: list[dict[str, Any]], prompt: list[int], done: list[Completion]) -> dict[str, Any]:  # fmt: skip
+    def envelope(
+        self, kind: str, choices: list[dict[str, Any]], prompt: list[int], done: list[Completion]
+    ) -> dict[str, Any]:
         generated = sum(len(c.tokens) for c in done)
-        return {"id": f"{kind}-{uuid.uuid4().hex[:24]}", "object": kind, "created": int(time.time()),
-                "model": self.model_name, "choices": choices, "policy_version": done[0].policy_version,
-                "usage": {"prompt_tokens": len(prompt), "completion_tokens": generated,
-                          "total_tokens": len(prompt) + generated}}  # fmt: skip
+        return {
+            "id": f"{kind}-{uuid.uuid4().hex[:24]}",
+            "object": kind,
+            "created": int(time.time()),
+            "model": self.model_name,
+            "choices": choices,
+            "policy_version": done[0].policy_version,
+            "usage": {
+                "prompt_tokens": len(prompt),
+                "completion_tokens": generated,
+                "total_tokens": len(prompt) + generated,
+            },
+        }
 
 
 async def _endpoint(request: Request) -> Endpoint:  # async: read on the event loop, not in the thread pool
@@ -135,9 +157,18 @@ def health(endpoint: Shared) -> dict[str, Any]:
 
 @status_routes.get("/v1/models")
 def models(endpoint: Shared) -> dict[str, Any]:
-    return {"object": "list", "data": [{"id": endpoint.model_name, "object": "model", "owned_by": "tinker-atropos",
-                                        "max_model_len": endpoint.sampler.max_seq_len,
-                                        "policy_version": endpoint.sampler.version}]}  # fmt: skip
+    return {
+        "object": "list",
+        "data": [
+            {
+                "id": endpoint.model_name,
+                "object": "model",
+                "owned_by": "tinker-atropos",
+                "max_model_len": endpoint.sampler.max_seq_len,
+                "policy_version": endpoint.sampler.version,
+            }
+        ],
+    }
 
 
 # OpenAI's completions ----------------------------------------------------------------------------------------
@@ -157,10 +188,21 @@ def completions(
         if request.logprobs is not None:
             texts = [tokenizer.decode([t]) for t in c.tokens]
             offsets = [sum(len(t) for t in texts[:k]) for k in range(len(texts))]
-            logprobs = {"tokens": texts, "token_logprobs": c.logprobs, "top_logprobs": None,
-                        "text_offset": offsets, "token_ids": c.tokens}  # fmt: skip
-        choices.append({"index": i, "text": tokenizer.decode(c.tokens), "logprobs": logprobs,
-                        "finish_reason": c.finish_reason})  # fmt: skip
+            logprobs = {
+                "tokens": texts,
+                "token_logprobs": c.logprobs,
+                "top_logprobs": None,
+                "text_offset": offsets,
+                "token_ids": c.tokens,
+            }
+        choices.append(
+            {
+                "index": i,
+                "text": tokenizer.decode(c.tokens),
+                "logprobs": logprobs,
+                "finish_reason": c.finish_reason,
+            }
+        )
     return endpoint.envelope("text_completion", choices, prompt, done)
 
 
@@ -183,10 +225,25 @@ def chat_completions(
     for i, c in enumerate(done):
         logprobs = None
         if request.logprobs:
-            logprobs = {"content": [{"token": tokenizer.decode([t]), "logprob": lp, "bytes": tokenizer.token_bytes(t),
-                                     "top_logprobs": []} for t, lp in zip(c.tokens, c.logprobs, strict=True)]}  # fmt: skip
-        choices.append({"index": i, "message": {"role": "assistant", "content": tokenizer.decode(c.tokens)},
-                        "logprobs": logprobs, "finish_reason": c.finish_reason})  # fmt: skip
+            logprobs = {
+                "content": [
+                    {
+                        "token": tokenizer.decode([t]),
+                        "logprob": lp,
+                        "bytes": tokenizer.token_bytes(t),
+                        "top_logprobs": [],
+                    }
+                    for t, lp in zip(c.tokens, c.logprobs, strict=True)
+                ]
+            }
+        choices.append(
+            {
+                "index": i,
+                "message": {"role": "assistant", "content": tokenizer.decode(c.tokens)},
+                "logprobs": logprobs,
+                "finish_reason": c.finish_reason,
+            }
+        )
     return endpoint.envelope("chat.completion", choices, prompt, done)
 
 
@@ -202,16 +259,26 @@ def sglang_generate(request: Annotated[GenerateRequest, json_body(GenerateReques
         raise HTTPException(400, "give input_ids or text")
     prompt = request.input_ids if request.input_ids is not None else endpoint.encode(request.text)
     try:
-        sampling = _Sampling(max_tokens=params.get("max_new_tokens", 128), temperature=params.get("temperature", 1.0),
-                             top_p=params.get("top_p", 1.0), top_k=params.get("top_k", -1), n=params.get("n", 1),
-                             stop=params.get("stop"), seed=params.get("seed"))  # fmt: skip
+        sampling = _Sampling(
+            max_tokens=params.get("max_new_tokens", 128),
+            temperature=params.get("temperature", 1.0),
+            top_p=params.get("top_p", 1.0),
+            top_k=params.get("top_k", -1),
+            n=params.get("n", 1),
+            stop=params.get("stop"),
+            seed=params.get("seed"),
+        )
     except ValueError as error:
         raise HTTPException(400, f"sampling_params: {error}") from None
     done = endpoint.generate(prompt, sampling, sampling.max_tokens, list(params.get("stop_token_ids") or []))
     answers = []
     for c in done:
-        meta = {"prompt_tokens": len(prompt), "completion_tokens": len(c.tokens),
-                "finish_reason": {"type": c.finish_reason}, "policy_version": c.policy_version}  # fmt: skip
+        meta = {
+            "prompt_tokens": len(prompt),
+            "completion_tokens": len(c.tokens),
+            "finish_reason": {"type": c.finish_reason},
+            "policy_version": c.policy_version,
+        }
         if request.return_logprob:
             meta["output_token_logprobs"] = [
                 [lp, t, None] for t, lp in zip(c.tokens, c.logprobs, strict=True)

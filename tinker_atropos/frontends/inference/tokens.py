@@ -80,8 +80,9 @@ class HFTokens:
 
         template = None if self.hf.chat_template else tiny_lm.CHAT_TEMPLATE
         try:
-            text = self.hf.apply_chat_template(list(messages), chat_template=template, tokenize=False,
-                                               add_generation_prompt=True)  # fmt: skip
+            text = self.hf.apply_chat_template(
+                list(messages), chat_template=template, tokenize=False, add_generation_prompt=True
+            )
         except TemplateError as error:  # a template's own refusal (Gemma's of a system turn)
             raise ValueError(f"the model's chat template refuses the conversation: {error}") from None
         return list(self.hf.encode(text, add_special_tokens=False))  # the template wrote the special tokens

@@ -17,7 +17,7 @@ from typing import Any
 import redis
 import torch
 
-from tinker_atropos.config import Config
+from tinker_atropos.config import Config, TinkerSection
 from tinker_atropos.frontends.tinker import base_models, wire
 from tinker_atropos.frontends.tinker.stability import Record
 from tinker_atropos.frontends.tinker.store import Store
@@ -31,11 +31,13 @@ from tinker_atropos.training.guard import NonfiniteGuard
 from tinker_atropos.training.served import (
     LANGUAGE_MODELS,
     LanguageModel,
+    LossRun,
     PolicyModel,
     ServedModel,
     checkpoint,
     owned_bytes,
     run_loss,
+    run_losses,
     shared_bytes,
 )
 
@@ -51,12 +53,54 @@ def json_body(**fields: Any) -> bytes:
     return json.dumps(fields).encode()
 
 
+def admit(record: dict[str, Any], models: dict[str, ServedModel], settings: TinkerSection) -> None:
+    """WireError when a model of ``record`` beside ``models`` would pass their number (``max_models``) or its
+    base's LoRA adapters (``max_adapters_per_base``): checked before it is built."""
+    if len(models) >= settings.max_models:
+        raise wire.WireError(
+            f"{len(models)} models are loaded, the most this server holds "
+            "(trainer.tinker.max_models); finish a session or unload a model"
+        )
+    base = record.get("base_model")
+    if int((record.get("lora") or {}).get("rank") or 0) > 0:
+        adapters = sum(
+            isinstance(m, LanguageModel) and m.lora and m.base_model == base for m in models.values()
+        )
+        if adapters >= settings.max_adapters_per_base:
+            raise wire.WireError(
+                f"{adapters} LoRA models of {base} are loaded, the most this server holds of one base "
+                "(trainer.tinker.max_adapters_per_base); finish a session or unload a model"
+            )
+
+
+def fits(model: ServedModel, models: dict[str, ServedModel], limit: float | None) -> None:
+    """WireError when ``model`` (built, not yet held) takes ``models`` past ``limit`` MB
+    (``trainer.tinker.max_models_mb``)."""
+    if limit is None:
+        return
+    total = (shared_bytes() + sum(owned_bytes(m) for m in models.values()) + owned_bytes(model)) / 1e6
+    if total > limit:
+        raise wire.WireError(
+            f"a {model.base_model} model would take the models to {total:,.0f} MB, past the {limit:,.0f} MB "
+            "this server holds (trainer.tinker.max_models_mb); finish a session, unload a model, or use LoRA "
+            "(its models share the base)"
+        )
+
+
 class RequestHandlers:
     """The models served, and the handler of each kind of request that acts on them (run by their lane's thread)."""
 
-    def __init__(self, store: Store, client: redis.Redis, config: Config, checkpoints: Checkpoints,
-                 sampling: SamplingProcess, guard: NonfiniteGuard, stopping: threading.Event,
-                 device: torch.device) -> None:  # fmt: skip
+    def __init__(
+        self,
+        store: Store,
+        client: redis.Redis,
+        config: Config,
+        checkpoints: Checkpoints,
+        sampling: SamplingProcess,
+        guard: NonfiniteGuard,
+        stopping: threading.Event,
+        device: torch.device,
+    ) -> None:
         self.store, self.client, self.config, self.checkpoints = store, client, config, checkpoints
         self.sampling, self.guard, self.stopping, self.device = sampling, guard, stopping, device
         self.models: dict[str, ServedModel] = {}
@@ -86,35 +130,12 @@ class RequestHandlers:
         self.models[model_id] = model
 
     def create_model(self, model_id: str, seq: int, body: bytes, deadline: float) -> tuple[bytes, str]:
-        settings = self.config.trainer.tinker
-        if len(self.models) >= settings.max_models:
-            raise wire.WireError(f"{len(self.models)} models are loaded, the most this server holds "
-                                 "(trainer.tinker.max_models); finish a session or unload a model")  # fmt: skip
-        record = self.store.models.record(model_id) or {}
-        if int((record.get("lora") or {}).get("rank") or 0) > 0:
-            base = record.get("base_model")
-            adapters = sum(isinstance(m, LanguageModel) and m.lora and m.base_model == base
-                           for m in self.models.values())  # fmt: skip
-            if adapters >= settings.max_adapters_per_base:
-                raise wire.WireError(f"{adapters} LoRA models of {base} are loaded, the most this server holds of "
-                                     "one base (trainer.tinker.max_adapters_per_base); finish a session or unload "
-                                     "a model")  # fmt: skip
+        record, settings = self.store.models.record(model_id) or {}, self.config.trainer.tinker
+        admit(record, self.models, settings)
         model = self.build(record)
-        self._fits(model)
+        fits(model, self.models, settings.max_models_mb)
         self.models[model_id] = model
         return json_body(model_id=model_id, type="create_model"), JSON
-
-    def _fits(self, model: ServedModel) -> None:
-        """WireError when ``model`` (built, not yet held) takes the models past ``trainer.tinker.max_models_mb``."""
-        limit = self.config.trainer.tinker.max_models_mb
-        if limit is None:
-            return
-        held = sum(owned_bytes(m) for m in self.models.values())
-        total = (shared_bytes() + held + owned_bytes(model)) / 1e6
-        if total > limit:
-            raise wire.WireError(f"a {model.base_model} model would take the models to {total:,.0f} MB, past the "
-                                 f"{limit:,.0f} MB this server holds (trainer.tinker.max_models_mb); finish a "
-                                 "session, unload a model, or use LoRA (its models share the base)")  # fmt: skip
 
     def _load(self, model_id: str, path: str, optimizer: bool) -> None:
         state = torch.load(self.store.files.file_of(path), map_location=self.device, weights_only=False)
@@ -129,8 +150,11 @@ class RequestHandlers:
         request = json.loads(body)
         # the checkpoint's model (base, LoRA) in this session, with the user metadata this run was created with
         created = self.store.models.record(model_id) or {}
-        record = {**self.store.files.record(request["path"]), "session": model_id.split(":")[0],
-                  "user_metadata": created.get("user_metadata") or {}}  # fmt: skip
+        record = {
+            **self.store.files.record(request["path"]),
+            "session": model_id.split(":")[0],
+            "user_metadata": created.get("user_metadata") or {},
+        }
         self.store.models.update(model_id, record)
         self.create_model(model_id, seq, b"", deadline)
         try:
@@ -152,13 +176,56 @@ class RequestHandlers:
         """A forward_backward as applied, or replayed after a restart (the samplers' record is in Redis)."""
         if request.loss_fn == "stable_reinforce":
             self.stability.look_up(model_id, request)
-        outputs, metrics = run_loss(self.model(model_id), request.data, request.loss_fn, request.loss_fn_config,
-                                    request.forward_only, self._time_check(deadline))  # fmt: skip
+        outputs, metrics = run_loss(
+            self.model(model_id),
+            request.data,
+            request.loss_fn,
+            request.loss_fn_config,
+            request.forward_only,
+            self._time_check(deadline),
+        )
         return wire.forward_backward_output(outputs, metrics)
 
     def forward_backward(self, model_id: str, seq: int, body: bytes, deadline: float) -> tuple[bytes, str]:
         request = wire.parse_forward_backward(body, self.budget())
         return self.apply_forward_backward(model_id, request, deadline), PROTOBUF
+
+    def forward_backward_together(
+        self, requests: list[tuple[str, bytes]], deadline: float
+    ) -> list[tuple[bytes, str] | Exception]:
+        """The ``forward_backward`` (or forward) requests, given as (model, body), of LoRA models of one base and
+        one adapter layout, in one batched pass (``run_losses``); per request, its response or the error it alone
+        failed with, its model untouched."""
+        outcomes: list[tuple[bytes, str] | Exception | None] = [None] * len(requests)
+        runs, ran = [], []
+        for index, (model_id, body) in enumerate(requests):
+            try:
+                request = wire.parse_forward_backward(body, self.budget())
+                if request.loss_fn == "stable_reinforce":
+                    self.stability.look_up(model_id, request)
+                model = self.model(model_id)
+            except Exception as error:  # this request's alone: a body, a model, a sampler record
+                outcomes[index] = error
+                continue
+            assert isinstance(model, LanguageModel)  # the dispatcher groups LoRA language models only
+            runs.append(
+                LossRun(
+                    model,
+                    request.data,
+                    request.loss_fn,
+                    request.loss_fn_config,
+                    request.forward_only,
+                    self._time_check(deadline),
+                )
+            )
+            ran.append(index)
+        for index, outcome in zip(ran, run_losses(runs) if runs else [], strict=True):
+            outcomes[index] = (
+                outcome
+                if isinstance(outcome, Exception)
+                else (wire.forward_backward_output(*outcome), PROTOBUF)
+            )
+        return outcomes  # type: ignore[return-value]  # every request has its outcome by now
 
     def _time_check(self, deadline: float | None) -> Callable[[], None]:
         """What a request calls between its steps: it ends the request past its time budget, or when the
@@ -169,8 +236,10 @@ class RequestHandlers:
             if self.stopping.is_set():
                 raise Interrupted
             if deadline is not None and time.monotonic() > deadline:
-                raise wire.WireError(f"the request ran past its time budget of {limit:g} s "
-                                     "(trainer.tinker.max_request_s); ask for less work per request")  # fmt: skip
+                raise wire.WireError(
+                    f"the request ran past its time budget of {limit:g} s "
+                    "(trainer.tinker.max_request_s); ask for less work per request"
+                )
 
         return check
 
@@ -211,8 +280,14 @@ class RequestHandlers:
         if name is None:  # kept while its sampling client samples
             self.checkpoints.keep_ephemeral(path)
         if isinstance(model, PolicyModel):  # the rollouts act with it from now on
-            version = publish_weights(self.client, self.config.run.name, 1, model.core.weights(), model.core.spec,
-                                      signing_key("weights"))  # fmt: skip
+            version = publish_weights(
+                self.client,
+                self.config.run.name,
+                1,
+                model.core.weights(),
+                model.core.spec,
+                signing_key("weights"),
+            )
             log.info("Tinker model %s published as policy version %d", model_id, version)
         if name is not None:
             self.checkpoints.saved(model_id, "sampler_weights", name, request)
@@ -236,8 +311,10 @@ class RequestHandlers:
             raise wire.WireError(f"no sampling session {sampler_id!r}")
         base_model, path = found
         if base_model not in LANGUAGE_MODELS:
-            raise wire.WireError(f"{base_model} is a control policy: it acts through the rollout services, and "
-                                 "sample() only returns tokens")  # fmt: skip
+            raise wire.WireError(
+                f"{base_model} is a control policy: it acts through the rollout services, and "
+                "sample() only returns tokens"
+            )
         file = str(self.store.files.file_of(path)) if path is not None else None
         if path is not None and parts(path)[2].startswith(EPHEMERAL):
             self.checkpoints.keep_ephemeral(path)
@@ -261,21 +338,40 @@ def adam_params(adam: Any) -> AdamParams:
     no step can be taken with (a NaN learning rate, a beta of 1)."""
     if not isinstance(adam, dict):
         raise wire.WireError("optim_step: this server runs Adam(W) only; send AdamParams")
-    defaults = {"learning_rate": 1e-4, "beta1": 0.9, "beta2": 0.95, "eps": 1e-12, "weight_decay": 0.0,
-                "grad_clip_norm": 0.0}  # fmt: skip
+    defaults = {
+        "learning_rate": 1e-4,
+        "beta1": 0.9,
+        "beta2": 0.95,
+        "eps": 1e-12,
+        "weight_decay": 0.0,
+        "grad_clip_norm": 0.0,
+    }
     values = {}
     for name, default in defaults.items():
         value = adam.get(name, default)
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
             raise wire.WireError(f"AdamParams.{name} must be a finite number, got {value!r}")
         values[name] = float(value)
-    bounds = {"learning_rate": values["learning_rate"] >= 0, "beta1": 0 <= values["beta1"] < 1,
-              "beta2": 0 <= values["beta2"] < 1, "eps": values["eps"] > 0, "weight_decay": values["weight_decay"] >= 0,
-              "grad_clip_norm": values["grad_clip_norm"] >= 0}  # fmt: skip
+    bounds = {
+        "learning_rate": values["learning_rate"] >= 0,
+        "beta1": 0 <= values["beta1"] < 1,
+        "beta2": 0 <= values["beta2"] < 1,
+        "eps": values["eps"] > 0,
+        "weight_decay": values["weight_decay"] >= 0,
+        "grad_clip_norm": values["grad_clip_norm"] >= 0,
+    }
     wrong = [name for name, holds in bounds.items() if not holds]
     if wrong:
-        raise wire.WireError(f"AdamParams out of range: {', '.join(f'{n}={values[n]}' for n in wrong)} (learning "
-                             "rate, weight decay and clip norm >= 0, betas in [0, 1), eps > 0)")  # fmt: skip
+        raise wire.WireError(
+            f"AdamParams out of range: {', '.join(f'{n}={values[n]}' for n in wrong)} (learning "
+            "rate, weight decay and clip norm >= 0, betas in [0, 1), eps > 0)"
+        )
     clip = values["grad_clip_norm"]
-    return AdamParams(learning_rate=values["learning_rate"], beta1=values["beta1"], beta2=values["beta2"],
-                      eps=values["eps"], weight_decay=values["weight_decay"], grad_clip_norm=clip if clip > 0 else None)  # fmt: skip
+    return AdamParams(
+        learning_rate=values["learning_rate"],
+        beta1=values["beta1"],
+        beta2=values["beta2"],
+        eps=values["eps"],
+        weight_decay=values["weight_decay"],
+        grad_clip_norm=clip if clip > 0 else None,
+    )

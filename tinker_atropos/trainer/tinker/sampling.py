@@ -62,8 +62,8 @@ class Settings:
     device: str
     seed: int
     torch_threads: int
-    max_samplers: int
-    tinker: TinkerSection  # its base_models, registered in the sampling process too
+    # its base_models (registered in the sampling process too), max_samplers and batch sizes
+    tinker: TinkerSection
 
 
 @dataclass(frozen=True)
@@ -268,7 +268,7 @@ class Samplers:
             model = built
             with self.lock:
                 self.models[job.key] = model
-                while len(self.models) > self.settings.max_samplers:
+                while len(self.models) > self.settings.tinker.max_samplers:
                     self.models.pop(next(iter(self.models)))  # the oldest; a request using it keeps its own
         return model
 

@@ -2,9 +2,12 @@
 outcomes back there (the two meet nowhere else): each training model is a lane (its requests in the order of their
 numbers), and so is each sample request (sampled in the sampling process, in its model's running batch). Lanes run in
 threads of their own, one request at a time each, so one model's long request never holds another model back; a
-model is only ever touched by its lane's thread. What it applies it records in the store, and a model's state is
-snapshotted after every request that changes it, before that request counts as applied; a restarted worker
-rebuilds each model from its snapshot and replays the gradient accumulations applied since (``recovery.py``).
+model is only ever touched by its lane's thread. LoRA models of one base whose next requests are all
+``forward_backward`` (or forward) run together instead, in one thread and one batched pass
+(``trainer.tinker.batch_models``), each request still recorded on its own, in its model's order. What it applies
+it records in the store, and a model's state is snapshotted after every request that changes it, before that
+request counts as applied; a restarted worker rebuilds each model from its snapshot and replays the gradient
+accumulations applied since (``recovery.py``).
 
 Each request has a budget: at most ``trainer.tinker.max_request_tokens`` tokens (checked by the API before it is
 queued) and ``trainer.tinker.max_request_s`` seconds of work, past which it fails as the client's error.
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 import time
 
@@ -28,6 +32,7 @@ from tinker_atropos.frontends.tinker.store import Store
 from tinker_atropos.frontends.tinker.store.requests import DONE, FAILED
 from tinker_atropos.frontends.tinker.store.samplers import SAMPLER_LANE
 from tinker_atropos.trainer.tinker.checkpoints import Checkpoints
+from tinker_atropos.trainer.tinker.dispatch import Job, next_jobs, together
 from tinker_atropos.trainer.tinker.expiry import SessionExpiry
 from tinker_atropos.trainer.tinker.recovery import recover
 from tinker_atropos.trainer.tinker.requests import JSON, Handler, RequestHandlers, json_body, refused
@@ -38,6 +43,18 @@ from tinker_atropos.training.guard import NonfiniteGuard
 log = logging.getLogger(__name__)
 
 _STATE_CHANGING = {"create_model", "create_from_state", "optim_step", "load_weights"}
+# the kinds of request the store queues that the RequestHandlers method of that name applies
+HANDLED = (
+    "create_model",
+    "create_from_state",
+    "load_weights",
+    "forward_backward",
+    "optim_step",
+    "save_weights",
+    "save_weights_for_sampler",
+    "save_weights_external",
+    "sample",
+)
 FINISH_RETRY_S = 1.0  # between two tries to record an applied request's outcome while Redis is away
 
 
@@ -47,25 +64,24 @@ class Worker:
     def __init__(self, store: Store, client: redis.Redis, config: Config, device: torch.device) -> None:
         self.store, self.config = store, config
         section = config.trainer
-        self.sampling = SamplingProcess(Settings(section.model, str(device), config.run.seed, section.torch_threads,
-                                                 section.tinker.max_samplers, section.tinker))  # fmt: skip
+        self.sampling = SamplingProcess(
+            Settings(section.model, str(device), config.run.seed, section.torch_threads, section.tinker)
+        )
         # rung by the API as it queues a request or refuses a number (through the store), and by a lane's end
         self.wake = store.requests.arrived
         self.stopping = threading.Event()
+        # batched passes side by side: one on a GPU; on a CPU, where a pass is compute-bound in its intra-op
+        # threads, as many as keep every core busy (one pass in one thread would leave the others idle)
+        cores = len(os.sched_getaffinity(0)) // section.torch_threads
+        self.passes = 1 if device.type == "cuda" else max(1, cores)
         self.checkpoints = Checkpoints(store.files)
         # every model's steps: counts those it undid (the trainer's status reads it)
         self.guard = NonfiniteGuard()
-        self.requests = RequestHandlers(store, client, config, self.checkpoints, self.sampling, self.guard,
-                                        self.stopping, device)  # fmt: skip
-        r = self.requests
-        # every kind of request the store queues, and what applies it
-        self.handlers: dict[str, Handler] = {
-            "create_model": r.create_model, "create_from_state": r.create_from_state, "load_weights": r.load_weights,
-            "forward_backward": r.forward_backward, "optim_step": r.optim_step, "save_weights": r.save_weights,
-            "save_weights_for_sampler": r.save_weights_for_sampler, "sample": r.sample,
-            "save_weights_external": r.save_weights_external,
-            "unload_model": self._unload_model, "refused": refused,
-        }  # fmt: skip
+        self.requests = RequestHandlers(
+            store, client, config, self.checkpoints, self.sampling, self.guard, self.stopping, device
+        )
+        self.handlers: dict[str, Handler] = {kind: getattr(self.requests, kind) for kind in HANDLED}
+        self.handlers |= {"unload_model": self._unload_model, "refused": refused}
         self.since_snapshot: dict[str, list[str]] = {}  # requests a replay needs, per model
         # the dispatcher's state, shared with the lanes' threads under ``lock``: the last request number applied
         # per model (this worker is its only writer) and the lanes running a request (lane -> request id)
@@ -73,8 +89,11 @@ class Worker:
         self.applied: dict[str, int] = {}
         self.busy: dict[str, str] = {}
         self.threads: set[threading.Thread] = set()
-        self.expiry = SessionExpiry(store, section.tinker.session_timeout_s,
-                                    lambda model_id: store.requests.submit("unload_model", b"", model_id=model_id))  # fmt: skip
+        self.expiry = SessionExpiry(
+            store,
+            section.tinker.session_timeout_s,
+            lambda model_id: store.requests.submit("unload_model", b"", model_id=model_id),
+        )
 
     def recover(self) -> None:
         """Rebuild every model a previous incarnation served, up to the last request it applied."""
@@ -119,66 +138,70 @@ class Worker:
                 self.applied.setdefault(model_id, seq)
             for model_id in [m for m in self.applied if m not in applied and m not in self.busy]:
                 del self.applied[model_id]  # unloaded
-        jobs: list[tuple[str, str, tuple[str, int] | None]] = []
-        for model_id in sorted({*upcoming.requests, *upcoming.refused} - busy):
-            seq = applied[model_id] + 1
-            request_id = upcoming.requests.get(model_id)
-            if request_id is None:
-                request_id = self.store.requests.take_refusal(model_id, seq, upcoming.refused[model_id])
-            jobs.append((model_id, request_id, (model_id, seq)))
-        # a lane's requests run one at a time, oldest first: a model's numbered one goes before its unload; every
-        # sample runs at once (a lane of its own), joining its model's batch in the sampling process
-        seen = busy | {lane for lane, _, _ in jobs}
-        samples = sum(lane.startswith(SAMPLER_LANE) for lane in busy)
-        for request_id, lane in upcoming.queued:
-            if lane.startswith(SAMPLER_LANE):
-                lane = f"{lane}#{request_id}"
-                if lane in seen or samples >= self.config.trainer.tinker.max_running_samples:
-                    continue
-                samples += 1
-                self.sampling.ensure_started()  # from this long-lived thread: see SamplingProcess
-            elif lane in seen:
-                continue
-            seen.add(lane)
-            jobs.append((lane, request_id, None))
-        for lane, request_id, position in jobs:
+        tinker = self.config.trainer.tinker
+        jobs = next_jobs(
+            upcoming, applied, busy, tinker.max_running_samples, self.store.requests.take_refusal
+        )
+        if any(lane.startswith(SAMPLER_LANE) for lane, _, _ in jobs):
+            self.sampling.ensure_started()  # from this long-lived thread: see SamplingProcess
+        if tinker.batch_models:
+            runs = together(jobs, self.requests.models, self.store.requests.kinds, self.passes)
+        else:
+            runs = [[job] for job in jobs]
+        for run in runs:
             with self.lock:
-                self.busy[lane] = request_id
+                self.busy.update({lane: request_id for lane, request_id, _ in run})
             if threaded:
-                thread = threading.Thread(target=self._run_lane, args=(lane, request_id, position),
-                                          name=f"tinker-lane {lane}", daemon=True)  # fmt: skip
+                thread = threading.Thread(
+                    target=self._run_lanes,
+                    args=(run,),
+                    daemon=True,
+                    name=f"tinker-lane {'+'.join(lane for lane, _, _ in run)}",
+                )
                 self.threads.add(thread)
                 thread.start()
             else:
-                self._run_lane(lane, request_id, position)
+                self._run_lanes(run)
         return bool(jobs)
 
-    def _run_lane(self, lane: str, request_id: str, position: tuple[str, int] | None) -> None:
+    def _run_lanes(self, run: list[Job]) -> None:
+        """A lane's next request, or several models' run together; their lanes are free again after."""
         training = (
-            contextlib.nullcontext() if lane.startswith(SAMPLER_LANE) else self.sampling.training_request()
+            contextlib.nullcontext()
+            if run[0][0].startswith(SAMPLER_LANE)
+            else self.sampling.training_request()
         )
+        ids = ", ".join(request_id for _, request_id, _ in run)
         try:
             with training:
-                self._apply(request_id, position)
+                if len(run) == 1:
+                    self._apply(run[0][1], run[0][2])
+                else:
+                    self._apply_together(run)
         except Interrupted:
-            log.info(
-                "Tinker request %s interrupted by the shutdown; it runs again after the restart", request_id
-            )
+            log.info("Tinker request %s interrupted by the shutdown; it runs again after the restart", ids)
         except Exception:  # Redis away before the request was applied: it stays queued, tried again
-            log.exception("Tinker request %s could not be applied; it stays queued", request_id)
+            log.exception("Tinker request %s could not be applied; it stays queued", ids)
         finally:
             with self.lock:
-                self.busy.pop(lane, None)
+                for lane, _, _ in run:
+                    self.busy.pop(lane, None)
             self.threads.discard(threading.current_thread())
             self.wake.set()
 
-    def _apply(self, request_id: str, position: tuple[str, int] | None) -> None:
+    def _read(self, request_id: str, position: tuple[str, int] | None) -> tuple[str, bytes, str, int] | None:
+        """The request's (kind, body, model, number); None when it has no payload (it is answered as lost)."""
         request = self.store.requests.request(request_id)
         if request is None:  # expired or never written: nothing to answer, but the sequence goes on
             log.warning("Tinker request %s has no payload; skipped", request_id)
             self._finish(
                 request_id, FAILED, json_body(error="request lost", category="server"), JSON, position, None
             )
+        return request
+
+    def _apply(self, request_id: str, position: tuple[str, int] | None) -> None:
+        request = self._read(request_id, position)
+        if request is None:
             return
         kind, body, model_id, seq = request
         snapshot = None
@@ -192,19 +215,42 @@ class Worker:
                 self.requests.stability.add(request_id, body, result)
             if position is not None and kind in _STATE_CHANGING and model_id in self.requests.models:
                 snapshot = self.checkpoints.write_snapshot(model_id, seq, self.requests.state(model_id))
-            status = DONE
+            outcome = DONE, result, content_type
         except Interrupted:
             raise
-        except ClientError as error:  # the request's own: a WireError, a datum or loss the model cannot take
-            result, content_type = json_body(error=str(error), category="user"), JSON
-            status = FAILED
         except Exception as error:
-            log.exception("Tinker request %s (%s) failed", request_id, kind)
-            message = f"{type(error).__name__}: {error}"
-            result, content_type, status = json_body(error=message, category="server"), JSON, FAILED
+            outcome = failed(request_id, kind, error)
+        self._record(request_id, request, position, outcome, snapshot)
+
+    def _apply_together(self, run: list[Job]) -> None:
+        """Several models' ``forward_backward`` requests in one batched pass, each then recorded as if it had run
+        alone, in its model's order; one that fails (its data, its budget) fails alone."""
+        deadline = time.monotonic() + self.config.trainer.tinker.max_request_s
+        read = [
+            (request_id, position, request)
+            for _, request_id, position in run
+            if (request := self._read(request_id, position)) is not None
+        ]
+        together = [(request[2], request[1]) for _, _, request in read]
+        for (request_id, position, request), outcome in zip(
+            read, self.requests.forward_backward_together(together, deadline), strict=True
+        ):
+            done = (DONE, *outcome) if isinstance(outcome, tuple) else failed(request_id, request[0], outcome)
+            self._record(request_id, request, position, done, None)
+
+    def _record(
+        self,
+        request_id: str,
+        request: tuple[str, bytes, str, int],
+        position: tuple[str, int] | None,
+        outcome: tuple[bytes, bytes, str],
+        snapshot: tuple[int, str] | None,
+    ) -> None:
+        """Store an applied request's outcome, and what a replay after a restart needs of it."""
+        kind, model_id, status = request[0], request[2], outcome[0]
         if kind == "forward_backward" and status == DONE:
             self.since_snapshot.setdefault(model_id, []).append(request_id)
-        self._finish(request_id, status, result, content_type, position, snapshot)
+        self._finish(request_id, *outcome, position, snapshot)
         if snapshot is not None:
             self.checkpoints.snapshot_taken(model_id, snapshot[1])
             for done in self.since_snapshot.pop(model_id, []):  # a replay needs them no more
@@ -212,8 +258,15 @@ class Worker:
         if status == FAILED and kind in ("create_model", "create_from_state"):
             self.store.models.unload(model_id)  # no model came of it: its later requests are refused at once
 
-    def _finish(self, request_id: str, status: bytes, result: bytes, content_type: str,
-                position: tuple[str, int] | None, snapshot: tuple[int, str] | None) -> None:  # fmt: skip
+    def _finish(
+        self,
+        request_id: str,
+        status: bytes,
+        result: bytes,
+        content_type: str,
+        position: tuple[str, int] | None,
+        snapshot: tuple[int, str] | None,
+    ) -> None:
         """Record an applied request's outcome, retrying while Redis is away: applied once, it must not be
         applied again (a gradient accumulated twice)."""
         while True:
@@ -241,8 +294,20 @@ class Worker:
             self.store.requests.forget_payload(done)
         with self.lock:
             applied = self.applied.get(model_id, self.store.models.progress(model_id)[0])
-        reason = json_body(error=f"model {model_id!r} was unloaded (unload_model, or its session finished) before this "
-                             "request could run", category="user")  # fmt: skip
+        reason = json_body(
+            error=f"model {model_id!r} was unloaded (unload_model, or its session finished) before this "
+            "request could run",
+            category="user",
+        )
         for request_id in self.store.requests.waiting(model_id, after=applied):
             self.store.requests.finish(request_id, FAILED, reason, JSON)
         return json_body(model_id=model_id, type="unload_model"), JSON
+
+
+def failed(request_id: str, kind: str, error: Exception) -> tuple[bytes, bytes, str]:
+    """The outcome of a request that raised ``error``: the client's (a ClientError: a WireError, a datum or loss the
+    model cannot take) or the server's."""
+    if isinstance(error, ClientError):
+        return FAILED, json_body(error=str(error), category="user"), JSON
+    log.error("Tinker request %s (%s) failed", request_id, kind, exc_info=error)
+    return FAILED, json_body(error=f"{type(error).__name__}: {error}", category="server"), JSON

@@ -182,6 +182,13 @@ class Requests(Keys):
             return None
         return kind.decode(), body or b"", (model_id or b"").decode(), int(seq)
 
+    def kinds(self, request_ids: list[str]) -> list[str | None]:
+        """The kind of each request (None: its future is gone), in one round trip."""
+        with self.client.pipeline(transaction=False) as pipe:
+            for request_id in request_ids:
+                pipe.hget(self._key("future", request_id), "kind")
+            return [None if kind is None else kind.decode() for kind in pipe.execute()]
+
     def finish(
         self,
         request_id: str,
