@@ -1,12 +1,13 @@
 """Sampling SmolLM2-135M-Instruct through the tinker SDK, many clients at once (issue 45's floor): the aggregate
 tokens/s of ``CLIENTS`` clients each asking ``SAMPLES`` x ``TOKENS`` tokens at the same moment against one such
 client alone, and against Hugging Face ``generate`` given all ``CLIENTS`` x ``SAMPLES`` sequences as one static
-batch (its KV cache) in this process, with the trainer's threads. Every sample runs to ``TOKENS`` (``stop=[]``),
-so each side produces the same tokens. Time to first token is read from an engine in this process fed the same
-requests at once (the SDK returns whole samples)."""
+batch (its KV cache) in this process, with the threads of the trainer's sampling process. Every sample runs to
+``TOKENS`` (``stop=[]``), so each side produces the same tokens. Time to first token is read from an engine in this
+process fed the same requests at once (the SDK returns whole samples)."""
 
 from __future__ import annotations
 
+import os
 import statistics
 import threading
 import time
@@ -36,7 +37,7 @@ def through_sdk(url: str, key: str, count: int) -> dict[str, Any]:
     from tinker import types
 
     services = [tinker.ServiceClient(base_url=url, api_key=key) for _ in range(count)]
-    samplers = [s.create_sampling_client(base_model=smollm2.NAME) for s in services]
+    samplers = [s.create_sampling_client(base_model=smollm2.NAME).result(timeout=600) for s in services]
     params = types.SamplingParams(max_tokens=TOKENS, temperature=1.0, stop=[])
     asked = prompts(count)
     samplers[0].sample(types.ModelInput.from_ints(asked[0]), 1, types.SamplingParams(max_tokens=2)).result(
@@ -125,8 +126,10 @@ def first_tokens(threads: int) -> dict[str, Any]:
     }
 
 
-def run(work: Path, threads: int = 1) -> dict[str, Any]:
-    """One client alone, then CLIENTS at once, through the SDK; the static batch and the first tokens here."""
+def run(work: Path, threads: int | None = None) -> dict[str, Any]:
+    """One client alone, then CLIENTS at once, through the SDK; the static batch and the first tokens here, with
+    as many threads as the trainer's sampling process (``threads`` None: every core)."""
+    threads = threads or len(os.sched_getaffinity(0))
     with serving(work, {"max_running_samples": 64}) as served:
         alone = through_sdk(served.url, served.key, 1)
         together = through_sdk(served.url, served.key, CLIENTS)

@@ -384,6 +384,13 @@ class TinkerSection(Section):
         description="Sampler models (saved weights) kept loaded in the sampling process, the latest used; a LoRA "
         "sampler keeps only its adapter, its base shared. Samples of every sampler of one base decode in one batch.",
     )
+    sampling_threads: int | None = Field(
+        None,
+        ge=1,
+        description="Intra-op threads of the sampling process; none: every core the trainer may use. A decode "
+        "batch of many rows is compute-bound, so it scales with cores; training still goes first (the batch "
+        "pauses between two tokens while a training request runs).",
+    )
     max_running_samples: int = Field(
         64,
         ge=1,

@@ -424,7 +424,7 @@ def test_stable_reinforce_trains_on_the_samplers_record_named_by_provenance(
     client = service.create_lora_training_client(base_model=LM, rank=0).result(timeout=60)
     sampler = client.save_weights_and_get_sampling_client(record_stability_info=True).result(timeout=60)
     prompt = IDS[:5]
-    params = types.SamplingParams(max_tokens=8, temperature=1.0, seed=3)
+    params = types.SamplingParams(max_tokens=8, temperature=1.0, seed=3, stop=[])  # all 8 tokens
     seq = sampler.sample(types.ModelInput.from_ints(prompt), 1, params).result(timeout=60).sequences[0]
     sampled, n, shift = list(seq.tokens), len(seq.tokens), len(prompt) - 1
     assert seq.logprobs is not None and n > 1
@@ -451,11 +451,18 @@ def test_stable_reinforce_trains_on_the_samplers_record_named_by_provenance(
     # after a step elsewhere the ratios move: the loss is the hand computation on the forward's log-probs
     other = lm_datum(TOK.encode("a different text", add_bos=True))
     step(client, other, types.AdamParams(learning_rate=3e-2), "cross_entropy")
-    bounds = {"mask_low_threshold": 0.8, "mask_high_threshold": 1.2}
+    probe = client.forward([honest], "importance_sampling").result(timeout=30)
+    ratio = np.exp(logprobs(probe)[shift:] - np.asarray(seq.logprobs))
+    low, *_, high = ranked = np.sort(ratio)
+    assert low < ranked[1] and ranked[-2] < high, ratio  # the step moved them apart
+    # bounds that drop the lowest and the highest ratio and keep the others
+    bounds = {
+        "mask_low_threshold": float(ranked[:2].mean()),
+        "mask_high_threshold": float(ranked[-2:].mean()),
+    }
     out = client.forward([named(honest)], "stable_reinforce", loss_fn_config=bounds).result(timeout=30)
-    ratio = np.exp(logprobs(out)[shift:] - np.asarray(seq.logprobs))
-    kept = (ratio >= 0.8) & (ratio <= 1.2)
-    assert 0 < kept.sum() < n, ratio  # some ratios left the bounds, some did not
+    kept = (ratio >= bounds["mask_low_threshold"]) & (ratio <= bounds["mask_high_threshold"])
+    assert kept.sum() == n - 2, ratio
     assert out.metrics["loss:sum"] == pytest.approx(-(ratio * kept).sum(), rel=1e-4)
 
     plain_sampler = client.save_weights_and_get_sampling_client().result(timeout=60)

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import copy
 import json
+import threading
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +24,7 @@ from tinker_atropos.frontends.tinker.store import Store
 from tinker_atropos.frontends.tinker.store.files import tinker_path
 from tinker_atropos.frontends.tinker.store.requests import DONE, FAILED, PENDING
 from tinker_atropos.frontends.tinker.store.samplers import sampler_lane
+from tinker_atropos.state.run_dir import LOCK_NAME, OWNER_VARIABLE, Holder, RunFolderInUse, RunFolderOwner
 from tinker_atropos.trainer.tinker.worker import Worker
 
 MODEL = "s:train:0"
@@ -340,3 +343,34 @@ def test_a_stable_reinforce_accumulation_is_replayed_after_a_restart_from_the_sa
     assert all(
         p.grad is None or not p.grad.any() for p in late.requests.models[model].core.model.parameters()
     )
+
+
+def test_a_worker_whose_run_folder_another_up_took_over_writes_no_snapshot_and_stops(
+    redis_client: redis.Redis, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Started by an `up` (``TA_RUN_LOCK``): once another `up` holds the run folder, the next state-changing request
+    is neither snapshotted nor recorded as applied (it stays queued, for the run that owns the folder), and the
+    worker's loop stops with RunFolderInUse, as the trainer's checkpointer does."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    holder = Holder("the-up-that-started-it", "up", 1, "host", "2025-01-01T00:00:00+0000", "owner")
+    (run_dir / LOCK_NAME).write_text(json.dumps(asdict(holder)))
+    monkeypatch.setenv(OWNER_VARIABLE, holder.id)
+    store = _store(redis_client, "owned", run_dir / "tinker")
+    _queue(store)
+    worker = Worker(
+        store, redis_client, _config(), torch.device("cpu"), RunFolderOwner(run_dir, "trainer", "owned")
+    )
+    worker.step(), worker.step()  # created (snapshotted), gradients accumulated
+    assert store.models.progress(MODEL)[:2] == (1, 0)
+
+    taken_over = Holder("another-up", "up", 2, "host", "2025-01-02T00:00:00+0000", "owner")
+    (run_dir / LOCK_NAME).write_text(json.dumps(asdict(taken_over)))
+    with pytest.raises(RunFolderInUse, match="not writing there"):
+        worker.run(threading.Event())
+    worker.close()
+    assert store.models.progress(MODEL)[:2] == (
+        1,
+        0,
+    )  # the optim_step not recorded, its number still to apply
+    assert [p.name for p in run_dir.glob("tinker/*/state-*.pt")] == ["state-000000000.pt"]

@@ -32,17 +32,18 @@ CHECK_S = 0.1
 
 
 def build_drivers(
-    config: Config, client: redis.Redis, run_dir: Path
+    config: Config, client: redis.Redis, run_dir: Path, owner: RunFolderOwner
 ) -> list[tuple[Driver, Path | None, str | None]]:
     """The drivers ``trainer`` enables, each with the folder of its checkpoints (None: it keeps its state its own
     way) and the name of the single file an earlier version of it checkpointed to; they are closed last to first,
-    so the Tinker API serves until the loops have written their last checkpoints. The Tinker API and the Atropos
-    loop are imported only when enabled: the SDK and FastAPI take half a second."""
+    so the Tinker API serves until the loops have written their last checkpoints. ``owner`` checks the run folder
+    before the Tinker API's own writes. The Tinker API and the Atropos loop are imported only when enabled: the SDK
+    and FastAPI take half a second."""
     trainer, drivers = config.trainer, []
     if trainer.tinker.enabled:
         from tinker_atropos.trainer.tinker.driver import TinkerAPI
 
-        tinker = TinkerAPI(config, client, run_dir, resolve_device(trainer.device))
+        tinker = TinkerAPI(config, client, run_dir, resolve_device(trainer.device), owner)
         drivers.append((tinker, None, None))  # a snapshot per state-changing request (trainer/tinker)
     if trainer.atropos.enabled:
         from tinker_atropos.trainer.atropos_loop import EARLIER_STATE, AtroposLoop
@@ -60,7 +61,7 @@ class TrainerService:
         self.incarnation = incarnation
         # before anything is written there: RunFolderInUse (exit 2, one line) when it is another run's
         self.owner = RunFolderOwner(run_dir, "trainer", config.run.name)
-        built = build_drivers(config, client, run_dir)
+        built = build_drivers(config, client, run_dir, self.owner)
         self.drivers = [driver for driver, _, _ in built]
         # one checkpointer per driver that checkpoints: the same cadence, retention, retries and owner check
         self.checkpointers = {

@@ -23,6 +23,7 @@ from tinker_atropos.frontends.tinker.store.files import (
     tinker_path,
 )
 from tinker_atropos.state.checkpoints import save_torch, write_atomically
+from tinker_atropos.state.run_dir import RunFolderOwner
 from tinker_atropos.training.served import ServedModel
 
 log = logging.getLogger(__name__)
@@ -47,14 +48,16 @@ def named(request: dict[str, Any]) -> str | None:
 class Checkpoints:
     """What the worker writes in the store's checkpoint folder (``files``) and records (``files.runs``)."""
 
-    def __init__(self, files: CheckpointFiles) -> None:
-        self.files, self.runs = files, files.runs
+    def __init__(self, files: CheckpointFiles, owner: RunFolderOwner | None = None) -> None:
+        # ``owner``: the run folder checked to be still this run's before each write (RunFolderInUse otherwise)
+        self.files, self.runs, self.owner = files, files.runs, owner
         self.snapshots: dict[str, str] = {}  # the snapshot file the store points at, per model
         self.next_sweep = 0.0
 
     def save(self, file: Path, payload: dict[str, Any]) -> None:
         """The checkpoint, and beside it its record (base model, LoRA) as JSON, written first: what a sampling
         session or a new model needs to know of a checkpoint is read without loading it."""
+        self._check_owner()
         record = json.dumps(payload["record"]).encode()
         write_atomically(file.with_suffix(".json"), lambda out: out.write(record))
         save_torch(file, payload)
@@ -93,6 +96,7 @@ class Checkpoints:
             raise wire.WireError(
                 f"external weights {name!r} exist; save under another name or delete them first"
             )
+        self._check_owner()
         scratch = folder.with_name(f".{name}.partial")
         shutil.rmtree(scratch, ignore_errors=True)
         try:
@@ -135,10 +139,15 @@ class Checkpoints:
     def write_snapshot(self, model_id: str, seq: int, state: dict[str, Any]) -> tuple[int, str]:
         """The model's state after its request ``seq``, to a file of its own: the store points at it only in the
         transaction that records the request as applied, so a crash in between leaves the previous snapshot."""
+        self._check_owner()
         file = self.files.folder(model_id) / f"state-{seq:09d}.pt"
         # no JSON record beside it: a restart rebuilds the model from the store's record
         save_torch(file, state)
         return seq, str(file)
+
+    def _check_owner(self) -> None:
+        if self.owner is not None:
+            self.owner.check()
 
     def snapshot_taken(self, model_id: str, path: str) -> None:
         """Once the store points at ``path``: the older snapshot goes."""

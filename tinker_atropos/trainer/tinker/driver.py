@@ -18,6 +18,7 @@ from tinker_atropos.frontends.tinker import base_models
 from tinker_atropos.frontends.tinker.app import api_keys, build_app
 from tinker_atropos.frontends.tinker.store import Store
 from tinker_atropos.protocol.v1 import services_pb2
+from tinker_atropos.state.run_dir import RunFolderOwner
 from tinker_atropos.trainer.driver import Checkpoint
 from tinker_atropos.trainer.tinker.worker import Worker
 
@@ -27,14 +28,21 @@ log = logging.getLogger(__name__)
 class TinkerAPI:
     """Serves the Tinker API with the API keys it accepts until the trainer stops."""
 
-    def __init__(self, config: Config, client: redis.Redis, run_dir: Path, device: torch.device) -> None:
+    def __init__(
+        self,
+        config: Config,
+        client: redis.Redis,
+        run_dir: Path,
+        device: torch.device,
+        owner: RunFolderOwner | None = None,
+    ) -> None:
         section = config.trainer.tinker
         keys, self.keys_file = api_keys(config, run_dir)
         checkpoints = Path(section.checkpoint_dir) if section.checkpoint_dir else run_dir / "tinker"
         store = Store(
             client, config.run.name, checkpoints, section.future_ttl_s, section.ephemeral_weights_ttl_s
         )
-        self.worker = Worker(store, client, config, device)
+        self.worker = Worker(store, client, config, device, owner)
         configured = base_models.register(section, device)  # FatalError for a folder it cannot serve
         capabilities = base_models.capabilities(config.env.id, _run_env_action_space(config), configured)
         app = build_app(

@@ -61,8 +61,7 @@ class Settings:
     model: ModelSection  # trainer.model: what a control policy would be built with (not sampled, but named)
     device: str
     seed: int
-    torch_threads: int
-    # its base_models (registered in the sampling process too), max_samplers and batch sizes
+    # its base_models (registered in the sampling process too), max_samplers, threads and batch sizes
     tinker: TinkerSection
 
 
@@ -185,7 +184,7 @@ def serve(connection: Connection, settings: Settings, training: Synchronized) ->
     if os.getppid() == 1:  # the worker died before the signal was set: no orphan
         return
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the trainer, which stops this process
-    torch.set_num_threads(settings.torch_threads)
+    torch.set_num_threads(settings.tinker.sampling_threads or len(os.sched_getaffinity(0)))
     base_models.register(settings.tinker, torch.device(settings.device))
     stopping, threads = threading.Event(), []
     samplers, sending = Samplers(settings, training, stopping), threading.Lock()

@@ -31,6 +31,7 @@ from tinker_atropos.config import Config
 from tinker_atropos.frontends.tinker.store import Store
 from tinker_atropos.frontends.tinker.store.requests import DONE, FAILED
 from tinker_atropos.frontends.tinker.store.samplers import SAMPLER_LANE
+from tinker_atropos.state.run_dir import RunFolderInUse, RunFolderOwner
 from tinker_atropos.trainer.tinker.checkpoints import Checkpoints
 from tinker_atropos.trainer.tinker.dispatch import Job, next_jobs, together
 from tinker_atropos.trainer.tinker.expiry import SessionExpiry
@@ -55,18 +56,27 @@ HANDLED = (
     "save_weights_external",
     "sample",
 )
+Request = tuple[str, bytes, str, int]  # (kind, body, model, number), as the store keeps it
+Position = tuple[str, int] | None  # (model, number) of a numbered request
+Outcome = tuple[bytes, bytes, str]  # (status, body, content type)
+Snapshot = tuple[int, str] | None  # (number, file) of the model's state it left
 FINISH_RETRY_S = 1.0  # between two tries to record an applied request's outcome while Redis is away
 
 
 class Worker:
     """Runs the queued requests in their lanes, records what each did, and rebuilds the models after a restart."""
 
-    def __init__(self, store: Store, client: redis.Redis, config: Config, device: torch.device) -> None:
+    def __init__(
+        self,
+        store: Store,
+        client: redis.Redis,
+        config: Config,
+        device: torch.device,
+        owner: RunFolderOwner | None = None,
+    ) -> None:
         self.store, self.config = store, config
         section = config.trainer
-        self.sampling = SamplingProcess(
-            Settings(section.model, str(device), config.run.seed, section.torch_threads, section.tinker)
-        )
+        self.sampling = SamplingProcess(Settings(section.model, str(device), config.run.seed, section.tinker))
         # rung by the API as it queues a request or refuses a number (through the store), and by a lane's end
         self.wake = store.requests.arrived
         self.stopping = threading.Event()
@@ -74,7 +84,9 @@ class Worker:
         # threads, as many as keep every core busy (one pass in one thread would leave the others idle)
         cores = len(os.sched_getaffinity(0)) // section.torch_threads
         self.passes = 1 if device.type == "cuda" else max(1, cores)
-        self.checkpoints = Checkpoints(store.files)
+        # every write into the run folder checked to be still this run's: RunFolderInUse stops the worker
+        self.checkpoints = Checkpoints(store.files, owner)
+        self.fatal: RunFolderInUse | None = None
         # every model's steps: counts those it undid (the trainer's status reads it)
         self.guard = NonfiniteGuard()
         self.requests = RequestHandlers(
@@ -112,6 +124,8 @@ class Worker:
             except redis.RedisError as error:
                 log.warning("Tinker requests unreadable (%s); retrying", error)
             self.wake.wait(0.5)
+            if self.fatal is not None:  # the run folder is another run's: the trainer stops, nothing recorded
+                raise self.fatal
         self.close()
 
     def close(self, timeout_s: float = 10.0) -> None:
@@ -178,6 +192,8 @@ class Worker:
                     self._apply(run[0][1], run[0][2])
                 else:
                     self._apply_together(run)
+        except RunFolderInUse as error:  # the request stays queued, for the run that owns the folder
+            self.fatal = error
         except Interrupted:
             log.info("Tinker request %s interrupted by the shutdown; it runs again after the restart", ids)
         except Exception:  # Redis away before the request was applied: it stays queued, tried again
@@ -189,17 +205,16 @@ class Worker:
             self.threads.discard(threading.current_thread())
             self.wake.set()
 
-    def _read(self, request_id: str, position: tuple[str, int] | None) -> tuple[str, bytes, str, int] | None:
+    def _read(self, request_id: str, position: Position) -> Request | None:
         """The request's (kind, body, model, number); None when it has no payload (it is answered as lost)."""
         request = self.store.requests.request(request_id)
         if request is None:  # expired or never written: nothing to answer, but the sequence goes on
             log.warning("Tinker request %s has no payload; skipped", request_id)
-            self._finish(
-                request_id, FAILED, json_body(error="request lost", category="server"), JSON, position, None
-            )
+            lost = FAILED, json_body(error="request lost", category="server"), JSON
+            self._finish(request_id, lost, position, None)
         return request
 
-    def _apply(self, request_id: str, position: tuple[str, int] | None) -> None:
+    def _apply(self, request_id: str, position: Position) -> None:
         request = self._read(request_id, position)
         if request is None:
             return
@@ -216,7 +231,7 @@ class Worker:
             if position is not None and kind in _STATE_CHANGING and model_id in self.requests.models:
                 snapshot = self.checkpoints.write_snapshot(model_id, seq, self.requests.state(model_id))
             outcome = DONE, result, content_type
-        except Interrupted:
+        except (Interrupted, RunFolderInUse):
             raise
         except Exception as error:
             outcome = failed(request_id, kind, error)
@@ -239,18 +254,13 @@ class Worker:
             self._record(request_id, request, position, done, None)
 
     def _record(
-        self,
-        request_id: str,
-        request: tuple[str, bytes, str, int],
-        position: tuple[str, int] | None,
-        outcome: tuple[bytes, bytes, str],
-        snapshot: tuple[int, str] | None,
+        self, request_id: str, request: Request, position: Position, outcome: Outcome, snapshot: Snapshot
     ) -> None:
         """Store an applied request's outcome, and what a replay after a restart needs of it."""
         kind, model_id, status = request[0], request[2], outcome[0]
         if kind == "forward_backward" and status == DONE:
             self.since_snapshot.setdefault(model_id, []).append(request_id)
-        self._finish(request_id, *outcome, position, snapshot)
+        self._finish(request_id, outcome, position, snapshot)
         if snapshot is not None:
             self.checkpoints.snapshot_taken(model_id, snapshot[1])
             for done in self.since_snapshot.pop(model_id, []):  # a replay needs them no more
@@ -258,22 +268,12 @@ class Worker:
         if status == FAILED and kind in ("create_model", "create_from_state"):
             self.store.models.unload(model_id)  # no model came of it: its later requests are refused at once
 
-    def _finish(
-        self,
-        request_id: str,
-        status: bytes,
-        result: bytes,
-        content_type: str,
-        position: tuple[str, int] | None,
-        snapshot: tuple[int, str] | None,
-    ) -> None:
+    def _finish(self, request_id: str, outcome: Outcome, position: Position, snapshot: Snapshot) -> None:
         """Record an applied request's outcome, retrying while Redis is away: applied once, it must not be
         applied again (a gradient accumulated twice)."""
         while True:
             try:
-                self.store.requests.finish(
-                    request_id, status, result, content_type, applied=position, snapshot=snapshot
-                )
+                self.store.requests.finish(request_id, *outcome, applied=position, snapshot=snapshot)
                 break
             except redis.RedisError as error:
                 if self.stopping.is_set():
@@ -304,7 +304,7 @@ class Worker:
         return json_body(model_id=model_id, type="unload_model"), JSON
 
 
-def failed(request_id: str, kind: str, error: Exception) -> tuple[bytes, bytes, str]:
+def failed(request_id: str, kind: str, error: Exception) -> Outcome:
     """The outcome of a request that raised ``error``: the client's (a ClientError: a WireError, a datum or loss the
     model cannot take) or the server's."""
     if isinstance(error, ClientError):
