@@ -73,7 +73,7 @@ $(SF_VENV)/.installed:
 	$(SF_VENV)/bin/pip install --quiet sample-factory==2.1.1 'gymnasium[mujoco]==0.29.1' mujoco==4.0.0
 	touch $@
 
-bench-tinker: $(VENV)/.installed  ## forward_backward + optim_step through the tinker SDK vs in-process, Humanoid policy and tiny LM, then sampling tokens/s vs Hugging Face generate on SmolLM2, SmolLM2 LoRA memory and training tokens/s of 8 clients batched vs in lanes (~8 min)
+bench-tinker: $(VENV)/.installed  ## forward_backward + optim_step through the tinker SDK vs in-process, Humanoid policy and tiny LM, then sampling tokens/s vs Hugging Face generate on SmolLM2, SmolLM2 LoRA memory, training tokens/s of 8 clients batched vs in lanes, 16 clients sampling at once, our LoRA vs PEFT (~20 min)
 	$(PY) -m bench tinker --out bench/out
 
 chaos: $(VENV)/.installed  ## Pendulum undisturbed and with a random service SIGKILLed every 8 s: curves, recovery times (~5 min; CONFIG= for another algorithm, STEPS=)

@@ -4,7 +4,8 @@ Tinker API, beside the same update called in-process on the same model code, for
 the SDK's serialisation, HTTP, the request and result kept in Redis, the snapshot after each step, the long poll.
 Then the sampler's tokens per second against Hugging Face ``generate`` (``bench/tinker_sampling.py``), and the
 trainer's memory with 1 to 8 LoRA clients of SmolLM2 (``bench/lm_memory.py``), and their trained tokens per second
-with the worker's batched passes on and off (``bench/lm_training.py``).
+with the worker's batched passes on and off (``bench/lm_training.py``), many clients sampling SmolLM2 at once
+(``bench/lm_sampling.py``), and our LoRA layer against PEFT's (``bench/lora_impl.py``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from bench import lm_memory, lm_sampling, lm_training, tinker_sampling
+from bench import lm_memory, lm_sampling, lm_training, lora_impl, tinker_sampling
 from bench.tinker_server import serving
 from tinker_atropos.config import parse_config
 from tinker_atropos.frontends.tinker import base_models
@@ -134,9 +135,10 @@ def run(out: Path, iterations: int = 60, warmup: int = 10) -> dict:
     memory = lm_memory.through_api(work / "memory") if smollm2.available() else []
     concurrent = lm_sampling.run(work / "concurrent") if smollm2.available() else {}
     training = lm_training.run(work / "lm-training")
+    lora_layers = lora_impl.run() if smollm2.available() else {}
     result = {"iterations": iterations, "machine": os.uname().nodename, "cpus": os.cpu_count(), "rows": rows}
     result.update(torch_threads=torch.get_num_threads(), sampling=sampling, memory=memory)
-    result.update(concurrent_sampling=concurrent, lm_training=training)
+    result.update(concurrent_sampling=concurrent, lm_training=training, lora_implementation=lora_layers)
     (out / "bench-tinker.json").write_text(json.dumps(result, indent=2))
     table = Table(title=f"forward_backward + optim_step round trip (median of {iterations})")
     for column in (
@@ -196,5 +198,44 @@ def run(out: Path, iterations: int = 60, warmup: int = 10) -> dict:
         off, on = training["lanes"], training["batched"]
         for label, key in (("1", "one_client_tokens_per_s"), (str(on["clients"]), "clients_tokens_per_s")):
             table.add_row(label, f"{off[key]:.0f}", f"{on[key]:.0f}", f"{on[key] / off[key]:.2f}")
+        Console().print(table)
+    if concurrent:  # issue 45: 16 clients >= 4 x one client alone, >= 1.0 x generate's static batch
+        c = lm_sampling
+        table = Table(
+            title=f"SmolLM2 sampling through the SDK, {c.CLIENTS} clients x {c.SAMPLES} x {c.TOKENS} tokens at once "
+            f"({concurrent['torch_threads']} threads)"
+        )
+        for column in (
+            "1 client tok/s",
+            "16 clients tok/s",
+            "generate, static batch",
+            "16 / 1",
+            "16 / generate",
+        ):
+            table.add_column(column)
+        for column in ("TTFT p50 s", "TTFT p95 s"):
+            table.add_column(column)
+        engine = concurrent["engine_in_process"]
+        table.add_row(
+            f"{concurrent['alone']['tokens_per_s']:.1f}",
+            f"{concurrent['together']['tokens_per_s']:.1f}",
+            f"{concurrent['hf_static_batch']['tokens_per_s']:.1f}",
+            f"{concurrent['together_vs_alone']:.2f}",
+            f"{concurrent['together_vs_hf_static']:.2f}",
+            f"{engine['ttft_p50_s']:.2f}",
+            f"{engine['ttft_p95_s']:.2f}",
+        )
+        Console().print(table)
+    if lora_layers:
+        table = Table(
+            title="our LoRA layer against PEFT's, SmolLM2 rank 8, forward_backward + AdamW, trained tok/s"
+        )
+        for column in ("adapters", "ours", "PEFT", "ours / PEFT"):
+            table.add_column(column)
+        for adapters in (1, lora_impl.ADAPTERS):
+            row = lora_layers[f"{adapters}_adapters_tokens_per_s"]
+            table.add_row(
+                str(adapters), f"{row['ours']:.0f}", f"{row['peft']:.0f}", f"{row['ours_vs_peft']:.2f}"
+            )
         Console().print(table)
     return result
