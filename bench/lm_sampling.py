@@ -22,7 +22,7 @@ from tinker_atropos.models import smollm2
 from tinker_atropos.sampling.engine import Engine
 from tinker_atropos.sampling.requests import Params
 
-CLIENTS, SAMPLES, TOKENS, PROMPT = 16, 4, 64, 32
+CLIENTS, SAMPLES, TOKENS, PROMPT, ROUNDS = 16, 4, 64, 32, 3
 
 
 def prompts(count: int) -> list[list[int]]:
@@ -126,13 +126,23 @@ def first_tokens(threads: int) -> dict[str, Any]:
     }
 
 
+def _median(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run of median tokens/s, with every run's tokens/s beside it."""
+    ranked = sorted(runs, key=lambda run: run["tokens_per_s"])
+    return {**ranked[len(ranked) // 2], "rounds_tokens_per_s": [run["tokens_per_s"] for run in runs]}
+
+
 def run(work: Path, threads: int | None = None) -> dict[str, Any]:
     """One client alone, then CLIENTS at once, through the SDK; the static batch and the first tokens here, with
     as many threads as the trainer's sampling process (``threads`` None: every core)."""
     threads = threads or len(os.sched_getaffinity(0))
     with serving(work, {"max_running_samples": 64}) as served:
-        alone = through_sdk(served.url, served.key, 1)
-        together = through_sdk(served.url, served.key, CLIENTS)
+        # alternating, the median round of each: this machine's speed drifts within a run
+        rounds = [
+            (through_sdk(served.url, served.key, 1), through_sdk(served.url, served.key, CLIENTS))
+            for _ in range(ROUNDS)
+        ]
+    alone, together = (_median([r[side] for r in rounds]) for side in (0, 1))
     static = hf_static_batch(threads)
     engine = first_tokens(threads)
     return {
