@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.tinker_server import serving
+from bench.tinker_server import ADAM, serving
 from tinker_atropos.config import parse_config
 from tinker_atropos.frontends.tinker import base_models
 from tinker_atropos.models import smollm2
@@ -23,15 +23,6 @@ from tinker_atropos.trainer.tinker.requests import adam_params
 from tinker_atropos.training.data import Datum
 from tinker_atropos.training.guard import NonfiniteGuard
 from tinker_atropos.training.served import owned_bytes, run_loss
-
-ADAM = {
-    "learning_rate": 1e-4,
-    "beta1": 0.9,
-    "beta2": 0.999,
-    "eps": 1e-8,
-    "weight_decay": 0.0,
-    "grad_clip_norm": 0.0,
-}
 
 
 def rss_mb(pid: int | str = "self") -> float:

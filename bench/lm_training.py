@@ -16,18 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.tinker_server import serving
+from bench.tinker_server import ADAM, serving
 from tinker_atropos.models import smollm2
 
 KEY = "tml-bench-lm-training-0123456789"
-ADAM = {
-    "learning_rate": 1e-4,
-    "beta1": 0.9,
-    "beta2": 0.999,
-    "eps": 1e-8,
-    "weight_decay": 0.0,
-    "grad_clip_norm": 0.0,
-}
 SEQUENCES, LENGTH = 4, 64  # each forward_backward's data
 
 

@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench import lm_memory, lm_sampling, lm_training, lora_impl, tinker_sampling
+from bench.tinker_server import ADAM as TINKER_ADAM
 from bench.tinker_server import serving
 from tinker_atropos.config import parse_config
 from tinker_atropos.frontends.tinker import base_models
@@ -32,14 +33,7 @@ from tinker_atropos.training.data import Datum
 from tinker_atropos.training.served import TINY_LM, run_loss
 
 KEY = "tml-bench-latency-0123456789"
-ADAM = {
-    "learning_rate": 1e-4,
-    "beta1": 0.9,
-    "beta2": 0.999,
-    "eps": 1e-8,
-    "weight_decay": 0.0,
-    "grad_clip_norm": 0.5,
-}
+ADAM = TINKER_ADAM | {"grad_clip_norm": 0.5}
 
 
 @dataclass(frozen=True)

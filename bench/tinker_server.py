@@ -18,6 +18,16 @@ import yaml
 from tinker_atropos.processes import child_preexec, free_port
 from tinker_atropos.state.embedded import EmbeddedValkey
 
+# the AdamParams every SDK benchmark steps with
+ADAM = {
+    "learning_rate": 1e-4,
+    "beta1": 0.9,
+    "beta2": 0.999,
+    "eps": 1e-8,
+    "weight_decay": 0.0,
+    "grad_clip_norm": 0.0,
+}
+
 
 @dataclass(frozen=True)
 class Served:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import redis
 import torch
 from atroposlib.envs.server_handling.managed_server import ManagedServer
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
@@ -20,7 +21,7 @@ from atroposlib.envs.server_handling.sglang_server import SGLangServer
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from tests.support.hf_models import model_folder
-from tinker_atropos.config import SMOLLM2, TINY_LM, ConfigError, parse_config
+from tinker_atropos.config import SMOLLM2, TINY_LM, Config, ConfigError, parse_config
 from tinker_atropos.errors import FatalError
 from tinker_atropos.frontends.http import run_key
 from tinker_atropos.launcher.client_files import tokenizer_folder
@@ -69,6 +70,24 @@ def _config(folder: Path, run: str, **atropos: object) -> dict:
             "atropos": {"enabled": True, "base_model": "my-llama", "inference_port": 0, **atropos}}}  # fmt: skip
 
 
+def _loop(
+    llama: Path,
+    tmp_path: Path,
+    client: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+    run: str,
+    rank: int,
+    learning_rate: float,
+    batch_size: int,
+) -> tuple[Config, AtroposLoop]:
+    """The run's config and its Atropos loop on the Llama folder, with the run's token set."""
+    monkeypatch.setenv("TA_TOKEN", RUN_TOKEN)
+    config = parse_config(
+        _config(llama, run, lora_rank=rank, learning_rate=learning_rate, batch_size=batch_size)
+    )
+    return config, AtroposLoop(config, client, tmp_path / "run", torch.device("cpu"))
+
+
 def _adapters(loop: AtroposLoop) -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in loop.model.model_state().items()}
 
@@ -76,9 +95,7 @@ def _adapters(loop: AtroposLoop) -> dict[str, torch.Tensor]:
 def test_the_loop_trains_a_model_folders_lm_with_lora_sampled_through_its_own_tokenizer(
     llama: Path, tmp_path: Path, valkey, redis_client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("TA_TOKEN", RUN_TOKEN)
-    config = parse_config(_config(llama, "atropos-llama", lora_rank=4, learning_rate=3e-2, batch_size=8))
-    loop = AtroposLoop(config, redis_client, tmp_path / "run", torch.device("cpu"))
+    config, loop = _loop(llama, tmp_path, redis_client, monkeypatch, "atropos-llama", 4, 3e-2, 8)
     hf = AutoTokenizer.from_pretrained(str(llama))
     # the environments get the folder itself as their tokenizer (atroposlib's tokenizer_name)
     assert tokenizer_folder(config, tmp_path) == str(llama.resolve())
@@ -160,9 +177,7 @@ def test_the_loop_trains_a_model_folders_lm_with_lora_sampled_through_its_own_to
 def test_full_fine_tuning_of_a_folders_lm_serves_every_changed_weight(
     llama: Path, tmp_path: Path, valkey, redis_client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("TA_TOKEN", RUN_TOKEN)
-    config = parse_config(_config(llama, "atropos-llama-full", lora_rank=0, learning_rate=1e-2, batch_size=4))
-    loop = AtroposLoop(config, redis_client, tmp_path / "run", torch.device("cpu"))
+    config, loop = _loop(llama, tmp_path, redis_client, monkeypatch, "atropos-llama-full", 0, 1e-2, 4)
     assert not loop.model.lora
     prompt = AutoTokenizer.from_pretrained(str(llama)).encode("w7 w8")
     replies = [100, 200, 100, 200]
