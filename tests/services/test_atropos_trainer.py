@@ -386,14 +386,18 @@ def test_hostile_bodies_to_the_inference_endpoint_cost_under_ten_times_their_siz
                 answers[what] = client.post(path, content=bodies[what], headers=encoding)
                 growth_mb[what] = (memory_kb(trainer.pid, "VmHWM") - start) / 1024
             over = client.post("/generate", content=chunked(MAX_MB + 1))
+            after_mb = (memory_kb(trainer.pid, "VmRSS") - rss_before) / 1024
+            for what, (path, _, _, _) in hostile.items():  # the same again: nothing kept per request
+                encoding = {"Content-Encoding": "gzip"} if what == "gzip bomb" else {}
+                client.post(path, content=bodies[what], headers=encoding)
+            again_mb = (memory_kb(trainer.pid, "VmRSS") - rss_before) / 1024 - after_mb
         elapsed_s = time.monotonic() - started
-        after_mb = (memory_kb(trainer.pid, "VmRSS") - rss_before) / 1024
         after = client.post("/v1/completions", json=sample)
     sizes_mb = {what: len(body) / 2**20 for what, body in bodies.items()}
     growth = {w: (round(growth_mb[w]), round(sizes_mb[w], 1)) for w in bodies}
     print(
         f"{elapsed_s:.1f} s; slowest /health {poller.slowest:.2f} s of {poller.answers}; "
-        f"RSS {after_mb:+.0f} MiB after; peak growth (MiB) for a body of (MiB): {growth}"
+        f"RSS {after_mb:+.0f} MiB after, {again_mb:+.0f} after them again; peak growth (MiB) for a body of (MiB): {growth}"
     )
     for what, (_, _, status, reason) in hostile.items():
         answer = answers[what]
@@ -407,5 +411,7 @@ def test_hostile_bodies_to_the_inference_endpoint_cost_under_ten_times_their_siz
     # asked throughout (four answers a second at least: one every 20 ms and the time it took)
     polled = (poller.slowest, poller.answers, elapsed_s)
     assert poller.slowest < 1.0 and poller.answers >= 4 * elapsed_s, polled
-    assert after_mb < 3 * MAX_MB, after_mb  # what the bodies took is handed back, but for a few MiB
+    # what the bodies took is handed back but for what the allocator keeps for later (17-28 MiB measured), and
+    # the same bodies again keep nothing more
+    assert after_mb < 4 * MAX_MB and again_mb < MAX_MB, (after_mb, again_mb)
     assert after.status_code == 200 and after.json()["choices"][0]["logprobs"]["token_ids"], after.text

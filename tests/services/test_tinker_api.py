@@ -184,6 +184,39 @@ def test_a_retried_request_number_is_applied_once(service: tinker.ServiceClient,
     assert second_step["grad_norm:mean"] > 0
 
 
+def test_cispo_dro_and_gspo_are_served_as_tinkers_pages_define_them(service: tinker.ServiceClient) -> None:
+    """Through the SDK on the tiny LM: each loss's ``loss:sum`` is its documented formula on the log-probs the
+    forward returns (``gspo`` with the cookbook's ``sequence_ratio_mask``), and a step with it trains."""
+    client = service.create_lora_training_client(base_model=LM, rank=8).result(timeout=60)
+    ids = IDS[:12]
+    n = len(ids) - 1
+    sampler = np.full(n, -5.0, np.float32)
+    advantages = np.linspace(-1.0, 1.0, n).astype(np.float32)
+    mask = np.asarray([0.0] * 3 + [1.0] * (n - 3), np.float32)
+    inputs = {"target_tokens": np.asarray(ids[1:], np.int64), "logprobs": sampler, "advantages": advantages}
+
+    def datum(**extra: np.ndarray) -> types.Datum:
+        return types.Datum(
+            model_input=types.ModelInput.from_ints(ids[:-1]), loss_fn_inputs={**inputs, **extra}
+        )
+
+    out = client.forward([datum()], "cispo").result(timeout=30)
+    lp = logprobs(out).astype(np.float64)
+    ratio = np.clip(np.exp(lp - sampler), 0.8, 1.2)
+    assert out.metrics["loss:sum"] == pytest.approx(-(ratio * lp * advantages).sum(), rel=1e-4)
+    out = client.forward([datum()], "dro", loss_fn_config={"beta": 0.1}).result(timeout=30)
+    dro = lp * advantages - 0.05 * (lp - sampler) ** 2
+    assert out.metrics["loss:sum"] == pytest.approx(-dro.sum(), rel=1e-4)
+    out = client.forward([datum(sequence_ratio_mask=mask)], "gspo").result(timeout=30)
+    s = np.exp((lp - sampler)[3:].mean())  # far above 1.2: clipped where the advantage is positive
+    gspo = np.minimum(s * advantages, np.clip(s, 0.8, 1.2) * advantages)
+    assert out.metrics["loss:sum"] == pytest.approx(-gspo.sum(), rel=1e-4)
+    for loss in ("cispo", "dro", "gspo"):
+        output, _ = step(client, datum(sequence_ratio_mask=mask), types.AdamParams(learning_rate=1e-2), loss)
+        assert np.isfinite(output.metrics["loss:sum"])
+    assert not np.allclose(forward_logprobs(client, datum(), "cispo"), lp)
+
+
 # --- user errors ---------------------------------------------------------------------------------------------
 
 
@@ -194,11 +227,8 @@ def test_an_unknown_loss_is_a_user_error_and_the_client_carries_on(service: tink
         client.forward_backward([datum], "no-such-loss").result(timeout=30)
     assert failure.value.category == RequestErrorCategory.User
     assert "no-such-loss" in failure.value.message
-    with pytest.raises(tinker.RequestFailedError) as failure:
-        client.forward_backward([datum], "cispo").result(timeout=30)
-    assert failure.value.category == RequestErrorCategory.User
     assert (
-        "this server computes cross_entropy, importance_sampling, ppo, stable_reinforce"
+        "this server computes cross_entropy, importance_sampling, ppo, cispo, dro, gspo, stable_reinforce"
         in failure.value.message
     )
     output, optim = step(client, datum, types.AdamParams(learning_rate=1e-2))

@@ -65,5 +65,66 @@ def test_stable_reinforce_refuses_data_without_a_record_and_bounds_that_exclude_
     inputs = {"sampler_logprobs": torch.zeros(1), "advantages": torch.ones(1)}
     with pytest.raises(LossError, match="must hold 1"):
         loss_fn("stable_reinforce")(lp, inputs, {"mask_low_threshold": 1.5})
-    with pytest.raises(LossError, match="unknown loss 'cispo'"):
-        loss_fn("cispo")
+    with pytest.raises(LossError, match="unknown loss 'dpo'"):
+        loss_fn("dpo")
+
+
+def test_cispo_weighs_each_log_probability_by_its_clipped_ratio_without_its_gradient() -> None:
+    """Ratios 1, e^0.5 = 1.65 (clipped to 1.2) and e^-1 = 0.37 (clipped to 0.8): the value is -sum(clip(r) * lp * A)
+    and each token's gradient -clip(r) * A, even where the ratio was clipped (PPO's would be 0 there)."""
+    lp = logprobs(-1.0, -0.5, -2.0)
+    inputs = {"logprobs": torch.tensor([-1.0, -1.0, -1.0]), "advantages": torch.tensor([1.0, 2.0, -3.0])}
+    value = loss_fn("cispo")(lp, inputs, {})
+    weights = [1.0, 1.2, 0.8]
+    expected = -sum(w * p * a for w, p, a in zip(weights, [-1.0, -0.5, -2.0], [1.0, 2.0, -3.0], strict=True))
+    assert value.item() == pytest.approx(expected)
+    value.backward()
+    assert lp.grad is not None and lp.grad.tolist() == pytest.approx([-1.0, -2.4, 2.4])
+    wide = loss_fn("cispo")(lp, inputs, {"clip_low_threshold": 0.1, "clip_high_threshold": 10.0})
+    assert wide.item() == pytest.approx(-(-1.0 + math.exp(0.5) * -0.5 * 2.0 + math.exp(-1.0) * -2.0 * -3.0))
+
+
+def test_dro_is_the_advantage_weighted_log_probability_minus_a_quadratic_penalty() -> None:
+    lp = logprobs(-1.0, -0.5)
+    inputs = {"logprobs": torch.tensor([-1.0, -1.5]), "advantages": torch.tensor([2.0, -1.0])}
+    value = loss_fn("dro")(lp, inputs, {"beta": 0.4})
+    assert value.item() == pytest.approx(-((-1.0 * 2.0) + (-0.5 * -1.0 - 0.5 * 0.4 * 1.0**2)))
+    value.backward()
+    # d/dlp: -(A - beta * (lp - q))
+    assert lp.grad is not None and lp.grad.tolist() == pytest.approx([-2.0, 1.0 + 0.4 * 1.0])
+    default = loss_fn("dro")(lp, inputs, {})  # beta 0.05
+    assert default.item() == pytest.approx(-((-1.0 * 2.0) + (-0.5 * -1.0 - 0.5 * 0.05)))
+    with pytest.raises(LossError, match="beta"):
+        loss_fn("dro")(lp, inputs, {"beta": -1.0})
+
+
+def test_gspo_keeps_or_clips_whole_sequences_by_their_mean_log_ratio() -> None:
+    """The sequence ratio is exp of the mean log-ratio over the masked targets; every target carries its value
+    with the gradient of its own log-probability; clipped, the whole sequence gets no gradient."""
+    lp = logprobs(-5.0, -1.0, -0.8, -1.2)
+    sampler = torch.tensor([-1.0, -1.1, -1.0, -1.0])
+    mask = torch.tensor([0.0, 1.0, 1.0, 1.0])  # a prompt target outside the ratio
+    advantages = torch.tensor([0.0, 1.0, 1.0, 1.0])
+    inputs = {"logprobs": sampler, "advantages": advantages, "sequence_ratio_mask": mask}
+    s = math.exp((0.1 + 0.2 - 0.2) / 3)  # within [0.8, 1.2]
+    value = loss_fn("gspo")(lp, inputs, {})
+    assert value.item() == pytest.approx(-3 * s)
+    value.backward()
+    assert lp.grad is not None and lp.grad.tolist() == pytest.approx([0.0, -s, -s, -s])
+
+    far = {
+        **inputs,
+        "logprobs": torch.tensor([-1.0, -2.0, -2.0, -2.0]),
+    }  # s = e^1 > 1.2, advantages positive
+    lp.grad = None
+    clipped = loss_fn("gspo")(lp, far, {})
+    s_far = math.exp((1.0 + 1.2 + 0.8) / 3)
+    assert clipped.item() == pytest.approx(-3 * 1.2) and s_far > 1.2
+    clipped.backward()
+    assert lp.grad.tolist() == pytest.approx([0.0, 0.0, 0.0, 0.0])
+
+    without_mask = loss_fn("gspo")(lp, {"logprobs": sampler, "advantages": advantages}, {})  # every target
+    every = math.exp((-4.0 + 0.1 + 0.2 - 0.2) / 4)  # 0.40, clipped to 0.8; min(s A, 0.8 A) = s A for A >= 0
+    assert without_mask.item() == pytest.approx(-3 * every)
+    with pytest.raises(LossError, match="marks no target"):
+        loss_fn("gspo")(lp, {**inputs, "sequence_ratio_mask": torch.zeros(4)}, {})

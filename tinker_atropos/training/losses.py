@@ -7,6 +7,15 @@ means), computed from the log-probabilities the model gives its targets.
 - ``ppo``: the clipped surrogate ``-min(ratio * A, clip(ratio, low, high) * A).sum()`` with the ratio bounds
   ``clip_low_threshold`` / ``clip_high_threshold`` (per target in ``loss_fn_inputs`` or one value in
   ``loss_fn_config``), 0.8 and 1.2 by default (epsilon 0.2)
+- ``cispo``: the clipped ratio as a coefficient without gradient, ``-(sg(clip(ratio, low, high)) * target_logprobs
+  * advantages).sum()``: every token keeps the gradient of its log-probability, its weight bounded (the same
+  bounds as ``ppo``, 0.8 and 1.2 by default: Tinker does not publish its defaults, these are ours)
+- ``dro``: ``-(target_logprobs * advantages - beta / 2 * (target_logprobs - logprobs) ** 2).sum()``, ``beta`` from
+  ``loss_fn_config`` (0.05 by default, ours: the value of Tinker's example); the soft advantages are the client's
+- ``gspo``, Tinker's token-level variant (GSPO-token): the sequence ratio ``s = exp(mean(target_logprobs -
+  logprobs))`` over the targets ``sequence_ratio_mask`` marks (every target without one), each target's ratio
+  ``sg(s) * p / sg(p)`` (its value ``s``, the gradient of its own log-probability), then ``ppo``'s clipped
+  surrogate with the same bounds: whole sequences are kept or clipped. A datum is one sequence
 - ``stable_reinforce``: REINFORCE whose importance ratio is taken against the log-probabilities the *sampler
   recorded* for the tokens it sampled (``record_stability_info=True``; the datum's provenance spans name the
   sequence behind each target, ``frontends/tinker/stability.py`` looks them up) and whose tokens are dropped where
@@ -63,10 +72,38 @@ def importance_sampling(logprobs: torch.Tensor, inputs: Inputs, config: Config) 
 def ppo(logprobs: torch.Tensor, inputs: Inputs, config: Config) -> torch.Tensor:
     ratio = torch.exp(logprobs - inputs["logprobs"])
     advantages = inputs["advantages"]
+    return -torch.minimum(ratio * advantages, _clip(ratio, inputs, config) * advantages).sum()
+
+
+def _clip(ratio: torch.Tensor, inputs: Inputs, config: Config) -> torch.Tensor:
+    """``ratio`` within [``clip_low_threshold``, ``clip_high_threshold``] (0.8 and 1.2 by default)."""
     low = _bound(inputs, config, "clip_low_threshold", 0.8)
     high = _bound(inputs, config, "clip_high_threshold", 1.2)
-    clipped = torch.minimum(torch.maximum(ratio, torch.as_tensor(low)), torch.as_tensor(high))
-    return -torch.minimum(ratio * advantages, clipped * advantages).sum()
+    return torch.minimum(torch.maximum(ratio, torch.as_tensor(low)), torch.as_tensor(high))
+
+
+def cispo(logprobs: torch.Tensor, inputs: Inputs, config: Config) -> torch.Tensor:
+    ratio = torch.exp(logprobs - inputs["logprobs"])
+    return -(_clip(ratio, inputs, config).detach() * logprobs * inputs["advantages"]).sum()
+
+
+def dro(logprobs: torch.Tensor, inputs: Inputs, config: Config) -> torch.Tensor:
+    beta = config_number(config, "beta", 0.05)
+    if beta < 0:
+        raise LossError(f"dro's beta weighs a quadratic penalty and must be >= 0, got {beta}")
+    penalty = (logprobs - inputs["logprobs"]) ** 2
+    return -(logprobs * inputs["advantages"] - 0.5 * beta * penalty).sum()
+
+
+def gspo(logprobs: torch.Tensor, inputs: Inputs, config: Config) -> torch.Tensor:
+    mask = inputs.get("sequence_ratio_mask")
+    in_ratio = torch.ones_like(logprobs, dtype=torch.bool) if mask is None else mask != 0
+    if not bool(in_ratio.any()):
+        raise LossError("gspo's sequence_ratio_mask marks no target: the sequence ratio is over none")
+    sequence = (logprobs.detach() - inputs["logprobs"])[in_ratio].mean()
+    ratio = torch.exp(sequence + logprobs - logprobs.detach())
+    advantages = inputs["advantages"]
+    return -torch.minimum(ratio * advantages, _clip(ratio, inputs, config) * advantages).sum()
 
 
 def stable_reinforce(logprobs: torch.Tensor, inputs: Inputs, config: Config) -> torch.Tensor:
@@ -93,6 +130,9 @@ LOSSES: dict[str, Callable[[torch.Tensor, Inputs, Config], torch.Tensor]] = {
     "cross_entropy": cross_entropy,
     "importance_sampling": importance_sampling,
     "ppo": ppo,
+    "cispo": cispo,
+    "dro": dro,
+    "gspo": gspo,
     "stable_reinforce": stable_reinforce,
 }
 
@@ -102,6 +142,9 @@ INPUTS: dict[str, tuple[str, ...]] = {
     "cross_entropy": (),
     "importance_sampling": ("logprobs", "advantages"),
     "ppo": ("logprobs", "advantages"),
+    "cispo": ("logprobs", "advantages"),
+    "dro": ("logprobs", "advantages"),
+    "gspo": ("logprobs", "advantages"),
     # and the log-probs the sampler recorded, which the provenance names (``Datum.sampler_logprobs``)
     "stable_reinforce": ("advantages",),
 }

@@ -98,7 +98,14 @@ def _tensor(datum: Datum, name: str, dtype: torch.dtype) -> torch.Tensor:
 
 
 # what the losses read per target (finite numbers), which any model's data may carry
-LOSS_INPUT_NAMES = ("logprobs", "advantages", "weights", "clip_low_threshold", "clip_high_threshold")
+LOSS_INPUT_NAMES = (
+    "logprobs",
+    "advantages",
+    "weights",
+    "clip_low_threshold",
+    "clip_high_threshold",
+    "sequence_ratio_mask",
+)
 _LOSS_INPUTS = {name: Input() for name in LOSS_INPUT_NAMES}
 
 
