@@ -62,6 +62,37 @@ def is_incident(name: str) -> bool:
     return any(word in name for word in INCIDENT_WORDS)
 
 
+class TrainerWrites:
+    """The trainer's writes into the run folder (checkpoints, TensorBoard events) as its figures tell: one console
+    line when a kind starts failing (or fails otherwise), one when it works again, whichever kind a full disk
+    fails first. The trainer's log has the same; the console is where the user looks."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.longest: tuple[str, float] = ("", 0.0)  # the failure going on longest and for how long
+        self.failures: dict[str, str] = {}  # every kind failing now, as last said
+
+    def note(self, trainer: dict[str, Any]) -> None:
+        """Take the trainer's latest figures (empty while it restarts: its last word stands)."""
+        if not trainer:
+            return
+        self.longest = (str(trainer.get("write_failure") or ""), float(trainer.get("write_failing_s") or 0.0))
+        failures = {str(k): str(v) for k, v in (trainer.get("write_failures") or {}).items()}
+        for kind, failure in failures.items():
+            if failure != self.failures.get(kind):
+                self.console.print(
+                    f"[yellow]the trainer cannot write {failure}; learning goes on, the run stops if "
+                    "it lasts run.write_failure_timeout_s",
+                    highlight=False,
+                )
+        for kind, failure in self.failures.items():
+            if kind not in failures:
+                self.console.print(
+                    f"[green]the trainer writes again (it could not write {failure})", highlight=False
+                )
+        self.failures = failures
+
+
 class ProgressReporter:
     """Reports a run's figures; ``counters``, ``wall_offset_s`` and ``policy_version`` continue a resumed run."""
 
@@ -83,8 +114,7 @@ class ProgressReporter:
             report=lambda line: console.print(f"[yellow]{line}", highlight=False),
         )
         self._pending: deque[str] = deque(maxlen=PENDING_ROWS)  # rows not yet in metrics.jsonl
-        # the trainer's write_failure and write_failing_s at the last report
-        self.trainer_failure: tuple[str, float] = ("", 0.0)
+        self.trainer_writes = TrainerWrites(console)
         self.start, self.wall_offset_s = time.monotonic(), wall_offset_s
         self.counters = dict(counters or {})  # the run's counters at the last report
         self.last_time, self.last_steps = self.start, self.counters.get("env_steps", 0)
@@ -186,26 +216,7 @@ class ProgressReporter:
         """What write into the run folder has been failing longest (metrics.jsonl, or the trainer's checkpoints or
         TensorBoard events), and for how long; ("", 0.0) while every write succeeds."""
         own = (self.metrics_writes.error, self.metrics_writes.failing_s)
-        return max(own, self.trainer_failure, key=lambda failure: failure[1])
-
-    def _note_trainer_failure(self, trainer: dict[str, Any]) -> None:
-        """One console line when the trainer's writes start failing (or fail otherwise), one when they work
-        again: the trainer's log has the same, the console is where the user looks."""
-        if not trainer:  # restarting: its last word stands
-            return
-        failure = (str(trainer.get("write_failure") or ""), float(trainer.get("write_failing_s") or 0.0))
-        if failure[0] and failure[0] != self.trainer_failure[0]:
-            self.console.print(
-                f"[yellow]the trainer cannot write {failure[0]}; learning goes on, the run stops if "
-                "it lasts run.write_failure_timeout_s",
-                highlight=False,
-            )
-        elif self.trainer_failure[0] and not failure[0]:
-            self.console.print(
-                f"[green]the trainer writes again (it could not write {self.trainer_failure[0]})",
-                highlight=False,
-            )
-        self.trainer_failure = failure
+        return max(own, self.trainer_writes.longest, key=lambda failure: failure[1])
 
     def _row(self) -> dict[str, Any]:
         now = time.monotonic()
@@ -221,7 +232,7 @@ class ProgressReporter:
             }
         trainer = next((service.figures for service in services if service.kind == "trainer"), {})
         self.tinker_api = str(trainer.get("tinker_api") or self.tinker_api)
-        self._note_trainer_failure(trainer)
+        self.trainer_writes.note(trainer)
         # what the rollouts act with: it never goes back, also while a trainer restarts; a malformed weights
         # record (ValueError) is the trainer's to replace
         with contextlib.suppress(ValueError):

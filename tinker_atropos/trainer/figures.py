@@ -55,5 +55,6 @@ def write_figures(writes: FolderWrites) -> dict[str, Any]:
     return {
         "writes_failed": {writes.what: writes.failed},
         "write_failure": writes.error,
+        "write_failures": {writes.what: writes.error} if writes.error else {},
         "write_failing_s": writes.failing_s,
     }

@@ -57,7 +57,7 @@ class EnvironmentStatus(_message.Message):
     def __init__(self, incarnation: _Optional[str] = ..., env_id: _Optional[str] = ..., instances: _Optional[int] = ..., free_instances: _Optional[int] = ..., sessions: _Optional[int] = ..., streams: _Optional[int] = ..., steps: _Optional[int] = ..., episodes: _Optional[int] = ..., episodes_cut_nonfinite: _Optional[int] = ..., bad_requests: _Optional[int] = ..., streams_refused: _Optional[int] = ..., streams_timed_out: _Optional[int] = ..., local_peers_refused: _Optional[int] = ..., sessions_refused_busy: _Optional[int] = ..., sessions_taken_over: _Optional[int] = ...) -> None: ...
 
 class TrainerStatus(_message.Message):
-    __slots__ = ("incarnation", "policy_version", "updates", "env_steps_trained", "chunks_consumed", "chunks_rejected_stale", "busy_fraction", "policy_lag_min", "policy_lag_mean", "policy_lag_max", "losses", "records_rejected", "updates_discarded_nonfinite", "tinker_api", "policy_lag_counts", "eval_policy_version", "eval_return_mean", "eval_return_std", "eval_best_policy_version", "eval_best_return_mean", "writes_failed", "write_failure", "write_failing_s", "tinker_events")
+    __slots__ = ("incarnation", "policy_version", "updates", "env_steps_trained", "chunks_consumed", "chunks_rejected_stale", "busy_fraction", "policy_lag_min", "policy_lag_mean", "policy_lag_max", "losses", "records_rejected", "updates_discarded_nonfinite", "tinker_api", "policy_lag_counts", "eval_policy_version", "eval_return_mean", "eval_return_std", "eval_best_policy_version", "eval_best_return_mean", "writes_failed", "write_failure", "write_failing_s", "tinker_events", "write_failures")
     class LossesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -93,6 +93,13 @@ class TrainerStatus(_message.Message):
         key: str
         value: int
         def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class WriteFailuresEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     UPDATES_FIELD_NUMBER: _ClassVar[int]
@@ -117,6 +124,7 @@ class TrainerStatus(_message.Message):
     WRITE_FAILURE_FIELD_NUMBER: _ClassVar[int]
     WRITE_FAILING_S_FIELD_NUMBER: _ClassVar[int]
     TINKER_EVENTS_FIELD_NUMBER: _ClassVar[int]
+    WRITE_FAILURES_FIELD_NUMBER: _ClassVar[int]
     incarnation: str
     policy_version: int
     updates: int
@@ -141,7 +149,8 @@ class TrainerStatus(_message.Message):
     write_failure: str
     write_failing_s: float
     tinker_events: _containers.ScalarMap[str, int]
-    def __init__(self, incarnation: _Optional[str] = ..., policy_version: _Optional[int] = ..., updates: _Optional[int] = ..., env_steps_trained: _Optional[int] = ..., chunks_consumed: _Optional[int] = ..., chunks_rejected_stale: _Optional[int] = ..., busy_fraction: _Optional[float] = ..., policy_lag_min: _Optional[float] = ..., policy_lag_mean: _Optional[float] = ..., policy_lag_max: _Optional[float] = ..., losses: _Optional[_Mapping[str, float]] = ..., records_rejected: _Optional[_Mapping[str, int]] = ..., updates_discarded_nonfinite: _Optional[int] = ..., tinker_api: _Optional[str] = ..., policy_lag_counts: _Optional[_Mapping[int, int]] = ..., eval_policy_version: _Optional[int] = ..., eval_return_mean: _Optional[float] = ..., eval_return_std: _Optional[float] = ..., eval_best_policy_version: _Optional[int] = ..., eval_best_return_mean: _Optional[float] = ..., writes_failed: _Optional[_Mapping[str, int]] = ..., write_failure: _Optional[str] = ..., write_failing_s: _Optional[float] = ..., tinker_events: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    write_failures: _containers.ScalarMap[str, str]
+    def __init__(self, incarnation: _Optional[str] = ..., policy_version: _Optional[int] = ..., updates: _Optional[int] = ..., env_steps_trained: _Optional[int] = ..., chunks_consumed: _Optional[int] = ..., chunks_rejected_stale: _Optional[int] = ..., busy_fraction: _Optional[float] = ..., policy_lag_min: _Optional[float] = ..., policy_lag_mean: _Optional[float] = ..., policy_lag_max: _Optional[float] = ..., losses: _Optional[_Mapping[str, float]] = ..., records_rejected: _Optional[_Mapping[str, int]] = ..., updates_discarded_nonfinite: _Optional[int] = ..., tinker_api: _Optional[str] = ..., policy_lag_counts: _Optional[_Mapping[int, int]] = ..., eval_policy_version: _Optional[int] = ..., eval_return_mean: _Optional[float] = ..., eval_return_std: _Optional[float] = ..., eval_best_policy_version: _Optional[int] = ..., eval_best_return_mean: _Optional[float] = ..., writes_failed: _Optional[_Mapping[str, int]] = ..., write_failure: _Optional[str] = ..., write_failing_s: _Optional[float] = ..., tinker_events: _Optional[_Mapping[str, int]] = ..., write_failures: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class RolloutStatus(_message.Message):
     __slots__ = ("incarnation", "policy_version", "env_steps", "chunks_written", "partial_chunks_dropped", "connected_sessions", "episodes", "weights_rejected", "episode_return_mean", "sessions_lost", "weights_refused", "instances_held", "instances_by_env", "units_assigned", "rollouts_seen", "units_handed_over", "leases_lost", "lease_records_skipped")
