@@ -54,6 +54,27 @@ def test_samples_are_seeded_and_report_sampling_logprobs() -> None:
     assert nucleus.tokens == greedy.tokens and nucleus.logprobs == [0.0] * 6  # one token left: p = 1
 
 
+def test_each_sampled_token_brings_the_top_k_of_the_models_own_distribution() -> None:
+    """``topk_logprobs``: per token, the k most likely tokens of the step it was drawn at, at temperature 1 (not
+    the temperature sampled at), most likely first: greedy, the token and its log-prob are the first of them."""
+    model = TinyCausalLM()
+    prompt = TOK.encode("hi", add_bos=True)
+    for temperature in (0.0, 0.5):
+        out = draw(model, prompt, 8, frozenset(), temperature=temperature, seed=2, topk_logprobs=4)[0]
+        assert out.topk is not None and out.topk.k == 4 and len(out.topk.rows) == len(out.tokens) == 8
+        seq = torch.tensor(prompt + out.tokens)
+        own = model(seq[None, :-1])[0, len(prompt) - 1 :].log_softmax(-1)  # temperature 1
+        values, ids = own.topk(4)
+        assert [row[0] for row in out.topk.rows if row is not None] == ids.tolist()
+        torch.testing.assert_close(torch.tensor([row[1] for row in out.topk.rows if row]), values)
+        if temperature == 0:
+            assert out.tokens == ids[:, 0].tolist()
+            torch.testing.assert_close(torch.tensor(out.logprobs), values[:, 0])
+    assert draw(model, prompt, 3)[0].topk is None  # not asked
+    with pytest.raises(ValueError, match=r"topk_sample_logprobs must lie in \[0, 258\]"):
+        draw(model, prompt, 3, topk_logprobs=TOK.vocab_size + 1)
+
+
 def test_samples_stop_at_tokens_strings_and_limits() -> None:
     model = TinyCausalLM()
     prompt = TOK.encode("hi", add_bos=True)

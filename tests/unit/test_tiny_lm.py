@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tinker_atropos.frontends.tinker.wire import WireError
 from tinker_atropos.models.lora import LoRALinear
 from tinker_atropos.models.tiny_lm import (
     ByteTokenizer,
@@ -12,11 +13,12 @@ from tinker_atropos.models.tiny_lm import (
     TinyLMConfig,
     add_lora,
     batch_target_logprobs,
-    prompt_logprobs,
+    next_token_logprobs,
     target_logprobs,
 )
 from tinker_atropos.sampling import engine
-from tinker_atropos.sampling.requests import Params
+from tinker_atropos.sampling.requests import Params, Topk
+from tinker_atropos.trainer.tinker.sampling import prompt_scores
 
 TOK = ByteTokenizer()
 TEXT = "tinker-atropos learns to speak.\n"
@@ -130,9 +132,30 @@ def test_target_logprobs_match_log_softmax_and_batch() -> None:
         batch_target_logprobs(model, [IDS[:3]], [IDS[:4]])
 
 
-def test_prompt_logprobs_are_shifted_target_logprobs() -> None:
+def test_a_prompts_log_probs_and_top_k_are_read_from_one_forward_of_shifted_target_logprobs() -> None:
+    """``next_token_logprobs`` row t - 1 scores position t, as ``target_logprobs`` does; the sampler's
+    ``prompt_scores`` reads the SampleRequest's prompt log-probs and their top-k from it."""
     model = TinyCausalLM()
-    got = prompt_logprobs(model, IDS.tolist())
-    assert got[0] is None and len(got) == len(IDS)
-    torch.testing.assert_close(torch.tensor(got[1:]), target_logprobs(model, IDS[:-1], IDS[1:]).detach())
-    assert prompt_logprobs(model, [TOK.bos_id]) == [None]
+    scores = next_token_logprobs(model, IDS.tolist())
+    assert scores.shape == (len(IDS) - 1, TinyLMConfig.vocab_size)
+    picked = scores[torch.arange(len(IDS) - 1), IDS[1:]]
+    torch.testing.assert_close(picked, target_logprobs(model, IDS[:-1], IDS[1:]).detach())
+    assert next_token_logprobs(model, [TOK.bos_id]).shape == (0, TinyLMConfig.vocab_size)
+
+    request = {"prompt_logprobs": True, "topk_prompt_logprobs": 3}
+    logprobs, topk = prompt_scores(model, IDS.tolist(), request)
+    assert logprobs is not None and logprobs[0] is None
+    torch.testing.assert_close(torch.tensor(logprobs[1:]), picked)
+    assert topk is not None and topk.k == 3 and topk.rows[0] is None and len(topk.rows) == len(IDS)
+    for row, position in zip(topk.rows[1:], scores, strict=True):
+        assert row is not None
+        values, ids = position.topk(3)
+        assert row[0] == ids.tolist() and row[1] == pytest.approx(values.tolist())
+
+    last = prompt_scores(model, IDS.tolist(), {**request, "prompt_logprobs_last_n": 2})
+    assert last[0] == [None] * (len(IDS) - 2) + logprobs[-2:]
+    assert last[1] is not None and last[1].rows == [None] * (len(IDS) - 2) + topk.rows[-2:]
+    assert prompt_scores(model, IDS.tolist(), {"topk_prompt_logprobs": 0}) == (None, None)
+    assert prompt_scores(model, [TOK.bos_id], request) == ([None], Topk(3, [None]))
+    with pytest.raises(WireError, match=r"topk_prompt_logprobs must lie in \[0, 258\]"):
+        prompt_scores(model, IDS.tolist(), {"topk_prompt_logprobs": 259})

@@ -278,14 +278,14 @@ def batch_target_logprobs(
 
 
 @torch.no_grad()
-def prompt_logprobs(model: TinyCausalLM, prompt: Sequence[int]) -> list[float | None]:
-    """log p(prompt[t] | prompt[:t]) for each t; None first, as nothing predicts the first token."""
+def next_token_logprobs(model: TinyCausalLM, prompt: Sequence[int]) -> torch.Tensor:
+    """log p(v | prompt[:t]) for t = 1 .. len(prompt) - 1, [len(prompt) - 1, vocab] at temperature 1 (row t - 1
+    scores prompt[t]): a prompt's log-probs and their top-k, read from one forward."""
     if not prompt:
         raise ValueError("prompt is empty")
     if len(prompt) == 1:
-        return [None]
-    tokens = torch.tensor(prompt, device=_device(model))
-    return [None, *target_logprobs(model, tokens[:-1], tokens[1:]).tolist()]
+        return torch.zeros(0, model.config.vocab_size, device=_device(model))
+    return model(torch.tensor([prompt[:-1]], device=_device(model)))[0].float().log_softmax(-1)
 
 
 def _device(model: nn.Module) -> torch.device:

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from tinker_atropos.models import lora
-from tinker_atropos.sampling.requests import Decoder, Params, SampledTokens
+from tinker_atropos.sampling.requests import Decoder, Params, SampledTokens, Topk, TopRow, top
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +55,7 @@ class _Request:
     read: int = 0  # prompt tokens read
     tokens: list[list[int]] = field(default_factory=list)
     logprobs: list[list[float]] = field(default_factory=list)
+    topk: list[list[TopRow | None]] = field(default_factory=list)  # per sample, per token
     ends: list[str | None] = field(default_factory=list)
     live: list[int] = field(default_factory=list)  # its samples still in the batch, in the batch's order
 
@@ -63,11 +64,12 @@ class _Request:
         """The positions each of its rows holds at most."""
         return len(self.prompt) + self.params.max_tokens
 
-    def record(self, sample: int, token: int, logprob: float) -> bool:
-        """A sample's new token; whether the sample goes on."""
+    def record(self, sample: int, token: int, logprob: float, topk: TopRow | None) -> bool:
+        """A sample's new token (and the most likely ones of its step, when asked); whether the sample goes on."""
         tokens = self.tokens[sample]
         tokens.append(token)
         self.logprobs[sample].append(logprob)
+        self.topk[sample].append(topk)
         params = self.params
         if token in params.stop_tokens or (params.stop_text is not None and params.stop_text(tokens)):
             self.ends[sample] = "stop"
@@ -76,10 +78,16 @@ class _Request:
         return self.ends[sample] is None
 
     def result(self) -> list[SampledTokens]:
+        k = self.params.topk_logprobs
         return [
-            SampledTokens(t, lp, end)
-            for t, lp, end in zip(self.tokens, self.logprobs, self.ends, strict=True)
-        ]  # type: ignore[arg-type]
+            SampledTokens(t, lp, end, Topk(k, rows) if k else None)  # type: ignore[arg-type]
+            for t, lp, end, rows in zip(self.tokens, self.logprobs, self.ends, self.topk, strict=True)
+        ]
+
+    def top(self, logits: torch.Tensor) -> Sequence[TopRow | None]:
+        """Per row of ``logits``, its ``Params.topk_logprobs`` most likely tokens (None each when not asked)."""
+        k = self.params.topk_logprobs
+        return top(logits, k) if k else [None] * len(logits)
 
 
 class Engine:
@@ -137,6 +145,7 @@ class Engine:
             params.generators(self.device),
             tokens=[[] for _ in range(n)],
             logprobs=[[] for _ in range(n)],
+            topk=[[] for _ in range(n)],
             ends=[None] * n,
         )
         with self.changed:
@@ -276,10 +285,11 @@ class Engine:
         n = request.params.num_samples
         tokens, logprobs = request.params.draw(logits.expand(n, -1), request.generators)
         self.first_token_s.append(time.monotonic() - request.submitted)
+        topk = request.top(logits) * n  # the samples share the prompt's last step
         request.live = [
             s
-            for s, t, lp in zip(range(n), tokens.tolist(), logprobs.tolist(), strict=True)
-            if request.record(s, t, lp)
+            for s, t, lp, tk in zip(range(n), tokens.tolist(), logprobs.tolist(), topk, strict=True)
+            if request.record(s, t, lp, tk)
         ]
         kv, request.kv = request.kv, None
         if not request.live:
@@ -296,12 +306,13 @@ class Engine:
             count = len(request.live)
             generators = [request.generators[i] for i in request.live]
             tokens, logprobs = request.params.draw(logits[start : start + count], generators)
+            topk = request.top(logits[start : start + count])
             rows.last[start : start + count] = tokens.to(rows.last.device)
             going = []
-            for row, (sample, t, lp) in enumerate(
-                zip(request.live, tokens.tolist(), logprobs.tolist(), strict=True)
+            for row, (sample, t, lp, tk) in enumerate(
+                zip(request.live, tokens.tolist(), logprobs.tolist(), topk, strict=True)
             ):
-                if request.record(sample, t, lp):
+                if request.record(sample, t, lp, tk):
                     going.append(sample)
                     keep.append(start + row)
             request.live = going

@@ -27,11 +27,33 @@ class Decoder(Protocol):
         ...
 
 
+# a position's most likely token ids and their log-probs, most likely first
+TopRow = tuple[list[int], list[float]]
+
+
+@dataclass(frozen=True)
+class Topk:
+    """The ``k`` most likely next tokens at each of a run of positions, with their log-probabilities under the
+    model's own distribution (temperature 1, nothing cut); None where nothing was scored. What the Tinker SDK's
+    top-k log-probs carry: a distillation recipe trains on a teacher's."""
+
+    k: int
+    rows: list[TopRow | None]
+
+
+def top(logits: torch.Tensor, k: int) -> list[TopRow]:
+    """``Topk`` rows of ``logits`` [N, vocab]: each row's ``k`` most likely tokens and their log-probabilities at
+    temperature 1 (the distribution prompt log-probs are scored under, whatever a sample was drawn at)."""
+    values, ids = logits.float().log_softmax(-1).topk(k, dim=-1)
+    return list(zip(ids.tolist(), values.tolist(), strict=True))
+
+
 @dataclass(frozen=True)
 class SampledTokens:
     tokens: list[int]
     logprobs: list[float]
     stop_reason: Literal["length", "stop"]
+    topk: Topk | None = None  # one row per token when ``Params.topk_logprobs`` asked for them
 
 
 @dataclass(frozen=True)
@@ -43,7 +65,9 @@ class Params:
     tokens (a stop string in their decoded text; that token included, as a stop token is). ``logprobs`` are those
     of the distribution actually sampled from: the logits divided by ``temperature``, cut to ``top_k`` / ``top_p``
     and renormalised (what an importance ratio needs). ``temperature == 0`` is greedy, its logprobs those of
-    temperature 1. ``top_k <= 0`` and ``top_p == 1`` keep every token. A given ``seed`` reproduces the samples."""
+    temperature 1. ``top_k <= 0`` and ``top_p == 1`` keep every token. A given ``seed`` reproduces the samples.
+    ``topk_logprobs`` > 0 also gives, for each token, that many most likely tokens of the step it was drawn at
+    (``Topk``: the model's distribution at temperature 1, as prompt log-probs)."""
 
     max_tokens: int
     num_samples: int = 1
@@ -53,6 +77,7 @@ class Params:
     stop_tokens: frozenset[int] = field(default_factory=frozenset)
     stop_text: Callable[[Sequence[int]], bool] | None = None
     seed: int | None = None
+    topk_logprobs: int = 0
 
     def check(self, prompt: Sequence[int], limits: Any) -> None:
         """ValueError, saying why, for a request the model cannot serve."""
@@ -73,6 +98,11 @@ class Params:
             )
         if min(prompt) < 0 or max(prompt) >= limits.vocab_size:
             raise ValueError(f"token ids must be in [0, {limits.vocab_size})")
+        if not 0 <= self.topk_logprobs <= limits.vocab_size:
+            raise ValueError(
+                f"topk_sample_logprobs must lie in [0, {limits.vocab_size}] (the vocabulary), "
+                f"got {self.topk_logprobs}"
+            )
 
     def generators(self, device: torch.device) -> list[torch.Generator]:
         """One per sample: a sample's tokens depend on its seed and its index alone, not on which other samples

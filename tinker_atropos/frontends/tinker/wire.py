@@ -11,7 +11,9 @@ from typing import Protocol
 
 import numpy as np
 from tinker.proto import tinker_public_pb2 as pb
+from tinker.types.topk_logprobs import MASK_LOGPROB
 
+from tinker_atropos.sampling.requests import Topk
 from tinker_atropos.training.data import ClientError, Datum
 
 _DTYPES = {pb.DTYPE_FLOAT32: np.float32, pb.DTYPE_INT64: np.int64, pb.DTYPE_INT32: np.int32}
@@ -324,19 +326,38 @@ class Sampled(Protocol):
     tokens: list[int]
     logprobs: list[float]
     stop_reason: str  # "stop" | "length"
+    topk: Topk | None  # per token, when topk_sample_logprobs asked for them
 
 
-def sample_response(sequences: Sequence[Sampled], prompt_logprobs: list[float | None] | None) -> bytes:
+def sample_response(
+    sequences: Sequence[Sampled], prompt_logprobs: list[float | None] | None, topk_prompt: Topk | None = None
+) -> bytes:
     out = pb.SampleResponse()
     for seq in sequences:
-        out.sequences.append(
-            pb.SampledSequence(
-                stop_reason=pb.STOP_REASON_STOP if seq.stop_reason == "stop" else pb.STOP_REASON_LENGTH,
-                tokens=np.asarray(seq.tokens, dtype=np.int32).tobytes(),
-                logprobs=np.asarray(seq.logprobs, dtype=np.float32).tobytes(),
-            )
+        sampled = pb.SampledSequence(
+            stop_reason=pb.STOP_REASON_STOP if seq.stop_reason == "stop" else pb.STOP_REASON_LENGTH,
+            tokens=np.asarray(seq.tokens, dtype=np.int32).tobytes(),
+            logprobs=np.asarray(seq.logprobs, dtype=np.float32).tobytes(),
         )
+        if seq.topk is not None:
+            sampled.topk_sampled_logprobs.CopyFrom(_topk(seq.topk))
+        out.sequences.append(sampled)
     if prompt_logprobs is not None:
         values = [np.nan if v is None else v for v in prompt_logprobs]
         out.prompt_logprobs = np.asarray(values, dtype=np.float32).tobytes()
+    if topk_prompt is not None:
+        out.topk_prompt_logprobs.CopyFrom(_topk(topk_prompt))
     return out.SerializeToString()
+
+
+def _topk(topk: Topk) -> pb.TopkLogprobs:
+    """``Topk`` as the SDK's ``TopkLogprobs``: [positions, k] int32 ids and float32 log-probs, row-major, a
+    position scored nowhere filled with the SDK's sentinel (id 0, ``MASK_LOGPROB``), which it reads as None."""
+    ids = np.zeros((len(topk.rows), topk.k), dtype=np.int32)
+    logprobs = np.full((len(topk.rows), topk.k), MASK_LOGPROB, dtype=np.float32)
+    for position, row in enumerate(topk.rows):
+        if row is not None:
+            ids[position], logprobs[position] = row
+    return pb.TopkLogprobs(
+        token_ids=ids.tobytes(), logprobs=logprobs.tobytes(), k=topk.k, length=len(topk.rows)
+    )

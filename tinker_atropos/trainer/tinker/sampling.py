@@ -40,7 +40,7 @@ from tinker_atropos.config import ModelSection, TinkerSection
 from tinker_atropos.frontends.tinker import base_models, wire
 from tinker_atropos.models import lora, tiny_lm
 from tinker_atropos.sampling.engine import Engine, Stopped
-from tinker_atropos.sampling.requests import Params, stop_strings
+from tinker_atropos.sampling.requests import Params, Topk, stop_strings, top
 from tinker_atropos.training.data import ClientError
 from tinker_atropos.training.served import LanguageModel, serving_tree, tokenizer
 
@@ -316,23 +316,9 @@ class Samplers:
             adapter = lora.adapter(model.core.model) if model is not None else None
         request = json.loads(job.body)
         prompt = wire.prompt_tokens(request)
-        params = request.get("sampling_params") or {}
-        stop = stops(params.get("stop"), decoder.eos_id)
         try:
             future = engine.submit(
-                prompt,
-                Params(
-                    max_tokens=int(params.get("max_tokens") or 16),
-                    num_samples=int(request.get("num_samples", 1)),
-                    temperature=float(params.get("temperature", 1.0)),
-                    top_k=int(params.get("top_k", -1)),
-                    top_p=float(params.get("top_p", 1.0)),
-                    stop_tokens=frozenset(stop.tokens),
-                    stop_text=stop_strings(stop.strings, tokenizer(job.base_model).decode),
-                    seed=params.get("seed"),
-                ),
-                adapter,
-                job.deadline,
+                prompt, params(request, decoder.eos_id, job.base_model), adapter, job.deadline
             )
             sequences = future.result()
         except Stopped:
@@ -344,11 +330,49 @@ class Samplers:
             ) from None
         except ValueError as error:
             raise wire.WireError(str(error)) from None
-        prompt_logprobs = None
-        if request.get("prompt_logprobs"):
-            with torch.inference_mode(), lora.rows([(1, adapter)]):
-                prompt_logprobs = tiny_lm.prompt_logprobs(decoder, prompt)
-        return wire.sample_response(sequences, prompt_logprobs)
+        with torch.inference_mode(), lora.rows([(1, adapter)]):
+            logprobs, topk = prompt_scores(decoder, prompt, request)
+        return wire.sample_response(sequences, logprobs, topk)
+
+
+def params(request: dict[str, Any], eos: int, base_model: str) -> Params:
+    """The engine's parameters of a SampleRequest (its JSON body, read)."""
+    sampling = request.get("sampling_params") or {}
+    stop = stops(sampling.get("stop"), eos)
+    return Params(
+        max_tokens=int(sampling.get("max_tokens") or 16),
+        num_samples=int(request.get("num_samples", 1)),
+        temperature=float(sampling.get("temperature", 1.0)),
+        top_k=int(sampling.get("top_k", -1)),
+        top_p=float(sampling.get("top_p", 1.0)),
+        stop_tokens=frozenset(stop.tokens),
+        stop_text=stop_strings(stop.strings, tokenizer(base_model).decode),
+        seed=sampling.get("seed"),
+        topk_logprobs=int(request.get("topk_sample_logprobs") or 0),
+    )
+
+
+def prompt_scores(
+    decoder: nn.Module, prompt: list[int], request: dict[str, Any]
+) -> tuple[list[float | None] | None, Topk | None]:
+    """The prompt's log-probs and top-k a SampleRequest asks for (``prompt_logprobs``, ``topk_prompt_logprobs``),
+    both read from one forward of the sampler's model at temperature 1; None at position 0 (nothing predicts it)
+    and, with ``prompt_logprobs_last_n``, before the last that many positions (the API checked its range). There
+    is no prefix cache to skip the prefix with: the whole prompt is read, its unasked positions left out."""
+    wanted, k = bool(request.get("prompt_logprobs")), int(request.get("topk_prompt_logprobs") or 0)
+    if not wanted and not k:
+        return None, None
+    vocabulary = decoder.config.vocab_size
+    if k > vocabulary:
+        raise wire.WireError(f"topk_prompt_logprobs must lie in [0, {vocabulary}] (the vocabulary), got {k}")
+    last_n = request.get("prompt_logprobs_last_n")
+    first = len(prompt) - int(last_n) if last_n else 1  # the first position scored
+    scores = tiny_lm.next_token_logprobs(decoder, prompt)[first - 1 :]  # type: ignore[arg-type]
+    logprobs = None
+    if wanted:
+        targets = torch.tensor(prompt[first:], dtype=torch.long, device=scores.device)
+        logprobs = [None] * first + scores.gather(-1, targets[:, None])[:, 0].tolist()
+    return logprobs, Topk(k, [None] * first + top(scores, k)) if k else None
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,9 @@ from tinker_atropos.frontends.tinker.stability import sequence_ids
 from tinker_atropos.frontends.tinker.store.samplers import sampler_lane
 
 sampling = APIRouter()
+# the most top-k log-probs a position may ask for: vLLM's default max_logprobs, and the K the cookbook's distillation
+# recipes use (each of a prompt's positions costs k ids and log-probs in the response)
+MAX_TOPK = 20
 
 
 @sampling.post("/create_sampling_session")
@@ -47,6 +50,7 @@ async def asample(request: Request, api: Shared) -> dict[str, Any]:
         raise HTTPError(404, f"no sampling session {body.sampling_session_id!r}")
     if not 1 <= body.num_samples <= 64:
         raise HTTPError(400, f"num_samples must lie in [1, 64], got {body.num_samples}")
+    check_logprob_options(body)
     tokens = body.num_samples * (body.prompt.length + (body.sampling_params.max_tokens or 16))
     if tokens > api.max_request_tokens:
         raise HTTPError(
@@ -57,3 +61,28 @@ async def asample(request: Request, api: Shared) -> dict[str, Any]:
     dedup = f"sample:{body.sampling_session_id}:{body.seq_id}" if body.seq_id is not None else None
     request_id = api.store.requests.submit("sample", raw, dedup=dedup, lane=sampler_lane(*found))
     return api.queued(request_id, sample_sequence_ids=sequence_ids(request_id, body.num_samples))
+
+
+def check_logprob_options(body: types.SampleRequest) -> None:
+    """400, naming the field, for log-prob options out of range or not served (``prompt_alt_tokens_k`` and
+    ``target_prompt_logprobs``, which the SDK would otherwise find missing only once the sample is done)."""
+    for name in ("topk_prompt_logprobs", "topk_sample_logprobs"):
+        k = getattr(body, name)
+        if not 0 <= k <= MAX_TOPK:
+            raise HTTPError(400, f"{name} must lie in [0, {MAX_TOPK}], got {k}")
+    last_n = body.prompt_logprobs_last_n
+    if last_n is not None:
+        if not body.prompt_logprobs:
+            raise HTTPError(400, "prompt_logprobs_last_n applies to prompt log-probs: set prompt_logprobs")
+        if not 1 <= last_n <= body.prompt.length - 1:
+            raise HTTPError(
+                400,
+                f"prompt_logprobs_last_n must lie in [1, {body.prompt.length - 1}] (the prompt's length - 1), "
+                f"got {last_n}",
+            )
+    if body.prompt_alt_tokens_k:
+        raise HTTPError(400, "prompt_alt_tokens_k is not served by this trainer (top-k prompt log-probs are)")
+    if body.target_prompt_logprobs is not None:
+        raise HTTPError(
+            400, "target_prompt_logprobs is not served by this trainer (prompt_logprobs and their top-k are)"
+        )

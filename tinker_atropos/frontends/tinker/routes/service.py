@@ -23,11 +23,24 @@ UNSERVED = {
     ("POST", "/api/v1/create_custom_loss"): "server-side custom losses: forward_backward_custom runs on the "
     "client, over cross_entropy",
     ("POST", "/api/v1/cancel_future"): "cancel_future: a queued request runs, and its result expires",
+    **{
+        (method, f"/api/v1/sessions{path}"): "sessions (listing, search, records, projects, trace export): "
+        "they are internal to this trainer"
+        for method, path in (
+            ("GET", ""),
+            ("POST", "/search"),
+            ("GET", "/{session_id}"),
+            ("PUT", "/{session_id}/project"),
+            ("GET", "/{session_id}/trace_export"),
+        )
+    },
+    ("GET", "/api/v1/audit"): "the audit log: this server keeps no accounts",
+    ("GET", "/api/v1/billing/usage/events"): "billing: this server keeps no accounts",
     (
         "GET",
-        "/api/v1/sessions",
-    ): "session listing (and search, projects, trace export): sessions are internal",
-    ("GET", "/api/v1/audit"): "the audit log: this server keeps no accounts",
+        "/api/v1/billing/usage/checkpoints/current",
+    ): "checkpoint storage usage, for billing: this server "
+    "keeps no accounts (list_checkpoints gives each checkpoint's size)",
 }
 service = APIRouter()
 
