@@ -19,6 +19,7 @@ import logging
 import os
 import random
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig, ScoredDataGroup
@@ -52,6 +53,18 @@ def lowercase_fraction(tokens: list[int]) -> float:
     return sum(ord("a") <= t <= ord("z") for t in tokens) / max(1, len(tokens))
 
 
+def scored_group(nodes: list, score: Callable[[list[int]], float]) -> ScoredDataGroup:
+    """The group atroposlib's API takes from ``ManagedServer``'s nodes: each sequence's tokens, its mask (-100 on
+    the prompt), the sampler's log-probs, and ``score`` of its completion tokens."""
+    group = ScoredDataGroup(tokens=[], masks=[], scores=[], inference_logprobs=[])
+    for node in nodes:
+        group["tokens"].append(node.tokens)
+        group["masks"].append(node.masked_tokens)
+        group["inference_logprobs"].append(node.logprobs)
+        group["scores"].append(score([t for t in node.masked_tokens if t != -100]))
+    return group
+
+
 class LowercaseEnv(BaseEnv):
     name = "lowercase"
 
@@ -77,14 +90,7 @@ class LowercaseEnv(BaseEnv):
             await managed.completion(prompt=item, n=self.config.group_size, max_tokens=COMPLETION_TOKENS,
                                      temperature=1.0)  # fmt: skip
             nodes = managed.get_state()["nodes"]
-        group = ScoredDataGroup(tokens=[], masks=[], scores=[], inference_logprobs=[])
-        for node in nodes:
-            completion = [t for t in node.masked_tokens if t != -100]
-            group["tokens"].append(node.tokens)
-            group["masks"].append(node.masked_tokens)
-            group["inference_logprobs"].append(node.logprobs)
-            group["scores"].append(lowercase_fraction(completion))
-        return group, []
+        return scored_group(nodes, lowercase_fraction), []
 
     async def evaluate(self, *args, **kwargs) -> None:
         """No held-out evaluation: the training scores are the curve."""

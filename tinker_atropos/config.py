@@ -52,6 +52,14 @@ class RunSection(Section):
     )
     seed: int = Field(1, ge=0, description="Seeds env instances, policy sampling and network initialisation.")
     report_interval_s: float = Field(2.0, gt=0, description="Seconds between progress reports of `up`.")
+    return_window: int = Field(
+        10,
+        ge=1,
+        le=1000,
+        description="Latest episodes the reported return (and --target-return) averages: 10 for a control task's "
+        "long episodes; a language model's answers are short and their rewards noisy, 64 or more. Redis keeps the "
+        "latest 1000.",
+    )
     write_failure_timeout_s: float = Field(
         300.0,
         gt=0,

@@ -105,7 +105,7 @@ def test_the_toy_environment_learns_through_our_api_and_trainer_across_a_killed_
     problems = next(line for line in output.splitlines() if line.startswith("  problems     "))
     assert "groups_refused_invalid 1" in problems, problems  # the API's own counter, not a run counter
     trainer = (run_dir / "logs" / "trainer.log").read_text()
-    assert "learning from the trajectory API" in trainer
+    assert "learning tiny-byte-lm (every parameter) from the trajectory API" in trainer, trainer[-2000:]
     shown = cli("report", str(run_dir))  # the score curve from metrics.jsonl, as a PNG
     assert shown.returncode == 0 and (run_dir / "report.png").stat().st_size > 10_000, (
         shown.stdout + shown.stderr

@@ -29,7 +29,7 @@ from tinker_atropos.state.registry import live_services
 from tinker_atropos.state.run_dir import FolderWrites
 from tinker_atropos.state.weights import published_version
 
-RETURN_WINDOW = 10  # episode_return_mean is over the latest this many episodes
+RETURN_WINDOW = 10  # episode_return_mean is over the latest this many episodes: run.return_window's default
 PROGRESS_WIDTH = 20  # characters of the progress bar
 PENDING_ROWS = 10_000  # rows kept while metrics.jsonl cannot be written: 5.5 hours of reports every 2 s
 
@@ -60,6 +60,14 @@ INCIDENT_WORDS = (
 def is_incident(name: str) -> bool:
     """Whether the counter ``name`` counts something refused, skipped, lost or failed."""
     return any(word in name for word in INCIDENT_WORDS)
+
+
+def format_return(mean: float | None) -> str:
+    """A mean return as the console shows it: one decimal for a control task's, three for a reward in [-1, 1]
+    (a language model's answers), where 0.6 and 0.64 differ."""
+    if mean is None:
+        return "-"
+    return f"{mean:.3f}" if abs(mean) <= 1 else f"{mean:.1f}"
 
 
 class TrainerWrites:
@@ -105,8 +113,10 @@ class ProgressReporter:
         counters: dict[str, int] | None = None,
         wall_offset_s: float = 0.0,
         policy_version: int = 0,
+        return_window: int = RETURN_WINDOW,
     ) -> None:
         self.client, self.run, self.console = connect_fast(url), run, console
+        self.return_window = return_window  # episodes the row's return averages
         self.metrics_path = metrics_path
         self.metrics_writes = FolderWrites(
             "metrics rows",
@@ -221,7 +231,7 @@ class ProgressReporter:
     def _row(self) -> dict[str, Any]:
         now = time.monotonic()
         stats = read_stats(self.client, self.run)
-        episodes = recent_episodes(self.client, self.run, RETURN_WINDOW)
+        episodes = recent_episodes(self.client, self.run, self.return_window)
         services = live_services(self.client, self.run)
         self.heartbeats |= dict.fromkeys((service.name for service in services), now)
         for service in services:
@@ -280,7 +290,7 @@ class ProgressReporter:
         return {**from_services, **counts}
 
     def _print(self, row: dict[str, Any]) -> None:
-        ret = "-" if row["episode_return_mean"] is None else f"{row['episode_return_mean']:.1f}"
+        ret = format_return(row["episode_return_mean"])
         busy = "-" if row["trainer_busy"] is None else f"{row['trainer_busy']:.0%}"
         counters = row["counters"]
         rejected = sum(n for k, n in counters.items() if k.startswith("records_rejected_"))

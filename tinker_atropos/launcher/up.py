@@ -34,7 +34,7 @@ from tinker_atropos.launcher.client_files import (
     write_atropos_config,
     write_client_env,
 )
-from tinker_atropos.launcher.progress import RETURN_WINDOW, ProgressReporter
+from tinker_atropos.launcher.progress import ProgressReporter, format_return
 from tinker_atropos.launcher.run_folder import (
     PreviousRun,
     clear_run_folder,
@@ -211,6 +211,7 @@ def _run_locked(
         counters=previous.counters if previous else None,
         wall_offset_s=previous.wall_time_s if previous else 0.0,
         policy_version=(previous.policy_version or 0) if previous else 0,
+        return_window=config.run.return_window,
     )
     reporter.total_steps, reporter.max_seconds = options.total_steps, options.max_seconds
     started = time.monotonic()
@@ -403,7 +404,12 @@ def _supervise_run(
         if options.total_steps is not None and row["env_steps"] >= options.total_steps:
             raise _Stop(f"reached {options.total_steps:,} env steps")
         mean, target = row["episode_return_mean"], options.target_return
-        if target is not None and mean is not None and row["episodes"] >= RETURN_WINDOW and mean >= target:
+        if (
+            target is not None
+            and mean is not None
+            and row["episodes"] >= config.run.return_window
+            and mean >= target
+        ):
             raise _Stop(f"mean return {mean:.1f} >= {target}")
     raise _Stop(stopping[0])
 
@@ -433,7 +439,7 @@ def _summary(
     console.print(
         f"[bold]run {config.run.name!r} stopped ({reason})[/] after {seconds:.1f} s: {steps:,} env steps "
         f"({this_session:,} in this session), policy version {row.get('policy_version', '-')}, mean return "
-        f"{'-' if mean is None else f'{mean:.1f}'} (last {RETURN_WINDOW} episodes)\n"
+        f"{format_return(mean)} (last {config.run.return_window} episodes)\n"
         f"  restarts     {restarts}\n"
         f"  problems     {_incidents(reporter.incidents()) or 'none counted'}\n"
         f"  metrics      {run_dir / 'metrics.jsonl'}\n"

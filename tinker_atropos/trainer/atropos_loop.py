@@ -212,7 +212,15 @@ class AtroposLoop:
         self.api_url = self._find_api(stop) or ""
         with service_client(self.api_url, key=self.api_key) as http:
             if self.api_url and self._register(http, stop):
-                log.info("learning from the trajectory API at %s", self.api_url)
+                training = (
+                    f"LoRA rank {self.section.lora_rank}" if self.section.lora_rank else "every parameter"
+                )
+                log.info(
+                    "learning %s (%s) from the trajectory API at %s",
+                    self.model.base_model,
+                    training,
+                    self.api_url,
+                )
                 self._learn(http, stop)
 
     def close(self) -> None:
@@ -255,9 +263,8 @@ class AtroposLoop:
         stood = False
         if datums.data:
             try:
-                for (
-                    datum
-                ) in datums.data:  # a sequence without behaviour log-probs: the current policy's (ratio 1)
+                # a sequence without behaviour log-probs: the current policy's (ratio 1)
+                for datum in datums.data:
                     if "logprobs" not in datum.inputs:
                         outputs, _ = run_loss(self.model, [datum], "cross_entropy", {}, forward_only=True)
                         datum.inputs["logprobs"] = outputs[0]["logprobs"].astype(np.float32)

@@ -1,0 +1,60 @@
+"""The shipped language-model RL config (configs/atropos-smollm2-arithmetic.yaml) end to end with ``up`` alone,
+a few steps: the atroposlib environment samples SmolLM2's answers from the trainer's endpoint, the trainer takes
+LoRA steps on them, and the reward metric (the mean of the latest 64 answers) is written. Whether it learns is
+measured by ``make bench-llm-rl`` over 15 minutes, not here."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+import yaml
+
+from examples.atropos_arithmetic_env import GROUP_SIZE, problems, reward
+from tests.support.processes import wait_for
+from tests.support.running import REPO, leftovers, report_rows, start_up, stop_up
+from tinker_atropos.models import smollm2
+from tinker_atropos.processes import free_port
+
+pytestmark = pytest.mark.integration
+
+
+def test_the_task_scores_the_last_integer_of_an_answer() -> None:
+    assert problems(seed=0, count=3) == problems(seed=0, count=3) != problems(seed=1, count=3)
+    assert all(0 <= a <= 9 and 0 <= b <= 9 for a, b in problems(seed=0, count=100))
+    assert reward("The answer is 12.", 7, 5) == reward("7 + 5 = 12", 7, 5) == 1.0
+    assert reward("7 + 5", 7, 5) == reward("twelve", 7, 5) == reward("12 or 13", 7, 5) == 0.0
+
+
+def test_the_shipped_config_trains_smollm2_with_up_alone_and_writes_the_reward(tmp_path: Path) -> None:
+    config = yaml.safe_load((REPO / "configs" / "atropos-smollm2-arithmetic.yaml").read_text())
+    config["atropos"]["port"] = free_port()
+    config["trainer"]["atropos"]["inference_port"] = free_port()
+    config["run"]["report_interval_s"] = 2.0
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
+    run_dir = tmp_path / "run"
+    up = start_up(tmp_path / "run.yaml", run_dir, "--max-seconds", "400")
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(up.stdout), daemon=True)
+    reader.start()
+    try:
+        wait_for(lambda: any(r["policy_version"] >= 2 for r in report_rows(run_dir)), 300,
+                 "two LoRA steps of the trainer", interval_s=1.0)  # fmt: skip
+    finally:
+        stop_up(up)
+    reader.join(timeout=5)
+    output = "".join(lines)
+    assert up.returncode == 0, output[-4000:]
+    rows = [r for r in report_rows(run_dir) if r["episode_return_mean"] is not None]
+    assert rows, output[-3000:]
+    assert all(0.0 <= r["episode_return_mean"] <= 1.0 for r in rows)
+    # every answer of each batch counts, groups whose answers all scored alike too
+    assert rows[-1]["episodes"] >= 2 * config["trainer"]["atropos"]["batch_size"]
+    assert rows[-1]["episodes"] % GROUP_SIZE == 0
+    trainer = (run_dir / "logs" / "trainer.log").read_text()
+    assert f"learning {smollm2.NAME} (LoRA rank 16) from the trajectory API" in trainer, trainer[-2000:]
+    env_log = (run_dir / "logs" / "atropos-env-0.log").read_text()
+    assert "Traceback" not in env_log and "Traceback" not in trainer, env_log[-3000:]
+    assert "(last 64 episodes)" in output, output[-2000:]
+    assert leftovers(run_dir) == ""
