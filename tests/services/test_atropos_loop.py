@@ -9,22 +9,19 @@ import json
 import os
 import signal
 import subprocess
-import threading
 import time
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
-import yaml
 
 from examples.atropos_env import COMPLETION_TOKENS, PROMPTS, lowercase_fraction
 from tests.support.atropos import scored_group
 from tests.support.processes import wait_for
-from tests.support.running import REPO, cli, leftovers, report_rows, start_up, stop_up
+from tests.support.running import atropos_up, cli, leftovers, report_rows
 from tinker_atropos.frontends.http import run_key
 from tinker_atropos.models import tiny_lm
-from tinker_atropos.processes import free_port
 from tinker_atropos.sampling.engine import sample
 from tinker_atropos.sampling.requests import Params
 from tinker_atropos.training.served import LANGUAGE_MODELS, TINY_LM
@@ -46,26 +43,16 @@ def untrained_score() -> float:
 def test_the_toy_environment_learns_through_our_api_and_trainer_across_a_killed_api(tmp_path: Path) -> None:
     baseline = untrained_score()
     assert baseline < 0.2, baseline  # about 26 lowercase bytes among 258 tokens
-    config = yaml.safe_load((REPO / "configs" / "atropos-toy.yaml").read_text())
-    api_port, inference_port = free_port(), free_port()
-    config["atropos"]["port"] = api_port
-    config["trainer"]["atropos"]["inference_port"] = inference_port
-    config["run"]["report_interval_s"] = 1.0
-    (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
-    run_dir = tmp_path / "run"
-    up = start_up(tmp_path / "run.yaml", run_dir, "--max-seconds", "300")
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(up.stdout), daemon=True)
-    reader.start()
-    api = f"http://127.0.0.1:{api_port}"
+    with atropos_up(tmp_path, "atropos-toy.yaml", max_seconds=300, report_interval_s=1.0) as run:
+        config, run_dir = run.config, run.run_dir
+        api = f"http://127.0.0.1:{config['atropos']['port']}"
 
-    def figures() -> dict:
-        try:
-            return httpx.get(f"{api}/healthz", timeout=2).json()
-        except (httpx.HTTPError, ValueError):
-            return {}
+        def figures() -> dict:
+            try:
+                return httpx.get(f"{api}/healthz", timeout=2).json()
+            except (httpx.HTTPError, ValueError):
+                return {}
 
-    try:
         wait_for(lambda: figures().get("batches_served", 0) >= 2, 180, "the trainer's first batches")
         pid = int(subprocess.run(["pgrep", "-f", f"atropos-api --config {tmp_path}"], capture_output=True,
                                  text=True).stdout.split()[0])  # fmt: skip
@@ -87,11 +74,8 @@ def test_the_toy_environment_learns_through_our_api_and_trainer_across_a_killed_
                              headers={"X-API-Key": key, "Content-Type": "application/json"})  # fmt: skip
         assert refused.status_code == 422, refused.text
         time.sleep(2 * config["run"]["report_interval_s"] + 1)  # a report of up sees the API's figure
-    finally:
-        stop_up(up)
-    reader.join(timeout=5)
-    output = "".join(lines)
-    assert up.returncode == 0, output[-4000:]
+    output = run.output()
+    assert run.process.returncode == 0, output[-4000:]
     assert "atropos-api exited" in output, output[-3000:]  # the SIGKILL, seen and restarted by up
     env_log = (run_dir / "logs" / "atropos-env-0.log").read_text()
     assert "Traceback" not in env_log, env_log[-3000:]

@@ -5,17 +5,14 @@ measured by ``make bench-llm-rl`` over 15 minutes, not here."""
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import pytest
-import yaml
 
 from examples.atropos_arithmetic_env import GROUP_SIZE, problems, reward
 from tests.support.processes import wait_for
-from tests.support.running import REPO, leftovers, report_rows, start_up, stop_up
+from tests.support.running import atropos_up, leftovers, report_rows
 from tinker_atropos.models import smollm2
-from tinker_atropos.processes import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -28,24 +25,13 @@ def test_the_task_scores_the_last_integer_of_an_answer() -> None:
 
 
 def test_the_shipped_config_trains_smollm2_with_up_alone_and_writes_the_reward(tmp_path: Path) -> None:
-    config = yaml.safe_load((REPO / "configs" / "atropos-smollm2-arithmetic.yaml").read_text())
-    config["atropos"]["port"] = free_port()
-    config["trainer"]["atropos"]["inference_port"] = free_port()
-    config["run"]["report_interval_s"] = 2.0
-    (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
-    run_dir = tmp_path / "run"
-    up = start_up(tmp_path / "run.yaml", run_dir, "--max-seconds", "400")
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(up.stdout), daemon=True)
-    reader.start()
-    try:
-        wait_for(lambda: any(r["policy_version"] >= 2 for r in report_rows(run_dir)), 300,
+    with atropos_up(
+        tmp_path, "atropos-smollm2-arithmetic.yaml", max_seconds=400, report_interval_s=2.0
+    ) as run:
+        wait_for(lambda: any(r["policy_version"] >= 2 for r in report_rows(run.run_dir)), 300,
                  "two LoRA steps of the trainer", interval_s=1.0)  # fmt: skip
-    finally:
-        stop_up(up)
-    reader.join(timeout=5)
-    output = "".join(lines)
-    assert up.returncode == 0, output[-4000:]
+    config, run_dir, output = run.config, run.run_dir, run.output()
+    assert run.process.returncode == 0, output[-4000:]
     rows = [r for r in report_rows(run_dir) if r["episode_return_mean"] is not None]
     assert rows, output[-3000:]
     assert all(0.0 <= r["episode_return_mean"] <= 1.0 for r in rows)

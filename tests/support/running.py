@@ -8,6 +8,9 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +63,41 @@ def stop_up(up: subprocess.Popen, timeout: float = 60) -> None:
     finally:
         if up.poll() is None:
             up.kill()
+
+
+@dataclass
+class RunningUp:
+    """A running ``up`` of an Atropos config, its ports the test's own, its console collected as it goes."""
+
+    config: dict[str, Any]
+    run_dir: Path
+    process: subprocess.Popen
+    lines: list[str] = field(default_factory=list)
+
+    def output(self) -> str:
+        return "".join(self.lines)
+
+
+@contextmanager
+def atropos_up(directory: Path, base: str, max_seconds: int, report_interval_s: float) -> Iterator[RunningUp]:
+    """``up`` of ``configs/BASE`` (an Atropos config) on free ports, reporting every ``report_interval_s``; stopped
+    (SIGTERM, its drain) when the block ends, its console read to the end."""
+    from tinker_atropos.processes import free_port
+
+    config = yaml.safe_load((REPO / "configs" / base).read_text())
+    config["atropos"]["port"] = free_port()
+    config["trainer"]["atropos"]["inference_port"] = free_port()
+    config["run"]["report_interval_s"] = report_interval_s
+    (directory / "run.yaml").write_text(yaml.safe_dump(config))
+    run = RunningUp(config, directory / "run", start_up(directory / "run.yaml", directory / "run",
+                                                        "--max-seconds", str(max_seconds)))  # fmt: skip
+    reader = threading.Thread(target=lambda: run.lines.extend(run.process.stdout), daemon=True)
+    reader.start()
+    try:
+        yield run
+    finally:
+        stop_up(run.process)
+        reader.join(timeout=5)
 
 
 def metrics(run_dir: Path) -> list[dict[str, Any]]:
