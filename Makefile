@@ -7,7 +7,7 @@ SF_VENV := bench/.venv-sf
 RUN_CONFIG ?= configs/humanoid.yaml
 RUN_STEPS ?= 2000000
 
-.PHONY: run test docs docs-serve lint proto deploy-configs compose-check bench bench-learn bench-tinker chaos demo-cluster clean
+.PHONY: run test docs docs-serve lint proto deploy-configs compose-check bench bench-learn bench-tinker bench-llm-rl chaos demo-cluster clean
 
 $(VENV)/.installed: pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found: install Python 3.11 or pass PYTHON=..." >&2; exit 1; }
@@ -32,6 +32,7 @@ run: $(VENV)/.installed  ## train Humanoid-v5 with 16 env instances, printing th
 test: $(VENV)/.installed  ## lint, build the docs strictly, then every test (unit, protocol, services as real processes, the site in a browser)
 	@# tests/services/test_docs_site.py opens the built site in Debian's Chromium, headless (CI runs as root)
 	@test -x /usr/bin/chromium || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
+	$(UV_INSTALL) -e '.[dev,smollm2,export,sb3,video,wandb,atropos,bench-llm]'  # TRL, for test_llm_rl_bench.py
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict  # a broken link or anchor, a page not in the nav: fails
@@ -75,6 +76,10 @@ $(SF_VENV)/.installed:
 
 bench-tinker: $(VENV)/.installed  ## forward_backward + optim_step through the tinker SDK vs in-process, Humanoid policy and tiny LM, then sampling tokens/s vs Hugging Face generate on SmolLM2, SmolLM2 LoRA memory, training tokens/s of 8 clients batched vs in lanes, 16 clients sampling at once, our LoRA vs PEFT (~20 min)
 	$(PY) -m bench tinker --out bench/out
+
+bench-llm-rl: $(VENV)/.installed  ## RL of SmolLM2 on single-digit addition, reward against wall-clock time: TRL's GRPOTrainer (20 min), the Tinker Cookbook's RL loop through our Tinker API (10 min), the Atropos path through up (15 min) (~50 min; MINUTES= e.g. trl=20,cookbook=10,atropos=15, ROUNDS=)
+	$(UV_INSTALL) -e '.[dev,smollm2,export,sb3,video,wandb,atropos,bench-llm]'
+	$(PY) -m bench llm-rl --minutes $(or $(MINUTES),trl=20,cookbook=10,atropos=15) --rounds $(or $(ROUNDS),1) --out bench/out
 
 chaos: $(VENV)/.installed  ## Pendulum undisturbed and with a random service SIGKILLed every 8 s: curves, recovery times (~5 min; CONFIG= for another algorithm, STEPS=)
 	$(UV_INSTALL) -e '.[dev,smollm2,export,sb3,video,wandb,atropos,bench]'

@@ -4,6 +4,7 @@ it is compared with, on one machine in one run."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated
 
@@ -186,6 +187,34 @@ def atropos(
     from bench.atropos_api import Load, run
 
     run(out, Load(seconds=seconds, rounds=rounds, posters=posters, stall_seconds=stall))
+
+
+@app.command("llm-rl")
+def llm_rl(
+    minutes: Annotated[
+        str, typer.Option(help="Wall-clock minutes per system, e.g. trl=20,cookbook=10,atropos=15.")
+    ] = "trl=20,cookbook=10,atropos=15",
+    rounds: Annotated[int, typer.Option(min=1, help="Rounds; the order reverses each round.")] = 1,
+    out: Annotated[Path, typer.Option(help="Folder for bench-llm-rl.json and its chart.")] = Path(
+        "bench/out"
+    ),
+) -> None:
+    """Reinforcement learning of SmolLM2 on single-digit addition: TRL's GRPOTrainer, the Tinker Cookbook's RL
+    loop through our Tinker API, and the Atropos path through `up`, the same task, model and budget."""
+    from bench.llm_rl import SYSTEMS, run
+
+    try:
+        budget = {name.strip(): float(value) for name, value in (p.split("=") for p in minutes.split(","))}
+    except ValueError:
+        raise typer.BadParameter(f"--minutes: give SYSTEM=MINUTES pairs, got {minutes!r}") from None
+    unknown = set(budget) - set(SYSTEMS)
+    if unknown:
+        raise typer.BadParameter(f"--minutes: unknown systems {sorted(unknown)}; choose from {list(SYSTEMS)}")
+    data = run(out, budget, rounds)
+    typer.echo(json.dumps({s: [r["summary"] for r in runs] for s, runs in data["systems"].items()}, indent=1))
+    typer.echo(
+        f"TRL's final reward {data.get('trl_final_reward')}, reached at {data.get('reached_trl_final_at_s')}"
+    )
 
 
 @app.command()

@@ -42,9 +42,10 @@ def serving(
     tinker: dict[str, Any] | None = None,
     env_id: str = "Pendulum-v1",
     key: str = "tml-bench-0123456789abcdef",
+    trainer: dict[str, Any] | None = None,
 ) -> Iterator[Served]:
     """The trainer, its log and config in ``work``; ``tinker``: settings of ``trainer.tinker`` besides the port
-    and the key file. Stopped on leaving."""
+    and the key file; ``trainer``: other settings of ``trainer``. Stopped on leaving."""
     work.mkdir(parents=True, exist_ok=True)
     (work / "keys").write_text(key + "\n")
     port = free_port()
@@ -53,6 +54,7 @@ def serving(
         "run": {"name": "bench-tinker"},
         "env": env,
         "trainer": {
+            **(trainer or {}),
             "experience_loop": False,
             "tinker": {"enabled": True, "port": port, "api_keys_file": str(work / "keys"), **(tinker or {})},
         },

@@ -63,7 +63,7 @@ class ArithmeticEnv(BaseEnv):
         env = BaseEnvConfig(tokenizer_name=tokenizer, group_size=GROUP_SIZE, use_wandb=False, max_token_length=128,
                             rollout_server_url="http://127.0.0.1:8000", total_steps=-1, batch_size=-1,
                             steps_per_eval=10**9, wandb_name=cls.name, max_num_workers=4,
-                            ensure_scores_are_not_same=False)  # fmt: skip
+                            ensure_scores_are_not_same=False, max_batches_offpolicy=1)  # fmt: skip
         server = APIServerConfig(model_name=smollm2.NAME, base_url="http://127.0.0.1:8001/v1", api_key="none",
                                  server_type="sglang", tokenizer_name=tokenizer, timeout=120, health_check=False)  # fmt: skip
         return env, [server]

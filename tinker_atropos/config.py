@@ -7,6 +7,7 @@ hyper-parameters is a change of this file, never of code.
 from __future__ import annotations
 
 import difflib
+import os
 import re
 import reprlib
 from collections.abc import Sequence
@@ -515,7 +516,17 @@ class TrainerSection(Section):
     max_policy_lag: int = Field(
         2, ge=0, description="Chunks acted by a policy older than this many versions are rejected."
     )
-    torch_threads: int = Field(1, ge=1, description="Intra-op threads of the trainer's torch.")
+    torch_threads: int | None = Field(
+        1,
+        ge=1,
+        description="Intra-op threads of the trainer's torch; null: every core the trainer may use (a trainer "
+        "alone on its machine, e.g. serving a language model, as against one beside a run's env services).",
+    )
+
+    def threads(self) -> int:
+        """``torch_threads``, null resolved to the cores this process may use."""
+        return self.torch_threads or len(os.sched_getaffinity(0))
+
     max_nonfinite_updates: int = Field(
         5,
         ge=1,

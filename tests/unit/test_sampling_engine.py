@@ -198,3 +198,41 @@ def test_a_late_request_fails_alone_and_closing_fails_the_rest() -> None:
         pending.result(timeout=10)
     with pytest.raises(Stopped):
         engine.submit(prompt, Params(4))
+
+
+def test_requests_of_one_prompt_and_adapter_read_it_once_and_each_draws_its_own_samples() -> None:
+    """A group's samples sent one request each (the Tinker Cookbook's RL loop does): the prompt is read once for
+    the requests of the same adapter that wait together, and each request still gets what it gets alone."""
+    base = TinyCausalLM()
+    serving = copy.deepcopy(base)
+    lora.wrap(serving, tiny_lm.lora_targets(serving, True, True, True), 0, allow_rank_zero=True)
+    first = _adapted(base, 1)
+    prompt, other = TOK.encode("what is 2 + 3?", add_bos=True), TOK.encode("and 4 + 4?", add_bos=True)
+    asks = [(base, None, prompt, Params(12, 1, seed=s, stop_tokens=EOS)) for s in range(5)]
+    # the adapter's layers gathered again for each request, as the Tinker API's sampling process does
+    asks += [(first[0], lora.adapter(first[0]), prompt, Params(12, 2, seed=s)) for s in (9, 10)]
+    asks.append((base, None, other, Params(6, 1, seed=1)))
+    alone = [sample(model, p, params) for model, _, p, params in asks]
+
+    engine = Engine(serving, kv_tokens=10_000, prefill_chunk=256)
+    reads: list[int] = []
+    step = serving.step
+
+    def counted(tokens: torch.Tensor, *args: object) -> object:
+        if tokens.shape[1] > 1:  # a prompt's pass; a decoding step is one token a row
+            reads.append(tokens.shape[1])
+        return step(tokens, *args)
+
+    serving.step = counted  # type: ignore[method-assign]
+    futures = [engine.submit(p, params, adapter) for _, adapter, p, params in asks]
+    engine.drain()
+    # the base's five requests of one prompt: one pass; the adapter's two: one of their own; the other prompt: one
+    assert sorted(reads) == sorted([len(prompt), len(prompt), len(other)])
+    for future, want in zip(futures, alone, strict=True):
+        got = future.result()
+        assert [s.tokens for s in got] == [s.tokens for s in want]
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(
+                torch.tensor(g.logprobs), torch.tensor(w.logprobs), atol=1e-4, rtol=1e-4
+            )
+    assert engine.rows.kv is None and not engine.rows.requests

@@ -261,6 +261,9 @@ class AtroposLoop:
         self.counters["groups_skipped_equal"] += datums.groups_skipped_equal
         core = self.model.core
         stood = False
+        # built whole, then swapped in: ``status`` (another thread) never reads half of them; the last step's
+        # loss and sync time stay when this batch taught nothing
+        figures = dict(self.figures)
         if datums.data:
             try:
                 # a sequence without behaviour log-probs: the current policy's (ratio 1)
@@ -277,14 +280,16 @@ class AtroposLoop:
             stood = not bad
             if stood:
                 core.version += 1
+                synced = time.monotonic()
                 self.sampler.update(core.model, core.version)
-                self.figures = {"loss": metrics["loss:sum"]}
+                # trainer step -> the endpoint sampling with the new adapter (issue 46: at most 1 s on SmolLM2)
+                figures |= {"loss": metrics["loss:sum"], "weight_sync_seconds": time.monotonic() - synced}
             else:
                 log.warning("step undone: NaN or infinity in %s", ", ".join(bad[:3]))
         self.step += 1
         if stood:
             self.counters["sequences_trained"] += len(datums.data)
-        self.figures |= {
+        self.figures = figures | {
             "score_mean": float(np.mean(datums.scores)) if datums.scores else 0.0,
             "step_seconds": time.monotonic() - started,
             **{k: float(v) for k, v in self.counters.items()},

@@ -135,7 +135,7 @@ def serve(config: Config, redis_url: str, endpoint: Endpoint, run_dir: Path) -> 
 
     def build(client: redis.Redis, incarnation: str) -> TrainerService:
         # after limit_blas_threads: it may be the same BLAS
-        torch.set_num_threads(config.trainer.torch_threads)
+        torch.set_num_threads(config.trainer.threads())
         return TrainerService(config, client, run_dir, incarnation)
 
     service_host.serve("trainer", config, redis_url, endpoint, build)

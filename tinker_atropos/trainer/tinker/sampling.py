@@ -244,32 +244,54 @@ class Samplers:
         self.settings, self.device = settings, torch.device(settings.device)
         self.training, self.stopping = training, stopping
         self.models: dict[str, LanguageModel] = {}
+        self.loading: dict[str, Future[LanguageModel]] = {}  # by sampler, while one request loads it
         self.engines: dict[str, tuple[Engine, nn.Module]] = {}
         self.lock = threading.Lock()
 
     def model(self, job: Job) -> LanguageModel | None:
-        """The sampler's model, loaded from its weights file; None for the base model itself."""
+        """The sampler's model, loaded from its weights file once (the requests that ask for it while it loads
+        wait for that load: a client's group of requests for a new sampler, all at once, would otherwise build it
+        each); None for the base model itself."""
         if job.file is None:
             return None
         with self.lock:
             model = self.models.get(job.key)
-        if model is None:  # built by this request's thread; another may build the same one: the last kept
-            state = torch.load(job.file, map_location=self.device, weights_only=False)
-            built = base_models.build(
-                job.base_model,
-                state["record"].get("lora") or {},
-                self.settings.model,
-                self.device,
-                self.settings.seed,
-            )
-            assert isinstance(built, LanguageModel)
-            built.load_model_state(state["model"])
-            model = built
+            loading = self.loading.get(job.key)
+            first = model is None and loading is None
+            if first:
+                loading = self.loading[job.key] = Future()
+        if model is not None:
+            return model
+        assert loading is not None
+        if not first:
+            return loading.result()
+        try:
+            model = self._load(job)
+        except BaseException as error:
             with self.lock:
-                self.models[job.key] = model
-                while len(self.models) > self.settings.tinker.max_samplers:
-                    self.models.pop(next(iter(self.models)))  # the oldest; a request using it keeps its own
+                del self.loading[job.key]
+            loading.set_exception(error)
+            raise
+        with self.lock:
+            del self.loading[job.key]
+            self.models[job.key] = model
+            while len(self.models) > self.settings.tinker.max_samplers:
+                self.models.pop(next(iter(self.models)))  # the oldest; a request using it keeps its own
+        loading.set_result(model)
         return model
+
+    def _load(self, job: Job) -> LanguageModel:
+        state = torch.load(job.file, map_location=self.device, weights_only=False)
+        built = base_models.build(
+            job.base_model,
+            state["record"].get("lora") or {},
+            self.settings.model,
+            self.device,
+            self.settings.seed,
+        )
+        assert isinstance(built, LanguageModel)
+        built.load_model_state(state["model"])
+        return built
 
     def engine(self, key: str, tree: Callable[[], nn.Module]) -> tuple[Engine, nn.Module]:
         with self.lock:

@@ -82,7 +82,7 @@ class Worker:
         self.stopping = threading.Event()
         # batched passes side by side: one on a GPU; on a CPU, where a pass is compute-bound in its intra-op
         # threads, as many as keep every core busy (one pass in one thread would leave the others idle)
-        cores = len(os.sched_getaffinity(0)) // section.torch_threads
+        cores = len(os.sched_getaffinity(0)) // section.threads()
         self.passes = 1 if device.type == "cuda" else max(1, cores)
         # every write into the run folder checked to be still this run's: RunFolderInUse stops the worker
         self.checkpoints = Checkpoints(store.files, owner)
