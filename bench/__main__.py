@@ -201,7 +201,7 @@ def llm_rl(
 ) -> None:
     """Reinforcement learning of SmolLM2 on single-digit addition: TRL's GRPOTrainer, the Tinker Cookbook's RL
     loop through our Tinker API, and the Atropos path through `up`, the same task, model and budget."""
-    from bench.llm_rl import SYSTEMS, run
+    from bench.llm_rl import SYSTEMS, run, table
 
     try:
         budget = {name.strip(): float(value) for name, value in (p.split("=") for p in minutes.split(","))}
@@ -212,9 +212,8 @@ def llm_rl(
         raise typer.BadParameter(f"--minutes: unknown systems {sorted(unknown)}; choose from {list(SYSTEMS)}")
     data = run(out, budget, rounds)
     typer.echo(json.dumps({s: [r["summary"] for r in runs] for s, runs in data["systems"].items()}, indent=1))
-    typer.echo(
-        f"TRL's final reward {data.get('trl_final_reward')}, reached at {data.get('reached_trl_final_at_s')}"
-    )
+    typer.echo(f"TRL's final reward (the mean of its last two minutes): {data.get('trl_final_reward')}")
+    typer.echo(table(data))
 
 
 @app.command()

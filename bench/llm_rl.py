@@ -41,6 +41,7 @@ from tinker_atropos.models import smollm2
 GROUPS = 4  # prompts a step
 RANK, LEARNING_RATE, CLIP = 16, 1e-3, 0.2
 WINDOW = 64  # answers in the reported mean reward
+FINAL_S = 120.0  # the final reward: the mean of the last two minutes
 SYSTEMS = ("trl", "cookbook", "atropos")
 REPO = Path(__file__).resolve().parents[1]
 
@@ -298,13 +299,15 @@ def run(out: Path, minutes: dict[str, float], rounds: int = 1) -> dict[str, Any]
             if done.returncode != 0:
                 raise RuntimeError(f"{system} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
             results[system].append(json.loads((work / "result.json").read_text()))
+    return write(out, minutes, results)
+
+
+def write(out: Path, minutes: dict[str, float], results: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """The systems' results (each round's ``result.json``) summed up into ``bench-llm-rl.json`` and its chart."""
     data = {"task": TASK, "minutes": minutes, "machine": f"{os.cpu_count()} CPU cores",
             "systems": {s: [{"summary": summary(r), **r} for r in runs] for s, runs in results.items()}}  # fmt: skip
     if "trl" in results:
-        trl_points = results["trl"][0]["points"]
-        # TRL's reward at the end of its budget: the mean of its last two minutes (the curve is noisy)
-        end = trl_points[-1]["seconds"]
-        target = float(np.mean([p["reward"] for p in trl_points if p["seconds"] >= end - 120]))
+        target = data["systems"]["trl"][0]["summary"]["final_reward"]
         data["trl_final_reward"] = target
         data["reached_trl_final_at_s"] = {
             s: reached_at(runs[0]["points"], target) for s, runs in results.items()
@@ -345,7 +348,9 @@ def summary(result: dict[str, Any]) -> dict[str, float]:
     """A system's figures: its final and best reward, tokens/s, and mean step split."""
     points = result["points"]
     last = points[-1]
-    figures = {"final_reward": last["reward"], "seconds": last["seconds"],
+    # the reward at the end: the mean over the last two minutes (a 64-answer window moves by 0.2 from step to step)
+    final = float(np.mean([p["reward"] for p in points if p["seconds"] >= last["seconds"] - FINAL_S]))
+    figures = {"final_reward": final, "seconds": last["seconds"],
                "sampled_tokens_per_s": last["sampled_tokens"] / last["seconds"],
                "trained_tokens_per_s": last["trained_tokens"] / last["seconds"]}  # fmt: skip
     for part in ("generation", "logprobs", "training", "weight_sync", "step"):
@@ -353,6 +358,24 @@ def summary(result: dict[str, Any]) -> dict[str, float]:
         if values:
             figures[f"{part}_s"] = float(np.mean(values))
     return figures
+
+
+def table(data: dict[str, Any]) -> str:
+    """The result as the Markdown table of docs/benchmarks.md: per system (its first round), the figures and the
+    ratios to TRL."""
+    rows = ["| system | minutes | final reward | reached TRL's final at | sampled tokens/s | × TRL | trained tokens/s "
+            "| step s: generation / log-probs / training / weight sync |", "|---|---:|---:|---:|---:|---:|---:|---|"]  # fmt: skip
+    trl = data["systems"].get("trl", [{}])[0].get("summary")
+    for system, runs in data["systems"].items():
+        figures = runs[0]["summary"]
+        reached = data.get("reached_trl_final_at_s", {}).get(system)
+        ratio = f"{figures['sampled_tokens_per_s'] / trl['sampled_tokens_per_s']:.2f}" if trl else "-"
+        split = " / ".join(f"{figures[p + '_s']:.2f}" if p + "_s" in figures else "-"
+                           for p in ("generation", "logprobs", "training", "weight_sync"))  # fmt: skip
+        rows.append(f"| {system} | {figures['seconds'] / 60:.1f} | {figures['final_reward']:.2f} | "
+                    f"{'-' if reached is None else f'{reached / 60:.1f} min'} | "
+                    f"{figures['sampled_tokens_per_s']:.1f} | {ratio} | {figures['trained_tokens_per_s']:.1f} | {split} |")  # fmt: skip
+    return "\n".join(rows)
 
 
 def reached_at(points: list[dict[str, float]], target: float) -> float | None:

@@ -522,11 +522,6 @@ class TrainerSection(Section):
         description="Intra-op threads of the trainer's torch; null: every core the trainer may use (a trainer "
         "alone on its machine, e.g. serving a language model, as against one beside a run's env services).",
     )
-
-    def threads(self) -> int:
-        """``torch_threads``, null resolved to the cores this process may use."""
-        return self.torch_threads or len(os.sched_getaffinity(0))
-
     max_nonfinite_updates: int = Field(
         5,
         ge=1,
@@ -551,6 +546,10 @@ class TrainerSection(Section):
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
     # The algorithm's own section, validated by the model it registered; written as ``trainer.<algorithm>``.
     hyperparameters: SerializeAsAny[BaseModel] | None = Field(default=None, exclude=True)
+
+    def threads(self) -> int:
+        """``torch_threads``, null resolved to the cores this process may use."""
+        return self.torch_threads or len(os.sched_getaffinity(0))
 
     @model_validator(mode="wrap")
     @classmethod

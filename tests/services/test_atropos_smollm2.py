@@ -35,6 +35,8 @@ def test_the_shipped_config_trains_smollm2_with_up_alone_and_writes_the_reward(t
     rows = [r for r in report_rows(run_dir) if r["episode_return_mean"] is not None]
     assert rows, output[-3000:]
     assert all(0.0 <= r["episode_return_mean"] <= 1.0 for r in rows)
+    # each step's weight sync (the endpoint sampling with the new adapter) is timed and reported
+    assert any(r["losses"].get("weight_sync_seconds", 0.0) > 0.0 for r in rows), rows[-1]
     # every answer of each batch counts, groups whose answers all scored alike too
     assert rows[-1]["episodes"] >= 2 * config["trainer"]["atropos"]["batch_size"]
     assert rows[-1]["episodes"] % GROUP_SIZE == 0
