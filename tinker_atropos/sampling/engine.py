@@ -277,26 +277,12 @@ class Engine:
             if request.read < len(request.prompt):
                 return
             self.reading.popleft()
-            twins = self._same_prompt(request)
+            self.reading, twins = _same_prompt(self.reading, request)
             kv = request.kv
             self._join(request, logits)
             for twin in twins:  # its keys and values shared, as one request's samples share them
                 twin.kv, twin.read = kv, len(twin.prompt)
                 self._join(twin, logits)
-
-    def _same_prompt(self, request: _Request) -> list[_Request]:
-        """The requests waiting to read the very prompt ``request`` has just read, with the same adapter: taken
-        out of ``reading``, they need no pass of their own (clients that send a group's samples one request
-        each, as the Tinker Cookbook's RL loop does, read each prompt once)."""
-        # an adapter is its layers by path, built again for each request: the same layers are the same weights
-        twins = [
-            r
-            for r in self.reading
-            if r.read == 0 and r.adapter == request.adapter and r.prompt == request.prompt
-        ]
-        if twins:
-            self.reading = deque(r for r in self.reading if r not in twins)
-        return twins
 
     def _join(self, request: _Request, logits: torch.Tensor) -> None:
         """Draw the first token of each sample, then add the samples that go on to the batch, the prompt's keys
@@ -423,6 +409,17 @@ class Rows:
             mask = mask[:, first:]
             self.mask = None if bool(mask.all()) else mask
         self.kv = kv
+
+
+def _same_prompt(reading: deque[_Request], request: _Request) -> tuple[deque[_Request], list[_Request]]:
+    """The requests of ``reading`` waiting to read the very prompt ``request`` has just read, with the same adapter
+    (``reading`` without them, and them): they need no pass of their own (clients that send a group's samples one
+    request each, as the Tinker Cookbook's RL loop does, read each prompt once)."""
+    # an adapter is its layers by path, built again for each request: the same layers are the same weights
+    twins = [
+        r for r in reading if r.read == 0 and r.adapter == request.adapter and r.prompt == request.prompt
+    ]
+    return (deque(r for r in reading if r not in twins) if twins else reading), twins
 
 
 def _pad(tensor: torch.Tensor, width: int) -> torch.Tensor:
