@@ -29,6 +29,7 @@ import sys
 import textwrap
 import time
 from collections import deque
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -88,20 +89,22 @@ def run_trl(seconds: float, work: Path, steps: int = 100_000) -> dict[str, Any]:
     curve = Curve()
     timing: dict[str, float] = {}
 
+    @contextlib.contextmanager
+    def timed(part: str) -> Iterator[None]:
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            timing[part] = time.monotonic() - started
+
     class Timed(trl.GRPOTrainer):
         def _generate(self, prompts: list) -> Any:
-            started = time.monotonic()
-            try:
+            with timed("generation"):
                 return super()._generate(prompts)
-            finally:
-                timing["generation"] = time.monotonic() - started
 
         def _generate_and_score_completions(self, inputs: Any) -> Any:
-            started = time.monotonic()
-            try:
+            with timed("scored"):  # generation, rewards and (when asked) old log-probs
                 return super()._generate_and_score_completions(inputs)
-            finally:
-                timing["scored"] = time.monotonic() - started
 
     class Record(TrainerCallback):
         def on_step_begin(self, args: Any, state: Any, control: Any, **_: Any) -> None:
