@@ -160,7 +160,9 @@ def test_cartpole_learns_with_appo_from_lagging_chunks(tmp_path: Path) -> None:
     """APPO: the rollouts never pause, chunks of older policies are corrected by V-trace, and it learns."""
     budget = 300_000
     rows = run_up("cartpole-appo.yaml", tmp_path / "run", budget, target_return=300.0)
-    assert_learned(rows, random_below=100.0, target=300.0, budget=budget)
+    # half the target, not random play's 22: the rollouts never pause, and on a loaded 2-core machine the first
+    # report row has come after the first updates, at 101 and 138 (CI); a trained policy starts near 500
+    assert_learned(rows, random_below=150.0, target=300.0, budget=budget)
     # it learned from older policies' chunks, within trainer.max_policy_lag (older ones are dropped): the run's
     # counters, flushed by the trainer as it stops, count the accepted chunks by lag
     by_lag = {
