@@ -12,7 +12,6 @@ from tinker_atropos.models.tiny_lm import (
     TinyCausalLM,
     TinyLMConfig,
     add_lora,
-    batch_target_logprobs,
     next_token_logprobs,
     target_logprobs,
 )
@@ -115,7 +114,7 @@ def test_lora_targets_and_argument_checks() -> None:
         add_lora(TinyCausalLM(), rank=2, train_attn=False, train_mlp=False, train_unembed=False)
 
 
-def test_target_logprobs_match_log_softmax_and_batch() -> None:
+def test_target_logprobs_match_log_softmax() -> None:
     model = TinyCausalLM()
     inputs, targets = IDS[:-1], IDS[1:]
     got = target_logprobs(model, inputs, targets)
@@ -124,12 +123,8 @@ def test_target_logprobs_match_log_softmax_and_batch() -> None:
     got.sum().backward()  # differentiable: the losses are built on it
     assert model.lm_head.weight.grad is not None
 
-    seqs = [IDS[:7], IDS[3:], IDS[:2]]
-    batched = batch_target_logprobs(model, [s[:-1] for s in seqs], [s[1:] for s in seqs])
-    for seq, row in zip(seqs, batched, strict=True):
-        torch.testing.assert_close(row, target_logprobs(model, seq[:-1], seq[1:]), atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError):
-        batch_target_logprobs(model, [IDS[:3]], [IDS[:4]])
+        target_logprobs(model, IDS[:3], IDS[:4])
 
 
 def test_a_prompts_log_probs_and_top_k_are_read_from_one_forward_of_shifted_target_logprobs() -> None:

@@ -2,7 +2,7 @@
 GGUF file, Q4_1), loaded with transformers' GGUF reader and dequantised to float32 on the CPU. Nothing is
 downloaded: the Hugging Face hub is switched off before transformers is imported.
 
-It speaks the same token-level functions as the tiny LM (``tiny_lm.batch_target_logprobs``,
+It speaks the same token-level functions as the tiny LM (``logprobs.target_logprobs``,
 ``prompt_logprobs``) and the sampling engine's ``Decoder`` through ``SmolLM2``: a module whose ``forward(tokens)``
 gives logits and ``step`` decodes with keys and values, with the limits those functions check. Reading the GGUF file (its tokenizer above all) takes 40 s of CPU, so it is
 converted once into transformers' own format in the user's cache (``$XDG_CACHE_HOME/tinker-atropos``, else
@@ -74,18 +74,42 @@ class SmolLM2(nn.Module):
     ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
         """``sampling.Decoder.step`` with transformers' own cache (``DynamicCache``) around the keys and values
         the engine keeps (given as they are, not copied); only the last position's logits are computed."""
+        logits, kv = self._run(tokens, past, mask, positions, keep=1)
+        return logits[:, -1], kv
+
+    def extend(
+        self,
+        tokens: torch.Tensor,
+        past: list[tuple[torch.Tensor, torch.Tensor]] | None,
+        mask: torch.Tensor | None,
+        positions: torch.Tensor,
+    ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+        """``step`` with every position's logits [B, T, vocab] (``logprobs.target_logprobs``)."""
+        return self._run(tokens, past, mask, positions, keep=0)
+
+    def _run(
+        self,
+        tokens: torch.Tensor,
+        past: list[tuple[torch.Tensor, torch.Tensor]] | None,
+        mask: torch.Tensor | None,
+        positions: torch.Tensor,
+        keep: int,
+    ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+        """The logits of the last ``keep`` positions (0: all), transformers' ``logits_to_keep``."""
         from transformers import DynamicCache
         from transformers.cache_utils import DynamicLayer
 
+        if int(positions.max()) >= self.config.max_seq_len:
+            raise ValueError(f"sequence longer than {self.config.max_seq_len} tokens")
         cache = DynamicCache()
         for keys, values in past or []:
             layer = DynamicLayer()
             layer.lazy_initialization(keys, values)
             layer.keys, layer.values = keys, values
             cache.layers.append(layer)
-        arguments = {self.cache_argument: cache, "use_cache": True, "logits_to_keep": 1}
+        arguments = {self.cache_argument: cache, "use_cache": True, "logits_to_keep": keep}
         out = self.hf(input_ids=tokens, attention_mask=mask, position_ids=positions, **arguments)
-        return out.logits[:, -1], [(layer.keys, layer.values) for layer in cache.layers]
+        return out.logits, [(layer.keys, layer.values) for layer in cache.layers]
 
 
 def lora_targets(model: SmolLM2, attn: bool, mlp: bool, unembed: bool) -> list[tuple[nn.Module, str]]:

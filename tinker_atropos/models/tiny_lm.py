@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tinker_atropos.models import lora
+from tinker_atropos.models import logprobs, lora
 
 
 class ByteTokenizer:
@@ -188,6 +188,20 @@ class TinyCausalLM(nn.Module):
     ) -> tuple[torch.Tensor, KV]:
         """``sampling.Decoder.step``: the last position's logits [B, vocab] of ``tokens`` [B, T] at ``positions``
         [B, T] after the ``past`` keys and values, and the keys and values with theirs."""
+        x, kv = self._blocks(tokens, past, mask, positions)
+        return self.lm_head(self.ln_f(x[:, -1])), kv
+
+    def extend(
+        self, tokens: torch.Tensor, past: KV | None, mask: torch.Tensor | None, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, KV]:
+        """``step`` with every position's logits [B, T, vocab]: a continuation of shared keys and values, as
+        ``logprobs.target_logprobs`` forwards a group's answers after their prompt."""
+        x, kv = self._blocks(tokens, past, mask, positions)
+        return self.lm_head(self.ln_f(x)), kv
+
+    def _blocks(
+        self, tokens: torch.Tensor, past: KV | None, mask: torch.Tensor | None, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, KV]:
         self._check(tokens, int(positions.max()) + 1)
         x = self.tok_emb(tokens) + self.pos_emb(positions)
         attend = None
@@ -197,7 +211,7 @@ class TinyCausalLM(nn.Module):
         for layer, block in enumerate(self.blocks):
             x, layer_kv = block(x, past[layer] if past else None, attend)
             kv.append(layer_kv)
-        return self.lm_head(self.ln_f(x[:, -1])), kv
+        return x, kv
 
     def _check(self, tokens: torch.Tensor, length: int) -> None:
         if length > self.config.max_seq_len:
@@ -255,26 +269,7 @@ def lora_targets(model: TinyCausalLM, attn: bool, mlp: bool, unembed: bool) -> l
 def target_logprobs(model: TinyCausalLM, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """log p(targets[t] | inputs[:t+1]) for each t, Tinker's convention (``model_input`` and next-token
     ``target_tokens`` of the same length). Differentiable: the training losses are built on it."""
-    return batch_target_logprobs(model, [inputs], [targets])[0]
-
-
-def batch_target_logprobs(
-    model: TinyCausalLM, inputs: list[torch.Tensor], targets: list[torch.Tensor]
-) -> list[torch.Tensor]:
-    """``target_logprobs`` of several sequences in one forward: right-padded, then sliced back. Causal attention
-    means the padding after a sequence cannot change its log-probs, so no mask is needed."""
-    if len(inputs) != len(targets) or not inputs:
-        raise ValueError(
-            f"need as many targets as inputs, at least one: got {len(inputs)} and {len(targets)}"
-        )
-    lengths = [len(x) for x in inputs]
-    if any(len(x) != len(y) for x, y in zip(inputs, targets, strict=True)) or min(lengths) == 0:
-        raise ValueError("each sequence needs at least one token and as many targets as inputs")
-    padded_inputs = nn.utils.rnn.pad_sequence(inputs, batch_first=True)  # pads with token 0: it is never read
-    padded_targets = nn.utils.rnn.pad_sequence(targets, batch_first=True)
-    logprobs = model(padded_inputs).float().log_softmax(-1)
-    picked = logprobs.gather(-1, padded_targets.unsqueeze(-1)).squeeze(-1)  # [B, T]
-    return [row[:n] for row, n in zip(picked, lengths, strict=True)]
+    return logprobs.target_logprobs(model, [inputs], [targets])[0]
 
 
 @torch.no_grad()

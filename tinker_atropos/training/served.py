@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from tinker_atropos.models import hf_lm, lora, smollm2, tiny_lm
+from tinker_atropos.models.logprobs import target_logprobs
 from tinker_atropos.models.mlp import ActorCritic
 from tinker_atropos.models.networks import build_network
 from tinker_atropos.training.core import TrainingCore
@@ -312,11 +313,17 @@ class LanguageModel(ServedModel):
         return Forward(logprobs, None, [{"logprobs": lp.detach().cpu().numpy()} for lp in logprobs])
 
 
-def _target_logprobs(model: nn.Module, data: list[Datum], device: torch.device) -> list[torch.Tensor]:
-    """Each datum's target log-probabilities, all the data in one padded batch through ``model``."""
+def _target_logprobs(
+    model: nn.Module,
+    data: list[Datum],
+    device: torch.device,
+    adapters: Sequence[lora.Adapter | None] | None = None,
+) -> list[torch.Tensor]:
+    """Each datum's target log-probabilities through ``model``, data that share a prompt forwarding it once
+    (``models.logprobs``; ``adapters``: each datum's model's, for ``run_losses``)."""
     inputs = [torch.as_tensor(d.tokens, device=device) for d in data]
     targets = [_tensor(d, "target_tokens", torch.int64).to(device) for d in data]
-    return tiny_lm.batch_target_logprobs(model, inputs, targets)
+    return target_logprobs(model, inputs, targets, adapters)
 
 
 def owned_bytes(model: ServedModel) -> int:
@@ -425,7 +432,7 @@ def _logprobs_together(runs: Sequence[LossRun]) -> list[list[torch.Tensor]]:
     """Per run, its data's target log-probabilities, every run's rows in one batch through the first model's tree
     (any model of the layout has a LoRA layer at every path), each row's update from its own model's adapter."""
     model = runs[0].model.core
-    with lora.rows([(len(run.data), run.model.adapter) for run in runs]):
-        logprobs = _target_logprobs(model.model, [d for run in runs for d in run.data], model.device)
+    adapters = [run.model.adapter for run in runs for _ in run.data]
+    found = _target_logprobs(model.model, [d for run in runs for d in run.data], model.device, adapters)
     counts = np.cumsum([0] + [len(run.data) for run in runs])
-    return [logprobs[start:end] for start, end in zip(counts[:-1], counts[1:], strict=True)]
+    return [found[start:end] for start, end in zip(counts[:-1], counts[1:], strict=True)]
