@@ -61,3 +61,25 @@ def test_a_tree_without_adapters_of_its_own_serves_other_models_rows() -> None:
     torch.testing.assert_close(got[3:], model(TOKENS[3:]), atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="rank"):
         lora.wrap(copy.deepcopy(base), tiny_lm.lora_targets(base, True, True, True), 0)
+
+
+def test_neighbouring_rows_of_one_adapter_take_one_update_per_layer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client's one-sample requests in a batch (the Cookbook's RL loop sends a group so) are one segment each:
+    their rows share a low-rank matmul per layer, with the outputs of each segment alone."""
+    base = TinyCausalLM()
+    first, second = _adapted(base, 1), _adapted(base, 2)
+    calls: list[int] = []
+    update = lora.LoRALinear.update
+    monkeypatch.setattr(lora.LoRALinear, "update", lambda self, x: calls.append(len(x)) or update(self, x))
+    layers = len(lora.adapter(first))
+    segments = [(1, lora.adapter(first)), (1, lora.adapter(first)), (1, lora.adapter(second)), (2, None)]
+    with (
+        torch.no_grad(),
+        lora.rows(segments),
+    ):  # lora.adapter builds a new mapping each time: equal, not the same
+        batched = first(TOKENS)
+    assert calls == [2, 1] * layers  # rows of the first model together, then the second's
+    with torch.no_grad():
+        torch.testing.assert_close(batched[:2], first(TOKENS[:2]), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(batched[2:3], second(TOKENS[2:3]), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(batched[3:], base(TOKENS[3:]), atol=1e-5, rtol=1e-5)

@@ -68,11 +68,23 @@ _ROWS: contextvars.ContextVar[Sequence[tuple[int, Adapter | None]] | None] = con
 def rows(segments: Sequence[tuple[int, Adapter | None]]) -> Iterator[None]:
     """Within it, every ``LoRALinear`` takes a batch's rows in ``segments`` order: ``count`` rows of the model
     whose ``adapter`` it is (None: the base alone); the counts add up to the batch's first dimension."""
-    token = _ROWS.set(segments)
+    token = _ROWS.set(_merged(segments))
     try:
         yield
     finally:
         _ROWS.reset(token)
+
+
+def _merged(segments: Sequence[tuple[int, Adapter | None]]) -> list[tuple[int, Adapter | None]]:
+    """Neighbouring segments of one adapter as one: a batch of a client's 32 one-sample requests then takes one
+    low-rank update per layer, not 32 (that was half of a decoding step's time)."""
+    merged: list[tuple[int, Adapter | None]] = []
+    for count, adapter in segments:
+        if merged and (merged[-1][1] is adapter or merged[-1][1] == adapter):
+            merged[-1] = (merged[-1][0] + count, adapter)
+        else:
+            merged.append((count, adapter))
+    return merged
 
 
 def adapter(model: nn.Module) -> dict[str, LoRALinear]:
