@@ -45,6 +45,9 @@ class LoRALinear(nn.Module):
         if segments is None:
             return self.base(x) + self.update(x) if self.scale else self.base(x)
         y = self.base(x)
+        if len(segments) == 1:  # one model's rows (one client's batch): no split, no join
+            layer = segments[0][1].get(self.path) if segments[0][1] is not None else None
+            return y + layer.update(x) if layer is not None and layer.scale else y
         # each segment's rows plus its update, joined. Split, not sliced: the backward of each slice would write a
         # zero gradient of the whole output (and an in-place add into the rows would copy it, CopySlices) per segment
         counts = [count for count, _ in segments]

@@ -278,15 +278,17 @@ class Engine:
                 return
             self.reading.popleft()
             self.reading, twins = _same_prompt(self.reading, request)
-            kv = request.kv
-            self._join(request, logits)
+            kv, request.kv = request.kv, None
             for twin in twins:  # its keys and values shared, as one request's samples share them
-                twin.kv, twin.read = kv, len(twin.prompt)
-                self._join(twin, logits)
+                twin.read = len(twin.prompt)
+            joining = [(r, first) for r in (request, *twins) if len(first := self._first(r, logits))]
+            if joining:
+                assert kv is not None
+                self.rows.join(joining, kv)
 
-    def _join(self, request: _Request, logits: torch.Tensor) -> None:
-        """Draw the first token of each sample, then add the samples that go on to the batch, the prompt's keys
-        and values shared by them."""
+    def _first(self, request: _Request, logits: torch.Tensor) -> torch.Tensor:
+        """Draw the first token of each sample: those of the samples that go on (the request is answered when
+        none does)."""
         n = request.params.num_samples
         tokens, logprobs = request.params.draw(logits.expand(n, -1), request.generators)
         self.first_token_s.append(time.monotonic() - request.submitted)
@@ -296,11 +298,9 @@ class Engine:
             for s, t, lp, tk in zip(range(n), tokens.tolist(), logprobs.tolist(), topk, strict=True)
             if request.record(s, t, lp, tk)
         ]
-        kv, request.kv = request.kv, None
         if not request.live:
             request.future.set_result(request.result())
-            return
-        self.rows.join(request, kv, tokens[request.live])  # type: ignore[arg-type]
+        return tokens[request.live]
 
     def _decode(self) -> None:
         """One token for every row; the rows whose samples stop leave the batch."""
@@ -342,12 +342,15 @@ class Rows:
             0, dtype=torch.long
         )  # each row's newest token, not yet in the keys and values
 
-    def join(self, request: _Request, kv: KV, tokens: torch.Tensor) -> None:
-        """Add ``request``'s live samples, their first ``tokens`` drawn, the prompt's keys and values shared."""
-        rows, length = len(request.live), len(request.prompt)
-        joining = [(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1)) for k, v in kv]
+    def join(self, joining: list[tuple[_Request, torch.Tensor]], kv: KV) -> None:
+        """Add the live samples of requests of one prompt, each with its samples' first tokens drawn, the
+        prompt's keys and values shared by all (in one pass over the batch's: 32 one-sample requests of one prompt
+        joined one by one copied them 32 times)."""
+        tokens = torch.cat([first for _, first in joining])
+        rows, length = len(tokens), len(joining[0][0].prompt)
+        shared = [(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1)) for k, v in kv]
         if self.kv is None:
-            self.kv, self.mask = joining, None
+            self.kv, self.mask = shared, None
         else:
             held = self.kv[0][0].shape[2]
             width = max(held, length)
@@ -356,7 +359,7 @@ class Rows:
                     torch.cat([_pad(k, width - held), _pad(jk, width - length)]),
                     torch.cat([_pad(v, width - held), _pad(jv, width - length)]),
                 )
-                for (k, v), (jk, jv) in zip(self.kv, joining, strict=True)
+                for (k, v), (jk, jv) in zip(self.kv, shared, strict=True)
             ]
             real = torch.ones(rows, length, dtype=torch.bool, device=self.device)
             mask = self.mask
@@ -366,7 +369,7 @@ class Rows:
             self.mask = None if bool(mask.all()) else mask
         self.positions = torch.cat([self.positions, torch.full((rows,), length, dtype=torch.long)])
         self.last = torch.cat([self.last, tokens.to(self.last.device)])
-        self.requests.append(request)
+        self.requests += [request for request, _ in joining]
 
     def step(self, decoder: Decoder) -> torch.Tensor:
         """The logits [rows, vocab] after every row's newest token, which joins its keys and values."""

@@ -335,7 +335,7 @@ class Samplers:
             adapter = None
         else:
             engine, decoder = self.engine(job.base_model, lambda: serving_tree(job.base_model, self.device))
-            adapter = lora.adapter(model.core.model) if model is not None else None
+            adapter = model.adapter if model is not None else None
         request = json.loads(job.body)
         prompt = wire.prompt_tokens(request)
         try:
