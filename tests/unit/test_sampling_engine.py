@@ -236,3 +236,45 @@ def test_requests_of_one_prompt_and_adapter_read_it_once_and_each_draws_its_own_
                 torch.tensor(g.logprobs), torch.tensor(w.logprobs), atol=1e-4, rtol=1e-4
             )
     assert engine.rows.kv is None and not engine.rows.requests
+
+
+def test_prompts_of_one_length_are_read_in_one_pass_and_a_twin_sent_meanwhile_reads_none() -> None:
+    """A group of prompts that arrive together (the Cookbook's batch) is read as one pass of several rows, each
+    of its own adapter; a request of one of them sent while that pass runs reads nothing; each request gets what
+    it gets alone."""
+    base = TinyCausalLM()
+    serving = copy.deepcopy(base)
+    lora.wrap(serving, tiny_lm.lora_targets(serving, True, True, True), 0, allow_rank_zero=True)
+    first, second = _adapted(base, 1), _adapted(base, 2)
+    prompts = [TOK.encode(f"what is {n} + 3?", add_bos=True) for n in range(3)]  # one length
+    asks = [
+        (base, None, prompts[0], Params(10, 1, seed=1, stop_tokens=EOS)),
+        (first[0], first[1], prompts[1], Params(10, 2, seed=2, stop_tokens=EOS)),
+        (second[0], second[1], prompts[2], Params(10, 1, seed=3, stop_tokens=EOS)),
+        (base, None, prompts[0], Params(10, 1, seed=4, stop_tokens=EOS)),  # the first one's twin
+    ]
+    alone = [sample(model, p, params) for model, _, p, params in asks]
+    engine = Engine(serving, kv_tokens=10_000, prefill_chunk=256)
+    passes: list[tuple[int, ...]] = []
+    futures = [engine.submit(p, params, adapter) for _, adapter, p, params in asks[:3]]
+    step = serving.step
+
+    def counted(tokens: torch.Tensor, *args: object) -> object:
+        if tokens.shape[1] > 1:
+            passes.append(tuple(tokens.shape))
+            if len(passes) == 1:  # a client's request arriving while the prompts are read
+                futures.append(engine.submit(asks[3][2], asks[3][3], asks[3][1]))
+        return step(tokens, *args)
+
+    serving.step = counted  # type: ignore[method-assign]
+    engine.step()
+    assert len(engine.rows.requests) == 4
+    engine.drain()
+    assert passes == [(3, len(prompts[0]))]
+    for future, want in zip(futures, alone, strict=True):
+        got = future.result()
+        assert [s.tokens for s in got] == [s.tokens for s in want]
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(
+                torch.tensor(g.logprobs), torch.tensor(w.logprobs), atol=1e-4, rtol=1e-4
+            )

@@ -4,7 +4,8 @@ tokens once its prompt is read and leaves it when its samples stop; the batch ne
 
 - **Prompts are read in chunks** of at most ``prefill_chunk`` tokens between two decoding steps, so a long prompt
   delays the running samples by one chunk, not by the whole prompt. A prompt's keys and values are read once and
-  shared by its ``num_samples`` rows.
+  shared by its ``num_samples`` rows and by the other requests of that prompt and adapter (clients that send a
+  group's samples one request each); unread prompts of one length are read together, one pass of several rows.
 - **The keys and values are bounded** by ``kv_tokens`` positions: a request is admitted while every request in
   flight, each grown to its longest, fits (the batch is padded on the left to its longest row); otherwise it
   waits, oldest first. A request that could never fit is refused at once.
@@ -258,33 +259,61 @@ class Engine:
             self.reading.append(request)
 
     def _read_prompts(self) -> None:
-        """Up to ``prefill_chunk`` prompt tokens, oldest request first; a prompt read joins the batch."""
+        """Up to ``prefill_chunk`` prompt tokens, oldest request first, the unread prompts of its length that fit
+        beside it in the same pass (a client's group of prompts arrives together); a prompt read joins the
+        batch."""
         budget = self.prefill_chunk
         while budget > 0 and self.reading:
-            request = self.reading[0]
-            count = min(budget, len(request.prompt) - request.read)
-            tokens = torch.tensor([request.prompt[request.read : request.read + count]], device=self.device)
-            positions = torch.arange(request.read, request.read + count, device=self.device)[None]
+            head = self.reading[0]
+            count = min(budget, len(head.prompt) - head.read)
+            batch = self._beside(head, count, budget)
+            tokens = torch.tensor([r.prompt[r.read : r.read + count] for r in batch], device=self.device)
+            positions = torch.arange(head.read, head.read + count, device=self.device)[None]
             try:
-                with _adapted([(1, request.adapter)]):
-                    logits, request.kv = self.decoder.step(tokens, request.kv, None, positions)
+                with _adapted([(1, r.adapter) for r in batch]):
+                    logits, kv = self.decoder.step(tokens, head.kv, None, positions.expand(len(batch), -1))
             except Exception as error:
-                self.reading.popleft()
-                _fail(request, error)
+                for request in batch:
+                    self.reading.remove(request)
+                    _fail(request, error)
                 continue
-            request.read += count
-            budget -= count
-            if request.read < len(request.prompt):
+            budget -= count * len(batch)
+            for i, request in enumerate(batch):
+                request.read += count
+                request.kv = [(k[i : i + 1], v[i : i + 1]) for k, v in kv]
+            if head.read < len(head.prompt):
                 return
-            self.reading.popleft()
-            self.reading, twins = _same_prompt(self.reading, request)
-            kv, request.kv = request.kv, None
-            for twin in twins:  # its keys and values shared, as one request's samples share them
-                twin.read = len(twin.prompt)
-            joining = [(r, first) for r in (request, *twins) if len(first := self._first(r, logits))]
-            if joining:
-                assert kv is not None
-                self.rows.join(joining, kv)
+            for i, request in enumerate(batch):
+                self._join(request, logits[i : i + 1])
+
+    def _beside(self, head: _Request, count: int, budget: int) -> list[_Request]:
+        """``head`` and, when it reads its whole prompt at once, the unread other prompts of its length that the
+        budget reads with it (a prompt's twins read none: ``_same_prompt``)."""
+        batch = [head]
+        if head.read or count < len(head.prompt):
+            return batch
+        prompts = {tuple(head.prompt)}
+        for request in self.reading:
+            if (len(batch) + 1) * count > budget:
+                break
+            if request.read == 0 and len(request.prompt) == count and tuple(request.prompt) not in prompts:
+                batch.append(request)
+                prompts.add(tuple(request.prompt))
+        return batch
+
+    def _join(self, request: _Request, logits: torch.Tensor) -> None:
+        """Its prompt read: it and its twins draw their first tokens and join the batch, its keys and values
+        shared, as one request's samples share them."""
+        self._admit()  # (still counted as reading) those that arrived while it was read: its twins read nothing
+        self.reading.remove(request)
+        self.reading, twins = _same_prompt(self.reading, request)
+        kv, request.kv = request.kv, None
+        for twin in twins:
+            twin.read = len(twin.prompt)
+        joining = [(r, first) for r in (request, *twins) if len(first := self._first(r, logits))]
+        if joining:
+            assert kv is not None
+            self.rows.join(joining, kv)
 
     def _first(self, request: _Request, logits: torch.Tensor) -> torch.Tensor:
         """Draw the first token of each sample: those of the samples that go on (the request is answered when
