@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future
 
 import pytest
 import torch
@@ -29,6 +30,18 @@ def draw(
     **params: object,
 ) -> list[SampledTokens]:
     return sample(model, prompt, Params(max_tokens, stop_tokens=stop, **params))  # type: ignore[arg-type]
+
+
+def _as_alone(futures: Sequence[Future[list[SampledTokens]]], alone: Sequence[list[SampledTokens]]) -> None:
+    """Each request got the samples it draws alone: tokens, why they stopped, log-probs."""
+    for future, want in zip(futures, alone, strict=True):
+        got = future.result()
+        assert [s.tokens for s in got] == [s.tokens for s in want]
+        assert [s.stop_reason for s in got] == [s.stop_reason for s in want]
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(
+                torch.tensor(g.logprobs), torch.tensor(w.logprobs), atol=1e-4, rtol=1e-4
+            )
 
 
 def test_samples_are_seeded_and_report_sampling_logprobs() -> None:
@@ -152,14 +165,7 @@ def test_requests_joining_a_running_batch_get_what_they_get_alone() -> None:
     engine.step()
     futures.append(engine.submit(asks[3][2], asks[3][3], asks[3][1]))
     engine.drain()
-    for future, want in zip(futures, alone, strict=True):
-        got = future.result()
-        assert [s.tokens for s in got] == [s.tokens for s in want]
-        assert [s.stop_reason for s in got] == [s.stop_reason for s in want]
-        for g, w in zip(got, want, strict=True):
-            torch.testing.assert_close(
-                torch.tensor(g.logprobs), torch.tensor(w.logprobs), atol=1e-4, rtol=1e-4
-            )
+    _as_alone(futures, alone)
     assert engine.rows.kv is None and not engine.rows.requests  # every row left
 
 
@@ -228,13 +234,7 @@ def test_requests_of_one_prompt_and_adapter_read_it_once_and_each_draws_its_own_
     engine.drain()
     # the base's five requests of one prompt: one pass; the adapter's two: one of their own; the other prompt: one
     assert sorted(reads) == sorted([len(prompt), len(prompt), len(other)])
-    for future, want in zip(futures, alone, strict=True):
-        got = future.result()
-        assert [s.tokens for s in got] == [s.tokens for s in want]
-        for g, w in zip(got, want, strict=True):
-            torch.testing.assert_close(
-                torch.tensor(g.logprobs), torch.tensor(w.logprobs), atol=1e-4, rtol=1e-4
-            )
+    _as_alone(futures, alone)
     assert engine.rows.kv is None and not engine.rows.requests
 
 
@@ -271,10 +271,4 @@ def test_prompts_of_one_length_are_read_in_one_pass_and_a_twin_sent_meanwhile_re
     assert len(engine.rows.requests) == 4
     engine.drain()
     assert passes == [(3, len(prompts[0]))]
-    for future, want in zip(futures, alone, strict=True):
-        got = future.result()
-        assert [s.tokens for s in got] == [s.tokens for s in want]
-        for g, w in zip(got, want, strict=True):
-            torch.testing.assert_close(
-                torch.tensor(g.logprobs), torch.tensor(w.logprobs), atol=1e-4, rtol=1e-4
-            )
+    _as_alone(futures, alone)
