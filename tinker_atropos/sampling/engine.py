@@ -85,6 +85,21 @@ class _Request:
             for t, lp, end, rows in zip(self.tokens, self.logprobs, self.ends, self.topk, strict=True)
         ]
 
+    def first(self, logits: torch.Tensor) -> torch.Tensor:
+        """Draw the first token of each sample from its prompt's last ``logits``: those of the samples that go on
+        (answered when none does)."""
+        n = self.params.num_samples
+        tokens, logprobs = self.params.draw(logits.expand(n, -1), self.generators)
+        topk = self.top(logits) * n  # the samples share the prompt's last step
+        self.live = [
+            s
+            for s, t, lp, tk in zip(range(n), tokens.tolist(), logprobs.tolist(), topk, strict=True)
+            if self.record(s, t, lp, tk)
+        ]
+        if not self.live:
+            self.future.set_result(self.result())
+        return tokens[self.live]
+
     def top(self, logits: torch.Tensor) -> Sequence[TopRow | None]:
         """Per row of ``logits``, its ``Params.topk_logprobs`` most likely tokens (None each when not asked)."""
         k = self.params.topk_logprobs
@@ -215,9 +230,8 @@ class Engine:
         if self.rows.requests:
             try:
                 self._decode()
-            except (
-                Exception
-            ) as error:  # the batch's model failed (out of memory): its requests fail, not the engine
+            # the batch's model failed (out of memory): its requests fail, not the engine
+            except Exception as error:
                 log.exception("sampling step failed")
                 failed = list(self.rows.requests)
                 self.rows.drop(failed)
@@ -266,7 +280,7 @@ class Engine:
         while budget > 0 and self.reading:
             head = self.reading[0]
             count = min(budget, len(head.prompt) - head.read)
-            batch = self._beside(head, count, budget)
+            batch = _beside(self.reading, head, count, budget)
             tokens = torch.tensor([r.prompt[r.read : r.read + count] for r in batch], device=self.device)
             positions = torch.arange(head.read, head.read + count, device=self.device)[None]
             try:
@@ -286,21 +300,6 @@ class Engine:
             for i, request in enumerate(batch):
                 self._join(request, logits[i : i + 1])
 
-    def _beside(self, head: _Request, count: int, budget: int) -> list[_Request]:
-        """``head`` and, when it reads its whole prompt at once, the unread other prompts of its length that the
-        budget reads with it (a prompt's twins read none: ``_same_prompt``)."""
-        batch = [head]
-        if head.read or count < len(head.prompt):
-            return batch
-        prompts = {tuple(head.prompt)}
-        for request in self.reading:
-            if (len(batch) + 1) * count > budget:
-                break
-            if request.read == 0 and len(request.prompt) == count and tuple(request.prompt) not in prompts:
-                batch.append(request)
-                prompts.add(tuple(request.prompt))
-        return batch
-
     def _join(self, request: _Request, logits: torch.Tensor) -> None:
         """Its prompt read: it and its twins draw their first tokens and join the batch, its keys and values
         shared, as one request's samples share them."""
@@ -310,26 +309,14 @@ class Engine:
         kv, request.kv = request.kv, None
         for twin in twins:
             twin.read = len(twin.prompt)
-        joining = [(r, first) for r in (request, *twins) if len(first := self._first(r, logits))]
+        joining = []
+        for r in (request, *twins):
+            self.first_token_s.append(time.monotonic() - r.submitted)
+            if len(first := r.first(logits)):
+                joining.append((r, first))
         if joining:
             assert kv is not None
             self.rows.join(joining, kv)
-
-    def _first(self, request: _Request, logits: torch.Tensor) -> torch.Tensor:
-        """Draw the first token of each sample: those of the samples that go on (the request is answered when
-        none does)."""
-        n = request.params.num_samples
-        tokens, logprobs = request.params.draw(logits.expand(n, -1), request.generators)
-        self.first_token_s.append(time.monotonic() - request.submitted)
-        topk = request.top(logits) * n  # the samples share the prompt's last step
-        request.live = [
-            s
-            for s, t, lp, tk in zip(range(n), tokens.tolist(), logprobs.tolist(), topk, strict=True)
-            if request.record(s, t, lp, tk)
-        ]
-        if not request.live:
-            request.future.set_result(request.result())
-        return tokens[request.live]
 
     def _decode(self) -> None:
         """One token for every row; the rows whose samples stop leave the batch."""
@@ -441,6 +428,22 @@ class Rows:
             mask = mask[:, first:]
             self.mask = None if bool(mask.all()) else mask
         self.kv = kv
+
+
+def _beside(reading: deque[_Request], head: _Request, count: int, budget: int) -> list[_Request]:
+    """``head`` and, when it reads its whole prompt at once, the unread other prompts of ``reading`` of its length
+    that the budget reads with it (a prompt's twins read none: ``_same_prompt``)."""
+    batch = [head]
+    if head.read or count < len(head.prompt):
+        return batch
+    prompts = {tuple(head.prompt)}
+    for request in reading:
+        if (len(batch) + 1) * count > budget:
+            break
+        if request.read == 0 and len(request.prompt) == count and tuple(request.prompt) not in prompts:
+            batch.append(request)
+            prompts.add(tuple(request.prompt))
+    return batch
 
 
 def _same_prompt(reading: deque[_Request], request: _Request) -> tuple[deque[_Request], list[_Request]]:
