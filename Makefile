@@ -7,7 +7,7 @@ SF_VENV := bench/.venv-sf
 RUN_CONFIG ?= configs/humanoid.yaml
 RUN_STEPS ?= 2000000
 
-.PHONY: run test docs docs-serve lint proto deploy-configs compose-check bench bench-learn bench-tinker bench-llm-rl chaos demo-cluster clean
+.PHONY: run test docs docs-serve lint proto deploy-configs compose-check bench bench-learn bench-tinker bench-llm-rl bench-capacity chaos demo-cluster clean
 
 $(VENV)/.installed: pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found: install Python 3.11 or pass PYTHON=..." >&2; exit 1; }
@@ -80,6 +80,9 @@ bench-tinker: $(VENV)/.installed  ## forward_backward + optim_step through the t
 bench-llm-rl: $(VENV)/.installed  ## RL of SmolLM2 on single-digit addition, reward against wall-clock time: TRL's GRPOTrainer (20 min), the Tinker Cookbook's RL loop through our Tinker API (10 min), the Atropos path through up (15 min) (~50 min; MINUTES= e.g. trl=20,cookbook=10,atropos=15, ROUNDS=)
 	$(UV_INSTALL) -e '.[dev,smollm2,export,sb3,video,wandb,atropos,bench-llm]'
 	$(PY) -m bench llm-rl --minutes $(or $(MINUTES),trl=20,cookbook=10,atropos=15) --rounds $(or $(ROUNDS),1) --out bench/out
+
+bench-capacity: $(VENV)/.installed  ## where the Redis every node shares saturates: N rollouts' chunks, leases and heartbeats and a trainer's reads against a Valkey with the run's ACL and signatures, weights fetched by M rollouts, the Atropos store flat out (~4 min; ROLLOUTS= e.g. 1,2,4,8,16)
+	$(PY) -m bench capacity --rollouts $(or $(ROLLOUTS),1,2,4,8,16) --out bench/out
 
 chaos: $(VENV)/.installed  ## Pendulum undisturbed and with a random service SIGKILLed every 8 s: curves, recovery times (~5 min; CONFIG= for another algorithm, STEPS=)
 	$(UV_INSTALL) -e '.[dev,smollm2,export,sb3,video,wandb,atropos,bench]'

@@ -1,4 +1,4 @@
-"""The benchmarks, beside the product: ``python -m bench throughput | profile | learn | chaos | tinker | atropos`` from the repository
+"""The benchmarks, beside the product: ``python -m bench throughput | profile | learn | chaos | tinker | atropos | llm-rl | capacity`` from the repository
 root (``make bench``, ``make bench-learn``, ``make chaos``, ``make bench-tinker``). Each runs the product as a user does, next to the peers
 it is compared with, on one machine in one run."""
 
@@ -214,6 +214,44 @@ def llm_rl(
     typer.echo(json.dumps({s: [r["summary"] for r in runs] for s, runs in data["systems"].items()}, indent=1))
     typer.echo(f"TRL's final reward (the mean of its last two minutes): {data.get('trl_final_reward')}")
     typer.echo(table(data))
+
+
+@app.command()
+def capacity(
+    rollouts: Annotated[
+        str, typer.Option(help="Rollout counts, raised until chunks/s stops growing.")
+    ] = "1,2,4,8",
+    fetchers: Annotated[
+        str, typer.Option(help="Rollouts fetching each published weights record.")
+    ] = "1,4,16,48",
+    window: Annotated[float, typer.Option(min=1, help="Measured seconds per rollout count.")] = 20.0,
+    weights_mb: Annotated[
+        str, typer.Option(help="Sizes of the weights record, MB: Humanoid's policy, a larger one.")
+    ] = "0.225,5",
+    out: Annotated[Path, typer.Option(help="Folder for capacity.json.")] = Path("bench/out"),
+) -> None:
+    """Where the Redis every node shares saturates: N rollouts' chunks, leases and heartbeats and the trainer's
+    reads against a Valkey with the run's ACL and signatures, then weights fetched by M rollouts at once."""
+    from bench.capacity import CapacityOptions, run_capacity, table
+
+    def counts(option: str, text: str) -> tuple[int, ...]:
+        try:
+            return tuple(int(n) for n in text.split(","))
+        except ValueError:
+            raise typer.BadParameter(f"--{option}: give comma-separated counts, got {text!r}") from None
+
+    try:
+        sizes = tuple(float(mb) for mb in weights_mb.split(","))
+    except ValueError:
+        raise typer.BadParameter(f"--weights-mb: give comma-separated sizes, got {weights_mb!r}") from None
+    options = CapacityOptions(
+        counts("rollouts", rollouts), counts("fetchers", fetchers), window, weights_mb=sizes
+    )
+    result = run_capacity(options, out)
+    typer.echo(table(result))
+    typer.echo(
+        f"saturated at {result['saturated_at_rollouts']} rollouts; ACL denials: {result['acl_denials']}"
+    )
 
 
 @app.command()

