@@ -38,9 +38,8 @@ class Extender(Protocol):
 @dataclass(frozen=True)
 class Group:
     members: list[int]  # indices of the sequences
-    shared: (
-        int  # their first ``shared`` tokens, forwarded once; each member keeps at least one token of its own
-    )
+    # their first ``shared`` tokens, forwarded once; each member keeps at least one token of its own
+    shared: int
 
 
 def plan(sequences: Sequence[Sequence[int]], owners: Sequence[int]) -> list[Group]:
@@ -50,13 +49,11 @@ def plan(sequences: Sequence[Sequence[int]], owners: Sequence[int]) -> list[Grou
     split found by dynamic programming; a sequence alone is a group of one."""
     order = sorted(range(len(sequences)), key=lambda i: (owners[i], tuple(sequences[i])))
     lengths = [len(sequences[i]) for i in order]
-    common = (
-        [0]
-        + [  # common[k]: the common prefix of order[k - 1] and order[k]; none across owners
-            _common_prefix(sequences[a], sequences[b]) if owners[a] == owners[b] else 0
-            for a, b in zip(order, order[1:], strict=False)
-        ]
-    )
+    # common[k]: the common prefix of order[k - 1] and order[k]; none across owners
+    common = [0] + [
+        _common_prefix(sequences[a], sequences[b]) if owners[a] == owners[b] else 0
+        for a, b in zip(order, order[1:], strict=False)
+    ]
     best = [0] + [0] * len(order)  # best[j]: the cheapest cost of the first j sequences
     start = [0] * (len(order) + 1)
     for end in range(1, len(order) + 1):
@@ -173,11 +170,5 @@ def _rows(adapters: Sequence[lora.Adapter | None] | None, sequences: list[int]) 
     if adapters is None:
         yield
         return
-    segments: list[tuple[int, lora.Adapter | None]] = []
-    for i in sequences:
-        if segments and segments[-1][1] is adapters[i]:
-            segments[-1] = (segments[-1][0] + 1, adapters[i])
-        else:
-            segments.append((1, adapters[i]))
-    with lora.rows(segments):
+    with lora.rows([(1, adapters[i]) for i in sequences]):  # neighbours of one adapter merge there
         yield
