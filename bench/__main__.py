@@ -236,14 +236,19 @@ def capacity(
 
     def counts(option: str, text: str) -> tuple[int, ...]:
         try:
-            return tuple(int(n) for n in text.split(","))
+            values = tuple(int(n) for n in text.split(","))
         except ValueError:
-            raise typer.BadParameter(f"--{option}: give comma-separated counts, got {text!r}") from None
+            values = ()
+        if not values or min(values) < 1:
+            raise typer.BadParameter(f"--{option}: give comma-separated counts of 1 or more, got {text!r}")
+        return values
 
     try:
         sizes = tuple(float(mb) for mb in weights_mb.split(","))
     except ValueError:
-        raise typer.BadParameter(f"--weights-mb: give comma-separated sizes, got {weights_mb!r}") from None
+        sizes = ()
+    if not sizes or min(sizes) <= 0:
+        raise typer.BadParameter(f"--weights-mb: give comma-separated sizes above 0, got {weights_mb!r}")
     options = CapacityOptions(
         counts("rollouts", rollouts), counts("fetchers", fetchers), window, weights_mb=sizes
     )
