@@ -106,13 +106,18 @@ def test_top_k_log_probs_are_the_served_models_own_at_every_position(service: ti
     # the distribution of prompt_logprobs: our forward's, and a prompt token among the top 5 has its log-prob there
     scored = np.asarray(response.prompt_logprobs[1:], np.float32)
     np.testing.assert_allclose(scored, own[0][np.arange(len(prompt) - 1), prompt[1:]], atol=ROUNDING)
-    matched = 0
+    # our forward says at which positions the prompt's token is among the 5 most likely (ties at the 5th left out)
+    fifth, sixth = np.sort(own[0], -1)[:, -5], np.sort(own[0], -1)[:, -6]
+    true_lp = own[0][np.arange(len(prompt) - 1), prompt[1:]]
+    inside = {p + 1 for p in np.flatnonzero(true_lp >= fifth + ROUNDING)}
+    outside = {p + 1 for p in np.flatnonzero(true_lp <= sixth - ROUNDING)}
+    assert inside  # the adapter learnt the prompt: some of its tokens are among the most likely
     for position, row in enumerate(response.topk_prompt_logprobs[1:], 1):
         found = dict(row or [])
-        if prompt[position] in found:
+        if position in inside:
             assert abs(found[prompt[position]] - response.prompt_logprobs[position]) < 1e-5
-            matched += 1
-    assert matched >= 3  # the adapter learnt the prompt: its tokens are among the most likely
+        if position in outside:
+            assert prompt[position] not in found
 
     for sequence, seq, reference in zip(response.sequences, sequences, own[1:], strict=True):
         assert sequence.topk_logprobs_np is not None and sequence.logprobs is not None
