@@ -228,10 +228,15 @@ def capacity(
     weights_mb: Annotated[
         str, typer.Option(help="Sizes of the weights record, MB: Humanoid's policy, a larger one.")
     ] = "0.225,5",
+    learners: Annotated[
+        str,
+        typer.Option(help="Learning phase: LEARNERSxTHREADS points, the first the others are compared with."),
+    ] = "1x1,1x2,2x1",
     out: Annotated[Path, typer.Option(help="Folder for capacity.json.")] = Path("bench/out"),
 ) -> None:
     """Where the Redis every node shares saturates: N rollouts' chunks, leases and heartbeats and the trainer's
-    reads against a Valkey with the run's ACL and signatures, then weights fetched by M rollouts at once."""
+    reads against a Valkey with the run's ACL and signatures, then weights fetched by M rollouts at once; then the
+    trainer's learning with one learner and with several (trainer.learners)."""
     from bench.capacity import CapacityOptions, run_capacity, table
 
     def counts(option: str, text: str) -> tuple[int, ...]:
@@ -249,8 +254,16 @@ def capacity(
         sizes = ()
     if not sizes or min(sizes) <= 0:
         raise typer.BadParameter(f"--weights-mb: give comma-separated sizes above 0, got {weights_mb!r}")
+    try:
+        pairs = tuple(tuple(int(n) for n in point.split("x")) for point in learners.split(","))
+    except ValueError:
+        pairs = ()
+    if not pairs or any(len(p) != 2 or min(p) < 1 for p in pairs):
+        raise typer.BadParameter(
+            f"--learners: give points as LEARNERSxTHREADS, e.g. 1x1,2x1, got {learners!r}"
+        )
     options = CapacityOptions(
-        counts("rollouts", rollouts), counts("fetchers", fetchers), window, weights_mb=sizes
+        counts("rollouts", rollouts), counts("fetchers", fetchers), window, weights_mb=sizes, learners=pairs
     )
     result = run_capacity(options, out)
     typer.echo(table(result))

@@ -33,6 +33,7 @@ import numpy as np
 import redis
 
 from bench.acl_valkey import AclValkey
+from bench.learner_capacity import learning_points
 from tinker_atropos.frontends.atropos.store import TrajectoryStore, encode
 from tinker_atropos.protocol.trajectory import (
     Trajectory,
@@ -63,6 +64,9 @@ class CapacityOptions:
     steps: int = 64  # per chunk (rollout.chunk_length)
     # Humanoid's 64x64 actor-critic (55 k float32 with its normaliser, as .npz), and a record 22 x its size
     weights_mb: tuple[float, ...] = (0.225, 5.0)
+    # the learning phase (learner_capacity.py): (learners, threads each) on each update shape
+    learners: tuple[tuple[int, int], ...] = ((1, 1), (1, 2), (2, 1))
+    learning_shapes: tuple[str, ...] = ("humanoid-16core", "wide-256")
 
 
 def humanoid_chunk(instances: int, steps: int, seed: int = 0) -> bytes:
@@ -320,6 +324,7 @@ def run_capacity(options: CapacityOptions, out: Path) -> dict[str, Any]:
             denied = server.denials()
         finally:
             server.stop()
+    learning = learning_points(options.learning_shapes, options.learners, options.window_s)
     result = {
         "conditions": {"chunk_bytes": len(record), "steps_per_chunk": options.instances * options.steps,
                        "window_s": options.window_s, "weights_mb": list(options.weights_mb),
@@ -328,6 +333,7 @@ def run_capacity(options: CapacityOptions, out: Path) -> dict[str, Any]:
         "saturated_at_rollouts": saturated(experience),
         "weights": weights,
         "llm": llm,
+        "learning": learning,
         "acl_denials": denied,
     }  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
@@ -357,4 +363,12 @@ def table(result: dict[str, Any]) -> str:
     llm = result["llm"]
     rows += ["", f"Atropos store, flat out: {llm['groups_s']:.0f} groups/s of {llm['group_kb']:.1f} kB, Valkey "
              f"{100 * llm['valkey_cpu']:.0f} % busy, {llm['valkey_cpu_ms_per_group']:.3f} ms a group"]  # fmt: skip
+    rows += ["", "| update | learners x threads | env steps/s learned | x the first | update s | in all-reduces | "
+             "all-reduce ms a step | dealing out |", "|---|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for p in result["learning"]:
+        rows.append(
+            f"| {p['shape']} | {p['learners']} x {p['threads']} | {p['env_steps_s']:,.0f} | {p['x_first']:.2f} | "
+            f"{p['update_s']:.3f} | {100 * p['collectives_share']:.0f} % | {p['allreduce_ms_per_step']:.2f} | "
+            f"{100 * p['dealing_share']:.0f} % |"
+        )
     return "\n".join(rows)

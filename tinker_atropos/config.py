@@ -516,6 +516,14 @@ class TrainerSection(Section):
     max_policy_lag: int = Field(
         2, ge=0, description="Chunks acted by a policy older than this many versions are rejected."
     )
+    learners: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Processes that compute each update together (ppo, appo): each takes its share of every "
+        "minibatch, their gradients averaged before each step; the trainer is one, it starts the others beside it "
+        "(each with torch_threads threads, on a GPU of its own where the machine has several).",
+    )
     torch_threads: int | None = Field(
         1,
         ge=1,
@@ -599,6 +607,8 @@ class TrainerSection(Section):
             errors += [_nested(item) for item in error.errors()]
         if trainer is not None and trainer.atropos.enabled:
             errors += _unserved_base_model(trainer.atropos.base_model, trainer.tinker)
+        if trainer is not None and trainer.learners > 1:
+            errors += _unshared_update(trainer)
         if errors:
             raise ValidationError.from_exception_data(cls.__name__, errors)
         return trainer
@@ -631,8 +641,29 @@ def _unserved_base_model(name: str, tinker: TinkerSection) -> list[InitErrorDeta
     return [_error("unserved_model", "", message, name) | {"loc": ("atropos", "base_model")}]
 
 
+def _unshared_update(trainer: TrainerSection) -> list[InitErrorDetails]:
+    """The error of ``trainer.learners`` > 1 for an algorithm whose update is not minibatches of the clipped
+    objective (the only one the learners split)."""
+    from tinker_atropos.algorithms.ppo.config import ClippedObjectiveConfig
+
+    if isinstance(trainer.hyperparameters, ClippedObjectiveConfig):
+        return []
+    message = (
+        f"{trainer.learners} learners split the minibatches of ppo or appo; trainer.algorithm "
+        f"{trainer.algorithm!r} learns with 1"
+    )
+    return [_error("one_learner", "learners", message, trainer.learners)]
+
+
 # their messages name what was given, or must not show it (a Redis URL may hold a password)
-_SELF_EXPLAINED = {"renamed", "unknown_algorithm", "other_algorithm", "redis_url", "unserved_model"}
+_SELF_EXPLAINED = {
+    "renamed",
+    "unknown_algorithm",
+    "other_algorithm",
+    "redis_url",
+    "unserved_model",
+    "one_learner",
+}
 
 
 def _error(kind: str, field: str, message: str, value: Any) -> InitErrorDetails:

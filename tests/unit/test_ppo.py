@@ -8,11 +8,12 @@ import torch
 from tests.support.records import trajectory_chunk
 from tinker_atropos.algorithms.base import LearnerSetup
 from tinker_atropos.algorithms.ppo.config import PPOConfig
-from tinker_atropos.algorithms.ppo.learner import PPOLearner, contiguous_runs
+from tinker_atropos.algorithms.ppo.learner import PPOLearner
 from tinker_atropos.algorithms.ppo.learning import Batch, compute_gae, ppo_loss
 from tinker_atropos.config import TrainerSection
 from tinker_atropos.models.acting import InferencePolicy
 from tinker_atropos.models.mlp import ActorCritic
+from tinker_atropos.protocol.trajectory import contiguous_runs
 
 GAMMA, LAM = 0.9, 0.8
 

@@ -98,6 +98,25 @@ class Trajectory:
         return self.values is not None
 
 
+def contiguous_runs(chunks: list[Trajectory]) -> list[list[Trajectory]]:
+    """Group chunks that continue one another: a chunk whose first observations are exactly another's bootstrap
+    observations comes from the same session, right after it.
+
+    GAE then runs over a whole run as over one long rollout. Cut at every chunk, a quarter of the advantage
+    weight of 64-step chunks would rest on bootstrapped values instead of rewards (with gamma 0.99, lambda 0.95).
+    """
+    runs: list[list[Trajectory]] = []
+    run_ending_at: dict[bytes, int] = {}  # bootstrap observations -> the run they end
+    for chunk in chunks:
+        index = run_ending_at.pop(chunk.observations[0].tobytes(), None)
+        if index is None or runs[index][-1].observations.shape[1:] != chunk.observations.shape[1:]:
+            index = len(runs)
+            runs.append([])
+        runs[index].append(chunk)
+        run_ending_at[chunk.bootstrap_observations.tobytes()] = index
+    return runs
+
+
 @dataclass(frozen=True)
 class TrajectorySpec:
     """What every trajectory of a run must fit: the observation shape and the action space of its env."""

@@ -41,6 +41,7 @@ from tinker_atropos.trainer.batcher import Batcher
 from tinker_atropos.trainer.checkpointing import ExperienceState, adopt_newer_weights, continue_above_rollouts
 from tinker_atropos.trainer.driver import Checkpoint
 from tinker_atropos.trainer.figures import BusyMeter, write_figures
+from tinker_atropos.trainer.learner_replicas import Replicas
 from tinker_atropos.trainer.periodic_eval import PeriodicEvaluation
 from tinker_atropos.trainer.tensorboard import run_log
 from tinker_atropos.training.guard import NonfiniteGuard
@@ -89,6 +90,7 @@ class ExperienceLoop:
         self._progress = 0  # updates since it started
         self.batcher = Batcher(trainer, self.algorithm.name)
         self.learner: Learner | None = None
+        self.replicas: Replicas | None = None  # the other data-parallel learners (trainer.learners > 1)
         self.set_up = False  # built, resumed and published: what ``close`` keeps
         self.spec: TrajectorySpec | None = None
         self.updates = self.env_steps_trained = 0  # checkpointed (``_counters``)
@@ -103,11 +105,6 @@ class ExperienceLoop:
     @property
     def version(self) -> int:
         return 0 if self.learner is None else self.learner.core.version
-
-    @version.setter
-    def version(self, value: int) -> None:
-        assert self.learner is not None
-        self.learner.core.version = value
 
     def status(self) -> services_pb2.TrainerStatus:
         """Its figures; of the writes into the run folder, its TensorBoard events (the checkpointer tells its own)."""
@@ -162,6 +159,7 @@ class ExperienceLoop:
         if self.version > resumed:  # what it learned past its checkpoint is in these weights, not freshness's
             self.batcher.freshness.restarted_at(self.version)
         self.publish()
+        self.replicas = Replicas.beside(self.learner, setup, trainer.learners, trainer.threads())
         self.set_up = True
 
     # -- what the trainer's Checkpointer asks (driver.py) ------------------------------------------------
@@ -207,6 +205,8 @@ class ExperienceLoop:
         """After learning and its last checkpoint: an evaluation in flight may finish (seconds); TensorBoard gets the
         episodes that ended since its last look (the rollouts stopped first: those of every chunk they wrote), then
         its buffer is flushed; the last counts."""
+        if self.replicas is not None:
+            self.replicas.close()
         if not self.set_up:  # stopped before an env service answered, or setup failed: nothing to keep
             return
         self.evaluation.join(timeout_s=10.0)
@@ -264,10 +264,14 @@ class ExperienceLoop:
         or the parameters. TrainingDiverged after ``max_nonfinite_updates`` in a row."""
         assert self.learner is not None
         learner = self.learner
+        if self.replicas is not None:  # each learner its share of the batch; this one learns from its own
+            trajectories = self.replicas.learn(trajectories)
         losses, bad = self.guard.update(learner.core, learner, lambda: learner.learn(trajectories))
         if not bad:
             self.losses = losses
             return True
+        if self.replicas is not None:  # they took the update too: they go back with this learner
+            self.replicas.load(learner.state_dict())
         limit = self.config.trainer.max_nonfinite_updates
         log.warning(
             "update undone: NaN or infinity in %s (%d in a row; the trainer stops at %d)",
@@ -310,7 +314,7 @@ class ExperienceLoop:
         self.busy.record(start, time.monotonic())
         if not learned:
             return
-        self.version += 1
+        self.learner.core.version += 1
         self.updates += 1
         self._progress += 1
         self.env_steps_trained += batch_steps

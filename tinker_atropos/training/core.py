@@ -11,12 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from tinker_atropos.models.weight_bytes import weights_to_bytes
+
+if TYPE_CHECKING:
+    from tinker_atropos.training.data_parallel import Group
 
 KEEP_SHADOW_BYTES = (
     16 << 20
@@ -61,6 +64,7 @@ class TrainingCore:
         # decoupled, as Tinker's optim_step defines it; with weight decay 0 (PPO's) it is Adam to the bit.
         self.optimizer = torch.optim.AdamW(self.model.parameters(), fused=True)
         self._shadow: list[torch.Tensor] = []  # ``snapshot``'s copies, reused from one step to the next
+        self.group: Group | None = None  # the data-parallel learners it is one of (``trainer.learners`` > 1)
 
     def forward_backward(self, loss_fn: LossFn) -> dict[str, float]:
         """``loss_fn(model)`` -> (loss, metrics); the loss's gradients are added to the parameters' ``.grad``."""

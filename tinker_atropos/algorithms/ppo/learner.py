@@ -14,27 +14,8 @@ from tinker_atropos.algorithms.base import Experience, LearnerSetup
 from tinker_atropos.algorithms.ppo.learning import Batch, compute_gae, learning_rate, ppo_update
 from tinker_atropos.models.mlp import mlp_spec
 from tinker_atropos.models.networks import build_network
-from tinker_atropos.protocol.trajectory import Trajectory
+from tinker_atropos.protocol.trajectory import Trajectory, contiguous_runs
 from tinker_atropos.training.core import TrainingCore
-
-
-def contiguous_runs(chunks: list[Trajectory]) -> list[list[Trajectory]]:
-    """Group chunks that continue one another: a chunk whose first observations are exactly another's bootstrap
-    observations comes from the same session, right after it.
-
-    GAE then runs over a whole run as over one long rollout. Cut at every chunk, a quarter of the advantage
-    weight of 64-step chunks would rest on bootstrapped values instead of rewards (with gamma 0.99, lambda 0.95).
-    """
-    runs: list[list[Trajectory]] = []
-    run_ending_at: dict[bytes, int] = {}  # bootstrap observations -> the run they end
-    for chunk in chunks:
-        index = run_ending_at.pop(chunk.observations[0].tobytes(), None)
-        if index is None or runs[index][-1].observations.shape[1:] != chunk.observations.shape[1:]:
-            index = len(runs)
-            runs.append([])
-        runs[index].append(chunk)
-        run_ending_at[chunk.bootstrap_observations.tobytes()] = index
-    return runs
 
 
 class PPOLearner:
@@ -100,7 +81,9 @@ class PPOLearner:
     def learn(self, trajectories: list[Trajectory]) -> dict[str, float]:
         step_size = learning_rate(self.hp, self.env_steps)
         figures = ppo_update(self.core, self.batch(trajectories), self.hp, self.generator, step_size)
-        self.env_steps += sum(t.num_steps for t in trajectories)
+        steps = sum(t.num_steps for t in trajectories)
+        # data-parallel learners: each learnt its share of the batch, and each anneals by the whole batch
+        self.env_steps += steps if self.core.group is None else self.core.group.count(steps)
         return figures
 
     def state_dict(self) -> dict[str, Any]:

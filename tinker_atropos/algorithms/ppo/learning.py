@@ -124,10 +124,11 @@ def ppo_update(
     more than ``hp.target_kl`` since the update began. Its figures: the losses averaged over the steps taken,
     the step size, and the epochs done (fractional when stopped)."""
     model: ActorCritic = core.model
+    group = core.group  # data-parallel learners (each with its share of the batch), or None
     if model.spec["normalize_observations"]:
-        model.obs_rms.update(batch.observations.flatten(1))
+        model.obs_rms.update(batch.observations.flatten(1), group)
     if model.spec["normalize_returns"]:
-        model.return_rms.update(batch.returns)
+        model.return_rms.update(batch.returns, group)
 
     # The normalisers stay fixed through the epochs, so observations and value targets are normalised once.
     batch = replace(
@@ -140,15 +141,22 @@ def ppo_update(
             batch = replace(batch, start_log_probs=model.evaluate(batch.observations, batch.actions)[0])
     size = batch.observations.shape[0]
     minibatch = max(1, size // hp.num_minibatches)
+    steps = size // minibatch  # per epoch
+    if group is not None:  # each learner steps through its own rows, as many steps as the others
+        minibatch, steps = size // hp.num_minibatches, hp.num_minibatches
+        whole = group.count(minibatch)  # rows of a minibatch, all learners'
+        trained = [p for p in model.parameters() if p.requires_grad]
     adam = adam_params(hp, step_size)
     totals: dict[str, float] = {}
     count, moved_too_far = 0, False
     for _epoch in range(hp.update_epochs):
         # One gather per epoch; its minibatches are then contiguous views.
         shuffled = batch.rows(torch.randperm(size, generator=generator).to(batch.observations.device))
-        for start in range(0, size - minibatch + 1, minibatch):
+        for start in range(0, steps * minibatch, minibatch):
             rows = shuffled.rows(slice(start, start + minibatch))
             stats = core.forward_backward(lambda m, rows=rows: ppo_loss(m, rows, hp))
+            if group is not None:  # the gradient and figures of the whole minibatch, every learner's rows
+                stats = group.reduce_step(trained, stats, minibatch / whole)
             moved_too_far = hp.target_kl is not None and stats["update_kl"] > hp.target_kl
             if moved_too_far:  # this step and the rest of the update are not taken
                 core.discard_gradients()
@@ -160,4 +168,4 @@ def ppo_update(
         if moved_too_far:
             break
     figures = {k: v / max(count, 1) for k, v in totals.items()}
-    return figures | {"learning_rate": step_size, "epochs": count / (size // minibatch)}
+    return figures | {"learning_rate": step_size, "epochs": count / steps}

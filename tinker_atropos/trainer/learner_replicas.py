@@ -1,0 +1,174 @@
+"""The other data-parallel learners (``trainer.learners`` > 1): started beside the trainer, each handed its share of
+every batch the trainer learns from.
+
+The trainer stays the one learner that reads the stream, checks and takes each chunk once, guards, checkpoints
+and publishes (rank 0). It starts ``learners - 1`` replica processes on this machine and deals each batch out
+(``deal``: whole runs of chunks that continue one another, so that advantages run over them as with one learner);
+every learner computes the advantages of its share, and ``ppo_update`` makes each step the whole minibatch's
+(``training/data_parallel.py``). Nothing is learned twice: only rank 0 takes experience, and each chunk goes to
+one learner. A replica lost mid-run fails the trainer's next collective: the trainer stops with an error and
+restarts from its last checkpoint, as after any trainer crash, with new replicas; a replica whose trainer is gone
+exits at its next message. Gloo carries the collectives, on CPU tensors or CUDA ones (each learner on a GPU of
+its own where the machine has several).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import socket
+import subprocess
+import sys
+from dataclasses import replace
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from tinker_atropos.algorithms import base as algorithms
+from tinker_atropos.algorithms.base import Learner, LearnerSetup
+from tinker_atropos.errors import FatalError
+from tinker_atropos.protocol.trajectory import Trajectory, contiguous_runs
+from tinker_atropos.training.data_parallel import Group
+
+log = logging.getLogger(__name__)
+
+TIMEOUT = timedelta(minutes=5)  # the longest a learner waits for the others; a lost one fails sooner
+
+
+def deal(trajectories: list[Trajectory], size: int) -> list[list[Trajectory]]:
+    """``size`` shares of a batch, as even in env steps as whole runs allow (each run to the share with the fewest
+    steps, longest runs first); single chunks when there are fewer runs than shares."""
+    runs = contiguous_runs(trajectories)
+    if len(runs) < size:
+        runs = [[chunk] for chunk in trajectories]
+    shares: list[list[Trajectory]] = [[] for _ in range(size)]
+    steps = [0] * size
+    for run in sorted(runs, key=lambda run: -sum(c.num_steps for c in run)):
+        lightest = steps.index(min(steps))
+        shares[lightest] += run
+        steps[lightest] += sum(c.num_steps for c in run)
+    return shares
+
+
+def rank_device(device: torch.device, rank: int) -> torch.device:
+    """Where learner ``rank`` learns: the trainer's device, or a GPU of its own when the machine has several."""
+    if device.type != "cuda" or torch.cuda.device_count() < 2:
+        return device
+    return torch.device("cuda", ((device.index or 0) + rank) % torch.cuda.device_count())
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class Replicas:
+    """Rank 0's side: the ``size - 1`` replica processes, started here, fed by scatter."""
+
+    def __init__(self, setup: LearnerSetup, size: int, threads: int) -> None:
+        self.size, self.minibatches = size, setup.hyperparameters.num_minibatches
+        address = f"tcp://127.0.0.1:{_free_port()}"
+        blob = pickle.dumps((setup, address, size, threads))
+        self.processes: list[subprocess.Popen] = []
+        for rank in range(1, size):
+            process = subprocess.Popen(
+                [sys.executable, "-m", "tinker_atropos.trainer.learner_replicas", str(rank)],
+                stdin=subprocess.PIPE,
+                env={**os.environ, "OMP_NUM_THREADS": str(threads)},
+            )
+            assert process.stdin is not None
+            process.stdin.write(blob)
+            process.stdin.close()
+            self.processes.append(process)
+        try:
+            dist.init_process_group("gloo", init_method=address, rank=0, world_size=size, timeout=TIMEOUT)
+        except BaseException:
+            self._kill()
+            raise
+        self.group = Group(0, size)
+        log.info("learning data-parallel with %d learners (%d replica processes)", size, size - 1)
+
+    @classmethod
+    def beside(cls, learner: Learner, setup: LearnerSetup, size: int, threads: int) -> Replicas | None:
+        """The replicas of ``learner`` (rank 0) for ``size`` learners, started from its state; None for one."""
+        if size == 1:
+            return None
+        replicas = cls(setup, size, threads)
+        learner.core.group = replicas.group
+        replicas.load(learner.state_dict())
+        return replicas
+
+    def _send(self, messages: list[tuple[str, Any]]) -> Any:
+        """One message to each learner, this one's first; what this one received back."""
+        received: list[Any] = [None]
+        dist.scatter_object_list(received, messages, src=0)
+        return received[0][1]
+
+    def load(self, state: dict[str, Any]) -> None:
+        """Every replica takes the learner's state (at the start, and after a restore: an undone update)."""
+        self._send([("load", state)] * self.size)
+
+    def learn(self, trajectories: list[Trajectory]) -> list[Trajectory]:
+        """Deal the batch out, every replica starting its share's update; rank 0's share, to learn from here.
+        FatalError when a share is too small to make trainer.<algorithm>.num_minibatches minibatches."""
+        shares = deal(trajectories, self.size)
+        smallest = min(sum(c.num_steps for c in share) for share in shares)
+        if smallest < self.minibatches:
+            raise FatalError(
+                f"a batch of {len(trajectories)} chunks ({sum(c.num_steps for c in trajectories)} env steps) gives "
+                f"one of trainer.learners={self.size} {smallest} rows, fewer than its {self.minibatches} "
+                "minibatches: raise trainer.samples_per_update or lower trainer.learners"
+            )
+        # episodes' ends (protobuf messages) stay: nothing learns from them
+        return self._send([("learn", [replace(c, episodes=()) for c in share]) for share in shares])
+
+    def close(self) -> None:
+        """The replicas told to stop, and waited for; killed if they do not."""
+        try:
+            self._send([("stop", None)] * self.size)
+            for process in self.processes:
+                process.wait(timeout=30)
+        except Exception as error:  # a replica already gone: the group is broken, the rest are killed
+            log.warning("stopping the learner replicas: %s", error)
+        finally:
+            self._kill()
+            dist.destroy_process_group()
+
+    def _kill(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+
+
+def serve(rank: int) -> None:
+    """A replica: join the group, then apply what rank 0 sends until told to stop (or rank 0 is gone)."""
+    setup, address, size, threads = pickle.loads(sys.stdin.buffer.read())
+    torch.set_num_threads(threads)
+    dist.init_process_group("gloo", init_method=address, rank=rank, world_size=size, timeout=TIMEOUT)
+    setup = replace(setup, device=rank_device(setup.device, rank))
+    learner = algorithms.algorithm(setup.trainer.algorithm).build(setup)
+    learner.core.group = Group(rank, size)
+    while True:
+        received: list[Any] = [None]
+        try:
+            dist.scatter_object_list(received, None, src=0)
+        except RuntimeError as error:  # rank 0 is gone (its trainer crashed or was killed)
+            log.warning("learner replica %d: rank 0 is gone (%s); exiting", rank, error)
+            raise SystemExit(1) from None
+        kind, payload = received[0]
+        if kind == "stop":
+            break
+        if kind == "load":
+            learner.load_state_dict(payload)
+        else:
+            learner.learn(payload)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    serve(int(sys.argv[1]))
