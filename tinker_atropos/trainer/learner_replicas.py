@@ -123,8 +123,9 @@ class Replicas:
                 f"one of trainer.learners={self.size} {smallest} rows, fewer than its {self.minibatches} "
                 "minibatches: raise trainer.samples_per_update or lower trainer.learners"
             )
-        # episodes' ends (protobuf messages) stay: nothing learns from them
-        return self._send([("learn", [replace(c, episodes=()) for c in share]) for share in shares])
+        # rank 0's share stays here, unpickled; episodes' ends (protobuf messages) stay: nothing learns from them
+        self._send([("learn", None)] + [("learn", [replace(c, episodes=()) for c in s]) for s in shares[1:]])
+        return shares[0]
 
     def close(self) -> None:
         """The replicas told to stop, and waited for; killed if they do not."""
@@ -168,6 +169,10 @@ def serve(rank: int) -> None:
         else:
             learner.learn(payload)
     dist.destroy_process_group()
+    # torch's static destructors abort at exit here now and then (a joinable thread: "terminate called without
+    # an active exception"): the work is done, nothing is left to flush
+    logging.shutdown()
+    os._exit(0)
 
 
 if __name__ == "__main__":
