@@ -33,7 +33,6 @@ import numpy as np
 import redis
 
 from bench.acl_valkey import AclValkey
-from bench.learner_capacity import learning_points
 from tinker_atropos.frontends.atropos.store import TrajectoryStore, encode
 from tinker_atropos.protocol.trajectory import (
     Trajectory,
@@ -92,9 +91,32 @@ def humanoid_chunk(instances: int, steps: int, seed: int = 0) -> bytes:
     return encode_trajectory(trajectory)
 
 
-def rollout_load(url: str, since: float, until: float, record: bytes, steps: int, results: Any) -> None:
-    """One rollout's Redis traffic until ``until`` (time.time()): appends, heartbeats, leases, discovery; those
-    from ``since`` on counted."""
+@dataclass(frozen=True)
+class Window:
+    """The measured window, set once every load process has started: its processes' imports and connections
+    take seconds on 2 cores, longer with more of them, and must not eat into it."""
+
+    gate: Any  # a Barrier of the load processes and the parent, passed twice: all ready, then the window set
+    since: Any  # a shared double: the window's start (time.time()), 2 s of warm-up after the gate
+    seconds: float
+
+    def open(self) -> tuple[float, float]:
+        """In a load process: (since, until), once every process is ready."""
+        self.gate.wait(timeout=120)
+        self.gate.wait(timeout=120)
+        return self.since.value, self.since.value + self.seconds
+
+    def set(self) -> tuple[float, float]:
+        """In the parent: wait for every load process, then start the window."""
+        self.gate.wait(timeout=120)
+        self.since.value = time.time() + 2.0
+        self.gate.wait(timeout=120)
+        return self.since.value, self.since.value + self.seconds
+
+
+def rollout_load(url: str, window: Window, record: bytes, steps: int, results: Any) -> None:
+    """One rollout's Redis traffic until the window ends: appends, heartbeats, leases, discovery; those in the
+    window counted."""
     client = redis.Redis.from_url(url, socket_timeout=10)
     incarnation = uuid.uuid4().hex
     writer = ExperienceWriter(client, RUN, BOUND, derive_key(TOKEN, "experience"))
@@ -105,6 +127,7 @@ def rollout_load(url: str, since: float, until: float, record: bytes, steps: int
     beat = Registration(client, RUN, "rollout", f"load:{incarnation}", incarnation, dict, 1.0, 5.0).start()
     appended = paused = 0
     cpu = None
+    since, until = window.open()
     next_poll = next_scan = next_refresh = 0.0
     while (now := time.time()) < until:
         if cpu is None and now >= since:
@@ -129,11 +152,12 @@ def rollout_load(url: str, since: float, until: float, record: bytes, steps: int
     results.put({"appended": appended, "paused": paused, "cpu_s": time.process_time() - (cpu or 0.0)})
 
 
-def trainer_load(url: str, since: float, until: float, results: Any) -> None:
-    """The trainer's side: take the oldest chunks, check their signature, decode them (from ``since`` on,
+def trainer_load(url: str, window: Window, results: Any) -> None:
+    """The trainer's side: take the oldest chunks, check their signature, decode them (those in the window
     counted)."""
     client = redis.Redis.from_url(url, socket_timeout=10)
     reader = ExperienceReader(client, RUN, derive_key(TOKEN, "experience"))
+    since, until = window.open()
     chunks = steps = size = rejected = 0
     take_s = decode_s = 0.0
     cpu = None
@@ -183,18 +207,16 @@ def experience_point(server: AclValkey, n: int, options: CapacityOptions, record
     server.admin.delete(keys.experience(RUN), keys.stats(RUN))
     context = mp.get_context("spawn")  # no Redis connection or lock of this process crosses into the children
     results = context.Queue()
-    since = time.time() + 5.0  # the children's start-up (imports) comes before the window
-    until = since + options.window_s
+    window = Window(context.Barrier(n + 2), context.Value("d", 0.0), options.window_s)
     steps = options.instances * options.steps
-    children = [context.Process(target=trainer_load, args=(server.url("trainer"), since, until, results))]
+    children = [context.Process(target=trainer_load, args=(server.url("trainer"), window, results))]
     children += [
-        context.Process(
-            target=rollout_load, args=(server.url("rollout"), since, until, record, steps, results)
-        )
+        context.Process(target=rollout_load, args=(server.url("rollout"), window, record, steps, results))
         for _ in range(n)
     ]
     for child in children:
         child.start()
+    since, until = window.set()
     time.sleep(max(0.0, since - time.time()))
     cpu = valkey_cpu_s(server.admin)
     server.admin.config_resetstat()
@@ -324,6 +346,9 @@ def run_capacity(options: CapacityOptions, out: Path) -> dict[str, Any]:
             denied = server.denials()
         finally:
             server.stop()
+    # imported here: the load processes import this module, and torch's learners would slow their start
+    from bench.learner_capacity import learning_points
+
     learning = learning_points(options.learning_shapes, options.learners, options.window_s)
     result = {
         "conditions": {"chunk_bytes": len(record), "steps_per_chunk": options.instances * options.steps,

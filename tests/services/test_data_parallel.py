@@ -27,7 +27,7 @@ from tinker_atropos.algorithms import base as algorithms
 from tinker_atropos.algorithms.base import Learner, LearnerSetup
 from tinker_atropos.config import TrainerSection
 from tinker_atropos.protocol.trajectory import Trajectory
-from tinker_atropos.trainer.learner_replicas import Replicas, deal
+from tinker_atropos.trainer.learner_replicas import Replicas, SharedShares, deal, take_share
 
 pytestmark = pytest.mark.integration
 
@@ -119,6 +119,28 @@ def test_a_batch_is_dealt_in_whole_runs_each_chunk_once() -> None:
     assert sorted(map(ids, shares)) == sorted([ids(batch[:2]), ids(batch[2:])])
     single = deal(batch, 3)
     assert sorted(i for share in single for i in ids(share)) == sorted(ids(batch)) and all(single)
+
+
+def test_a_share_crosses_in_shared_memory_and_a_larger_one_gets_a_larger_segment() -> None:
+    shelf, attached = SharedShares(), {}
+    try:
+        small, large = make_chunks(1, seed=3), make_chunks(3, seed=4)
+        name, *_ = first = shelf.put(1, small)
+        read = take_share(first, attached)
+        np.testing.assert_array_equal(read[0].observations, small[0].observations)
+        assert read[0].actions.dtype == small[0].actions.dtype and read[0].policy_version == 0
+        second = shelf.put(1, large)  # does not fit: a new segment, the old one unlinked
+        assert second[0] != name and not Path(f"/dev/shm/{name}").exists()
+        del read
+        again = take_share(second, attached)
+        np.testing.assert_array_equal(again[2].rewards, large[2].rewards)
+        assert list(attached) == [second[0]]  # the replica let the old mapping go
+        del again
+    finally:
+        shelf.close()
+        for segment in attached.values():
+            segment.close()
+    assert not Path(f"/dev/shm/{second[0]}").exists()
 
 
 def ids(chunks: list[Trajectory]) -> list[int]:
