@@ -81,7 +81,7 @@ bench-llm-rl: $(VENV)/.installed  ## RL of SmolLM2 on single-digit addition, rew
 	$(UV_INSTALL) -e '.[dev,smollm2,export,sb3,video,wandb,atropos,bench-llm]'
 	$(PY) -m bench llm-rl --minutes $(or $(MINUTES),trl=20,cookbook=10,atropos=15) --rounds $(or $(ROUNDS),1) --out bench/out
 
-bench-capacity: $(VENV)/.installed  ## where the Redis every node shares saturates: N rollouts' chunks, leases and heartbeats and a trainer's reads against a Valkey with the run's ACL and signatures, weights fetched by M rollouts, the Atropos store flat out (~4 min; ROLLOUTS= e.g. 1,2,4,8,16)
+bench-capacity: $(VENV)/.installed  ## where the Redis every node shares saturates: N rollouts' chunks, leases and heartbeats and a trainer's reads against a Valkey with the run's ACL and signatures, weights fetched by M rollouts, the Atropos store flat out, then the trainer's update learned by one learner and by two (trainer.learners) (~8 min; ROLLOUTS= e.g. 1,2,4,8,16)
 	$(PY) -m bench capacity --rollouts $(or $(ROLLOUTS),1,2,4,8,16) --out bench/out
 
 chaos: $(VENV)/.installed  ## Pendulum undisturbed and with a random service SIGKILLed every 8 s: curves, recovery times (~5 min; CONFIG= for another algorithm, STEPS=)

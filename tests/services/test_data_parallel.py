@@ -7,6 +7,7 @@ nothing left behind."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 from collections.abc import Iterator
@@ -26,7 +27,9 @@ from tests.support.running import report_rows as metrics
 from tinker_atropos.algorithms import base as algorithms
 from tinker_atropos.algorithms.base import Learner, LearnerSetup
 from tinker_atropos.config import TrainerSection
+from tinker_atropos.errors import FatalError
 from tinker_atropos.protocol.trajectory import Trajectory
+from tinker_atropos.trainer import learner_replicas
 from tinker_atropos.trainer.learner_replicas import Replicas, SharedShares, deal, take_share
 
 pytestmark = pytest.mark.integration
@@ -141,6 +144,17 @@ def test_a_share_crosses_in_shared_memory_and_a_larger_one_gets_a_larger_segment
         for segment in attached.values():
             segment.close()
     assert not Path(f"/dev/shm/{second[0]}").exists()
+
+
+def test_a_share_that_does_not_fit_dev_shm_stops_the_trainer_with_what_to_change(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A container's /dev/shm holds 64 MB unless given more; a segment written past it would kill the trainer
+    with SIGBUS, and a restart would meet the same: a FatalError says what to change instead."""
+    free = shutil.disk_usage("/dev/shm")._replace(free=1 << 20)
+    monkeypatch.setattr(learner_replicas.shutil, "disk_usage", lambda path: free)
+    with pytest.raises(FatalError, match=r"needs 2 MB of /dev/shm, which has 1 MB free.*--shm-size"):
+        SharedShares().put(1, make_chunks(1, seed=5))
 
 
 def ids(chunks: list[Trajectory]) -> list[int]:

@@ -18,6 +18,7 @@ import contextlib
 import logging
 import os
 import pickle
+import shutil
 import socket
 import subprocess
 import sys
@@ -38,6 +39,7 @@ from tinker_atropos.training.data_parallel import Group
 
 log = logging.getLogger(__name__)
 
+SHM = "/dev/shm"  # where Python's shared memory lives on Linux; 64 MB in a container unless it is given more
 TIMEOUT = timedelta(minutes=5)  # the longest a learner waits for the others; a lost one fails sooner
 
 
@@ -77,7 +79,14 @@ class SharedShares:
             if segment is not None:
                 segment.close()
                 segment.unlink()  # the replica drops its mapping when it attaches the new one
-            segment = self.segments[rank] = SharedMemory(create=True, size=max(1, size * 5 // 4))
+            wanted, free = max(1, size * 5 // 4), shutil.disk_usage(SHM).free
+            if wanted > free:  # written past what it holds, a segment kills the process (SIGBUS)
+                raise FatalError(
+                    f"a share of trainer.learners's batch needs {wanted / 1e6:.0f} MB of {SHM}, which has "
+                    f"{free / 1e6:.0f} MB free: give the trainer a larger {SHM} (docker --shm-size, Compose "
+                    "shm_size, a Kubernetes emptyDir of medium Memory) or lower trainer.samples_per_update"
+                )
+            segment = self.segments[rank] = SharedMemory(create=True, size=wanted)
         spans, offset = [], 0
         for raw in raws:
             segment.buf[offset : offset + raw.nbytes] = raw
