@@ -79,10 +79,11 @@ def test_a_restarted_trainer_refuses_what_it_learned_before_and_what_its_newer_w
 
     second, _ = started_loop(config, redis_client, tmp_path)  # resumed from that checkpoint
     assert second.batcher.accept(taken) is None and second.batcher.rejected.totals == {"replayed": 1}
-    second.version = 1  # it learned on, past its checkpoint,
+    second.learner.core.version = 1  # it learned on, past its checkpoint,
     learned_past_the_checkpoint = serialized_chunk(2, 1, 1)
     assert second.batcher.accept(learned_past_the_checkpoint) is not None
-    second.version = 2  # from this chunk too, published version 2, and was killed before its next checkpoint
+    # from this chunk too, published version 2, and was killed before its next checkpoint
+    second.learner.core.version = 2
     second.publish()
 
     third, _ = started_loop(config, redis_client, tmp_path)

@@ -23,7 +23,7 @@ def test_resume_restores_everything_and_keeps_the_version_monotonic(tmp_path: Pa
     first, checkpointer = started_loop(config, redis_client, tmp_path)
     for i in range(3):
         first.losses = first.learner.learn([trajectory_chunk(i, 8, act_dim=1, version=first.version)])
-        first.version += 1
+        first.learner.core.version += 1
         first.updates += 1
     checkpointer.save(force=True)
     saved = first.save().state
@@ -57,7 +57,7 @@ def test_a_restart_continues_from_newer_weights_in_redis(tmp_path: Path, redis_c
     ahead = ExperienceLoop(config, redis_client, tmp_path / "a")
     ahead.setup(pendulum_env())
     ahead.learner.learn([trajectory_chunk(1, 8, act_dim=1, version=0)])
-    ahead.version = 41
+    ahead.learner.core.version = 41
     ahead.publish()
 
     fresh = ExperienceLoop(config, redis_client, tmp_path / "b")  # no checkpoint of its own
@@ -71,7 +71,7 @@ def test_version_goes_above_weights_of_another_model(tmp_path: Path, redis_clien
     other = parse_config({"run": {"name": "other"}, "trainer": {"model": {"hidden_sizes": [8]}}})
     ahead = ExperienceLoop(other, redis_client, tmp_path / "a")
     ahead.setup(pendulum_env())
-    ahead.version = 41
+    ahead.learner.core.version = 41
     ahead.publish()
 
     fresh = ExperienceLoop(parse_config({"run": {"name": "other"}}), redis_client, tmp_path / "b")
@@ -88,7 +88,7 @@ def test_sac_resumes_its_replay_buffer_from_the_journal_beside_small_checkpoints
     first, checkpointer = started_loop(config, redis_client, tmp_path)
     for i in range(3):
         first.learner.learn([trajectory_chunk(i, 8, act_dim=1, version=first.version)])
-        first.version += 1
+        first.learner.core.version += 1
         checkpointer.save(force=True)
     replay = first.learner.replay
     # each checkpoint wrote the 16 transitions it had not written, and counts them; none inside the file

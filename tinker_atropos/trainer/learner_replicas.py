@@ -19,9 +19,9 @@ import logging
 import os
 import pickle
 import shutil
-import socket
 import subprocess
 import sys
+import tempfile
 from dataclasses import replace
 from datetime import timedelta
 from multiprocessing import resource_tracker
@@ -39,6 +39,7 @@ from tinker_atropos.training.data_parallel import Group
 
 log = logging.getLogger(__name__)
 
+GLOO_INTERFACE, LOOPBACK = "GLOO_SOCKET_IFNAME", "lo"
 SHM = "/dev/shm"  # where Python's shared memory lives on Linux; 64 MB in a container unless it is given more
 TIMEOUT = timedelta(minutes=5)  # the longest a learner waits for the others; a lost one fails sooner
 
@@ -124,25 +125,24 @@ def rank_device(device: torch.device, rank: int) -> torch.device:
     return torch.device("cuda", ((device.index or 0) + rank) % torch.cuda.device_count())
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 class Replicas:
     """Rank 0's side: the ``size - 1`` replica processes, started here, fed by scatter."""
 
     def __init__(self, setup: LearnerSetup, size: int, threads: int) -> None:
         self.size, self.minibatches = size, setup.hyperparameters.num_minibatches
-        address = f"tcp://127.0.0.1:{_free_port()}"
+        # The learners meet in a file of a private folder, not a TCP store (which would listen on every
+        # interface), and gloo's connections stay on the loopback interface: nothing outside this machine, or
+        # of another user, can join or speak to them.
+        self.folder = tempfile.mkdtemp(prefix="learners-")
+        address = f"file://{self.folder}/store"
+        os.environ[GLOO_INTERFACE] = LOOPBACK
         blob = pickle.dumps((setup, address, size, threads))
         self.processes: list[subprocess.Popen] = []
         for rank in range(1, size):
             process = subprocess.Popen(
                 [sys.executable, "-m", "tinker_atropos.trainer.learner_replicas", str(rank)],
                 stdin=subprocess.PIPE,
-                env={**os.environ, "OMP_NUM_THREADS": str(threads)},
+                env={**os.environ, "OMP_NUM_THREADS": str(threads), GLOO_INTERFACE: LOOPBACK},
             )
             assert process.stdin is not None
             process.stdin.write(blob)
@@ -152,6 +152,7 @@ class Replicas:
             dist.init_process_group("gloo", init_method=address, rank=0, world_size=size, timeout=TIMEOUT)
         except BaseException:
             self._kill()
+            shutil.rmtree(self.folder, ignore_errors=True)
             raise
         self.group = Group(0, size)
         self.shelf = SharedShares()
@@ -206,6 +207,7 @@ class Replicas:
             self._kill()
             self.shelf.close()
             dist.destroy_process_group()
+            shutil.rmtree(self.folder, ignore_errors=True)
 
     def _kill(self) -> None:
         for process in self.processes:
