@@ -111,6 +111,11 @@ def test_a_lost_replica_fails_the_next_update_and_close_leaves_nothing(
         learn_together(together, replicas, make_chunks(2, seed=1))
 
 
+def test_a_replica_that_fails_to_start_is_an_error_at_once_not_a_hung_rendezvous() -> None:
+    with pytest.raises(RuntimeError, match="learner replica 1 exited with code 1 before joining"):
+        Replicas(learner_setup(), 2, threads=0)  # torch refuses 0 threads in the replica, before it joins
+
+
 def test_a_batch_is_dealt_in_whole_runs_each_chunk_once() -> None:
     """Chunks that continue one another stay with one learner (their advantages run across them); with fewer runs
     than learners, single chunks."""

@@ -40,6 +40,7 @@ from tinker_atropos.training.data_parallel import Group
 log = logging.getLogger(__name__)
 
 GLOO_INTERFACE, LOOPBACK = "GLOO_SOCKET_IFNAME", "lo"
+READY = b"ready\n"  # what a replica prints once it has started, before it joins the learners
 SHM = "/dev/shm"  # where Python's shared memory lives on Linux; 64 MB in a container unless it is given more
 TIMEOUT = timedelta(minutes=5)  # the longest a learner waits for the others; a lost one fails sooner
 
@@ -142,6 +143,7 @@ class Replicas:
             process = subprocess.Popen(
                 [sys.executable, "-m", "tinker_atropos.trainer.learner_replicas", str(rank)],
                 stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
                 env={**os.environ, "OMP_NUM_THREADS": str(threads), GLOO_INTERFACE: LOOPBACK},
             )
             assert process.stdin is not None
@@ -149,6 +151,12 @@ class Replicas:
             process.stdin.close()
             self.processes.append(process)
         try:
+            for rank, process in enumerate(self.processes, 1):  # one that fails to start is known at once,
+                assert process.stdout is not None  # not after the rendezvous's timeout
+                if process.stdout.readline() != READY:
+                    raise RuntimeError(
+                        f"learner replica {rank} exited with code {process.wait()} before joining (its error above)"
+                    )
             dist.init_process_group("gloo", init_method=address, rank=0, world_size=size, timeout=TIMEOUT)
         except BaseException:
             self._kill()
@@ -214,12 +222,17 @@ class Replicas:
             if process.poll() is None:
                 process.kill()
                 process.wait()
+            if process.stdout is not None:
+                process.stdout.close()
 
 
 def serve(rank: int) -> None:
     """A replica: join the group, then apply what rank 0 sends until told to stop (or rank 0 is gone)."""
     setup, address, size, threads = pickle.loads(sys.stdin.buffer.read())
     torch.set_num_threads(threads)
+    sys.stdout.buffer.write(READY)
+    sys.stdout.flush()
+    os.dup2(2, 1)  # nobody reads the pipe from here on: what is printed goes to the trainer's log
     dist.init_process_group("gloo", init_method=address, rank=rank, world_size=size, timeout=TIMEOUT)
     setup = replace(setup, device=rank_device(setup.device, rank))
     learner = algorithms.algorithm(setup.trainer.algorithm).build(setup)
