@@ -520,9 +520,9 @@ class TrainerSection(Section):
         1,
         ge=1,
         le=64,
-        description="Processes that compute each update together (ppo, appo): each takes its share of every "
-        "minibatch, their gradients averaged before each step; the trainer is one, it starts the others beside it "
-        "(each with torch_threads threads, on a GPU of its own where the machine has several).",
+        description="Processes that compute each update together (ppo, appo): each learns from its share of every "
+        "batch, and each minibatch step's gradient is averaged over all of them; the trainer is one and starts the "
+        "others beside it (each with torch_threads threads, on a GPU of its own where the machine has several).",
     )
     torch_threads: int | None = Field(
         1,

@@ -111,6 +111,18 @@ def test_a_lost_replica_fails_the_next_update_and_close_leaves_nothing(
         learn_together(together, replicas, make_chunks(2, seed=1))
 
 
+@pytest.mark.parametrize("two", SETTINGS[:1], indirect=True, ids=["epochs"])
+def test_a_batch_too_small_to_share_stops_the_trainer_with_what_to_change(
+    two: tuple[Learner, Learner, Replicas],
+) -> None:
+    _, together, replicas = two
+    with pytest.raises(
+        FatalError, match="gives one of trainer.learners=2 0 rows.*raise trainer.samples_per_update"
+    ):
+        replicas.learn(make_chunks(1, seed=6))  # one chunk, two learners
+    learn_together(together, replicas, make_chunks(2, seed=6))  # nothing was sent: the next batch is learned
+
+
 def test_a_replica_that_fails_to_start_is_an_error_at_once_not_a_hung_rendezvous() -> None:
     with pytest.raises(RuntimeError, match="learner replica 1 exited with code 1 before joining"):
         Replicas(learner_setup(), 2, threads=0)  # torch refuses 0 threads in the replica, before it joins
