@@ -60,6 +60,7 @@ def test_concurrent_requests_share_a_batch_and_keep_the_version_they_started_wit
         later = sampler.generate(prompt, n=2, stop_strings=[], **{**SETTINGS, "max_tokens": 200})
     finally:
         sampler.close()
+    assert sorted(results) == [0, 1, 2]  # every one answered: none failed as the old engine closed
     for result in results.values():  # the first version's, as they were submitted
         assert [c.policy_version for c in result] == [1, 1]
         assert [c.tokens for c in result] == [c.tokens for c in alone]

@@ -15,6 +15,7 @@ import torch
 
 from tinker_atropos.models import lora, tiny_lm
 from tinker_atropos.models.tiny_lm import ByteTokenizer, TinyCausalLM
+from tinker_atropos.sampling import engine as engine_module
 from tinker_atropos.sampling.engine import Engine, Stopped, sample
 from tinker_atropos.sampling.requests import Params, SampledTokens, stop_strings
 
@@ -272,3 +273,24 @@ def test_prompts_of_one_length_are_read_in_one_pass_and_a_twin_sent_meanwhile_re
     engine.drain()
     assert passes == [(3, len(prompts[0]))]
     _as_alone(futures, alone)
+
+
+def test_an_engine_is_busy_while_a_request_moves_from_reading_its_prompt_to_the_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A request whose prompt is read leaves the readers before it joins the decoding rows; an engine retired by a
+    weight update is closed once it is not busy, and would fail the request in between (the inference endpoint's
+    concurrent requests came back ``Stopped`` under load)."""
+    engine = Engine(TinyCausalLM(), kv_tokens=10_000, prefill_chunk=64)
+    seen: list[bool] = []
+    first = engine_module._Request.first
+
+    def first_token(request: engine_module._Request, logits: torch.Tensor) -> list:
+        seen.append(engine.busy())  # asked by another thread in the endpoint, at this moment
+        return first(request, logits)
+
+    monkeypatch.setattr(engine_module._Request, "first", first_token)
+    future = engine.submit(TOK.encode("abc", add_bos=True), Params(5, 2, stop_tokens=frozenset()))
+    engine.drain()
+    assert seen == [True] and len(future.result()) == 2
+    assert not engine.busy()  # answered

@@ -127,6 +127,8 @@ class Engine:
         self.waiting: deque[_Request] = deque()  # submitted, under ``changed``
         self.reading: deque[_Request] = deque()  # admitted, their prompts being read
         self.rows = Rows(self.device)  # decoding
+        # submitted and not yet answered, under ``changed``: a request moving between the queues above is in none
+        self.unanswered: list[Future[list[SampledTokens]]] = []
         # the latest requests' times to their first token
         self.first_token_s: deque[float] = deque(maxlen=1024)
         self.closed = False
@@ -168,6 +170,7 @@ class Engine:
             if self.closed:
                 raise Stopped("the sampling engine is closed")
             self.waiting.append(request)
+            self.unanswered.append(request.future)
             self.changed.notify()
         return request.future
 
@@ -205,9 +208,10 @@ class Engine:
             self.step()
 
     def busy(self) -> bool:
-        """Whether a request is not yet answered."""
+        """Whether a request is not yet answered (asked of another thread, while this one may be moving one)."""
         with self.changed:
-            return self._has_work()
+            self.unanswered = [future for future in self.unanswered if not future.done()]
+            return bool(self.unanswered)
 
     def _has_work(self) -> bool:
         return bool(self.waiting or self.reading or self.rows.requests)
