@@ -42,7 +42,8 @@ log = logging.getLogger(__name__)
 GLOO_INTERFACE, LOOPBACK = "GLOO_SOCKET_IFNAME", "lo"
 READY = b"ready\n"  # what a replica prints once it has started, before it joins the learners
 SHM = "/dev/shm"  # where Python's shared memory lives on Linux; 64 MB in a container unless it is given more
-TIMEOUT = timedelta(minutes=5)  # the longest a learner waits for the others; a lost one fails sooner
+# the longest a learner waits for the others; past it (a hung one) the trainer restarts
+TIMEOUT = timedelta(seconds=60)
 
 
 def deal(trajectories: list[Trajectory], size: int) -> list[list[Trajectory]]:
