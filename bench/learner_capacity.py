@@ -12,7 +12,9 @@ a trainer fed faster than that drops or pauses the rest.
 
 from __future__ import annotations
 
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -70,7 +72,8 @@ def learning_point(shape: str, learners: int, threads: int, seconds: float) -> d
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     learner = algorithms.algorithm("appo").build(setup)
-    replicas = Replicas.beside(learner, setup, learners, threads)
+    folder = tempfile.TemporaryDirectory()
+    replicas = Replicas.beside(learner, setup, Path(folder.name))
     try:
 
         def update() -> None:
@@ -86,6 +89,7 @@ def learning_point(shape: str, learners: int, threads: int, seconds: float) -> d
     finally:
         if replicas is not None:
             replicas.close()
+        folder.cleanup()
         torch.set_num_threads(before)
     return {
         "shape": shape,

@@ -1,7 +1,7 @@
 """Data-parallel learners (``trainer.learners``) on real processes: two learners, each with its share of a batch,
 take the update one learner takes of the whole batch where the two must agree (full-batch steps: the same
 normalisers, advantages, annealing and parameters, a target_kl stop decided alike), a lost replica fails the next
-update instead of hanging it, and in a run a killed replica is a trainer restart from which learning goes on,
+update instead of hanging it (a hung one after the timeout), and in a run a killed replica is a trainer restart from which learning goes on,
 nothing left behind."""
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ from tinker_atropos.algorithms.base import Learner, LearnerSetup
 from tinker_atropos.config import TrainerSection
 from tinker_atropos.errors import FatalError
 from tinker_atropos.protocol.trajectory import Trajectory
-from tinker_atropos.trainer import learner_replicas
+from tinker_atropos.trainer import learner_channels, learner_replicas
+from tinker_atropos.trainer.learner_channels import LearnerLost
 from tinker_atropos.trainer.learner_replicas import Replicas, SharedShares, deal, take_share
 
 pytestmark = pytest.mark.integration
@@ -44,12 +45,12 @@ def learner_setup(**appo: object) -> LearnerSetup:
 
 
 @pytest.fixture
-def two(request: pytest.FixtureRequest) -> Iterator[tuple[Learner, Learner, Replicas]]:
+def two(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Learner, Learner, Replicas]]:
     """A learner alone, and the same learner as rank 0 of two (its replica a process of its own)."""
     setup = learner_setup(**request.param)
     alone = algorithms.algorithm("appo").build(setup)
     together = algorithms.algorithm("appo").build(setup)
-    replicas = Replicas(setup, 2, threads=1)
+    replicas = Replicas(setup, 2, threads=1, folder=tmp_path / "learners")
     try:
         together.core.group = replicas.group
         replicas.load(together.state_dict())
@@ -112,6 +113,22 @@ def test_a_lost_replica_fails_the_next_update_and_close_leaves_nothing(
 
 
 @pytest.mark.parametrize("two", SETTINGS[:1], indirect=True, ids=["epochs"])
+def test_a_hung_replica_fails_the_update_after_the_timeout(
+    two: tuple[Learner, Learner, Replicas], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stopped replica (SIGSTOP) is an error once rank 0 has waited the timeout (60 s in a run), not a stall."""
+    _, together, replicas = two
+    monkeypatch.setattr(learner_channels, "TIMEOUT_S", 1.0)
+    (replica,) = replicas.processes
+    os.kill(replica.pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(LearnerLost, match="learner replica 1 did not answer within 1 s"):
+            learn_together(together, replicas, make_chunks(2, seed=1))
+    finally:
+        replica.kill()
+
+
+@pytest.mark.parametrize("two", SETTINGS[:1], indirect=True, ids=["epochs"])
 def test_a_batch_too_small_to_share_stops_the_trainer_with_what_to_change(
     two: tuple[Learner, Learner, Replicas],
 ) -> None:
@@ -123,9 +140,10 @@ def test_a_batch_too_small_to_share_stops_the_trainer_with_what_to_change(
     learn_together(together, replicas, make_chunks(2, seed=6))  # nothing was sent: the next batch is learned
 
 
-def test_a_replica_that_fails_to_start_is_an_error_at_once_not_a_hung_rendezvous() -> None:
+def test_a_replica_that_fails_to_start_is_an_error_at_once_not_a_hung_rendezvous(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="learner replica 1 exited with code 1 before joining"):
-        Replicas(learner_setup(), 2, threads=0)  # torch refuses 0 threads in the replica, before it joins
+        # torch refuses 0 threads in the replica, before it joins
+        Replicas(learner_setup(), 2, threads=0, folder=tmp_path)
 
 
 def test_a_batch_is_dealt_in_whole_runs_each_chunk_once() -> None:

@@ -81,8 +81,8 @@ class ExperienceLoop:
         self.weights_key = signing_key("weights")  # what the rollouts check the published weights against
         self.device = resolve_device(trainer.device)
         self.algorithm = algorithms.algorithm(trainer.algorithm)
-        # its checkpoints (the trainer's Checkpointer writes them), best.pt
-        self.folder = run_dir / "checkpoints"
+        # its checkpoints (the trainer's Checkpointer writes them), best.pt; where CUDA learners meet (``Replicas``)
+        self.folder, self.learners_folder = run_dir / "checkpoints", run_dir / "learners"
         self.checkpoints = ExperienceState(self.folder, self.algorithm.name)
         # held over a step: ``save`` (another thread) takes its state between two
         self.lock = threading.Lock()
@@ -159,7 +159,7 @@ class ExperienceLoop:
         if self.version > resumed:  # what it learned past its checkpoint is in these weights, not freshness's
             self.batcher.freshness.restarted_at(self.version)
         self.publish()
-        self.replicas = Replicas.beside(self.learner, setup, trainer.learners, trainer.threads())
+        self.replicas = Replicas.beside(self.learner, setup, self.learners_folder)
         self.set_up = True
 
     # -- what the trainer's Checkpointer asks (driver.py) ------------------------------------------------

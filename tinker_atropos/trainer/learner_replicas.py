@@ -8,8 +8,14 @@ every learner computes the advantages of its share, and ``ppo_update`` makes eac
 (``training/data_parallel.py``). Nothing is learned twice: only rank 0 takes experience, and each chunk goes to
 one learner. A replica lost mid-run fails the trainer's next collective: the trainer stops with an error and
 restarts from its last checkpoint, as after any trainer crash, with new replicas; a replica whose trainer is gone
-exits at its next message. Gloo carries the collectives, on CPU tensors or CUDA ones (each learner on a GPU of
-its own where the machine has several).
+exits at its next message.
+
+Each replica is linked to rank 0 by a socket pair the trainer makes before starting it (``learner_channels.py``):
+nothing listens, so no other local user can reach, flood or join the learners (issue 54: torch.distributed's gloo
+listened on 127.0.0.1 and paired the first connection that named a pair, and PyPI's torch has no gloo TLS). The
+messages and, on the CPU, the all-reduces go through those pairs. CUDA learners with a GPU each all-reduce with NCCL
+instead (GPU to GPU), meeting in torch.distributed's file store in a private folder of the run; that path is not
+tested on this project's CPU machines.
 """
 
 from __future__ import annotations
@@ -19,13 +25,14 @@ import logging
 import os
 import pickle
 import shutil
+import socket
 import subprocess
 import sys
-import tempfile
 from dataclasses import replace
 from datetime import timedelta
 from multiprocessing import resource_tracker
 from multiprocessing.shared_memory import SharedMemory
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -35,15 +42,15 @@ from tinker_atropos.algorithms import base as algorithms
 from tinker_atropos.algorithms.base import Learner, LearnerSetup
 from tinker_atropos.errors import FatalError
 from tinker_atropos.protocol.trajectory import Trajectory, contiguous_runs
+from tinker_atropos.trainer.learner_channels import TIMEOUT_S, Channel, LearnerLost, Star
 from tinker_atropos.training.data_parallel import Group
 
 log = logging.getLogger(__name__)
 
-GLOO_INTERFACE, LOOPBACK = "GLOO_SOCKET_IFNAME", "lo"
-READY = b"ready\n"  # what a replica prints once it has started, before it joins the learners
+MODULE = "tinker_atropos.trainer.learner_replicas"  # a replica's process runs this module
+READY = "ready"  # what a replica says once it has started, before it builds its learner
 SHM = "/dev/shm"  # where Python's shared memory lives on Linux; 64 MB in a container unless it is given more
-# the longest a learner waits for the others; past it (a hung one) the trainer restarts
-TIMEOUT = timedelta(seconds=60)
+TIMEOUT = timedelta(seconds=TIMEOUT_S)  # NCCL's collectives wait as long as the channels do
 
 
 def deal(trajectories: list[Trajectory], size: int) -> list[list[Trajectory]]:
@@ -127,65 +134,64 @@ def rank_device(device: torch.device, rank: int) -> torch.device:
     return torch.device("cuda", ((device.index or 0) + rank) % torch.cuda.device_count())
 
 
-class Replicas:
-    """Rank 0's side: the ``size - 1`` replica processes, started here, fed by scatter."""
+def nccl_store(folder: Path) -> str:
+    """Where CUDA learners meet for NCCL: torch.distributed's file store in ``folder``, made private (0700) to this
+    user; the folder a crashed trainer left is removed first. Not a TCP store, which would listen."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(mode=0o700, parents=True)
+    os.environ["NCCL_SOCKET_IFNAME"] = "lo"  # NCCL's bootstrap connections stay on this machine
+    return f"file://{folder}/store"
 
-    def __init__(self, setup: LearnerSetup, size: int, threads: int) -> None:
-        self.size, self.minibatches = size, setup.hyperparameters.num_minibatches
-        # The learners meet in a file of a private folder, not a TCP store (which would listen on every
-        # interface), and gloo's connections stay on the loopback interface: nothing outside this machine, or
-        # of another user, can join or speak to them.
-        self.folder = tempfile.mkdtemp(prefix="learners-")
-        address = f"file://{self.folder}/store"
-        os.environ[GLOO_INTERFACE] = LOOPBACK
-        blob = pickle.dumps((setup, address, size, threads))
+
+class Replicas:
+    """Rank 0's side: the ``size - 1`` replica processes, started here, each with its channel (the socket pair),
+    told what to do in turn. ``folder`` is the run's: the NCCL store's, when the learners use it."""
+
+    def __init__(self, setup: LearnerSetup, size: int, threads: int, folder: Path) -> None:
+        self.size, self.minibatches, self.folder = size, setup.hyperparameters.num_minibatches, folder
+        # each learner on a GPU of its own (``rank_device``): NCCL, which refuses two ranks on one GPU
+        self.nccl = setup.device.type == "cuda" and torch.cuda.device_count() >= size
+        address = nccl_store(folder) if self.nccl else None
         self.processes: list[subprocess.Popen] = []
-        for rank in range(1, size):
-            process = subprocess.Popen(
-                [sys.executable, "-m", "tinker_atropos.trainer.learner_replicas", str(rank)],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                env={**os.environ, "OMP_NUM_THREADS": str(threads), GLOO_INTERFACE: LOOPBACK},
-            )
-            assert process.stdin is not None
-            process.stdin.write(blob)
-            process.stdin.close()
-            self.processes.append(process)
+        self.channels: list[Channel] = []
         try:
-            for rank, process in enumerate(self.processes, 1):  # one that fails to start is known at once,
-                assert process.stdout is not None  # not after the rendezvous's timeout
-                if process.stdout.readline() != READY:
-                    raise RuntimeError(
-                        f"learner replica {rank} exited with code {process.wait()} before joining (its error above)"
-                    )
-            dist.init_process_group("gloo", init_method=address, rank=0, world_size=size, timeout=TIMEOUT)
+            for rank in range(1, size):
+                channel, end = Channel.pair(f"learner replica {rank}")
+                self.channels.append(channel)
+                with end:  # the child's now: this process keeps only its own end
+                    argv = [sys.executable, "-m", MODULE, str(rank), str(end.fileno())]
+                    environment = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+                    self.processes.append(subprocess.Popen(argv, pass_fds=(end.fileno(),), env=environment))
+            for rank, (process, channel) in enumerate(zip(self.processes, self.channels, strict=True), 1):
+                started(rank, process, channel, (setup, size, threads, address))
+            if address is not None:
+                dist.init_process_group("nccl", init_method=address, rank=0, world_size=size, timeout=TIMEOUT)
         except BaseException:
-            self._kill()
-            shutil.rmtree(self.folder, ignore_errors=True)
+            self._close()
             raise
-        self.group = Group(0, size)
+        self.group = Group(0, size, dist.all_reduce if self.nccl else Star(self.channels, root=True))
         self.shelf = SharedShares()
         log.info("learning data-parallel with %d learners (%d replica processes)", size, size - 1)
 
     @classmethod
-    def beside(cls, learner: Learner, setup: LearnerSetup, size: int, threads: int) -> Replicas | None:
-        """The replicas of ``learner`` (rank 0) for ``size`` learners, started from its state; None for one."""
-        if size == 1:
+    def beside(cls, learner: Learner, setup: LearnerSetup, folder: Path) -> Replicas | None:
+        """The replicas of ``learner`` (rank 0) for ``trainer.learners`` learners of ``trainer.threads()`` threads
+        each, started from its state; None for one."""
+        if setup.trainer.learners == 1:
             return None
-        replicas = cls(setup, size, threads)
+        replicas = cls(setup, setup.trainer.learners, setup.trainer.threads(), folder)
         learner.core.group = replicas.group
         replicas.load(learner.state_dict())
         return replicas
 
-    def _send(self, messages: list[tuple[str, Any]]) -> Any:
-        """One message to each learner, this one's first; what this one received back."""
-        received: list[Any] = [None]
-        dist.scatter_object_list(received, messages, src=0)
-        return received[0][1]
+    def _tell(self, messages: list[tuple[str, Any]]) -> None:
+        """One message to each replica, in rank order."""
+        for channel, message in zip(self.channels, messages, strict=True):
+            channel.send(message)
 
     def load(self, state: dict[str, Any]) -> None:
         """Every replica takes the learner's state (at the start, and after a restore: an undone update)."""
-        self._send([("load", state)] * self.size)
+        self._tell([("load", state)] * (self.size - 1))
 
     def learn(self, trajectories: list[Trajectory]) -> list[Trajectory]:
         """Deal the batch out, every replica starting its share's update; rank 0's share, to learn from here.
@@ -199,66 +205,78 @@ class Replicas:
                 "minibatches: raise trainer.samples_per_update or lower trainer.learners"
             )
         # rank 0's share stays here; episodes' ends (protobuf messages) stay: nothing learns from them
-        messages = [("learn", self.shelf.put(rank, [replace(c, episodes=()) for c in share]))
-                    for rank, share in enumerate(shares[1:], 1)]  # fmt: skip
-        self._send([("learn", None), *messages])
+        self._tell([("learn", self.shelf.put(rank, [replace(c, episodes=()) for c in share]))
+                    for rank, share in enumerate(shares[1:], 1)])  # fmt: skip
         return shares[0]
 
     def close(self) -> None:
         """The replicas told to stop, and waited for; killed if they do not."""
         try:
-            self._send([("stop", None)] * self.size)
+            self._tell([("stop", None)] * (self.size - 1))
             for process in self.processes:
                 process.wait(timeout=30)
-        except Exception as error:  # a replica already gone: the group is broken, the rest are killed
+        except Exception as error:  # a replica already gone or hung: the rest are killed
             log.warning("stopping the learner replicas: %s", error)
         finally:
-            self._kill()
+            self._close()
             self.shelf.close()
-            dist.destroy_process_group()
-            shutil.rmtree(self.folder, ignore_errors=True)
 
-    def _kill(self) -> None:
+    def _close(self) -> None:
         for process in self.processes:
             if process.poll() is None:
                 process.kill()
                 process.wait()
-            if process.stdout is not None:
-                process.stdout.close()
+        for channel in self.channels:
+            channel.close()
+        if self.nccl:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def serve(rank: int) -> None:
-    """A replica: join the group, then apply what rank 0 sends until told to stop (or rank 0 is gone)."""
-    setup, address, size, threads = pickle.loads(sys.stdin.buffer.read())
+def started(rank: int, process: subprocess.Popen, channel: Channel, setup: tuple[Any, ...]) -> None:
+    """Replica ``rank`` handed its setup and started (it says READY); one that fails to start is an error at once,
+    naming its exit code (its error is in the trainer's log above)."""
+    try:
+        channel.send(setup)
+        channel.receive()
+    except LearnerLost as error:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=10)
+        if process.returncode is None:
+            raise RuntimeError(f"learner replica {rank} did not start: {error}") from None
+        raise RuntimeError(
+            f"learner replica {rank} exited with code {process.returncode} before joining (its error above)"
+        ) from None
+
+
+def serve(rank: int, descriptor: int) -> None:
+    """A replica: take its setup from rank 0 over the channel it inherited, then apply what rank 0 sends until
+    told to stop (or rank 0 is gone)."""
+    channel = Channel(socket.socket(fileno=descriptor), "rank 0")
+    setup, size, threads, address = channel.receive()
     torch.set_num_threads(threads)
-    sys.stdout.buffer.write(READY)
-    sys.stdout.flush()
-    os.dup2(2, 1)  # nobody reads the pipe from here on: what is printed goes to the trainer's log
-    dist.init_process_group("gloo", init_method=address, rank=rank, world_size=size, timeout=TIMEOUT)
+    channel.send(READY)
     setup = replace(setup, device=rank_device(setup.device, rank))
+    if address is not None:
+        torch.cuda.set_device(setup.device)
+        dist.init_process_group("nccl", init_method=address, rank=rank, world_size=size, timeout=TIMEOUT)
     learner = algorithms.algorithm(setup.trainer.algorithm).build(setup)
-    learner.core.group = Group(rank, size)
+    learner.core.group = Group(rank, size, dist.all_reduce if address else Star([channel], root=False))
     attached: dict[str, SharedMemory] = {}
-    while True:
-        received: list[Any] = [None]
-        try:
-            dist.scatter_object_list(received, None, src=0)
-        except RuntimeError as error:  # rank 0 is gone (its trainer crashed or was killed)
-            log.warning("learner replica %d: rank 0 is gone (%s); exiting", rank, error)
-            raise SystemExit(1) from None
-        kind, payload = received[0]
-        if kind == "stop":
-            break
-        if kind == "load":
-            learner.load_state_dict(payload)
-        else:
-            learner.learn(take_share(payload, attached))
-    dist.destroy_process_group()
-    # torch's static destructors abort at exit here now and then (a joinable thread: "terminate called without
-    # an active exception"): the work is done, nothing is left to flush
-    logging.shutdown()
-    os._exit(0)
+    try:
+        while (message := channel.receive(timeout=None))[0] != "stop":
+            kind, payload = message
+            if kind == "load":
+                learner.load_state_dict(payload)
+            else:
+                learner.learn(take_share(payload, attached))
+    except LearnerLost as error:  # rank 0 is gone (its trainer crashed or was killed) or hung
+        log.warning("learner replica %d: %s; exiting", rank, error)
+        raise SystemExit(1) from None
+    if address is not None:
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    serve(int(sys.argv[1]))
+    serve(int(sys.argv[1]), int(sys.argv[2]))

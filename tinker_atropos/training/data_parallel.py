@@ -2,27 +2,29 @@
 steps through it in as many minibatches as the others, and every step's gradient is the whole minibatch's, made of
 every learner's rows, as DDP with a distributed sampler makes it (CleanRL's ppo_atari_multigpu, RLlib's learner
 group). ``Group`` is what an update asks of the other learners: sums over all of them, in one all-reduce per step.
-Starting the learners and handing them their shares is the trainer's (``trainer/learner_replicas.py``)."""
+Starting the learners, linking them and handing them their shares is the trainer's (``trainer/learner_replicas.py``):
+the all-reduce is handed in, so that no transport is reached from here."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
 
 @dataclass(frozen=True)
 class Group:
-    """This process's place among the learners; the process group is torch.distributed's default one."""
+    """This process's place among the learners, and how it sums a tensor with theirs."""
 
     rank: int
     size: int
+    all_reduce: Callable[[torch.Tensor], object]  # sums a tensor over the learners, in place, on every one
 
     def sum(self, value: torch.Tensor) -> torch.Tensor:
         """``value`` summed over the learners (a copy; the same on every one)."""
         total = value.detach().clone()
-        dist.all_reduce(total)
+        self.all_reduce(total)
         return total
 
     def count(self, value: int) -> int:
@@ -40,7 +42,7 @@ class Group:
         names = sorted(stats)
         figures = torch.tensor([stats[name] for name in names], dtype=grads[0].dtype, device=grads[0].device)
         flat = torch.cat([*(g.reshape(-1) for g in grads), figures]) * weight
-        dist.all_reduce(flat)
+        self.all_reduce(flat)
         offset = 0
         for parameter, grad in zip(parameters, grads, strict=True):
             parameter.grad = flat[offset : offset + grad.numel()].view_as(grad)
