@@ -7,7 +7,7 @@ SF_VENV := bench/.venv-sf
 RUN_CONFIG ?= configs/humanoid.yaml
 RUN_STEPS ?= 2000000
 
-.PHONY: run test docs docs-serve lint proto deploy-configs compose-check bench bench-learn bench-tinker bench-llm-rl bench-capacity chaos demo-cluster clean
+.PHONY: run test docs docs-serve lint proto deploy-configs compose-check bench bench-learn bench-tinker bench-tenants bench-llm-rl bench-capacity chaos demo-cluster clean
 
 $(VENV)/.installed: pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found: install Python 3.11 or pass PYTHON=..." >&2; exit 1; }
@@ -76,6 +76,9 @@ $(SF_VENV)/.installed:
 
 bench-tinker: $(VENV)/.installed  ## forward_backward + optim_step through the tinker SDK vs in-process, Humanoid policy and tiny LM, then sampling tokens/s vs Hugging Face generate on SmolLM2, SmolLM2 LoRA memory, training tokens/s of 8 clients batched vs in lanes, 16 clients sampling at once, our LoRA vs PEFT (~20 min)
 	$(PY) -m bench tinker --out bench/out
+
+bench-tenants: $(VENV)/.installed  ## one client floods the Tinker sampler (200 x 4 x 500 tokens) while another samples 8 tokens at a time: its p50/p95, then fresh clients after the flooder's SIGKILL and when its queue is cancelled (~2 min)
+	$(PY) -m bench tenants --out bench/out
 
 bench-llm-rl: $(VENV)/.installed  ## RL of SmolLM2 on single-digit addition, reward against wall-clock time: TRL's GRPOTrainer (20 min), the Tinker Cookbook's RL loop through our Tinker API (10 min), the Atropos path through up (15 min) (~50 min; MINUTES= e.g. trl=20,cookbook=10,atropos=15, ROUNDS=)
 	$(UV_INSTALL) -e '.[dev,smollm2,export,sb3,video,wandb,atropos,bench-llm]'

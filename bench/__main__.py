@@ -1,4 +1,4 @@
-"""The benchmarks, beside the product: ``python -m bench throughput | profile | learn | chaos | tinker | atropos | llm-rl | capacity`` from the repository
+"""The benchmarks, beside the product: ``python -m bench throughput | profile | learn | chaos | tinker | tenants | atropos | llm-rl | capacity`` from the repository
 root (``make bench``, ``make bench-learn``, ``make chaos``, ``make bench-tinker``). Each runs the product as a user does, next to the peers
 it is compared with, on one machine in one run."""
 
@@ -169,6 +169,18 @@ def tinker(
     from bench.tinker_latency import run
 
     run(out, iterations)
+
+
+@app.command()
+def tenants(
+    flood: Annotated[int, typer.Option(min=1, help="Long samples the flooding client keeps queued.")] = 200,
+    samples: Annotated[int, typer.Option(min=2, help="Short samples of the other client, timed.")] = 20,
+    out: Annotated[Path, typer.Option(help="Folder for bench-tenants.json.")] = Path("bench/out"),
+) -> None:
+    """A client's short samples while another floods the sampler, then fresh clients after the flooder's SIGKILL."""
+    from bench.tenants import run
+
+    print(json.dumps(run(out, flood=flood, samples=samples), indent=2))
 
 
 @app.command()

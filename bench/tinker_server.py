@@ -34,6 +34,7 @@ class Served:
     url: str
     key: str
     pid: int  # the trainer's
+    redis_url: str = ""  # its Valkey's
 
 
 @contextlib.contextmanager
@@ -89,7 +90,7 @@ def serving(
             if time.monotonic() > deadline or trainer.poll() is not None:
                 raise RuntimeError(f"the trainer did not serve the Tinker API:\n{log_path.read_text()}")
             time.sleep(0.2)
-        yield Served(f"http://127.0.0.1:{port}", key, trainer.pid)
+        yield Served(f"http://127.0.0.1:{port}", key, trainer.pid, valkey.url)
     finally:
         trainer.terminate()
         trainer.wait(timeout=30)

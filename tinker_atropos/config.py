@@ -406,6 +406,13 @@ class TinkerSection(Section):
         description="Sample requests decoding at once, of every client (each joins its model's running batch "
         "between two tokens); more wait in the queue.",
     )
+    max_queued_samples: int = Field(
+        256,
+        ge=1,
+        description="Sample requests one session may have queued or running at once; past it the API answers 429 "
+        "naming this setting. Sessions take turns: a newcomer's sample starts beside another session's queue, "
+        "whatever its length.",
+    )
     kv_cache_tokens: int = Field(
         32_768,
         ge=1,

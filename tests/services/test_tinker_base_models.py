@@ -16,7 +16,7 @@ import pytest
 import tinker
 from tinker import types
 
-from tests.support.hf_models import FAMILIES, model_folder
+from tests.support.hf_models import FAMILIES, custom_code_folder, model_folder
 from tests.support.processes import Processes
 from tests.support.tinker_server import KEY, TinkerTrainer, sdk_session, serving
 from tinker_atropos.errors import EXIT_FATAL
@@ -115,15 +115,23 @@ def test_one_adapters_step_leaves_the_other_models_of_its_base_and_past_the_limi
 def test_a_folder_that_cannot_be_served_fails_the_start_with_one_line_naming_it(
     valkey: EmbeddedValkey, tmp_path: Path
 ) -> None:
+    """Issue 54, row 7, too: a folder whose ``auto_map`` names code of its own is refused, that code never run, even
+    with "y" on the trainer's stdin (transformers' prompt once ran it), and the line does not advise trusting it."""
     bad = tmp_path / "bad"
     (bad / "config.json").parent.mkdir()
     (bad / "config.json").write_text(json.dumps({"model_type": "t5"}))
-    for folder, reason in ((tmp_path / "missing", "no such folder"), (bad, "cannot load as a causal LM")):
+    marker = tmp_path / "custom-code-ran"
+    custom = custom_code_folder(tmp_path / "custom", marker)
+    (answers := tmp_path / "yes").write_text("y\n" * 10)
+    for folder, reason in ((tmp_path / "missing", "no such folder"), (bad, "cannot load as a causal LM"),
+                           (custom, "needs code of its own")):  # fmt: skip
         (logs := tmp_path / f"logs-{folder.name}").mkdir()
         processes = Processes(logs)
         server = TinkerTrainer(processes, tmp_path, valkey.url, "tk-bad", base_models={"mine": str(folder)})
-        process = processes.start("trainer", "--config", str(server.config), "--redis-url", valkey.url,
-                                  "--port", str(server.grpc_port), "--run-dir", str(tmp_path / "run"), name="t")  # fmt: skip
+        with answers.open("rb") as stdin:
+            process = processes.start("trainer", "--config", str(server.config), "--redis-url", valkey.url,
+                                      "--port", str(server.grpc_port), "--run-dir", str(tmp_path / "run"), name="t",
+                                      stdin=stdin)  # fmt: skip
         try:
             assert process.wait(timeout=60) == EXIT_FATAL, processes.log("t")
         finally:
@@ -132,3 +140,4 @@ def test_a_folder_that_cannot_be_served_fails_the_start_with_one_line_naming_it(
         assert len(lines) == 1 and reason in lines[0] and "base_models['mine']" in lines[0], processes.log(
             "t"
         )
+        assert "trust_remote_code" not in processes.log("t") and not marker.exists(), processes.log("t")

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import redis
 import tinker
+import torch
 from tinker import types
 from tinker.proto import tinker_public_pb2 as pb
 from tinker.types import RequestErrorCategory
@@ -47,11 +48,28 @@ def _rss_mb(pid: int) -> float:
     return int(Path(f"/proc/{pid}/status").read_text().split("VmRSS:")[1].split()[0]) / 1024
 
 
+# a module on the trainer's import path, as one in the folder `up` starts in is
+PLANTED = "planted_by_a_client"
+
+
 @pytest.fixture(scope="module")
-def trainer(valkey: EmbeddedValkey, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TinkerTrainer]:
-    with serving(tmp_path_factory.mktemp("tk-hostile"), valkey.url, "tk-hostile", long_poll_s=0.5,
-                 max_request_mb=2, max_request_tokens=MAX_REQUEST_TOKENS) as server:  # fmt: skip
-        yield server
+def planted(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding the module ``PLANTED``, which, imported, writes ``marker`` with its process's id."""
+    folder = tmp_path_factory.mktemp("planted")
+    marker = folder / "marker"
+    (folder / f"{PLANTED}.py").write_text(f"import os\nopen({str(marker)!r}, 'w').write(str(os.getpid()))\n")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def trainer(
+    valkey: EmbeddedValkey, tmp_path_factory: pytest.TempPathFactory, planted: Path
+) -> Iterator[TinkerTrainer]:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PYTHONPATH", str(planted))
+        with serving(tmp_path_factory.mktemp("tk-hostile"), valkey.url, "tk-hostile", long_poll_s=0.5,
+                     max_request_mb=2, max_request_tokens=MAX_REQUEST_TOKENS) as server:  # fmt: skip
+            yield server
 
 
 @pytest.fixture
@@ -139,6 +157,62 @@ def test_a_refused_request_leaves_its_number_answered_and_the_model_goes_on(
     assert learns(client) < before  # the next requests of the same model completed, and it learned
     assert _rss_mb(trainer.process.pid) < rss + 200  # nothing of the refused request's size was allocated
     assert trainer.process.poll() is None
+
+
+class _Planted:
+    """Unpickled, writes the marker: what ``torch.load(weights_only=False)`` of a planted file would run."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return exec, (f"open({str(self.marker)!r}, 'w').write('unpickled')",)
+
+
+@pytest.mark.parametrize(
+    "base_model", ["mlp-gaussian/this:Nothing", "mlp-gaussian/os:system", f"mlp-categorical/{PLANTED}:Env"]
+)
+def test_no_field_of_a_request_names_code_the_trainer_runs(
+    service: tinker.ServiceClient, trainer: TinkerTrainer, planted: Path, base_model: str
+) -> None:
+    """Issue 54, row 3: a base-model name ``<policy>/<module>:<name>`` reached an import in the trainer (the Zen
+    of Python in its log; a module planted on its import path ran). Now a name is looked up among the models
+    listed, a 400 naming them otherwise, for a training and a sampling client alike. Nor does a checkpoint path
+    climb out of the checkpoint folder to a pickle planted beside it."""
+    for create in (service.create_lora_training_client, service.create_sampling_client):
+        with pytest.raises(tinker.APIStatusError) as refused:
+            create(base_model=base_model).result(timeout=60)
+        answer = str(refused.value)  # the models served, named
+        assert refused.value.status_code == 400 and f"serves mlp-gaussian/Pendulum-v1, {LM}" in answer, answer
+    # tinker://../weights/planted, seen from the checkpoint folder
+    beside = trainer.run_dir / "weights" / "planted.pt"
+    beside.parent.mkdir(exist_ok=True)
+    torch.save({"record": _Planted(planted / "marker")}, beside)
+    client = service.create_lora_training_client(base_model=LM, rank=0).result(timeout=60)
+    with pytest.raises(tinker.APIStatusError) as refused:
+        client.load_state("tinker://../weights/planted").result(timeout=60)
+    assert refused.value.status_code == 404, refused.value
+    assert not (planted / "marker").exists(), (planted / "marker").read_text()
+    assert "Beautiful is better than ugly" not in trainer.log()
+    assert learns(client) and trainer.process.poll() is None
+
+
+@pytest.mark.parametrize("name", [".", "..", ""])
+def test_a_checkpoint_name_that_is_no_file_name_is_a_400_and_writes_nothing(
+    service: tinker.ServiceClient, trainer: TinkerTrainer, name: str
+) -> None:
+    """Issue 54, row 8: ``save_weights_external(name='.')`` wrote into ``external_weights/`` itself. Every save
+    refuses a name that is no file name of its own, naming the field; the model's next requests go on."""
+    client = service.create_lora_training_client(base_model=LM, rank=0).result(timeout=60)
+    learns(client)
+    folder = trainer.run_dir / "tinker" / client.model_id.replace(":", "_")
+    before = sorted(p for p in folder.rglob("*") if not p.name.startswith("state-"))
+    for save in (client.save_state, client.save_weights_for_sampler, client.save_weights_external):
+        with pytest.raises(tinker.APIStatusError) as refused:
+            save(name).result(timeout=60)
+        assert refused.value.status_code == 400 and f"path {name!r}" in str(refused.value), refused.value
+    assert sorted(p for p in folder.rglob("*") if not p.name.startswith("state-")) == before
+    assert learns(client)
 
 
 def _tensor(shape: list[int], dtype: int, sparse: bool) -> pb.Tensor:

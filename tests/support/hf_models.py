@@ -4,6 +4,7 @@ layers) and saved as Hugging Face folders with the tiny LM's byte tokenizer besi
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -27,4 +28,23 @@ def model_folder(directory: Path, family: str, seed: int = 0) -> Path:
     model = AutoModelForCausalLM.from_config(config)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
+    return directory
+
+
+def custom_code_folder(directory: Path, marker: Path) -> Path:
+    """``directory`` holding a model folder of a model type transformers does not know, whose ``auto_map`` names
+    code of its own beside it; that code, if ever imported, writes ``marker`` (with its process's id)."""
+    directory.mkdir(parents=True)
+    (directory / "config.json").write_text(json.dumps({
+        "model_type": "planted", "architectures": ["PlantedForCausalLM"],
+        "auto_map": {"AutoConfig": "configuration_planted.PlantedConfig",
+                     "AutoModelForCausalLM": "modeling_planted.PlantedForCausalLM"},
+    }))  # fmt: skip
+    code = f"import os\nopen({str(marker)!r}, 'w').write(str(os.getpid()))\n"
+    (directory / "configuration_planted.py").write_text(
+        code + "from transformers import PretrainedConfig\n\n\n"
+        "class PlantedConfig(PretrainedConfig):\n    model_type = 'planted'\n"
+    )
+    (directory / "modeling_planted.py").write_text(code)
+    tiny_lm.ByteTokenizer().save_pretrained(directory)
     return directory

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -22,13 +23,13 @@ class Processes:
         self.log_dir = log_dir
         self.started: list[subprocess.Popen] = []
 
-    def start(self, *args: str, name: str) -> subprocess.Popen:
+    def start(self, *args: str, name: str, stdin: int | IO[bytes] = subprocess.DEVNULL) -> subprocess.Popen:
         log = open(self.log_dir / f"{name}.log", "w")  # noqa: SIM115 - inherited by the child
         process = subprocess.Popen(
             [sys.executable, "-m", "tinker_atropos", *args],
             stdout=log,
             stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
+            stdin=stdin,
             preexec_fn=child_preexec,
             cwd=REPO,
         )

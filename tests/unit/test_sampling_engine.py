@@ -16,7 +16,7 @@ import torch
 from tinker_atropos.models import lora, tiny_lm
 from tinker_atropos.models.tiny_lm import ByteTokenizer, TinyCausalLM
 from tinker_atropos.sampling import engine as engine_module
-from tinker_atropos.sampling.engine import Engine, Stopped, sample
+from tinker_atropos.sampling.engine import Cancelled, Engine, Stopped, sample
 from tinker_atropos.sampling.requests import Params, SampledTokens, stop_strings
 
 TOK = ByteTokenizer()
@@ -205,6 +205,53 @@ def test_a_late_request_fails_alone_and_closing_fails_the_rest() -> None:
         pending.result(timeout=10)
     with pytest.raises(Stopped):
         engine.submit(prompt, Params(4))
+
+
+def test_a_newcomer_takes_an_over_served_tenants_room_and_the_preempted_request_still_gets_its_samples() -> (
+    None
+):
+    model = TinyCausalLM()
+    prompt, other = TOK.encode("abc", add_bos=True), TOK.encode("xyz", add_bos=True)
+    engine = Engine(model, kv_tokens=4 * (4 + 30), prefill_chunk=64)  # two flooding requests of two samples
+    flood = [
+        engine.submit(prompt, Params(30, 2, seed=s, stop_tokens=frozenset()), tenant="flood")
+        for s in range(4)
+    ]
+    for _ in range(5):
+        engine.step()
+    assert [r.tenant for r in engine.rows.requests] == ["flood", "flood"]  # the budget is full
+    newcomer = engine.submit(other, Params(6, 1, seed=9, stop_tokens=frozenset()), tenant="new")
+    steps = 0
+    while not newcomer.done():
+        engine.step()
+        steps += 1
+    assert steps <= 7  # joined the next batch (its prompt read, then 6 tokens), not after the flood's 30
+    assert engine.preempted == 1 and not any(f.done() for f in flood)
+    assert newcomer.result()[0].tokens == draw(model, other, 6, frozenset(), seed=9)[0].tokens
+    engine.drain()
+    for s, future in enumerate(flood):  # the preempted one started over: the same seeded samples
+        assert [x.tokens for x in future.result()] == [
+            x.tokens for x in draw(model, prompt, 30, frozenset(), seed=s, num_samples=2)
+        ]
+
+
+def test_one_tenant_is_never_preempted_and_a_cancelled_tenant_leaves_at_the_next_step() -> None:
+    model = TinyCausalLM()
+    prompt = TOK.encode("abc", add_bos=True)
+    engine = Engine(model, kv_tokens=2 * (4 + 30), prefill_chunk=64)
+    mine = [engine.submit(prompt, Params(30, 1, stop_tokens=frozenset()), tenant="a") for _ in range(3)]
+    theirs = engine.submit(prompt, Params(30, 1, seed=1, stop_tokens=frozenset()), tenant="b")
+    engine.step()
+    engine.step()
+    assert engine.preempted == 0  # "b" waits: "a" holds no more rows than "b" would
+    engine.cancel("a")
+    engine.step()
+    for future in mine:
+        with pytest.raises(Cancelled):
+            future.result(timeout=0)
+    assert not engine.waiting and all(r.tenant == "b" for r in [*engine.reading, *engine.rows.requests])
+    engine.drain()
+    assert theirs.result()[0].tokens == draw(model, prompt, 30, frozenset(), seed=1)[0].tokens
 
 
 def test_requests_of_one_prompt_and_adapter_read_it_once_and_each_draws_its_own_samples() -> None:

@@ -1,7 +1,7 @@
 """What the HTTP front-ends share (Tinker API, Atropos trajectory API, inference endpoint): ASGI middleware for API
-keys, the keys themselves, the uvicorn thread they run in and a client of the run's own services; what reading a
-body may cost is ``bodies.py``'s. Plain ASGI, not Starlette's BaseHTTPMiddleware, which costs a task and a stream
-per request.
+keys, the keys themselves, the threads their Redis calls run in (``RedisCalls``), the uvicorn thread they run in
+and a client of the run's own services; what reading a body may cost is ``bodies.py``'s. Plain ASGI, not
+Starlette's BaseHTTPMiddleware, which costs a task and a stream per request.
 
 A request of a client that proved its key and was refused by the middleware (a body too large) can be reported
 to the app with the first bytes of its body (``Refused``): the Tinker API answers a refused numbered request's
@@ -10,6 +10,7 @@ and logged (rate-limited): what a client that proved nothing sends changes nothi
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import functools
@@ -19,22 +20,30 @@ import socket
 import ssl
 import threading
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import httpx
+import redis
 import uvicorn
+from fastapi import HTTPException
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tinker_atropos.errors import FatalError
 from tinker_atropos.logs import CountedWarnings
 from tinker_atropos.security import derive_key, insecure, read_keys, service_token
+from tinker_atropos.state.connection import describe
 
 # what a middleware that refused a request tells the app: the request, its body's first bytes (``PREFIX_BYTES``
 # at most, all of it when shorter), why
 Refused = Callable[[Scope, bytes, str], Awaitable[None]]
 PREFIX_BYTES = 64 << 10
+# how long a route waits for its Redis calls before answering 503: a sound Redis answers in milliseconds, and 5 s
+# rides out a busy moment (a fork to save, another client's large pipeline) while a client still hears, well
+# within its own timeout (the tinker SDK's is 60 s, and it retries a 503), that the state store is away
+REDIS_WAIT_S = 5.0
 T = TypeVar("T")
 
 
@@ -99,6 +108,52 @@ class APIKeys:
             f"{'no key' if not given else 'a wrong key'} from {host}", f"{scope['method']} {scope['path']}"
         )
         await JSONResponse({"detail": reason}, status_code=401)(scope, receive, send)
+
+
+class RedisCalls:
+    """Where an HTTP front-end's routes make their Redis calls: in ``threads`` threads of its own, never on the
+    event loop, so that a Redis that hangs holds those threads and not the loop (health checks, and routes that
+    need no Redis, answer on). A route that waited ``wait_s`` for its call, or whose call lost Redis, gets a 503
+    with a message and ``Retry-After``; the call itself goes on in its thread until Redis answers or the client
+    gives up (``state.connection.connect``: ``SOCKET_TIMEOUT_S`` a try), and one still queued when its route gave
+    up never runs.
+    ``failed`` is called, in the calling thread, for every call that raised a Redis error, whether or not its
+    route still waited: for state mirrored in memory, which must then be read back."""
+
+    def __init__(
+        self,
+        name: str,
+        threads: int,
+        wait_s: float = REDIS_WAIT_S,
+        retry_after_s: int = 1,
+        failed: Callable[[], None] | None = None,
+    ) -> None:
+        self.pool = ThreadPoolExecutor(threads, thread_name_prefix=name)
+        self.wait_s, self.retry_after_s, self.failed = wait_s, retry_after_s, failed
+        self.unavailable = CountedWarnings("HTTP requests answered 503 (Redis unavailable)")
+
+    async def __call__(self, work: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``work(*args, **kwargs)``'s result, run in the pool; HTTPException 503 when Redis is away."""
+        call = functools.partial(self._run, work, *args, **kwargs)
+        try:
+            return await asyncio.wait_for(
+                asyncio.get_running_loop().run_in_executor(self.pool, call), self.wait_s
+            )
+        except TimeoutError:
+            cause = f"no answer within {self.wait_s:g} s"
+        except (redis.ConnectionError, redis.TimeoutError) as error:
+            cause = describe(error)
+        detail = f"the state store (Redis) is unavailable ({cause}): retry later"
+        self.unavailable.add(cause.partition(":")[0], detail)
+        raise HTTPException(503, detail, headers={"Retry-After": str(self.retry_after_s)})
+
+    def _run(self, work: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        try:
+            return work(*args, **kwargs)
+        except redis.RedisError:
+            if self.failed is not None:
+                self.failed()
+            raise
 
 
 def endpoint_keys(purpose: str, keys_file: str | None, setting: str, what: str) -> list[str]:

@@ -57,7 +57,7 @@ def export_language_model(file: Path, fmt: str, out: Path) -> Exported:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise FatalError(f"{out} exists and is not an empty folder: name another --out")
     try:
-        state = torch.load(file, map_location="cpu", weights_only=False)
+        state = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as error:  # noqa: BLE001 - a truncated file, a pickle of something else: one line either way
         raise FatalError(f"cannot read {file} as a checkpoint: {error}") from None
     try:

@@ -5,15 +5,19 @@ knows), named in ``trainer.tinker.base_models``. Nothing is downloaded: the hub 
 ``check`` reads what a start can afford (the config, the tokenizer's presence, the weights' headers) and says in
 one line, naming the folder, why it cannot be served; ``load`` reads the weights, frozen: the base every model of
 it shares. The model speaks the tiny LM's token-level functions through ``smollm2.SmolLM2``'s wrapper (a module
-``hf`` inside it: LoRA goes in its decoder layers as in SmolLM2's)."""
+``hf`` inside it: LoRA goes in its decoder layers as in SmolLM2's).
+
+transformers is always called with ``trust_remote_code=False``: a folder that needs code of its own (``auto_map``)
+is refused, its code never run, and no process ever asks "Do you wish to run the custom code?" on its stdin."""
 
 from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -26,6 +30,7 @@ TOKENIZER_FILES = (
     "vocab.json",
 )  # one of them: a tokenizer transformers reads
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+T = TypeVar("T")
 
 
 class FolderError(ValueError):
@@ -42,6 +47,35 @@ class Folder:
 
 def _fail(path: Path, reason: str) -> FolderError:
     return FolderError(f"model folder {path}: {reason}")
+
+
+def _own_code(path: Path) -> list[str]:
+    """The code of its own a folder names (``auto_map`` of its config.json or tokenizer_config.json)."""
+    named = []
+    for file in ("config.json", "tokenizer_config.json"):
+        try:
+            auto_map = json.loads((path / file).read_text()).get("auto_map")
+        except (OSError, ValueError, AttributeError):  # no such file, not JSON, not an object
+            continue
+        for refs in auto_map.values() if isinstance(auto_map, dict) else []:
+            named += [str(ref) for ref in (refs if isinstance(refs, list) else [refs]) if ref]
+    return named
+
+
+def _read(path: Path, what: str, read: Callable[[], T]) -> T:
+    """``read()``, transformers reading the folder (with ``trust_remote_code=False``); FolderError, one line, when
+    it fails: plainly a refusal when the folder needs code of its own, else transformers' reason."""
+    try:
+        return read()
+    except Exception as error:  # missing, unreadable, an unknown model type, code of its own
+        own = _own_code(path)
+        if own:
+            raise _fail(
+                path,
+                f"cannot {what}: it needs code of its own ({', '.join(own)}, named by its auto_map), "
+                "which this server never runs; serve a model type transformers knows",
+            ) from None
+        raise _fail(path, f"cannot {what} ({' '.join(str(error).split())[:300]})") from None
 
 
 def _parameters(path: Path) -> int:
@@ -73,12 +107,9 @@ def check(path: str | Path) -> Folder:
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    try:
-        config = AutoConfig.from_pretrained(path)
-    except (
-        Exception
-    ) as error:  # missing, unreadable, an unknown model type: transformers' reason, on one line
-        raise _fail(path, f"cannot read its config.json ({' '.join(str(error).split())[:300]})") from None
+    config = _read(
+        path, "read its config.json", lambda: AutoConfig.from_pretrained(path, trust_remote_code=False)
+    )
     if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         raise _fail(path, f"a {config.model_type!r} model, which transformers cannot load as a causal LM")
     if not any((path / name).is_file() for name in TOKENIZER_FILES):
@@ -95,10 +126,11 @@ def load(path: str | Path, dtype: torch.dtype) -> smollm2.SmolLM2:
     folder = check(path)
     from transformers import AutoModelForCausalLM
 
-    try:
-        model = AutoModelForCausalLM.from_pretrained(folder.path, dtype=dtype)
-    except Exception as error:
-        raise _fail(folder.path, f"cannot load its weights ({' '.join(str(error).split())[:300]})") from None
+    model = _read(
+        folder.path,
+        "load its weights",
+        lambda: AutoModelForCausalLM.from_pretrained(folder.path, dtype=dtype, trust_remote_code=False),
+    )
     eos = model.config.eos_token_id
     eos = eos[0] if isinstance(eos, list) else eos
     wrapped = smollm2.SmolLM2(model.eval(), int(eos if eos is not None else -1), max_seq_len=folder.context)
@@ -109,7 +141,10 @@ def tokenizer(path: str | Path) -> Any:  # a transformers tokenizer
     smollm2.offline()
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(Path(path).expanduser())
+    path = Path(path).expanduser()
+    return _read(
+        path, "read its tokenizer", lambda: AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+    )
 
 
 def lora_targets(model: smollm2.SmolLM2, attn: bool, mlp: bool, unembed: bool) -> list[tuple[nn.Module, str]]:

@@ -203,14 +203,18 @@ def load() -> SmolLM2:
 
             cached = _converted()
             if cached is not None:
-                model = AutoModelForCausalLM.from_pretrained(cached, dtype=torch.float32)
-                tokenizer = AutoTokenizer.from_pretrained(cached)
+                model = AutoModelForCausalLM.from_pretrained(
+                    cached, dtype=torch.float32, trust_remote_code=False
+                )
+                tokenizer = AutoTokenizer.from_pretrained(cached, trust_remote_code=False)
             else:
                 path = gguf_path()
                 model = AutoModelForCausalLM.from_pretrained(
-                    path.parent, gguf_file=path.name, dtype=torch.float32
+                    path.parent, gguf_file=path.name, dtype=torch.float32, trust_remote_code=False
                 )
-                tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+                tokenizer = AutoTokenizer.from_pretrained(
+                    path.parent, gguf_file=path.name, trust_remote_code=False
+                )
                 _keep(model, tokenizer)
             _loaded = SmolLM2(model.eval().requires_grad_(False), int(tokenizer.eos_token_id))
         return _loaded
@@ -224,6 +228,6 @@ def tokenizer():  # noqa: ANN201 - a transformers tokenizer, imported lazily
 
     cached = _converted()
     if cached is not None:
-        return AutoTokenizer.from_pretrained(cached)
+        return AutoTokenizer.from_pretrained(cached, trust_remote_code=False)
     path = gguf_path()
-    return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, trust_remote_code=False)

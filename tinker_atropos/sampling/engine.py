@@ -11,6 +11,9 @@ tokens once its prompt is read and leaves it when its samples stop; the batch ne
   waits, oldest first. A request that could never fit is refused at once.
 - **Several adapters in one pass**: each request's rows carry its adapter (``lora.rows``); the base's matmuls are
   shared by every row.
+- **Tenants share it**: each request is accounted to a tenant (a Tinker session), admitted least-served first, and
+  a newcomer that does not fit takes the room of the latest request of the tenant holding the most rows, which
+  starts over later (``scheduler.py``). ``cancel`` takes a tenant's requests out at the next step.
 - **Between two steps** the engine drops requests past their deadline and asks ``pause`` whether to wait (the
   Tinker API lets training requests go first where cores are short); the time it waits is not counted against the
   requests' deadlines.
@@ -31,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from tinker_atropos.models import lora
+from tinker_atropos.sampling import scheduler
 from tinker_atropos.sampling.requests import Decoder, Params, SampledTokens, Topk, TopRow, top
 
 log = logging.getLogger(__name__)
@@ -42,6 +46,10 @@ class Stopped(Exception):
     """The engine was closed before the request finished."""
 
 
+class Cancelled(Exception):
+    """The request's tenant was cancelled (its session ended) before the request finished."""
+
+
 @dataclass(eq=False)
 class _Request:
     prompt: list[int]
@@ -49,8 +57,9 @@ class _Request:
     adapter: lora.Adapter | None
     deadline: float | None  # time.monotonic() past which it fails (time paused for training aside)
     future: Future[list[SampledTokens]]
-    generators: list[torch.Generator]  # one per sample
+    generators: list[torch.Generator] = field(default_factory=list)  # one per sample
     excused: float = 0.0  # seconds the engine paused while this request was in it
+    tenant: str = ""  # whom its rows are accounted to (scheduler.py)
     submitted: float = field(default_factory=time.monotonic)
     kv: KV | None = None  # its prompt's, while it is read
     read: int = 0  # prompt tokens read
@@ -59,6 +68,19 @@ class _Request:
     topk: list[list[TopRow | None]] = field(default_factory=list)  # per sample, per token
     ends: list[str | None] = field(default_factory=list)
     live: list[int] = field(default_factory=list)  # its samples still in the batch, in the batch's order
+
+    @property
+    def rows(self) -> int:
+        """The batch rows it holds: its live samples once it decodes, all of them before."""
+        return len(self.live) if self.live else self.params.num_samples
+
+    def restart(self, device: torch.device) -> None:
+        """Nothing read nor sampled, its seeded generators afresh: as it starts, and over again once preempted."""
+        n = self.params.num_samples
+        self.generators = self.params.generators(device)
+        self.kv, self.read, self.live = None, 0, []
+        self.tokens, self.logprobs = [[] for _ in range(n)], [[] for _ in range(n)]
+        self.topk, self.ends = [[] for _ in range(n)], [None] * n
 
     @property
     def positions(self) -> int:
@@ -131,6 +153,8 @@ class Engine:
         self.unanswered: list[Future[list[SampledTokens]]] = []
         # the latest requests' times to their first token
         self.first_token_s: deque[float] = deque(maxlen=1024)
+        self.cancelled: set[str] = set()  # tenants whose requests leave at the next step, under ``changed``
+        self.preempted = 0  # requests that gave up their room to another tenant's and started over
         self.closed = False
         self.thread: threading.Thread | None = None
         self.busy_since = time.monotonic()
@@ -143,29 +167,16 @@ class Engine:
         params: Params,
         adapter: lora.Adapter | None = None,
         deadline: float | None = None,
+        tenant: str = "",
     ) -> Future[list[SampledTokens]]:
-        """The request's samples, in a future; ValueError at once for one the model or the budget cannot take."""
+        """The request's samples, in a future, accounted to ``tenant``; ValueError at once for one the model or
+        the budget cannot take."""
         params.check(prompt, self.decoder.config)
-        needed = params.num_samples * (len(prompt) + params.max_tokens)
-        if needed > self.kv_tokens:
-            raise ValueError(
-                f"{params.num_samples} samples of {len(prompt)} + {params.max_tokens} tokens need "
-                f"{needed} positions of keys and values, more than {self.budget_name} "
-                f"({self.kv_tokens}); ask for fewer or shorter samples"
-            )
-        n = params.num_samples
-        request = _Request(
-            list(prompt),
-            params,
-            adapter,
-            deadline,
-            Future(),
-            params.generators(self.device),
-            tokens=[[] for _ in range(n)],
-            logprobs=[[] for _ in range(n)],
-            topk=[[] for _ in range(n)],
-            ends=[None] * n,
+        scheduler.check_budget(
+            params.num_samples, len(prompt) + params.max_tokens, self.kv_tokens, self.budget_name
         )
+        request = _Request(list(prompt), params, adapter, deadline, Future(), tenant=tenant)
+        request.restart(self.device)
         with self.changed:
             if self.closed:
                 raise Stopped("the sampling engine is closed")
@@ -173,6 +184,12 @@ class Engine:
             self.unanswered.append(request.future)
             self.changed.notify()
         return request.future
+
+    def cancel(self, tenant: str) -> None:
+        """Fail ``tenant``'s requests with ``Cancelled``; their rows leave the batch at the next step."""
+        with self.changed:
+            self.cancelled.add(tenant)
+            self.changed.notify()
 
     def start(self, name: str = "sampling-engine") -> None:
         self.thread = threading.Thread(target=self._serve, name=name, daemon=True)
@@ -190,18 +207,12 @@ class Engine:
             self.changed.notify()
         if self.thread is not None:
             self.thread.join(timeout_s)
-        with self.changed:
-            pending = [*self.waiting, *self.reading, *self.rows.requests]
-            self.waiting.clear()
-        self.reading.clear()
-        self.rows.drop(self.rows.requests)
-        for request in pending:
-            _fail(request, Stopped("the sampling engine stopped"))
+        self._remove(lambda _: True, lambda: Stopped("the sampling engine stopped"))
 
     def _serve(self) -> None:
         while True:
             with self.changed:
-                while not self.closed and not self._has_work():
+                while not self.closed and not self._has_work() and not self.cancelled:
                     self.changed.wait()
                 if self.closed:
                     return
@@ -228,6 +239,7 @@ class Engine:
             for request in [*self.waiting, *self.reading, *self.rows.requests]:
                 request.excused += waited
         self.busy_since = time.monotonic()
+        self._drop_cancelled()
         self._expire()
         self._admit()
         self._read_prompts()
@@ -237,44 +249,60 @@ class Engine:
             # the batch's model failed (out of memory): its requests fail, not the engine
             except Exception as error:
                 log.exception("sampling step failed")
-                failed = list(self.rows.requests)
-                self.rows.drop(failed)
-                for request in failed:
-                    _fail(request, error)
+                self._remove(set(self.rows.requests).__contains__, lambda failure=error: failure)
 
     def _expire(self) -> None:
         now = time.monotonic()
+        self._remove(
+            lambda r: r.deadline is not None and now - r.excused > r.deadline,
+            lambda: TimeoutError("the request ran past its deadline"),
+        )
 
-        def expired(request: _Request) -> bool:
-            return request.deadline is not None and now - request.excused > request.deadline
-
+    def _drop_cancelled(self) -> None:
         with self.changed:
-            late = [r for r in self.waiting if expired(r)]
-            for request in late:
-                self.waiting.remove(request)
-        late += [r for r in self.reading if expired(r)]
-        self.reading = deque(r for r in self.reading if not expired(r))
-        in_batch = [r for r in self.rows.requests if expired(r)]
-        self.rows.drop(in_batch)
-        for request in [*late, *in_batch]:
-            _fail(request, TimeoutError("the request ran past its deadline"))
+            tenants, self.cancelled = self.cancelled, set()
+        if tenants:
+            self._remove(lambda r: r.tenant in tenants, lambda: Cancelled("its session ended"))
 
-    def _admit(self) -> None:
-        """Oldest first, while every request in flight fits the budget grown to its longest."""
+    def _remove(self, which: Callable[[_Request], bool], error: Callable[[], Exception]) -> None:
+        """Take the requests ``which`` names out of every queue and the batch, each failed with ``error()``."""
+        with self.changed:
+            gone = [r for r in self.waiting if which(r)]
+            for request in gone:
+                self.waiting.remove(request)
+        gone += [r for r in self.reading if which(r)]
+        self.reading = deque(r for r in self.reading if not which(r))
+        in_batch = [r for r in self.rows.requests if which(r)]
+        self.rows.drop(in_batch)
+        for request in [*gone, *in_batch]:
+            _fail(request, error())
+
+    def _admit(self, preempt: bool = True) -> None:
+        """As ``scheduler.next_admission`` rules: the requests it admits start reading their prompts, those it
+        preempts (when ``preempt``) go back to the head of the queue to start over."""
         while True:
             with self.changed:
-                if not self.waiting:
-                    return
-                request = self.waiting[0]
                 flight = [*self.reading, *self.rows.requests]
-                rows = sum(len(r.live) for r in self.rows.requests) + sum(
-                    r.params.num_samples for r in self.reading
-                )
-                longest = max([r.positions for r in flight] + [request.positions])
-                if flight and (rows + request.params.num_samples) * longest > self.kv_tokens:
+                admitted, preempted = scheduler.next_admission(self.waiting, flight, self.kv_tokens, preempt)
+                if admitted is None and preempted is None:
                     return
-                self.waiting.popleft()
-            self.reading.append(request)
+                if admitted is not None:
+                    self.waiting.remove(admitted)
+                    self.reading.append(admitted)
+                    continue
+            assert preempted is not None
+            self._preempt(preempted)
+
+    def _preempt(self, request: _Request) -> None:
+        """Out of the batch (or the prompts being read) and back to the head of the queue, to start over."""
+        if request in self.reading:
+            self.reading.remove(request)
+        else:
+            self.rows.drop([request])
+        request.restart(self.device)
+        with self.changed:
+            self.waiting.appendleft(request)
+        self.preempted += 1
 
     def _read_prompts(self) -> None:
         """Up to ``prefill_chunk`` prompt tokens, oldest request first, the unread prompts of its length that fit
@@ -307,7 +335,9 @@ class Engine:
     def _join(self, request: _Request, logits: torch.Tensor) -> None:
         """Its prompt read: it and its twins draw their first tokens and join the batch, its keys and values
         shared, as one request's samples share them."""
-        self._admit()  # (still counted as reading) those that arrived while it was read: its twins read nothing
+        # (still counted as reading, so never preempted here) those that arrived while it was read: its twins
+        # read nothing
+        self._admit(preempt=False)
         self.reading.remove(request)
         self.reading, twins = _same_prompt(self.reading, request)
         kv, request.kv = request.kv, None

@@ -23,6 +23,12 @@ from redis.retry import Retry
 log = logging.getLogger(__name__)
 
 PROBE_INTERVAL_S = 1.0
+# how long a service's Redis command waits for its answer before it is sent again on a new connection (experience
+# appends are idempotent for that: ``experience.py``): ten times the longest blocking read a service makes (an XREAD
+# of the experience stream blocks 500 ms: ``trainer/experience_loop.py``, ``experience_source.py``), and short
+# enough that a service draining while Redis hangs (no retries then) stops within `up`'s 10 s. Named here rather
+# than left to redis-py's default (5 s in the pinned 8.1), which an upgrade could change under us
+SOCKET_TIMEOUT_S = 5.0
 
 
 class RedisUnreachable(Exception):
@@ -95,11 +101,13 @@ def credentials(url: str) -> dict[str, Any]:
 def connect(url: str) -> redis.Redis:
     """A client for ``url`` whose commands retry for about 5 s before raising: long enough to ride out a Redis
     restart unnoticed, short enough that a service whose Redis is gone still drains within seconds (its
-    loops retry on their own, checking for SIGTERM in between)."""
+    loops retry on their own, checking for SIGTERM in between). To a Redis that hangs, each try waits
+    ``SOCKET_TIMEOUT_S``."""
     return redis.Redis.from_url(
         url,
         **credentials(url),
         socket_connect_timeout=2.0,
+        socket_timeout=SOCKET_TIMEOUT_S,
         socket_keepalive=True,
         health_check_interval=10,
         retry=SharedRetry(ExponentialBackoff(cap=2.0, base=0.05), retries=6),

@@ -13,7 +13,8 @@ model cannot serve (a prompt past the context, a bad parameter) is a 400 with a 
 their ``api_key`` so).
 
 A router per shape (the service's status, OpenAI's, SGLang's), each reaching the sampler through the ``Endpoint``
-dependency; the routes are plain functions, run in FastAPI's thread pool while the model samples.
+dependency; the routes are plain functions, run in FastAPI's thread pool while the model samples, but ``/health``,
+answered on the event loop whatever that pool is busy with. No route touches Redis.
 """
 
 from __future__ import annotations
@@ -151,7 +152,8 @@ status_routes = APIRouter()
 
 
 @status_routes.get("/health")
-def health(endpoint: Shared) -> dict[str, Any]:
+async def health(endpoint: Shared) -> dict[str, Any]:
+    """On the event loop: answered while every thread of the pool samples."""
     return {"status": "ok", "policy_version": endpoint.sampler.version}
 
 

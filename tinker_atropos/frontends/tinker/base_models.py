@@ -1,13 +1,15 @@
-"""Which model a Tinker base-model name builds, and the models ``get_server_capabilities`` lists: a control policy
-of an env (``mlp-gaussian/<env id>``, ``mlp-categorical/<env id>``, its spec from the env's spaces and the config's
-``trainer.model``), the tiny byte-level LM, SmolLM2 when installed, and the local model folders of
-``trainer.tinker.base_models``. The models themselves and the calling
-convention each follows are the training floor's (``training/served.py``).
+"""Which model a Tinker base-model name builds, and the models ``get_server_capabilities`` lists: the control policy
+of the run's env (``mlp-gaussian/<env.id>`` or ``mlp-categorical/<env.id>``, its spec from the env's spaces and the
+config's ``trainer.model``), the tiny byte-level LM, SmolLM2 when installed, and the local model folders of
+``trainer.tinker.base_models``. A name is only ever looked up among these: no part of it reaches an import (an env
+id of the form ``module:Class`` would import the module). The models themselves and the calling convention each
+follows are the training floor's (``training/served.py``).
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,12 +42,17 @@ class Capability:
     max_context_length: int | None
 
 
+def unknown(base_model: object, served: Iterable[str]) -> WireError:
+    """The refusal of a base-model name that is none of the ``served`` models, naming them."""
+    return WireError(
+        f"unknown base model {base_model!r}: this server serves {', '.join(served)} (get_server_capabilities)"
+    )
+
+
 def policy_spec(base_model: str, model: ModelSection) -> dict[str, Any]:
     """The spec of the control policy ``base_model`` names (``mlp-gaussian/Pendulum-v1``), from the env's
-    spaces; WireError for a name that is no such policy."""
+    spaces; WireError for a name that is no such policy. Only for the run's env (``build`` checks)."""
     kind, _, env_id = base_model.partition("/")
-    if kind not in POLICY_KINDS or not env_id:
-        raise WireError(f"unknown base model {base_model!r}")
     try:
         env = env_maker(env_id)()
     except Exception as error:
@@ -68,9 +75,16 @@ _BUILDING = threading.Lock()
 
 
 def build(
-    base_model: str, lora: dict[str, Any], model: ModelSection, device: torch.device, seed: int
+    base_model: str,
+    lora: dict[str, Any],
+    model: ModelSection,
+    device: torch.device,
+    seed: int,
+    env_id: str | None,
 ) -> ServedModel:
-    """A fresh model of ``base_model``; WireError when there is no such model."""
+    """A fresh model of ``base_model``: a served language model, or the policy of the run's env ``env_id`` (None:
+    no policy in this process); WireError naming the served models for any other name. Checked here too, not only
+    by the routes: the name is read back from Redis, which a route's check does not guard."""
     if base_model in LANGUAGE_MODELS:
         if LANGUAGE_MODELS[base_model][0] is smollm2.load and not smollm2.available():
             raise WireError(
@@ -81,6 +95,9 @@ def build(
                 return LanguageModel(base_model, lora, device)
             except hf_lm.FolderError as error:  # its folder changed since the start: unreadable weights
                 raise WireError(f"{base_model}: {error}") from None
+    policies = [f"{kind}/{env_id}" for kind in POLICY_KINDS] if env_id else []
+    if base_model not in policies:
+        raise unknown(base_model, [*LANGUAGE_MODELS, *policies])
     spec = policy_spec(base_model, model)
     with _BUILDING:
         return PolicyModel(base_model, spec, device, seed)

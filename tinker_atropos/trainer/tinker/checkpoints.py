@@ -15,10 +15,9 @@ from typing import Any
 
 from tinker_atropos.frontends.tinker import weights_out, wire
 from tinker_atropos.frontends.tinker.store.files import (
-    EPHEMERAL,
     EXTERNAL,
-    NAME,
     CheckpointFiles,
+    named,
     parts,
     tinker_path,
 )
@@ -29,20 +28,6 @@ from tinker_atropos.training.served import ServedModel
 log = logging.getLogger(__name__)
 
 SWEEP_S = 1.0  # between two looks for checkpoints past their ttl_seconds
-
-
-def named(request: dict[str, Any]) -> str | None:
-    """The name a save request asks for (None: unnamed), checked with its ``ttl_seconds``; WireError otherwise."""
-    name = request.get("path")
-    if name is not None and (not NAME.match(str(name)) or str(name).startswith(EPHEMERAL)):
-        raise wire.WireError(
-            f"checkpoint name {name!r}: use letters, digits, '_', '.', '-' (at most 128), not "
-            f"starting {EPHEMERAL!r} (the unnamed weights of sampling clients)"
-        )
-    ttl = request.get("ttl_seconds")
-    if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int) or ttl < 1):
-        raise wire.WireError(f"ttl_seconds must be a whole number of seconds >= 1, or None; got {ttl!r}")
-    return name
 
 
 class Checkpoints:

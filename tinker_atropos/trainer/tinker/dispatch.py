@@ -1,13 +1,17 @@
 """What the Tinker worker starts next, and what of it runs together: the scheduling rules, apart from the running.
 
 A training model's requests run one at a time in the order of their numbers (its lane); a refused number is
-answered in its place; every queued sample request runs at once, up to ``trainer.tinker.max_running_samples``
-(each joins its model's running batch in the sampling process); the next ``forward_backward`` requests of LoRA
-models of one base run as one batched pass (``trainer.tinker.batch_models``).
+answered in its place; queued sample requests start at once, each in a lane of its own (it joins its model's
+running batch in the sampling process), tenants (sessions) in turn, least-served first, up to
+``trainer.tinker.max_running_samples``; past it a tenant below its share of that number still starts one, up to
+twice the number, so a newcomer's sample never waits behind another tenant's; the next ``forward_backward`` requests
+of LoRA models of one base run as one batched pass (``trainer.tinker.batch_models``).
 """
 
 from __future__ import annotations
 
+import math
+from collections import Counter
 from collections.abc import Callable
 
 from tinker_atropos.frontends.tinker.store.requests import Upcoming
@@ -26,7 +30,7 @@ def next_jobs(
 ) -> list[Job]:
     """The next request of every idle lane: a model's next number (or, ``take_refusal``, the failure a refused
     number is answered with), then the queue's requests oldest first: a model's numbered one goes before its
-    unload, every sample in a lane of its own while fewer than ``max_samples`` run."""
+    unload, every sample in a lane of its own (``fair_samples``)."""
     jobs: list[Job] = []
     for model_id in sorted({*upcoming.requests, *upcoming.refused} - busy):
         seq = applied[model_id] + 1
@@ -35,18 +39,52 @@ def next_jobs(
             request_id = take_refusal(model_id, seq, upcoming.refused[model_id])
         jobs.append((model_id, request_id, (model_id, seq)))
     seen = busy | {lane for lane, _, _ in jobs}
-    samples = sum(lane.startswith(SAMPLER_LANE) for lane in busy)
+    samples = dict(upcoming.samples)
     for request_id, lane in upcoming.queued:
-        if lane.startswith(SAMPLER_LANE):
-            lane = f"{lane}#{request_id}"
-            if lane in seen or samples >= max_samples:
-                continue
-            samples += 1
-        elif lane in seen:
-            continue
-        seen.add(lane)
-        jobs.append((lane, request_id, None))
+        if lane.startswith(SAMPLER_LANE):  # queued before samples queued per tenant: the lane is the tenant
+            samples.setdefault(lane.removeprefix(SAMPLER_LANE), []).append(request_id)
+        elif lane not in seen:
+            seen.add(lane)
+            jobs.append((lane, request_id, None))
+    jobs += [(lane, request_id, None) for lane, request_id in fair_samples(samples, busy, max_samples)]
     return jobs
+
+
+def sample_lane(tenant: str, request_id: str) -> str:
+    return f"{SAMPLER_LANE}{tenant}#{request_id}"
+
+
+def lane_tenant(lane: str) -> str:
+    """The tenant of a sample's lane (``sample_lane``)."""
+    return lane[len(SAMPLER_LANE) :].rpartition("#")[0]
+
+
+def fair_samples(queued: dict[str, list[str]], busy: set[str], max_samples: int) -> list[tuple[str, str]]:
+    """(lane, request) of the queued samples to start, oldest first within a tenant and the tenant running the
+    fewest first: while fewer than ``max_samples`` run, and past it for a tenant below its share of them (at most
+    twice ``max_samples`` in all)."""
+    running = Counter(
+        lane[len(SAMPLER_LANE) :].rpartition("#")[0] for lane in busy if lane.startswith(SAMPLER_LANE)
+    )
+    waiting = {
+        tenant: [r for r in ids if sample_lane(tenant, r) not in busy] for tenant, ids in queued.items()
+    }
+    waiting = {
+        tenant: ids[::-1] for tenant, ids in waiting.items() if ids
+    }  # popped from the end: oldest first
+    share = math.ceil(max_samples / max(1, len({*waiting, *running})))
+    started, total = [], sum(running.values())
+    while waiting:
+        tenant = min(waiting, key=lambda t: running[t])
+        if total >= max_samples and (running[tenant] >= share or total >= 2 * max_samples):
+            break
+        request_id = waiting[tenant].pop()
+        if not waiting[tenant]:
+            del waiting[tenant]
+        started.append((sample_lane(tenant, request_id), request_id))
+        running[tenant] += 1
+        total += 1
+    return started
 
 
 def together(

@@ -21,10 +21,10 @@ from tinker_atropos.config import Config, TinkerSection
 from tinker_atropos.frontends.tinker import base_models, wire
 from tinker_atropos.frontends.tinker.stability import Record
 from tinker_atropos.frontends.tinker.store import Store
-from tinker_atropos.frontends.tinker.store.files import EPHEMERAL, parts, tinker_path
+from tinker_atropos.frontends.tinker.store.files import EPHEMERAL, named, parts, tinker_path
 from tinker_atropos.security import signing_key
 from tinker_atropos.state.weights import publish_weights
-from tinker_atropos.trainer.tinker.checkpoints import Checkpoints, named
+from tinker_atropos.trainer.tinker.checkpoints import Checkpoints
 from tinker_atropos.trainer.tinker.sampling import Interrupted, Job, SamplingProcess
 from tinker_atropos.training.core import AdamParams
 from tinker_atropos.training.guard import NonfiniteGuard
@@ -121,12 +121,14 @@ class RequestHandlers:
     def build(self, record: dict[str, Any]) -> ServedModel:
         lora = record.get("lora") or {}
         seed = lora.get("seed") if lora.get("seed") is not None else self.config.run.seed
-        return base_models.build(record["base_model"], lora, self.config.trainer.model, self.device, seed)
+        return base_models.build(
+            record["base_model"], lora, self.config.trainer.model, self.device, seed, self.config.env.id
+        )
 
     def restore(self, model_id: str, record: dict[str, Any], snapshot: str) -> None:
         """The model rebuilt from its snapshot (a restarted worker's)."""
         model = self.build(record)
-        model.load_state_dict(torch.load(snapshot, map_location=self.device, weights_only=False))
+        model.load_state_dict(torch.load(snapshot, map_location=self.device, weights_only=True))
         self.models[model_id] = model
 
     def create_model(self, model_id: str, seq: int, body: bytes, deadline: float) -> tuple[bytes, str]:
@@ -138,7 +140,7 @@ class RequestHandlers:
         return json_body(model_id=model_id, type="create_model"), JSON
 
     def _load(self, model_id: str, path: str, optimizer: bool) -> None:
-        state = torch.load(self.store.files.file_of(path), map_location=self.device, weights_only=False)
+        state = torch.load(self.store.files.file_of(path), map_location=self.device, weights_only=True)
         model = self.models[model_id]
         if state["record"]["base_model"] != model.base_model:
             raise wire.WireError(f"{path} holds a {state['record']['base_model']}, not a {model.base_model}")
@@ -321,7 +323,10 @@ class RequestHandlers:
         if self.stopping.is_set():
             raise Interrupted
         budget = self.config.trainer.tinker.max_request_s
-        outcome = self.sampling.run(Job(path or base_model, base_model, file, body, deadline, budget))
+        tenant = sampler_id.split(":")[
+            0
+        ]  # the session that made the sampler (routes/sampling.py names it so)
+        outcome = self.sampling.run(Job(path or base_model, base_model, file, body, deadline, budget, tenant))
         if outcome.status == "done":
             return outcome.body, outcome.content_type
         error = json.loads(outcome.body)["error"]

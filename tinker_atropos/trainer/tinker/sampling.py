@@ -39,7 +39,7 @@ from torch import nn
 from tinker_atropos.config import ModelSection, TinkerSection
 from tinker_atropos.frontends.tinker import base_models, wire
 from tinker_atropos.models import lora, tiny_lm
-from tinker_atropos.sampling.engine import Engine, Stopped
+from tinker_atropos.sampling.engine import Cancelled, Engine, Stopped
 from tinker_atropos.sampling.requests import Params, Topk, stop_strings, top
 from tinker_atropos.training.data import ClientError
 from tinker_atropos.training.served import LanguageModel, serving_tree, tokenizer
@@ -49,6 +49,9 @@ log = logging.getLogger(__name__)
 PROTOBUF = "application/x-protobuf"
 YIELD = 4.0  # the batch waits for training requests at most this many times as long as it has run
 YIELD_POLL_S = 0.005
+CANCELLED_KEPT = (
+    4096  # the latest cancelled tenants remembered, so that a job of theirs still on its way fails
+)
 _PR_SET_PDEATHSIG = 1
 
 
@@ -73,6 +76,7 @@ class Job:
     body: bytes  # the SampleRequest, as the SDK sent it
     deadline: float  # time.monotonic() past which it fails (one clock for every process of the machine)
     budget_s: float
+    tenant: str = ""  # the session it is accounted to in the running batch (sampling/scheduler.py)
 
 
 @dataclass(frozen=True)
@@ -159,6 +163,14 @@ class SamplingProcess:
                 Outcome("server", json.dumps({"error": message, "category": "server"}).encode())
             )
 
+    def cancel(self, tenant: str) -> None:
+        """Fail ``tenant``'s samples in progress (its session ended): their rows leave the batch at the next
+        token."""
+        with self.lock:
+            if self.connection is not None:
+                with contextlib.suppress(OSError, ValueError):
+                    self.connection.send(("cancel", tenant))
+
     def close(self, timeout_s: float = 10.0) -> None:
         """Interrupt the samples in progress and end the process."""
         with self.lock:
@@ -199,6 +211,9 @@ def serve(connection: Connection, settings: Settings, training: Synchronized) ->
             message = connection.recv()
             if message[0] == "stop":
                 break
+            if message[0] == "cancel":
+                samplers.cancel(message[1])
+                continue
             thread = threading.Thread(target=answer, args=message[1:], daemon=True)
             threads.append(thread)
             thread.start()
@@ -237,8 +252,8 @@ class TrainingFirst:
 
 class Samplers:
     """The sampler models (the latest ``max_samplers`` kept; a LoRA one only for its adapter), one engine per base
-    model (its LoRA samplers' rows and the base's own decode together) or per fully trained sampler, and the
-    sampling of a request."""
+    model (its LoRA samplers' rows and the base's own decode together) or per fully trained sampler, kept as long
+    as its sampler (then closed once it has answered its requests), and the sampling of a request."""
 
     def __init__(self, settings: Settings, training: Synchronized, stopping: threading.Event) -> None:
         self.settings, self.device = settings, torch.device(settings.device)
@@ -246,6 +261,8 @@ class Samplers:
         self.models: dict[str, LanguageModel] = {}
         self.loading: dict[str, Future[LanguageModel]] = {}  # by sampler, while one request loads it
         self.engines: dict[str, tuple[Engine, nn.Module]] = {}
+        self.retired: list[Engine] = []  # those of samplers no longer kept, until they answer their requests
+        self.cancelled: dict[str, None] = {}  # the latest cancelled tenants, oldest first
         self.lock = threading.Lock()
 
     def model(self, job: Job) -> LanguageModel | None:
@@ -276,18 +293,41 @@ class Samplers:
             del self.loading[job.key]
             self.models[job.key] = model
             while len(self.models) > self.settings.tinker.max_samplers:
-                self.models.pop(next(iter(self.models)))  # the oldest; a request using it keeps its own
+                oldest = next(iter(self.models))  # a request using it keeps its own
+                del self.models[oldest]
+                if oldest in self.engines:  # a fully trained sampler's: it goes with its model
+                    self.retired.append(self.engines.pop(oldest)[0])
         loading.set_result(model)
+        self.close_idle()
         return model
 
+    def close_idle(self) -> None:
+        """Close the retired engines that have answered every request (their threads and models go with them)."""
+        with self.lock:
+            idle = [engine for engine in self.retired if not engine.busy()]
+            self.retired = [engine for engine in self.retired if engine not in idle]
+        for engine in idle:
+            engine.close()
+
+    def cancel(self, tenant: str) -> None:
+        """Fail ``tenant``'s requests in every engine, and its jobs still on their way."""
+        with self.lock:
+            self.cancelled[tenant] = None
+            while len(self.cancelled) > CANCELLED_KEPT:
+                del self.cancelled[next(iter(self.cancelled))]
+            engines = [engine for engine, _ in self.engines.values()] + self.retired
+        for engine in engines:
+            engine.cancel(tenant)
+
     def _load(self, job: Job) -> LanguageModel:
-        state = torch.load(job.file, map_location=self.device, weights_only=False)
+        state = torch.load(job.file, map_location=self.device, weights_only=True)
         built = base_models.build(
             job.base_model,
             state["record"].get("lora") or {},
             self.settings.model,
             self.device,
             self.settings.seed,
+            None,  # a language model: no policy is sampled
         )
         assert isinstance(built, LanguageModel)
         built.load_model_state(state["model"])
@@ -312,13 +352,18 @@ class Samplers:
 
     def close(self) -> None:
         with self.lock:
-            engines = list(self.engines.values())
-        for engine, _ in engines:
+            engines = [engine for engine, _ in self.engines.values()] + self.retired
+        for engine in engines:
             engine.close()
 
     def sample(self, job: Job) -> Outcome:
         try:
             return Outcome("done", self._sample(job), PROTOBUF)
+        except Cancelled:
+            message = (
+                "the session ended before the sample finished; its queued and running samples were cancelled"
+            )
+            return Outcome("user", json.dumps({"error": message, "category": "user"}).encode())
         except Interrupted:
             return Outcome("interrupted", b"")
         except ClientError as error:
@@ -327,6 +372,8 @@ class Samplers:
             log.exception("sampling from %s failed", job.key)
             message = f"{type(error).__name__}: {error}"
             return Outcome("server", json.dumps({"error": message, "category": "server"}).encode())
+        finally:
+            self.close_idle()
 
     def _sample(self, job: Job) -> bytes:
         model = self.model(job)
@@ -339,8 +386,10 @@ class Samplers:
         request = json.loads(job.body)
         prompt = wire.prompt_tokens(request)
         try:
+            if job.tenant in self.cancelled:
+                raise Cancelled
             future = engine.submit(
-                prompt, params(request, decoder.eos_id, job.base_model), adapter, job.deadline
+                prompt, params(request, decoder.eos_id, job.base_model), adapter, job.deadline, job.tenant
             )
             sequences = future.result()
         except Stopped:

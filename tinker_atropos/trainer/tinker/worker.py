@@ -33,7 +33,7 @@ from tinker_atropos.frontends.tinker.store.requests import DONE, FAILED
 from tinker_atropos.frontends.tinker.store.samplers import SAMPLER_LANE
 from tinker_atropos.state.run_dir import RunFolderInUse, RunFolderOwner
 from tinker_atropos.trainer.tinker.checkpoints import Checkpoints
-from tinker_atropos.trainer.tinker.dispatch import Job, next_jobs, together
+from tinker_atropos.trainer.tinker.dispatch import Job, lane_tenant, next_jobs, together
 from tinker_atropos.trainer.tinker.expiry import SessionExpiry
 from tinker_atropos.trainer.tinker.recovery import recover
 from tinker_atropos.trainer.tinker.requests import JSON, Handler, RequestHandlers, json_body, refused
@@ -105,6 +105,7 @@ class Worker:
             store,
             section.tinker.session_timeout_s,
             lambda model_id: store.requests.submit("unload_model", b"", model_id=model_id),
+            self.sampling.cancel,
         )
 
     def recover(self) -> None:
@@ -118,7 +119,7 @@ class Worker:
         while not stop.is_set():
             self.wake.clear()  # before reading the store: a request or a lane's end after it wakes the next wait
             try:
-                self.expiry.check(self.requests.models)
+                self.cancel_ended()
                 self.checkpoints.expire()
                 self.dispatch(threaded=True)
             except redis.RedisError as error:
@@ -127,6 +128,12 @@ class Worker:
             if self.fatal is not None:  # the run folder is another run's: the trainer stops, nothing recorded
                 raise self.fatal
         self.close()
+
+    def cancel_ended(self) -> None:
+        """Expire the silent sessions, and cancel the samples of the ended ones (``SessionExpiry``)."""
+        with self.lock:
+            running = {lane_tenant(lane) for lane in self.busy if lane.startswith(SAMPLER_LANE)}
+        self.expiry.cancel_ended(self.requests.models, running)
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Stop: the samples in progress are interrupted (they run again after a restart), other requests end."""

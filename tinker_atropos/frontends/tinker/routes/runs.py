@@ -1,5 +1,5 @@
 """The training runs and checkpoints of the SDK's ``RestClient``: listed, looked up by tinker path, deleted,
-published, their TTL set."""
+published, their TTL set. Each route's reads and writes of the store are one function, run by ``Api.redis``."""
 
 from __future__ import annotations
 
@@ -86,9 +86,7 @@ def _page(request: Request) -> tuple[int, int]:
     return limit, offset
 
 
-@runs.get("/training_runs")
-async def list_training_runs(request: Request, api: Shared) -> dict[str, Any]:
-    limit, offset = _page(request)
+def _training_runs(api: Api, limit: int, offset: int) -> dict[str, Any]:
     ids = api.store.runs.ids()
     return {
         "training_runs": [_training_run(api, r) for r in ids[offset : offset + limit]],
@@ -96,20 +94,12 @@ async def list_training_runs(request: Request, api: Shared) -> dict[str, Any]:
     }
 
 
-@runs.get("/training_runs/{run_id}")
-async def get_training_run(run_id: str, api: Shared) -> dict[str, Any]:
-    return _training_run(api, run_id)
-
-
-@runs.get("/training_runs/{run_id}/checkpoints")
-async def list_checkpoints(run_id: str, api: Shared) -> dict[str, Any]:
+def _checkpoints(api: Api, run_id: str) -> dict[str, Any]:
     _run_record(api, run_id)
     return {"checkpoints": _run_checkpoints(api, run_id)}
 
 
-@runs.get("/checkpoints")
-async def list_user_checkpoints(request: Request, api: Shared) -> dict[str, Any]:
-    limit, offset = _page(request)
+def _user_checkpoints(api: Api, limit: int, offset: int) -> dict[str, Any]:
     every = sorted(
         (c for run in api.store.runs.ids() for c in _run_checkpoints(api, run)),
         key=lambda c: c["time"],
@@ -121,9 +111,33 @@ async def list_user_checkpoints(request: Request, api: Shared) -> dict[str, Any]
     }
 
 
-@runs.delete("/training_runs/{run_id}/checkpoints/{kind}/{name}")
-def delete_checkpoint(run_id: str, kind: str, name: str, api: Shared) -> None:  # a def: it deletes files
+def _delete(api: Api, run_id: str, kind: str, name: str) -> None:
     api.store.files.delete(run_id, _checkpoint_id(api, run_id, kind, name))
+
+
+@runs.get("/training_runs")
+async def list_training_runs(request: Request, api: Shared) -> dict[str, Any]:
+    return await api.redis(_training_runs, api, *_page(request))
+
+
+@runs.get("/training_runs/{run_id}")
+async def get_training_run(run_id: str, api: Shared) -> dict[str, Any]:
+    return await api.redis(_training_run, api, run_id)
+
+
+@runs.get("/training_runs/{run_id}/checkpoints")
+async def list_checkpoints(run_id: str, api: Shared) -> dict[str, Any]:
+    return await api.redis(_checkpoints, api, run_id)
+
+
+@runs.get("/checkpoints")
+async def list_user_checkpoints(request: Request, api: Shared) -> dict[str, Any]:
+    return await api.redis(_user_checkpoints, api, *_page(request))
+
+
+@runs.delete("/training_runs/{run_id}/checkpoints/{kind}/{name}")
+async def delete_checkpoint(run_id: str, kind: str, name: str, api: Shared) -> None:
+    await api.redis(_delete, api, run_id, kind, name)  # its files too: off the event loop as well
 
 
 def _set_public(api: Api, run_id: str, kind: str, name: str, public: bool) -> None:
@@ -137,21 +151,22 @@ def _set_public(api: Api, run_id: str, kind: str, name: str, public: bool) -> No
 
 @runs.post("/training_runs/{run_id}/checkpoints/{kind}/{name}/publish")
 async def publish_checkpoint(run_id: str, kind: str, name: str, api: Shared) -> None:
-    _set_public(api, run_id, kind, name, True)
+    await api.redis(_set_public, api, run_id, kind, name, True)
 
 
 @runs.delete("/training_runs/{run_id}/checkpoints/{kind}/{name}/publish")
 async def unpublish_checkpoint(run_id: str, kind: str, name: str, api: Shared) -> None:
-    _set_public(api, run_id, kind, name, False)
+    await api.redis(_set_public, api, run_id, kind, name, False)
 
 
 @runs.put("/training_runs/{run_id}/checkpoints/{kind}/{name}/ttl")
 async def set_checkpoint_ttl(run_id: str, kind: str, name: str, request: Request, api: Shared) -> None:
-    found = _checkpoint_id(api, run_id, kind, name)
+    found = await api.redis(_checkpoint_id, api, run_id, kind, name)
     ttl = (await api.json(await request.body(), '{"ttl_seconds": <seconds> | null}')).get("ttl_seconds")
     if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int) or ttl < 1):
         raise HTTPError(400, f"ttl_seconds must be a whole number of seconds >= 1, or null; got {ttl!r}")
-    api.store.runs.update_checkpoint(run_id, found, expires_at=None if ttl is None else time.time() + ttl)
+    expires_at = None if ttl is None else time.time() + ttl
+    await api.redis(api.store.runs.update_checkpoint, run_id, found, expires_at=expires_at)
 
 
 @runs.post("/weights_info")

@@ -9,6 +9,7 @@ from tinker import types
 
 from tinker_atropos.frontends.tinker.routes.shared import JSON_VALUES, HTTPError, Shared
 from tinker_atropos.frontends.tinker.stability import sequence_ids
+from tinker_atropos.frontends.tinker.store.requests import QueueFull
 from tinker_atropos.frontends.tinker.store.samplers import sampler_lane
 
 sampling = APIRouter()
@@ -20,21 +21,19 @@ MAX_TOPK = 20
 @sampling.post("/create_sampling_session")
 async def create_sampling_session(request: Request, api: Shared) -> dict[str, Any]:
     body = await api.parse(types.CreateSamplingSessionRequest, await request.body())
-    api.session(body.session_id)
+    await api.session(body.session_id)
     if body.model_path is not None:
         base_model = (await api.checkpoint_record(body.model_path))["base_model"]
-    elif body.base_model in {c.name for c in api.capabilities}:
-        base_model = body.base_model
     else:
-        raise HTTPError(404, f"unknown base model {body.base_model!r}")
+        base_model = api.served(body.base_model)
     sampler = f"{body.session_id}:sample:{body.sampling_session_seq_id}"
-    api.store.samplers.add(sampler, base_model, body.model_path)
+    await api.redis(api.store.samplers.add, sampler, base_model, body.model_path)
     return {"type": "create_sampling_session", "sampling_session_id": sampler}
 
 
 @sampling.get("/samplers/{sampler_id}")
 async def get_sampler(sampler_id: str, api: Shared) -> dict[str, Any]:
-    found = api.store.samplers.get(sampler_id)
+    found = await api.redis(api.store.samplers.get, sampler_id)
     if found is None:
         raise HTTPError(404, f"no sampling session {sampler_id!r}")
     return {"sampler_id": sampler_id, "base_model": found[0], "model_path": found[1]}
@@ -45,7 +44,9 @@ async def asample(request: Request, api: Shared) -> dict[str, Any]:
     raw = await request.body()
     tokens_and_more = api.max_request_tokens + JSON_VALUES  # the prompt's tokens are values
     body = await api.parse(types.SampleRequest, raw, tokens_and_more)
-    found = api.store.samplers.get(body.sampling_session_id) if body.sampling_session_id is not None else None
+    found = None
+    if body.sampling_session_id is not None:
+        found = await api.redis(api.store.samplers.get, body.sampling_session_id)
     if found is None:
         raise HTTPError(404, f"no sampling session {body.sampling_session_id!r}")
     if not 1 <= body.num_samples <= 64:
@@ -58,8 +59,23 @@ async def asample(request: Request, api: Shared) -> dict[str, Any]:
             f"num_samples x (prompt + max_tokens) is {tokens} tokens; a request may take "
             f"{api.max_request_tokens} (trainer.tinker.max_request_tokens)",
         )
+    session = body.sampling_session_id.split(":")[0]  # create_sampling_session names it so
+    await api.session(session)  # a finished session's sampler samples no more
     dedup = f"sample:{body.sampling_session_id}:{body.seq_id}" if body.seq_id is not None else None
-    request_id = api.store.requests.submit("sample", raw, dedup=dedup, lane=sampler_lane(*found))
+    try:
+        request_id = await api.redis(
+            api.store.requests.submit,
+            "sample",
+            raw,
+            dedup=dedup,
+            lane=sampler_lane(*found),
+            tenant=session,
+            max_queued=api.max_queued_samples,
+        )
+    except QueueFull as error:
+        raise HTTPError(
+            429, f"{error}: wait for some to finish (trainer.tinker.max_queued_samples per session)"
+        ) from None
     return api.queued(request_id, sample_sequence_ids=sequence_ids(request_id, body.num_samples))
 
 

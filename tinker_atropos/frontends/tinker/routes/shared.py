@@ -1,6 +1,7 @@
 """What every route of the Tinker API shares: the ``Api`` dependency (the store, the served models, the limits,
 the long polls' waiters), the HTTP error it raises, and how a body is read. A route reaches the worker only through
-the store: it queues a request there, or reads what the worker wrote.
+the store: it queues a request there, or reads what the worker wrote, always through ``Api.redis`` (its threads,
+never the event loop: while Redis hangs, health checks answer and a route that needs Redis answers 503).
 
 A body is bounded by what reading it builds, not only by its bytes (``max_request_mb``): a JSON body's values
 are counted before it is parsed (``json_values``; a Protobuf one's fields, ``wire.count_fields``), and a body
@@ -23,6 +24,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import Scope
 
 from tinker_atropos.frontends.bodies import MAX_ERRORS, OffLoop, separators
+from tinker_atropos.frontends.http import RedisCalls
 from tinker_atropos.frontends.tinker import base_models, wire
 from tinker_atropos.frontends.tinker.store import Store
 from tinker_atropos.logs import CountedWarnings
@@ -40,6 +42,9 @@ OWNER = "tinker-atropos"  # the runs of one server share its API keys: no owner 
 CHECKPOINT_TYPES = {"weights": "training", "sampler_weights": "sampler", "external_weights": "external"}
 JSON_VALUES = 4096  # values a JSON body may hold (a sample's prompt tokens besides): no request needs more
 PARSERS = 2  # threads reading large bodies at once: more would only share the same cores
+# threads making the routes' Redis calls: each takes a fraction of a millisecond, so a few keep up with hundreds of
+# clients, and no more than these wait on a Redis that hangs
+REDIS_THREADS = 8
 T = TypeVar("T")
 
 
@@ -141,16 +146,19 @@ def numbered(route: str, body: bytes) -> tuple[str, int] | None:
 
 @dataclass
 class Api:
-    """What the routes share: the store, the served models, the limits and the long polls' waiters."""
+    """What the routes share: the store (reached through ``redis``), the served models, the limits and the long
+    polls' waiters."""
 
     store: Store
     capabilities: list[base_models.Capability]
     long_poll_s: float
     max_request_bytes: int
     max_request_tokens: int
+    max_queued_samples: int = 256  # trainer.tinker.max_queued_samples, per session
     waiters: Waiters = field(default_factory=Waiters)
     # the requests answered 401 (no key, a wrong one): counted and logged, nothing else
     parsers: OffLoop = field(default_factory=lambda: OffLoop(PARSERS))
+    redis: RedisCalls = field(default_factory=lambda: RedisCalls("tinker-api-redis", REDIS_THREADS))
     unauthenticated: CountedWarnings = field(
         default_factory=lambda: CountedWarnings(
             "Tinker API requests refused without an allowed API key (401)"
@@ -162,7 +170,7 @@ class Api:
         to be answered as failed. (A client without a key never gets here: ``APIKeys`` refuses it first.)"""
         found = await self.off_loop(body, numbered, scope["path"].removeprefix("/api/v1/"), body)
         if found is not None:
-            self.store.requests.refuse(*found, reason)
+            await self.redis(self.store.requests.refuse, *found, reason)
 
     async def off_loop(self, body: bytes, work: Callable[..., T], *args: Any) -> T:
         """``work(*args)``, reading ``body``, off the event loop when the body is large (``bodies.OffLoop``)."""
@@ -183,22 +191,30 @@ class Api:
     def queued(self, request_id: str, model_id: str | None = None, **extra: Any) -> dict[str, Any]:
         return {"request_id": request_id, "model_id": model_id, **extra}
 
-    def known_model(self, model_id: str, loaded: bool = True) -> dict[str, Any]:
+    async def known_model(self, model_id: str, loaded: bool = True) -> dict[str, Any]:
         """The model's record; 404 for no such model, or (``loaded``) one unloaded since (its session ended)."""
-        record, is_loaded = self.store.models.record_if_loaded(model_id)
+        record, is_loaded = await self.redis(self.store.models.record_if_loaded, model_id)
         if record is None:
             raise HTTPError(404, f"no model {model_id!r}")
         if loaded and not is_loaded:
             raise HTTPError(404, f"model {model_id!r} was unloaded (unload_model, or its session finished)")
         return record
 
-    def session(self, session_id: str) -> None:
+    async def session(self, session_id: str) -> None:
         """404 for no such session, 410 for a finished one (as the SDK's heartbeat expects)."""
-        state = self.store.sessions.state(session_id)
+        state = await self.redis(self.store.sessions.state, session_id)
         if state is None:
             raise HTTPError(404, f"no session {session_id!r}")
         if state:
             raise HTTPError(410, f"session {session_id!r} is finished ({state})")
+
+    def served(self, base_model: str | None) -> str:
+        """``base_model`` when this server lists it (``get_server_capabilities``); 400 naming those it lists
+        otherwise: no other name reaches the worker, and no part of one reaches an import."""
+        names = [c.name for c in self.capabilities]
+        if base_model not in names:
+            raise HTTPError(400, str(base_models.unknown(base_model, names)))
+        return base_model
 
     async def checkpoint_record(self, path: str) -> dict[str, Any]:
         """The record of the checkpoint behind a ``tinker://`` path, read in the thread pool; 404 for none."""
@@ -213,6 +229,12 @@ async def _api(request: Request) -> Api:  # async: FastAPI runs a plain def depe
 
 
 Shared = Annotated[Api, Depends(_api)]
+
+
+def add_model(store: Store, model_id: str, record: dict[str, Any], kind: str, body: bytes) -> str:
+    """A model registered and its request number 0 (``kind``: how it is made) queued; the request's id."""
+    store.models.add(model_id, record)
+    return store.requests.submit(kind, body, model_id, seq=0)
 
 
 def metadata_strings(user_metadata: dict[str, Any] | None) -> dict[str, str]:

@@ -15,7 +15,14 @@ from starlette.concurrency import run_in_threadpool
 from tinker import types
 
 from tinker_atropos.frontends.tinker import wire
-from tinker_atropos.frontends.tinker.routes.shared import Api, HTTPError, Shared, metadata_strings
+from tinker_atropos.frontends.tinker.routes.shared import (
+    Api,
+    HTTPError,
+    Shared,
+    add_model,
+    metadata_strings,
+)
+from tinker_atropos.frontends.tinker.store.files import named
 from tinker_atropos.frontends.tinker.store.requests import PENDING
 
 training = APIRouter()
@@ -49,7 +56,7 @@ async def forward_backward(api: Api, request: Request, body: bytes) -> dict[str,
         model_id, seq_id, tokens = await api.off_loop(body, wire.check_forward_backward, body, api.budget())
     except wire.WireError as error:
         raise HTTPError(400, str(error)) from None
-    api.known_model(model_id)
+    await api.known_model(model_id)
     if seq_id < 1:
         raise HTTPError(400, f"seq_id must be 1 or more, got {seq_id}")
     if tokens > api.max_request_tokens:
@@ -58,17 +65,24 @@ async def forward_backward(api: Api, request: Request, body: bytes) -> dict[str,
             f"the request holds {tokens} tokens; a request may hold {api.max_request_tokens} "
             "(trainer.tinker.max_request_tokens): send fewer data per forward_backward",
         )
-    return api.queued(api.store.requests.submit("forward_backward", body, model_id, seq=seq_id), model_id)
+    request_id = await api.redis(api.store.requests.submit, "forward_backward", body, model_id, seq=seq_id)
+    return api.queued(request_id, model_id)
 
 
 def _sequenced(kind: str, model: type[BaseModel]) -> None:
     @_numbered_route(kind)
     async def route(api: Api, request: Request, raw: bytes) -> dict[str, Any]:
         body = await api.parse(model, raw)
-        api.known_model(body.model_id)
+        await api.known_model(body.model_id)
         if body.seq_id is None or body.seq_id < 1:
             raise HTTPError(400, f"{kind} needs a seq_id of 1 or more")
-        return api.queued(api.store.requests.submit(kind, raw, body.model_id, seq=body.seq_id), body.model_id)
+        if "path" in model.model_fields:  # a save: the checkpoint's name, one segment of a path on disk
+            try:
+                named(body.model_dump())
+            except wire.WireError as error:
+                raise HTTPError(400, str(error)) from None
+        request_id = await api.redis(api.store.requests.submit, kind, raw, body.model_id, seq=body.seq_id)
+        return api.queued(request_id, body.model_id)
 
 
 _sequenced("optim_step", types.OptimStepRequest)
@@ -85,25 +99,25 @@ async def load_weights(api: Api, request: Request, raw: bytes) -> dict[str, Any]
     except wire.WireError as error:
         raise HTTPError(404, str(error)) from None
     if body.session_id is not None:  # a new model made from the checkpoint: its request number 0
-        api.session(body.session_id)
+        await api.session(body.session_id)
         model_id = f"{body.session_id}:train:{body.model_seq_id}"
-        api.store.models.add(
-            model_id,
-            {
-                "base_model": "",
-                "lora": {},
-                "session": body.session_id,
-                "created_at": time.time(),
-                "user_metadata": metadata_strings(body.user_metadata),
-            },
+        record = {
+            "base_model": "",
+            "lora": {},
+            "session": body.session_id,
+            "created_at": time.time(),
+            "user_metadata": metadata_strings(body.user_metadata),
+        }
+        return api.queued(
+            await api.redis(add_model, api.store, model_id, record, "create_from_state", raw), model_id
         )
-        return api.queued(api.store.requests.submit("create_from_state", raw, model_id, seq=0), model_id)
     if body.model_id is None or body.seq_id is None:
         raise HTTPError(400, "load_weights needs session_id and model_seq_id, or model_id and seq_id")
-    api.known_model(body.model_id)
-    return api.queued(
-        api.store.requests.submit("load_weights", raw, body.model_id, seq=body.seq_id), body.model_id
+    await api.known_model(body.model_id)
+    request_id = await api.redis(
+        api.store.requests.submit, "load_weights", raw, body.model_id, seq=body.seq_id
     )
+    return api.queued(request_id, body.model_id)
 
 
 @training.post("/retrieve_future")
@@ -113,11 +127,11 @@ async def retrieve_future(request: Request, api: Shared) -> Response:
     event = api.waiters.event(body.request_id)
     try:
         while True:
-            result = api.store.requests.result(body.request_id)
+            result = await api.redis(api.store.requests.result, body.request_id)
             if result is None:
                 raise HTTPError(404, f"no request {body.request_id!r} (unknown, or its result expired)")
             if result.status != PENDING:
-                api.store.requests.retrieved(body.request_id)
+                await api.redis(api.store.requests.retrieved, body.request_id)
                 return Response(result.body, media_type=result.content_type)
             left = deadline - time.monotonic()
             if left <= 0:

@@ -16,7 +16,10 @@ from typing import Any
 from tinker_atropos.frontends.tinker import wire
 from tinker_atropos.frontends.tinker.store.runs import TrainingRuns
 
-NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+# a checkpoint's name and its model's id, each one segment of a path under the checkpoint folder: never "." or ".."
+# (nor any name starting with "."), which would name the folder itself or the one above it
+NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}$")
+MODEL_ID = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.:-]{0,255}$")
 EPHEMERAL = "ephemeral-"  # the name of the weights a sampling client was made with, saved under no name
 EXTERNAL = "external_weights"  # a folder each, in the formats transformers and PEFT read
 KINDS = ("weights", "sampler_weights", EXTERNAL)
@@ -25,9 +28,24 @@ KINDS = ("weights", "sampler_weights", EXTERNAL)
 def parts(path: str) -> tuple[str, str, str]:
     """The model, kind and name of a ``tinker://<model>/<weights|sampler_weights>/<name>`` path."""
     found = path.removeprefix("tinker://").split("/") if path.startswith("tinker://") else []
-    if len(found) != 3 or found[1] not in KINDS or not NAME.match(found[2]):
+    if len(found) != 3 or not MODEL_ID.match(found[0]) or found[1] not in KINDS or not NAME.match(found[2]):
         raise wire.WireError(f"{path!r} is no tinker://<model>/weights/<name> path of this server")
     return found[0], found[1], found[2]
+
+
+def named(request: dict[str, Any]) -> str | None:
+    """The name a save request asks for (its ``path``; None: unnamed), checked with its ``ttl_seconds``; WireError
+    naming the field otherwise. The route checks it (a 400) and the worker again (a request read from Redis)."""
+    name = request.get("path")
+    if name is not None and (not NAME.match(str(name)) or str(name).startswith(EPHEMERAL)):
+        raise wire.WireError(
+            f"path {name!r}: a checkpoint's name is letters, digits, '_', '.', '-' (at most 128), not starting "
+            f"with '.' nor {EPHEMERAL!r} (the unnamed weights of sampling clients)"
+        )
+    ttl = request.get("ttl_seconds")
+    if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int) or ttl < 1):
+        raise wire.WireError(f"ttl_seconds must be a whole number of seconds >= 1, or None; got {ttl!r}")
+    return name
 
 
 def tinker_path(model_id: str, kind: str, name: str) -> str:
@@ -84,8 +102,8 @@ class CheckpointFiles:
         """Delete a checkpoint's files and its record; False when there was no such checkpoint."""
         kind, _, name = checkpoint_id.partition("/")
         known = self.runs.remove_checkpoint(model_id, checkpoint_id)
-        if kind not in KINDS or not NAME.match(name):
-            return known
+        if kind not in KINDS or not NAME.match(name) or not MODEL_ID.match(model_id):
+            return known  # no file under the checkpoint folder (a record read back from Redis could name any)
         file = self.file(model_id, kind, name)
         existed = file.exists()
         if kind == EXTERNAL:

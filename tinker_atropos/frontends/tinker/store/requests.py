@@ -1,7 +1,12 @@
-"""Every request as a future (``future:<id>``: its kind, model, number, lane, body, then its status and result),
-the model's numbered requests (``model:<id>:ops``, number -> request; ``model:<id>:refused``, number -> why) and the
+"""Every request as a future (``future:<id>``: its kind, model, number, lane, tenant, body, then its status and
+result), the model's numbered requests (``model:<id>:ops``, number -> request; ``model:<id>:refused``, number ->
+why), the queue of each tenant's samples (``queue:tenant:<session>``, the tenants with one in ``tenants``) and the
 queue of the others (``queue``). A restarted trainer finds them all, and the requests it had not finished are still
 queued.
+
+Samples queue per tenant (the session that sent them) so that the worker takes them in turn, whatever one tenant
+has queued, and so that one tenant's queue is bounded on its own: past ``max_queued`` its next sample is refused
+(``QueueFull``, which the API answers 429).
 
 A model's requests are numbered by the client (``seq_id``); the number is the request's identity: a retried POST
 with a number already taken gets the first request's future back, never a second application. A numbered request
@@ -33,14 +38,27 @@ QUEUE_WINDOW = 256  # queued requests the worker looks at for one it can start
 RETRIEVED_TTL_S = 120  # how long a result handed out is kept for a lost reply
 
 
+class QueueFull(Exception):
+    """A tenant's queue of samples is at its bound."""
+
+
+# a tenant leaves the set of tenants with queued samples only while its queue is empty (a sample queued meanwhile
+# keeps it there)
+_FORGET_EMPTY = (
+    "if redis.call('LLEN', KEYS[1]) == 0 then return redis.call('SREM', KEYS[2], ARGV[1]) end return 0"
+)
+
+
 @dataclass(frozen=True)
 class Upcoming:
     """What the worker could start: each loaded model's next request, the reason of a model's next number when
-    it was refused and a later one came (answer it as failed), and the head of the queue as (request, lane)."""
+    it was refused and a later one came (answer it as failed), the head of the queue as (request, lane), and the
+    head of each tenant's queue of samples."""
 
     requests: dict[str, str]
     refused: dict[str, str]
     queued: list[tuple[str, str]]
+    samples: dict[str, list[str]]
 
 
 @dataclass(frozen=True)
@@ -65,11 +83,14 @@ class Requests(Keys):
         seq: int | None = None,
         dedup: str | None = None,
         lane: str = "",
+        tenant: str = "",
+        max_queued: int = 0,
     ) -> str:
         """Queue a request and return its future's id. With ``seq`` it is the model's request of that number,
         with ``dedup`` the request of that key; when it is taken, the existing future's id. A request outside
         any model's numbers runs in ``lane`` (the model it changes, or the sampler it samples from), after the
-        lane's earlier ones and beside other lanes'."""
+        lane's earlier ones and beside other lanes'; a sample with a ``tenant`` waits in that tenant's queue,
+        QueueFull when ``max_queued`` of theirs already wait."""
         request_id = f"req-{uuid.uuid4().hex}"
         future = self._key("future", request_id)
         self.client.hset(
@@ -82,6 +103,7 @@ class Requests(Keys):
                 "body": body,
                 "created_at": time.time(),
                 "lane": lane or model_id,
+                "tenant": tenant,
             },
         )
         if seq is not None:
@@ -95,10 +117,37 @@ class Requests(Keys):
         if existing is not None:
             self.client.delete(future)
             return existing.decode()
-        if seq is None:
+        if seq is None and tenant:
+            self._queue_sample(request_id, tenant, max_queued, dedup)
+        elif seq is None:
             self.client.rpush(self._key("queue"), request_id)
         self.arrived.set()
         return request_id
+
+    def _queue_sample(self, request_id: str, tenant: str, max_queued: int, dedup: str | None) -> None:
+        queue = self._key("queue", "tenant", tenant)
+        with self.client.pipeline(transaction=True) as pipe:
+            length = pipe.rpush(queue, request_id).sadd(self._key("tenants"), tenant).execute()[0]
+        if max_queued and length > max_queued:
+            with self.client.pipeline(transaction=True) as pipe:
+                pipe.lrem(queue, 1, request_id).delete(self._key("future", request_id))
+                if dedup is not None:
+                    pipe.delete(self._key("dedup", dedup))
+                pipe.execute()
+            raise QueueFull(f"{max_queued} samples of this session already wait")
+
+    def tenants(self) -> set[str]:
+        """The tenants with samples queued (or running: they leave their queue once answered)."""
+        return {tenant.decode() for tenant in self.client.smembers(self._key("tenants"))}
+
+    def cancel_tenant(self, tenant: str, body: bytes) -> int:
+        """Fail every sample ``tenant`` has queued with ``body`` (its session ended); how many."""
+        queue = self._key("queue", "tenant", tenant)
+        with self.client.pipeline(transaction=True) as pipe:
+            queued = pipe.lrange(queue, 0, -1).delete(queue).srem(self._key("tenants"), tenant).execute()[0]
+        for request_id in queued:
+            self.finish(request_id.decode(), FAILED, body, tenant=tenant)
+        return len(queued)
 
     def refuse(self, model_id: str, seq: int, reason: str) -> bool:
         """Note that the model's request ``seq`` was refused before it was queued (``reason``); whether it was
@@ -125,7 +174,9 @@ class Requests(Keys):
         longer loaded are removed from it."""
         with self.client.pipeline(transaction=False) as pipe:
             pipe.smembers(self._key("models")).lrange(self._key("queue"), 0, QUEUE_WINDOW - 1)
-            members, queue = pipe.execute()
+            pipe.smembers(self._key("tenants"))
+            members, queue, tenants = pipe.execute()
+        samples = self._tenant_queues(sorted(t.decode() for t in tenants))
         models = sorted(m.decode() for m in members)
         unknown = [m for m in models if m not in applied]
         queued = [q.decode() for q in queue]
@@ -154,7 +205,20 @@ class Requests(Keys):
                 requests[model_id] = request.decode()
             elif refused is not None and (later or later_refused):
                 refusals[model_id] = refused.decode(errors="replace")
-        return Upcoming(requests, refusals, list(zip(queued, lanes, strict=True)))
+        return Upcoming(requests, refusals, list(zip(queued, lanes, strict=True)), samples)
+
+    def _tenant_queues(self, tenants: list[str]) -> dict[str, list[str]]:
+        """The head of each tenant's queue of samples; the tenants whose queue is empty leave ``tenants``."""
+        with self.client.pipeline(transaction=False) as pipe:
+            for tenant in tenants:
+                pipe.lrange(self._key("queue", "tenant", tenant), 0, QUEUE_WINDOW - 1)
+            heads = pipe.execute()
+        samples = {t: [r.decode() for r in head] for t, head in zip(tenants, heads, strict=True) if head}
+        for tenant in set(tenants) - set(samples):
+            self.client.eval(
+                _FORGET_EMPTY, 2, self._key("queue", "tenant", tenant), self._key("tenants"), tenant
+            )
+        return samples
 
     def waiting(self, model_id: str, after: int) -> list[str]:
         """The model's requests numbered past ``after`` and still pending."""
@@ -197,10 +261,14 @@ class Requests(Keys):
         content_type: str = "application/json",
         applied: tuple[str, int] | None = None,
         snapshot: tuple[int, str] | None = None,
+        tenant: str | None = None,
     ) -> None:
         """Store a request's outcome in one transaction with what it changed: ``applied``, the (model, seq) now
-        applied, and ``snapshot``, the (seq, file) of the model's state it left."""
+        applied, and ``snapshot``, the (seq, file) of the model's state it left; a request outside any model's
+        numbers leaves its queue (its ``tenant``'s, read from its future when not given)."""
         future = self._key("future", request_id)
+        if applied is None and tenant is None:
+            tenant = (self.client.hget(future, "tenant") or b"").decode()
         with self.client.pipeline(transaction=True) as pipe:
             pipe.hset(future, mapping={"status": status, "result": body, "content_type": content_type})
             pipe.expire(future, self.future_ttl_s)
@@ -215,6 +283,8 @@ class Requests(Keys):
                         self._key("model", applied[0]),
                         mapping={"snapshot_seq": snapshot[0], "snapshot_path": snapshot[1]},
                     )
+            elif tenant:
+                pipe.lrem(self._key("queue", "tenant", tenant), 0, request_id)  # every copy: a resent push
             else:
                 pipe.lrem(self._key("queue"), 1, request_id)
             pipe.execute()
