@@ -1,7 +1,7 @@
 """Tenants side by side on one Tinker API (``python -m bench tenants``, ``make bench-tenants``): one client floods
 the sampler with long samples while another asks for short ones, timed as each client sees it through the tinker
 SDK; then the flooder is SIGKILLed and fresh clients are timed, and the time until its queue is cancelled. The
-figures of issue 54's first row: a newcomer's 8-token sample within 2 s at p95 (tiny LM, 2 cores) while 200 samples
+floors of tenant isolation: a newcomer's 8-token sample within 2 s at p95 (tiny LM, 2 cores) while 200 samples
 of 4 x 500 tokens are queued; fresh clients answered within 10 s of a flooder's SIGKILL."""
 
 from __future__ import annotations
@@ -67,8 +67,8 @@ def run(
 ) -> dict:
     """Measure, write ``out/bench-tenants.json`` and return it."""
     settings: dict[str, float] = {"session_timeout_s": session_timeout_s}
-    if "max_queued_samples" in TinkerSection.model_fields:  # absent from the code before tenants took turns
-        settings["max_queued_samples"] = max(256, flood)
+    if "max_queued_requests" in TinkerSection.model_fields:  # absent from the code before tenants took turns
+        settings["max_queued_requests"] = max(256, flood)
     with serving(out / "tenants-server", settings, key="tml-bench-0123456789abcdef") as served:
         flooder = subprocess.Popen(
             [sys.executable, "-c", FLOODER, served.url, served.key, LM, str(flood), str(flood_tokens)],

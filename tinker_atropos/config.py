@@ -406,12 +406,13 @@ class TinkerSection(Section):
         description="Sample requests decoding at once, of every client (each joins its model's running batch "
         "between two tokens); more wait in the queue.",
     )
-    max_queued_samples: int = Field(
+    max_queued_requests: int = Field(
         256,
         ge=1,
-        description="Sample requests one session may have queued or running at once; past it the API answers 429 "
-        "naming this setting. Sessions take turns: a newcomer's sample starts beside another session's queue, "
-        "whatever its length.",
+        description="Requests a client may have waiting: a session's samples queued or running, and a model's "
+        "numbered requests (forward_backward, optim_step, saves) past the last one applied. Past it the API answers "
+        "429 naming this setting (the SDK retries). Sessions take turns: a newcomer's sample starts beside "
+        "another session's queue, whatever its length.",
     )
     kv_cache_tokens: int = Field(
         32_768,

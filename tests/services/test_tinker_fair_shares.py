@@ -43,7 +43,7 @@ def test_a_flooding_client_neither_holds_another_clients_sample_nor_outlives_its
     valkey: EmbeddedValkey, redis_client: redis.Redis, tmp_path: Path
 ) -> None:
     run = "tk-fair"
-    with serving(tmp_path, valkey.url, run, session_timeout_s=15, max_queued_samples=MAX_QUEUED) as trainer:
+    with serving(tmp_path, valkey.url, run, session_timeout_s=15, max_queued_requests=MAX_QUEUED) as trainer:
         flooder = subprocess.Popen([sys.executable, "-c", FLOODER, trainer.url, KEY, LM, str(FLOOD)],
                                    stdout=subprocess.PIPE, text=True)  # fmt: skip
         try:
@@ -63,7 +63,7 @@ def test_a_flooding_client_neither_holds_another_clients_sample_nor_outlives_its
             refused = raw.client.post("/api/v1/asample", json=body.model_dump(mode="json", exclude_none=True))
             raw.close()
             assert refused.status_code == 429, refused.text
-            assert "trainer.tinker.max_queued_samples" in refused.json()["detail"]
+            assert "trainer.tinker.max_queued_requests" in refused.json()["detail"]
 
             newcomer = tinker.ServiceClient(base_url=trainer.url, api_key=KEY)
             sampler = newcomer.create_sampling_client(base_model=LM).result(timeout=60)
@@ -131,3 +131,23 @@ def test_the_sampling_process_keeps_engines_only_for_the_samplers_it_keeps(
     # the same threads after 10 samplers as after 3 (on c22db17: one more engine thread a step)
     assert max(threads[3:]) <= threads[2] + 1, threads
     print(f"the sampling process's threads after each of 10 samplers (max_samplers 2): {threads}")
+
+
+def test_a_models_queue_of_training_requests_is_bounded_and_a_429_is_asked_again_not_refused(
+    valkey: EmbeddedValkey, tmp_path: Path
+) -> None:
+    with serving(tmp_path, valkey.url, "tk-train-queue", max_queued_requests=2) as trainer:
+        service = tinker.ServiceClient(base_url=trainer.url, api_key=KEY)
+        model_id = service.create_lora_training_client(base_model=LM, rank=0).result(timeout=60).model_id
+        raw, adam = Raw(trainer.url), types.AdamParams(learning_rate=1e-3)
+        try:
+            ahead = raw.client.post("/api/v1/optim_step", json=types.OptimStepRequest(
+                optim_params=adam, model_id=model_id, seq_id=3).model_dump(mode="json", exclude_none=True))  # fmt: skip
+            assert ahead.status_code == 429, ahead.text
+            assert "trainer.tinker.max_queued_requests" in ahead.json()["detail"]
+            for seq in (1, 2, 3):  # in turn: number 3 asked again once 1 is applied, and applied, not refused
+                done = raw.result(raw.optim_step(model_id, seq, adam)).json()
+                assert "error" not in done, done
+        finally:
+            raw.close()
+            service.close("success").result(timeout=30)

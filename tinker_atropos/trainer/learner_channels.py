@@ -1,8 +1,8 @@
 """The links between the trainer (rank 0) and its learner replicas on one machine: a socket pair per replica, made
 by the trainer before it starts the replica, which inherits its end. Nothing listens, so no other process, of this
 user or another, can connect to a learner, flood it or take a replica's place; only the two processes hold the
-pair's ends, which is why what crosses it may be pickled (issue 54: gloo's listener on 127.0.0.1 let any local user
-crash the trainer with a connection flood, or join the group and have its pickles run).
+pair's ends, which is why what crosses it may be pickled (gloo's listener on 127.0.0.1 let any local user crash the
+trainer with a connection flood, or join the group and have its pickles run).
 
 A collective (``Group``'s all-reduce) is a star through rank 0: each replica sends its tensor, rank 0 adds them in
 rank order and sends every replica the same sum, so that every learner steps the same parameters. Every wait

@@ -11,7 +11,7 @@ restarts from its last checkpoint, as after any trainer crash, with new replicas
 exits at its next message.
 
 Each replica is linked to rank 0 by a socket pair the trainer makes before starting it (``learner_channels.py``):
-nothing listens, so no other local user can reach, flood or join the learners (issue 54: torch.distributed's gloo
+nothing listens, so no other local user can reach, flood or join the learners (torch.distributed's gloo
 listened on 127.0.0.1 and paired the first connection that named a pair, and PyPI's torch has no gloo TLS). The
 messages and, on the CPU, the all-reduces go through those pairs. CUDA learners with a GPU each all-reduce with NCCL
 instead (GPU to GPU), meeting in torch.distributed's file store in a private folder of the run; that path is not

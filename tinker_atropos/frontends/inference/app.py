@@ -50,6 +50,8 @@ class _Sampling(BaseModel):
     n: int = Field(1, ge=1, le=64)
     stop: str | Annotated[list[str], Field(max_length=MAX_STOPS)] | None = None
     seed: int | None = None
+    # OpenAI's end-user id: the running batch takes users in turn, least-served first (sampling/scheduler.py)
+    user: str = Field("", max_length=256)
 
 
 class CompletionRequest(_Sampling):
@@ -118,6 +120,7 @@ class Endpoint:
                 stop_tokens=stop_ids,
                 stop_strings=_stops(request.stop),
                 seed=request.seed,
+                tenant=request.user,
             )
         except ValueError as error:
             raise HTTPException(400, str(error)) from None

@@ -100,6 +100,7 @@ class Sampler:
         stop_tokens: Sequence[int],
         stop_strings: Sequence[str],
         seed: int | None,
+        tenant: str = "",
     ) -> list[Completion]:
         """``n`` continuations of ``prompt``; ValueError for a request the model cannot serve. A completion ends
         at the end-of-sequence token (as an OpenAI server's always does) or one of ``stop_tokens``; a stop string
@@ -112,7 +113,7 @@ class Sampler:
         params = Params(min(max_tokens, room), n, temperature, top_k, top_p, stops, text_stop, seed)
         with self._lock:
             served, version = self._engine, self.version
-        samples = served.submit(prompt, params).result()
+        samples = served.submit(prompt, params, tenant=tenant).result()
         if served is not self._engine:
             self._close_idle()
         return [Completion(s.tokens, s.logprobs, s.stop_reason, version) for s in samples]

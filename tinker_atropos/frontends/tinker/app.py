@@ -45,11 +45,11 @@ def build_app(
     long_poll_s: float = 20.0,
     max_request_bytes: int = 64 << 20,
     max_request_tokens: int = 65_536,
-    max_queued_samples: int = 256,
+    max_queued_requests: int = 256,
 ) -> FastAPI:
     """The API; ``api_keys`` empty: no key asked (an ``--insecure`` run)."""
     app = FastAPI(title="tinker-atropos Tinker API", docs_url=None, redoc_url=None, openapi_url=None)
-    api = Api(store, capabilities, long_poll_s, max_request_bytes, max_request_tokens, max_queued_samples)
+    api = Api(store, capabilities, long_poll_s, max_request_bytes, max_request_tokens, max_queued_requests)
     app.state.api = api
     store.requests.finished.append(api.waiters.done)
     app.add_middleware(

@@ -52,7 +52,7 @@ class TinkerAPI:
             section.long_poll_s,
             int(section.max_request_mb * 2**20),
             section.max_request_tokens,
-            section.max_queued_samples,
+            section.max_queued_requests,
         )
         self.unauthenticated = app.state.api.unauthenticated
         self.http = BackgroundServer(app, section.host, section.port, "Tinker API")

@@ -70,11 +70,11 @@ async def asample(request: Request, api: Shared) -> dict[str, Any]:
             dedup=dedup,
             lane=sampler_lane(*found),
             tenant=session,
-            max_queued=api.max_queued_samples,
+            max_queued=api.max_queued_requests,
         )
     except QueueFull as error:
         raise HTTPError(
-            429, f"{error}: wait for some to finish (trainer.tinker.max_queued_samples per session)"
+            429, f"{error}: wait for some to finish (trainer.tinker.max_queued_requests per session)"
         ) from None
     return api.queued(request_id, sample_sequence_ids=sequence_ids(request_id, body.num_samples))
 

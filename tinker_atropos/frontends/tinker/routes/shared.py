@@ -154,7 +154,7 @@ class Api:
     long_poll_s: float
     max_request_bytes: int
     max_request_tokens: int
-    max_queued_samples: int = 256  # trainer.tinker.max_queued_samples, per session
+    max_queued_requests: int = 256  # trainer.tinker.max_queued_requests: per session, per model
     waiters: Waiters = field(default_factory=Waiters)
     # the requests answered 401 (no key, a wrong one): counted and logged, nothing else
     parsers: OffLoop = field(default_factory=lambda: OffLoop(PARSERS))
@@ -199,6 +199,17 @@ class Api:
         if loaded and not is_loaded:
             raise HTTPError(404, f"model {model_id!r} was unloaded (unload_model, or its session finished)")
         return record
+
+    async def within_queue(self, model_id: str, seq_id: int) -> None:
+        """429 for a numbered request more than ``max_queued_requests`` past the model's last one applied: a
+        client's queue of training requests is bounded as its samples are (the SDK retries it later)."""
+        applied = (await self.redis(self.store.models.progress, model_id))[0]
+        if seq_id - applied > self.max_queued_requests:
+            raise HTTPError(
+                429,
+                f"request {seq_id} of model {model_id!r} is {seq_id - applied} past the last one applied; "
+                f"{self.max_queued_requests} may wait (trainer.tinker.max_queued_requests)",
+            )
 
     async def session(self, session_id: str) -> None:
         """404 for no such session, 410 for a finished one (as the SDK's heartbeat expects)."""

@@ -30,7 +30,8 @@ Numbered = Callable[[Api, Request, bytes], Awaitable[dict[str, Any]]]
 
 
 def _numbered_route(kind: str) -> Callable[[Numbered], Numbered]:
-    """Register a numbered route; its refusals (HTTPError) note the request's number as refused."""
+    """Register a numbered route; its refusals (HTTPError) note the request's number as refused, but for a 429:
+    that request comes again, with its number."""
 
     def register(handler: Numbered) -> Numbered:
         async def route(request: Request, api: Shared) -> dict[str, Any]:
@@ -38,7 +39,8 @@ def _numbered_route(kind: str) -> Callable[[Numbered], Numbered]:
             try:
                 return await handler(api, request, raw)
             except HTTPError as error:
-                await api.refused(request.scope, raw, f"refused ({error.status}): {error}")
+                if error.status != 429:
+                    await api.refused(request.scope, raw, f"refused ({error.status}): {error}")
                 raise
 
         training.add_api_route(f"/{kind}", route, methods=["POST"], name=kind)
@@ -65,6 +67,7 @@ async def forward_backward(api: Api, request: Request, body: bytes) -> dict[str,
             f"the request holds {tokens} tokens; a request may hold {api.max_request_tokens} "
             "(trainer.tinker.max_request_tokens): send fewer data per forward_backward",
         )
+    await api.within_queue(model_id, seq_id)
     request_id = await api.redis(api.store.requests.submit, "forward_backward", body, model_id, seq=seq_id)
     return api.queued(request_id, model_id)
 
@@ -81,6 +84,7 @@ def _sequenced(kind: str, model: type[BaseModel]) -> None:
                 named(body.model_dump())
             except wire.WireError as error:
                 raise HTTPError(400, str(error)) from None
+        await api.within_queue(body.model_id, body.seq_id)
         request_id = await api.redis(api.store.requests.submit, kind, raw, body.model_id, seq=body.seq_id)
         return api.queued(request_id, body.model_id)
 
@@ -114,6 +118,7 @@ async def load_weights(api: Api, request: Request, raw: bytes) -> dict[str, Any]
     if body.model_id is None or body.seq_id is None:
         raise HTTPError(400, "load_weights needs session_id and model_seq_id, or model_id and seq_id")
     await api.known_model(body.model_id)
+    await api.within_queue(body.model_id, body.seq_id)
     request_id = await api.redis(
         api.store.requests.submit, "load_weights", raw, body.model_id, seq=body.seq_id
     )
