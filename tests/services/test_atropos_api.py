@@ -36,6 +36,7 @@ from tests.support.atropos import (
     env_registration,
     memory_kb,
     registration,
+    reset_peak,
     scored_group,
 )
 from tests.support.processes import wait_for
@@ -638,3 +639,43 @@ def test_hostile_bodies_are_refused_within_ten_times_their_size_while_status_ans
     # wait, not parsed; all three cost under ten times their summed size (about 6 x here), not three parses
     assert growth_mb["all"] < 20 * MAX_MB, growth_mb
     assert growth_mb["after"] < 6 * MAX_MB, growth_mb  # most of what the bodies took is handed back
+
+
+@pytest.mark.integration
+def test_a_gzip_post_at_the_bound_costs_under_ten_times_its_inflated_size(tmp_path: Path, valkey) -> None:
+    """Issue 54, row 8: gzip posts inflating to the size bound, the bomb of misaligned rows (refused) and sound
+    groups of ids, masks and log-probs (stored): the process's peak memory (VmHWM, reset before each post) grows by
+    under ten times the inflated body. At c22db17 the bomb cost 11 times (each id a Python int of 36 bytes) and a
+    sound group 14 (its rows as Python objects, then its JSON copied whole for Redis, twice)."""
+    port = free_port()
+    ours = start_ours(tmp_path, valkey.url, port, max_request_mb=MAX_MB)
+    n = (MAX_MB << 20) // 10 - 100  # "1000," is 5 bytes: two rows of n fill the bound
+    m = (MAX_MB << 20) // 80  # four sequences of ids, masks, log-probs: "1000, -100, -0.25, " in each
+    sound = {"tokens": [[1000 + k] * m for k in range(4)], "masks": [[-100] * m] * 4, "scores": [0.0, 1.0, 0.0, 1.0],
+             "inference_logprobs": [[-0.25] * m] * 4}  # fmt: skip
+    posts = {
+        "bomb": {"tokens": [[1000] * n], "masks": [[1000] * (n - 1)], "scores": [0.0]},
+        "sound": sound,
+        "sound, spaced": {**sound, "scores": [1.0, 0.0, 1.0, 0.0]},  # as atroposlib's environments write it
+    }
+    answers, growth = {}, {}
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60, headers=HEADERS) as api:
+            api.post("/register", json=registration(8, max_token_len=10**7)).raise_for_status()
+            api.get("/batch")
+            for name, group in posts.items():
+                spaces = (", ", ": ") if "spaced" in name else (",", ":")
+                inflated = json.dumps(group, separators=spaces).encode()
+                assert len(inflated) <= MAX_MB << 20
+                content = gzip.compress(inflated, compresslevel=6)
+                rss = memory_kb(ours.pid, "VmRSS")
+                reset_peak(ours.pid)
+                answers[name] = api.post("/scored_data", content=content,
+                                         headers={"Content-Type": "application/json", "Content-Encoding": "gzip"})  # fmt: skip
+                growth[name] = (memory_kb(ours.pid, "VmHWM") - rss) * 1024 / len(inflated)
+    finally:
+        _stop(ours)
+    print(f"peak growth over the inflated body: {growth}")
+    assert answers["bomb"].status_code == 422 and f"masks[0] has {n - 1} entries" in answers["bomb"].text
+    assert all(answers[name].json() == {"status": "received"} for name in ("sound", "sound, spaced")), answers
+    assert all(times < 10 for times in growth.values()), growth

@@ -5,9 +5,11 @@ Where it differs, it is on purpose: a full queue answers 503 with ``Retry-After`
 retries a 5xx, then drops the group with a log line: never a crash); a group a trainer could not learn from (fields
 that do not line up, a NaN score, a token id below 0, a sequence past the registered ``max_token_len``) is a 422,
 counted, where the reference queues it and the trainer fails on its batch; ``/status-env`` for an env never
-registered is a 404 with a message instead of a 500; Redis away is a 503 and the state is read back from Redis
-when it returns; an API key on every route but ``/`` and ``/healthz``. Handlers run one at a time on the event loop
-(the store is not shared with any thread), which makes each request's change atomic in the mirror as in Redis.
+registered is a 404 with a message instead of a 500; Redis away (or hung: no answer within
+``http.REDIS_WAIT_S``) is a 503 and the state is read back from Redis when it returns; an API key on every route but
+``/`` and ``/healthz``. A request's work on the store is one call in the store's one thread (``RedisCalls``), never
+on the event loop: one at a time, which makes each request's change atomic in the mirror as in Redis, and a Redis
+that hangs holds that thread, not ``/healthz`` (the mirror's figures) nor the reading of other requests' bodies.
 
 Two routers: the trainer's side (register, batches, status) and the environments' (register, post scored data),
 each route reaching the store as a dependency.
@@ -15,16 +17,26 @@ each route reaching the store as a dependency.
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Annotated, Any
 
-import pydantic_core
 import redis
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.middleware.gzip import GZipMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+    field_validator,
+    model_validator,
+)
 
+from tinker_atropos.frontends.atropos.rows import CompactRows, GroupReader, encode, row_lengths
 from tinker_atropos.frontends.atropos.store import QueueFull, TrajectoryStore
 from tinker_atropos.frontends.bodies import (
     BodyError,
@@ -34,7 +46,7 @@ from tinker_atropos.frontends.bodies import (
     body_error,
     json_body,
 )
-from tinker_atropos.frontends.http import APIKeys
+from tinker_atropos.frontends.http import APIKeys, RedisCalls
 
 log = logging.getLogger(__name__)
 
@@ -84,20 +96,30 @@ FloatRows = Annotated[list[Floats], FAIL_FAST]
 DictRows = Annotated[list[Dicts], FAIL_FAST]
 
 
+def _compact(value: Any, validate: ValidatorFunctionWrapHandler) -> Any:
+    """Rows read as CompactRows (``GroupReader``) were checked as they were read: kept as they are."""
+    return value if isinstance(value, CompactRows) else validate(value)
+
+
+# a group's rows of numbers: CompactRows where a large body's were read so, lists otherwise
+CompactIntRows = Annotated[IntRows, WrapValidator(_compact)]
+CompactFloatRows = Annotated[FloatRows, WrapValidator(_compact)]
+
+
 class ScoredData(BaseModel):
     """One scored group: a sequence per member (tokens, masks, score), and what a trainer may use besides."""
 
     # a NaN score would reach the trainer's loss
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
-    tokens: IntRows
-    masks: IntRows
+    tokens: CompactIntRows
+    masks: CompactIntRows
     scores: Floats
-    advantages: FloatRows | None = None
-    ref_logprobs: FloatRows | None = None
+    advantages: CompactFloatRows | None = None
+    ref_logprobs: CompactFloatRows | None = None
     messages: DictRows | None = None
     generation_params: dict[str, Any] | None = None
-    inference_logprobs: FloatRows | None = None
+    inference_logprobs: CompactFloatRows | None = None
     overrides: Dicts | None = None
     group_overrides: dict[str, Any] | None = None
     images: Any | None = None
@@ -107,6 +129,8 @@ class ScoredData(BaseModel):
 
     @model_validator(mode="after")
     def _token_ids(self) -> ScoredData:
+        if isinstance(self.tokens, CompactRows):
+            return self  # its ids were read in range
         for i, row in enumerate(self.tokens):
             if row and not 0 <= min(row) <= max(row) < MAX_TOKEN_ID:
                 raise ValueError(f"tokens[{i}] holds an id outside [0, {MAX_TOKEN_ID})")
@@ -129,29 +153,35 @@ def lined_up(group: Any, where: str = "") -> None:
     if not isinstance(group, dict):
         return
     tokens, masks, scores = (group.get(k) for k in ("tokens", "masks", "scores"))
-    if not all(isinstance(v, list) for v in (tokens, masks, scores)):
+    if not all(isinstance(v, list | CompactRows) for v in (tokens, masks, scores)):
         return
     if not len(tokens) == len(masks) == len(scores) or not tokens:
         raise ValueError(
             f"{where}tokens, masks and scores need one entry per sequence, at least one: got "
             f"{len(tokens)}, {len(masks)} and {len(scores)}"
         )
+    sequences = row_lengths(tokens)
     for name in ("masks", "inference_logprobs", "advantages"):
         rows = group.get(name)
-        if not isinstance(rows, list):
+        if not isinstance(rows, list | CompactRows):
             continue
         if len(rows) > len(tokens):
             raise ValueError(f"{where}{name} has {len(rows)} rows for {len(tokens)} sequences")
-        for i, (row, sequence) in enumerate(zip(rows, tokens, strict=False)):
-            if isinstance(row, list) and isinstance(sequence, list) and len(row) != len(sequence):
-                raise ValueError(f"{where}{name}[{i}] has {len(row)} entries for {len(sequence)} tokens")
+        for i, (row, sequence) in enumerate(zip(row_lengths(rows), sequences, strict=False)):
+            if row is not None and sequence is not None and row != sequence:
+                raise ValueError(f"{where}{name}[{i}] has {row} entries for {sequence} tokens")
 
 
 async def _store(request: Request) -> TrajectoryStore:  # async: a plain def would run in the thread pool
     return request.app.state.store
 
 
+async def _calls(request: Request) -> RedisCalls:
+    return request.app.state.calls
+
+
 Store = Annotated[TrajectoryStore, Depends(_store)]
+Calls = Annotated[RedisCalls, Depends(_calls)]
 
 
 # the trainer's side -----------------------------------------------------------------------------------------
@@ -170,39 +200,39 @@ async def healthz(store: Store) -> dict[str, Any]:
 
 @trainers.post("/register")
 async def register(
-    registration: Annotated[Registration, json_body(Registration)], store: Store
+    registration: Annotated[Registration, json_body(Registration)], store: Store, calls: Calls
 ) -> dict[str, Any]:
-    return store.register(registration.model_dump())
+    return await calls(store.register, registration.model_dump())
 
 
 @trainers.get("/wandb_info")
-async def wandb_info(store: Store) -> dict[str, Any]:
-    return store.wandb_info()
+async def wandb_info(store: Store, calls: Calls) -> dict[str, Any]:
+    return await calls(store.wandb_info)
 
 
 @trainers.get("/info")
-async def info(store: Store) -> dict[str, Any]:
-    return store.info()
+async def info(store: Store, calls: Calls) -> dict[str, Any]:
+    return await calls(store.info)
 
 
 @trainers.get("/batch")
-async def batch(store: Store) -> dict[str, Any]:
-    return store.batch()
+async def batch(store: Store, calls: Calls) -> dict[str, Any]:
+    return await calls(store.batch)
 
 
 @trainers.get("/latest_example")
-async def latest_example(store: Store) -> Any:
-    return store.latest_example()
+async def latest_example(store: Store, calls: Calls) -> Any:
+    return await calls(store.latest_example)
 
 
 @trainers.get("/status")
-async def status(store: Store) -> dict[str, Any]:
-    return store.status()
+async def status(store: Store, calls: Calls) -> dict[str, Any]:
+    return await calls(store.status)
 
 
 @trainers.get("/reset_data")
-async def reset_data(store: Store) -> PlainTextResponse:
-    store.reset()
+async def reset_data(store: Store, calls: Calls) -> PlainTextResponse:
+    await calls(store.reset)
     return PlainTextResponse("Reset successful")
 
 
@@ -212,42 +242,51 @@ envs = APIRouter()
 
 @envs.post("/register-env")
 async def register_env(
-    fields: Annotated[RegisterEnv, json_body(RegisterEnv)], store: Store
+    fields: Annotated[RegisterEnv, json_body(RegisterEnv)], store: Store, calls: Calls
 ) -> dict[str, Any]:
-    return store.register_env(fields.model_dump())
+    return await calls(store.register_env, fields.model_dump())
 
 
 @envs.post("/disconnect-env")
 async def disconnect_env(
-    env: Annotated[EnvIdentifier, json_body(EnvIdentifier)], store: Store
+    env: Annotated[EnvIdentifier, json_body(EnvIdentifier)], store: Store, calls: Calls
 ) -> dict[str, Any]:
-    return store.disconnect_env(env.env_id)
+    return await calls(store.disconnect_env, env.env_id)
 
 
 def _within_token_length(store: TrajectoryStore, groups: list[dict[str, Any]]) -> None:
     """422 (counted) for a sequence past the ``max_token_len`` the trainer registered: it could not learn it."""
     limit = store.info()["max_token_len"]
     for g, group in enumerate(groups):
-        for i, tokens in enumerate(group["tokens"]):
-            if 0 < limit < len(tokens):
+        for i, tokens in enumerate(row_lengths(group["tokens"])):
+            if 0 < limit < (tokens or 0):
                 store.refuse_invalid(len(groups))
                 where = f"[{g}]" if len(groups) > 1 else ""
                 raise _Refused(
-                    f"body{where}.tokens[{i}] has {len(tokens)} tokens; the trainer registered "
-                    f"max_token_len {limit}"
+                    f"body{where}.tokens[{i}] has {tokens} tokens; the trainer registered max_token_len {limit}"
                 )
 
 
 ONE_GROUP, GROUPS = TypeAdapter(ScoredData), TypeAdapter(Annotated[list[ScoredData], FAIL_FAST])
 
 
+def _queue(
+    store: TrajectoryStore, groups: list[dict[str, Any]], encoded: list[bytes]
+) -> list[dict[str, Any]]:
+    """The groups checked against the trainer's ``max_token_len``, then queued: one call to the store."""
+    _within_token_length(store, groups)
+    return store.post(groups, encoded)
+
+
 def _stored(groups: list[ScoredData]) -> list[tuple[dict[str, Any], bytes]]:
     """Each group as the store takes it: its fields (the validated lists, not copies) and its JSON, made in the
     parsing thread (a big group's serialisation would hold the event loop for seconds)."""
-    return [(fields, pydantic_core.to_json(fields)) for fields in map(dict, groups)]
+    return [(fields, encode(fields)) for fields in map(dict, groups)]
 
 
-async def _posted(request: Request, store: TrajectoryStore, listed: bool) -> list[dict[str, Any]]:
+async def _posted(
+    request: Request, store: TrajectoryStore, calls: RedisCalls, listed: bool
+) -> list[dict[str, Any]]:
     """The groups of a scored-data post, bounded as every body (``JSONBodies``), their fields lined up before they
     are validated; a refusal (422) counts the groups posted, queued (or buffered) otherwise."""
     posted = 1
@@ -262,30 +301,30 @@ async def _posted(request: Request, store: TrajectoryStore, listed: bool) -> lis
                 lined_up(group, f"body[{g}].")
 
     bodies: JSONBodies = request.app.state.bodies
+    reader: GroupReader = request.app.state.groups
     try:
         stored = await bodies.parse(
             request,
             GROUPS if listed else ONE_GROUP,
             check,
             lambda value: _stored(value if listed else [value]),
+            functools.partial(reader.read, listed=listed),
         )
     except BodyError as error:
         if error.status == 422:
-            store.refuse_invalid(posted)
+            await calls(store.refuse_invalid, posted)
         raise
-    groups = [fields for fields, _ in stored]
-    _within_token_length(store, groups)
-    return store.post(groups, [encoded for _, encoded in stored])
+    return await calls(_queue, store, [fields for fields, _ in stored], [encoded for _, encoded in stored])
 
 
 @envs.post("/scored_data")
-async def scored_data(request: Request, store: Store) -> dict[str, Any]:
-    return (await _posted(request, store, listed=False))[0]
+async def scored_data(request: Request, store: Store, calls: Calls) -> dict[str, Any]:
+    return (await _posted(request, store, calls, listed=False))[0]
 
 
 @envs.post("/scored_data_list")
-async def scored_data_list(request: Request, store: Store) -> dict[str, Any]:
-    answers = await _posted(request, store, listed=True)
+async def scored_data_list(request: Request, store: Store, calls: Calls) -> dict[str, Any]:
+    answers = await _posted(request, store, calls, listed=True)
     buffered = [a for a in answers if a["status"] == "buffered"]
     answer: dict[str, Any] = {"status": "received", "groups_processed": len(answers)}
     if buffered:
@@ -295,9 +334,9 @@ async def scored_data_list(request: Request, store: Store) -> dict[str, Any]:
 
 @envs.get("/status-env")
 async def status_env(
-    env: Annotated[EnvIdentifier, json_body(EnvIdentifier)], store: Store
+    env: Annotated[EnvIdentifier, json_body(EnvIdentifier)], store: Store, calls: Calls
 ) -> Any:  # a GET with a JSON body, as atroposlib sends it
-    answer = store.status_env(env.env_id)
+    answer = await calls(store.status_env, env.env_id)
     if answer is None:
         return JSONResponse(
             {"detail": f"env_id {env.env_id} is not registered (POST /register-env)"}, status_code=404
@@ -314,8 +353,8 @@ def _retry_later(request: Request, detail: str) -> JSONResponse:
 
 
 async def _redis_away(request: Request, error: redis.RedisError) -> JSONResponse:
-    # a write may have failed half-way in the mirror: read Redis back first
-    request.app.state.store.stale = True
+    # an error ``RedisCalls`` does not answer itself (a refused command: out of memory, a read-only replica); it
+    # marked the store stale (a write may have failed half-way in the mirror)
     log.warning("Redis unavailable during %s: %s", request.url.path, error)
     return _retry_later(request, f"the state store (Redis) is unavailable: {error}")
 
@@ -336,7 +375,10 @@ def build_app(
         title="tinker-atropos Atropos trajectory API", docs_url=None, redoc_url=None, openapi_url=None
     )
     app.state.store, app.state.retry_after_s = store, retry_after_s
+    # one thread: the store's mirror is changed by one request at a time
+    app.state.calls = RedisCalls("atropos-api-redis", 1, retry_after_s=retry_after_s, failed=store.read_back)
     app.state.bodies = JSONBodies("atropos.max_request_mb")
+    app.state.groups = GroupReader(tuple(ScoredData.model_fields), max_request_bytes)
     app.add_middleware(GZipMiddleware, minimum_size=1000)  # batches are large: gzip answers to who accepts it
     app.add_middleware(GzipRequests, limit=max_request_bytes, setting="atropos.max_request_mb")
     app.add_middleware(BodyLimit, limit=max_request_bytes, setting="atropos.max_request_mb")

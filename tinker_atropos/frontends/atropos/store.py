@@ -21,6 +21,7 @@ from typing import Any
 
 import pydantic_core
 import redis
+from redis.connection import PythonRespSerializer
 
 from tinker_atropos.frontends.atropos.mirror import Entry, Mirror, load, place
 from tinker_atropos.frontends.atropos.packing import EnvEntry, Queued, env_status, next_batch
@@ -52,14 +53,31 @@ def encode(group: dict[str, Any]) -> bytes:
     return pydantic_core.to_json(group)
 
 
+def _sending_values_whole(client: redis.Redis) -> None:
+    """``client``'s commands packed by redis-py's own packer, which sends a large value as it is: hiredis's (the
+    default where it is installed) copies each command whole, so a 64 MiB group stored, and kept as the latest,
+    cost 250 MiB more and held the GIL for 0.15 s. Its connections so far are dropped (none is in use yet)."""
+    pool = client.connection_pool
+    pool.connection_kwargs["command_packer"] = PythonRespSerializer(
+        6000, pool.get_encoder().encode
+    )  # redis-py's cutoff
+    pool.disconnect()
+    pool.reset()
+
+
 class TrajectoryStore:
     """The reference server's operations over Redis; each returns the reference's JSON answer."""
 
     def __init__(self, client: redis.Redis, run: str, max_queue_sequences: int, dedup_window: int) -> None:
+        _sending_values_whole(client)
         self.client, self.prefix = client, f"ta:{run}:atropos"
         self.max_queue_sequences, self.dedup_window = max_queue_sequences, dedup_window
-        self.stale = False  # set when a request failed on Redis: the next one reads the state back first
+        self.stale = False  # a call failed on Redis (``read_back``): the next one reads the state back first
         self.state = load(self.client, self._key, self.dedup_window)
+
+    def read_back(self) -> None:
+        """A call failed on Redis: its change may be half-made in the mirror, which the next call reads back."""
+        self.stale = True
 
     def fresh(self) -> Mirror:
         """The mirror, read back from Redis first if a request failed on it since."""
