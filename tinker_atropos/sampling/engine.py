@@ -464,6 +464,35 @@ class Rows:
         self.kv = kv
 
 
+class Retired:
+    """Engines no longer given new requests (an older policy version's, an evicted sampler's), each closed, with
+    its thread and the model it holds, once it has answered every request it took."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.engines: list[Engine] = []
+
+    def add(self, engine: Engine) -> None:
+        with self.lock:
+            self.engines.append(engine)
+
+    def close_idle(self) -> None:
+        with self.lock:
+            idle = [engine for engine in self.engines if not engine.busy()]
+            self.engines = [engine for engine in self.engines if engine not in idle]
+        for engine in idle:
+            engine.close()
+
+    def all(self) -> list[Engine]:
+        with self.lock:
+            return list(self.engines)
+
+    def __len__(self) -> int:
+        """Engines not yet closed."""
+        with self.lock:
+            return len(self.engines)
+
+
 def _beside(reading: deque[_Request], head: _Request, count: int, budget: int) -> list[_Request]:
     """``head`` and, when it reads its whole prompt at once, the unread other prompts of ``reading`` of its length
     that the budget reads with it (a prompt's twins read none: ``_same_prompt``)."""

@@ -49,7 +49,7 @@ class Sampler:
             "budget_name": "trainer.tinker.kv_cache_tokens",
         }
         self._engine, self.version = self._serving(model, version), version
-        self._retired: list[engine.Engine] = []
+        self._retired = engine.Retired()
         self.tokenizer = tokenizer or ByteTokens()
         self.max_seq_len = model.config.max_seq_len
 
@@ -70,21 +70,13 @@ class Sampler:
         """Serve ``model``'s current weights (copied) as ``version`` from the next request on."""
         served = self._serving(model, version)
         with self._lock:
-            self._retired.append(self._engine)
+            self._retired.add(self._engine)
             self._engine, self.version = served, version
-        self._close_idle()
-
-    def _close_idle(self) -> None:
-        """Close the older versions' engines that have answered every request."""
-        with self._lock:
-            idle = [e for e in self._retired if not e.busy()]
-            self._retired = [e for e in self._retired if e not in idle]
-        for old in idle:
-            old.close()
+        self._retired.close_idle()
 
     def close(self) -> None:
         with self._lock:
-            engines, self._retired = [self._engine, *self._retired], []
+            engines = [self._engine, *self._retired.all()]
         for served in engines:
             served.close()
 
@@ -115,5 +107,5 @@ class Sampler:
             served, version = self._engine, self.version
         samples = served.submit(prompt, params, tenant=tenant).result()
         if served is not self._engine:
-            self._close_idle()
+            self._retired.close_idle()
         return [Completion(s.tokens, s.logprobs, s.stop_reason, version) for s in samples]

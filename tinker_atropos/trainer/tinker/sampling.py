@@ -39,7 +39,7 @@ from torch import nn
 from tinker_atropos.config import ModelSection, TinkerSection
 from tinker_atropos.frontends.tinker import base_models, wire
 from tinker_atropos.models import lora, tiny_lm
-from tinker_atropos.sampling.engine import Cancelled, Engine, Stopped
+from tinker_atropos.sampling.engine import Cancelled, Engine, Retired, Stopped
 from tinker_atropos.sampling.requests import Params, Topk, stop_strings, top
 from tinker_atropos.training.data import ClientError
 from tinker_atropos.training.served import LanguageModel, serving_tree, tokenizer
@@ -261,7 +261,7 @@ class Samplers:
         self.models: dict[str, LanguageModel] = {}
         self.loading: dict[str, Future[LanguageModel]] = {}  # by sampler, while one request loads it
         self.engines: dict[str, tuple[Engine, nn.Module]] = {}
-        self.retired: list[Engine] = []  # those of samplers no longer kept, until they answer their requests
+        self.retired = Retired()  # those of samplers no longer kept, until they answer their requests
         self.cancelled: dict[str, None] = {}  # the latest cancelled tenants, oldest first
         self.lock = threading.Lock()
 
@@ -296,18 +296,10 @@ class Samplers:
                 oldest = next(iter(self.models))  # a request using it keeps its own
                 del self.models[oldest]
                 if oldest in self.engines:  # a fully trained sampler's: it goes with its model
-                    self.retired.append(self.engines.pop(oldest)[0])
+                    self.retired.add(self.engines.pop(oldest)[0])
         loading.set_result(model)
-        self.close_idle()
+        self.retired.close_idle()
         return model
-
-    def close_idle(self) -> None:
-        """Close the retired engines that have answered every request (their threads and models go with them)."""
-        with self.lock:
-            idle = [engine for engine in self.retired if not engine.busy()]
-            self.retired = [engine for engine in self.retired if engine not in idle]
-        for engine in idle:
-            engine.close()
 
     def cancel(self, tenant: str) -> None:
         """Fail ``tenant``'s requests in every engine, and its jobs still on their way."""
@@ -315,7 +307,7 @@ class Samplers:
             self.cancelled[tenant] = None
             while len(self.cancelled) > CANCELLED_KEPT:
                 del self.cancelled[next(iter(self.cancelled))]
-            engines = [engine for engine, _ in self.engines.values()] + self.retired
+            engines = [engine for engine, _ in self.engines.values()] + self.retired.all()
         for engine in engines:
             engine.cancel(tenant)
 
@@ -352,7 +344,7 @@ class Samplers:
 
     def close(self) -> None:
         with self.lock:
-            engines = [engine for engine, _ in self.engines.values()] + self.retired
+            engines = [engine for engine, _ in self.engines.values()] + self.retired.all()
         for engine in engines:
             engine.close()
 
@@ -373,7 +365,7 @@ class Samplers:
             message = f"{type(error).__name__}: {error}"
             return Outcome("server", json.dumps({"error": message, "category": "server"}).encode())
         finally:
-            self.close_idle()
+            self.retired.close_idle()
 
     def _sample(self, job: Job) -> bytes:
         model = self.model(job)
