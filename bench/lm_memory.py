@@ -17,9 +17,9 @@ import torch
 
 from bench.tinker_server import ADAM, serving
 from tinker_atropos.config import parse_config
-from tinker_atropos.frontends.tinker import base_models
 from tinker_atropos.models import smollm2
-from tinker_atropos.trainer.tinker.requests import adam_params
+from tinker_atropos.tinker_api import base_models
+from tinker_atropos.tinker_api.engine.handlers import adam_params
 from tinker_atropos.training.data import Datum
 from tinker_atropos.training.guard import NonfiniteGuard
 from tinker_atropos.training.served import owned_bytes, run_loss

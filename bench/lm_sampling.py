@@ -20,7 +20,7 @@ import torch
 from bench.tinker_server import serving
 from tinker_atropos.models import smollm2
 from tinker_atropos.sampling.engine import Engine
-from tinker_atropos.sampling.requests import Params
+from tinker_atropos.sampling.params import Params
 
 CLIENTS, SAMPLES, TOKENS, PROMPT, ROUNDS = 16, 4, 64, 32, 3
 

@@ -26,9 +26,9 @@ from bench import lm_memory, lm_sampling, lm_training, lora_impl, tinker_samplin
 from bench.tinker_server import ADAM as TINKER_ADAM
 from bench.tinker_server import serving
 from tinker_atropos.config import parse_config
-from tinker_atropos.frontends.tinker import base_models
 from tinker_atropos.models import smollm2
-from tinker_atropos.trainer.tinker.requests import adam_params
+from tinker_atropos.tinker_api import base_models
+from tinker_atropos.tinker_api.engine.handlers import adam_params
 from tinker_atropos.training.data import Datum
 from tinker_atropos.training.served import TINY_LM, run_loss
 

@@ -21,7 +21,7 @@ import torch
 
 from tinker_atropos.models import smollm2, tiny_lm
 from tinker_atropos.sampling.engine import sample
-from tinker_atropos.sampling.requests import Params
+from tinker_atropos.sampling.params import Params
 
 
 @dataclass(frozen=True)

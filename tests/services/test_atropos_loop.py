@@ -23,7 +23,7 @@ from tests.support.running import atropos_up, cli, leftovers, report_rows
 from tinker_atropos.frontends.http import run_key
 from tinker_atropos.models import tiny_lm
 from tinker_atropos.sampling.engine import sample
-from tinker_atropos.sampling.requests import Params
+from tinker_atropos.sampling.params import Params
 from tinker_atropos.training.served import LANGUAGE_MODELS, TINY_LM
 
 pytestmark = pytest.mark.integration

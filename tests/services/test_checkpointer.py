@@ -22,7 +22,7 @@ from tests.support.records import serialized_chunk
 from tinker_atropos.config import Config, parse_config
 from tinker_atropos.models import tiny_lm
 from tinker_atropos.processes import free_port
-from tinker_atropos.state.checkpoints import save_torch
+from tinker_atropos.state.checkpoint_files import save_torch
 from tinker_atropos.state.registry import live_services
 from tinker_atropos.state.run_dir import LOCK_NAME, OWNER_VARIABLE, Holder
 from tinker_atropos.trainer.atropos_loop import EARLIER_STATE, AtroposLoop

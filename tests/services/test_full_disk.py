@@ -163,7 +163,7 @@ WRITES_ON_A_FULL_DISK = """
 import sys
 from pathlib import Path
 import numpy as np, torch
-from tinker_atropos.state.checkpoints import save_checkpoint
+from tinker_atropos.state.checkpoint_files import save_checkpoint
 from tinker_atropos.state.replay_journal import ReplayJournal
 folder = Path(sys.argv[1])
 (folder / "filler").write_bytes(bytes(3 << 20))

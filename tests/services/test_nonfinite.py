@@ -22,7 +22,7 @@ from tinker_atropos.models.mlp import ActorCritic, mlp_spec
 from tinker_atropos.models.weight_bytes import weights_from_bytes, weights_to_bytes
 from tinker_atropos.protocol.trajectory import decode_trajectory
 from tinker_atropos.rollout.policy import PolicySource
-from tinker_atropos.state.checkpoints import load_latest_checkpoint
+from tinker_atropos.state.checkpoint_files import load_latest_checkpoint
 from tinker_atropos.state.experience import ExperienceWriter
 from tinker_atropos.state.registry import live_services
 from tinker_atropos.state.weights import fetch_weights, publish_weights, published_version

@@ -17,7 +17,7 @@ from tinker_atropos.models.mlp import ActorCritic, mlp_spec
 from tinker_atropos.models.weight_bytes import weights_to_bytes
 from tinker_atropos.rollout.policy import PolicySource
 from tinker_atropos.state import keys
-from tinker_atropos.state.checkpoints import load_latest_checkpoint, save_checkpoint
+from tinker_atropos.state.checkpoint_files import load_latest_checkpoint, save_checkpoint
 from tinker_atropos.state.experience import ExperienceReader, ExperienceWriter, read_stats, recent_episodes
 from tinker_atropos.state.registry import Registration, live_services
 from tinker_atropos.state.weights import fetch_weights, publish_weights, published_version

@@ -17,10 +17,10 @@ from tinker.proto import tinker_public_pb2 as pb
 from tinker.proto.request_conv import forward_backward_request_to_proto
 
 from tinker_atropos.config import Config, parse_config
-from tinker_atropos.frontends.tinker.store import Store
-from tinker_atropos.frontends.tinker.store.requests import DONE, FAILED
-from tinker_atropos.trainer.tinker import requests
-from tinker_atropos.trainer.tinker.worker import Worker
+from tinker_atropos.tinker_api.engine import handlers
+from tinker_atropos.tinker_api.engine.worker import Worker
+from tinker_atropos.tinker_api.store import Store
+from tinker_atropos.tinker_api.store.queue import DONE, FAILED
 from tinker_atropos.training.served import TINY_LM
 
 MODELS = [f"s:train:{i}" for i in range(3)]
@@ -98,13 +98,13 @@ def _losses(store: Store, model: str) -> list[float]:
 def passes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """How many requests each batched pass ran."""
     counted: list[int] = []
-    run_losses = requests.run_losses
+    run_losses = handlers.run_losses
 
     def counting(runs: list) -> list:
         counted.append(len(runs))
         return run_losses(runs)
 
-    monkeypatch.setattr(requests, "run_losses", counting)
+    monkeypatch.setattr(handlers, "run_losses", counting)
     return counted
 
 

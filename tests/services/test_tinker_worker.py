@@ -19,13 +19,13 @@ from tinker.proto.request_conv import forward_backward_request_to_proto
 
 from tests.support.asserts import assert_names_nothing_of_the_package, assert_same
 from tinker_atropos.config import Config, parse_config
-from tinker_atropos.frontends.tinker import wire
-from tinker_atropos.frontends.tinker.store import Store
-from tinker_atropos.frontends.tinker.store.files import tinker_path
-from tinker_atropos.frontends.tinker.store.requests import DONE, FAILED, PENDING
-from tinker_atropos.frontends.tinker.store.samplers import sampler_lane
 from tinker_atropos.state.run_dir import LOCK_NAME, OWNER_VARIABLE, Holder, RunFolderInUse, RunFolderOwner
-from tinker_atropos.trainer.tinker.worker import Worker
+from tinker_atropos.tinker_api import wire
+from tinker_atropos.tinker_api.engine.worker import Worker
+from tinker_atropos.tinker_api.store import Store
+from tinker_atropos.tinker_api.store.files import tinker_path
+from tinker_atropos.tinker_api.store.queue import DONE, FAILED, PENDING
+from tinker_atropos.tinker_api.store.samplers import sampler_lane
 
 MODEL = "s:train:0"
 T = 8

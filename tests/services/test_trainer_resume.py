@@ -13,7 +13,7 @@ from tests.support.envs import pendulum_env
 from tests.support.loops import started_loop
 from tests.support.records import trajectory_chunk
 from tinker_atropos.config import parse_config
-from tinker_atropos.state.checkpoints import read_checkpoint, save_checkpoint
+from tinker_atropos.state.checkpoint_files import read_checkpoint, save_checkpoint
 from tinker_atropos.state.weights import fetch_weights, published_version
 from tinker_atropos.trainer.experience_loop import ExperienceLoop
 

@@ -25,7 +25,7 @@ from typing import Literal
 import tinker
 
 from tests.support.running import REPO
-from tinker_atropos.frontends.tinker.routes.service import UNSERVED
+from tinker_atropos.tinker_api.http.routes.service import UNSERVED
 
 CLIENTS: tuple[type, ...] = (
     tinker.ServiceClient,

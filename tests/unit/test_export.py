@@ -16,7 +16,7 @@ from tinker_atropos.models.acting import InferencePolicy
 from tinker_atropos.models.export import export_policy
 from tinker_atropos.models.mlp import ActorCritic
 from tinker_atropos.models.weight_bytes import weights_to_bytes
-from tinker_atropos.state.checkpoints import save_checkpoint
+from tinker_atropos.state.checkpoint_files import save_checkpoint
 
 ACTIONS = {
     "gaussian": {"kind": "box", "shape": [2]},

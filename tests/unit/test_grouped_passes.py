@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.support.hf_models import model_folder
-from tinker_atropos.trainer.tinker.dispatch import together
+from tinker_atropos.tinker_api.engine.dispatch import together
 from tinker_atropos.training.core import AdamParams
 from tinker_atropos.training.data import ClientError, Datum
 from tinker_atropos.training.served import (

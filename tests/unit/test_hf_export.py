@@ -1,4 +1,4 @@
-"""A transformers LM with our LoRA, out of the run (``models/hf_export.py``, ``frontends/tinker/weights_out.py``):
+"""A transformers LM with our LoRA, out of the run (``models/hf_export.py``, ``tinker_api/engine/weights_out.py``):
 the PEFT adapter folder and the merged Hugging Face folder load with transformers and PEFT alone and give the
 logits our wrapped model gives; what cannot leave that way is refused in one line. A small random Llama with a
 tied unembedding (as SmolLM2's) stands in for SmolLM2 here; tests/services/test_tinker_weights_out.py takes
@@ -16,9 +16,9 @@ import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
-from tinker_atropos.frontends.tinker import weights_out
-from tinker_atropos.frontends.tinker.wire import WireError
 from tinker_atropos.models import hf_export, lora
+from tinker_atropos.tinker_api.engine import weights_out
+from tinker_atropos.tinker_api.wire import WireError
 from tinker_atropos.training.served import TINY_LM, LanguageModel, checkpoint
 
 TOLERANCE = 1e-4  # float32: folding B A into W reorders the sums

@@ -1,6 +1,7 @@
 """The package's floors and sizes, read from its source by an AST walk (nothing is imported).
 
-The floors are data (``FLOORS``: which folder may import which); every import of every module is checked against
+The floors are data (``FLOORS``: which room may import which: a folder, or inside the
+``ROOMED`` folders each sub-package or module); every import of every module is checked against
 them, a function's late import and a ``TYPE_CHECKING`` one included, and the training floor is followed
 transitively: whatever ``training/`` reaches stays on its floor or below and imports no transport. Each check is a
 function of a package root that fails on an empty tree, and a planted forbidden import in a copy of the package
@@ -22,14 +23,19 @@ from tests.support.running import REPO
 PACKAGE = REPO / "tinker_atropos"
 MAX_FUNCTION_LINES, MAX_CLASS_LINES, MAX_TEST_FILE_LINES = 100, 250, 800
 
-# Folder (or module at the package's top) -> the folders it may import. Read bottom to top: the ground imports no
-# other folder; ``training/`` (the core, losses, the guard) sits on models and the protocol only; algorithms on
-# training; the services' hosts, then the services, their drivers and front-ends; the launcher on everything.
+# Room -> the rooms it may import. A room is a folder under tinker_atropos/ (or a module at the package's top); in the
+# folders of ROOMED, each sub-package or module is a room of its own (``tinker_api/http``, ``trainer/experience_loop``),
+# so floors hold inside them too. Read bottom to top: the ground imports nothing; ``training/`` (the core, losses,
+# the guard) sits on models and the protocol only; algorithms on training; the services' hosts, then the services,
+# the front-ends (whose three processes, ``frontends/atropos``, ``frontends/inference`` and ``tinker_api/http``,
+# never import one another), the Tinker API (its HTTP app and its engine meeting only at its store, all above its
+# wire), the trainer's drivers; the launcher on everything.
+ROOMED = frozenset({"frontends", "tinker_api", "trainer"})
+GROUND = ("errors", "logs", "processes", "sections", "device", "prometheus", "protocol", "models")
 FLOORS: dict[str, frozenset[str]] = {
-    folder: frozenset(below)
-    for folder, below in {
-        "errors": (), "logs": (), "processes": (), "sections": (), "device": (), "prometheus": (), "protocol": (),
-        "models": (),
+    room: frozenset(below)
+    for room, below in {
+        **{name: () for name in GROUND},
         "security": ("errors", "logs"),
         "state": ("errors", "processes", "protocol", "security"),
         "sampling": ("models",),
@@ -41,12 +47,46 @@ FLOORS: dict[str, frozenset[str]] = {
         "environment": ("config", "errors", "logs", "protocol", "security", "service_host", "state"),
         "rollout": ("config", "device", "environment", "models", "processes", "protocol", "security",
                     "service_host", "state"),
-        "frontends": ("config", "environment", "errors", "logs", "models", "protocol", "sampling", "security",
-                      "service_host", "state", "training"),
-        "trainer": ("algorithms", "config", "device", "environment", "errors", "frontends", "logs", "models",
-                    "protocol", "sampling", "security", "service_host", "state", "training"),
-        "launcher": ("config", "environment", "errors", "frontends", "models", "processes", "rollout", "security",
-                     "service_host", "state", "trainer"),
+        # the front-ends' shared kit, then the Atropos trajectory API and the inference endpoint
+        "frontends/__init__": (),
+        "frontends/http": ("errors", "logs", "security", "state"),
+        "frontends/bodies": ("frontends/http",),
+        "frontends/atropos": ("config", "frontends/bodies", "frontends/http", "protocol", "service_host", "state"),
+        "frontends/inference": ("frontends/bodies", "frontends/http", "models", "sampling", "training"),
+        # the Tinker API: wire <- base_models, store <- http | engine <- service (the trainer's driver)
+        "tinker_api/__init__": (),
+        "tinker_api/wire": ("sampling", "training"),
+        "tinker_api/base_models": ("config", "environment", "errors", "models", "tinker_api/wire", "training"),
+        "tinker_api/store": ("state", "tinker_api/wire"),
+        "tinker_api/http": ("config", "errors", "frontends/bodies", "frontends/http", "logs", "security",
+                            "tinker_api/base_models", "tinker_api/store", "tinker_api/wire", "training"),
+        "tinker_api/engine": ("config", "models", "sampling", "security", "state", "tinker_api/base_models",
+                              "tinker_api/store", "tinker_api/wire", "training"),
+        "tinker_api/service": ("config", "environment", "frontends/http", "protocol", "state",
+                               "tinker_api/base_models", "tinker_api/engine", "tinker_api/http", "tinker_api/store",
+                               "training"),
+        # the trainer: its parts, then its three drivers, then the service that composes them
+        "trainer/__init__": (),
+        "trainer/figures": ("state",),
+        "trainer/tensorboard": ("config", "errors", "state"),
+        "trainer/learner_channels": (),
+        "trainer/learner_replicas": ("algorithms", "errors", "protocol", "trainer/learner_channels", "training"),
+        "trainer/batcher": ("algorithms", "config", "logs", "protocol", "trainer/figures"),
+        "trainer/checkpointing": ("algorithms", "config", "models", "protocol", "state", "trainer/figures",
+                                  "training"),
+        "trainer/periodic_eval": ("config", "environment", "models", "state", "trainer/tensorboard", "training"),
+        "trainer/experience_loop": ("algorithms", "config", "device", "environment", "errors", "protocol",
+                                    "security", "state", "trainer/batcher", "trainer/checkpointing",
+                                    "trainer/figures", "trainer/learner_replicas", "trainer/periodic_eval",
+                                    "trainer/tensorboard", "training"),
+        "trainer/atropos_loop": ("config", "errors", "frontends/http", "frontends/inference", "models", "protocol",
+                                 "state", "tinker_api/base_models", "trainer/checkpointing", "trainer/figures",
+                                 "training"),
+        "trainer/service": ("config", "device", "protocol", "service_host", "state", "tinker_api/service",
+                            "trainer/atropos_loop", "trainer/checkpointing", "trainer/experience_loop", "training"),
+        "launcher": ("config", "environment", "errors", "frontends/atropos", "frontends/http", "models",
+                     "processes", "rollout", "security", "service_host", "state", "tinker_api/engine",
+                     "tinker_api/store", "tinker_api/wire", "trainer/service"),
         "tinker_atropos": ("environment",),  # the package's __init__: the vector envs, on first use
         "__main__": ("launcher",),
     }.items()
@@ -73,8 +113,13 @@ class Module:
     tree: ast.Module
 
     @property
+    def room(self) -> str:
+        return room(self.name)
+
+    @property
     def folder(self) -> str:
-        return folder(self.name)
+        """The folder under tinker_atropos/ (or the module at its top)."""
+        return room(self.name).split("/")[0]
 
 
 def read_modules(root: Path) -> tuple[Module, ...]:
@@ -91,10 +136,15 @@ def package_modules() -> tuple[Module, ...]:
     return read_modules(PACKAGE)
 
 
-def folder(name: str) -> str:
-    """The folder under tinker_atropos/ a module belongs to, or the module itself at the package's top."""
+def room(name: str) -> str:
+    """The room a module is in: its folder under tinker_atropos/ (or the module itself at the package's top), or in
+    a folder of ROOMED, the folder and its sub-package or module (``tinker_api/http``; ``trainer/__init__``)."""
     parts = name.split(".")
-    return parts[1] if len(parts) > 1 else parts[0]
+    if len(parts) == 1:
+        return parts[0]
+    if parts[1] in ROOMED:
+        return f"{parts[1]}/{parts[2] if len(parts) > 2 else '__init__'}"
+    return parts[1]
 
 
 def imports(module: Module) -> set[str]:
@@ -108,9 +158,9 @@ def imports(module: Module) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
             source = ".".join([*base, *([node.module] if node.module else [])])
-            found |= (
-                {f"{source}.{alias.name}" for alias in node.names} if source == "tinker_atropos" else {source}
-            )
+            # a package's modules by name: ``from tinker_atropos.tinker_api import wire`` is tinker_api/wire's
+            named = source == "tinker_atropos" or source.removeprefix("tinker_atropos.") in ROOMED
+            found |= {f"{source}.{alias.name}" for alias in node.names} if named else {source}
     return found
 
 
@@ -130,17 +180,17 @@ def seen(modules: tuple[Module, ...]) -> None:
 
 
 def check_floors(root: Path = PACKAGE) -> None:
-    """Every folder has a floor, and every import of the package's own modules is one its floor allows."""
+    """Every room has a floor, and every import of the package's own modules is one its floor allows."""
     modules = package_modules() if root == PACKAGE else read_modules(root)
     seen(modules)
-    undeclared = {module.folder for module in modules} - FLOORS.keys()
-    assert not undeclared, f"folders without a floor in FLOORS: {sorted(undeclared)}"
+    undeclared = {module.room for module in modules} - FLOORS.keys()
+    assert not undeclared, f"rooms without a floor in FLOORS: {sorted(undeclared)}"
     checked, breaches = 0, set()
     for module in modules:
         for name in filter(own, imports(module)):
             checked += 1
-            target = folder(name)
-            if target != module.folder and target not in FLOORS[module.folder]:
+            target = room(name)
+            if target != module.room and target not in FLOORS[module.room]:
                 breaches.add((module.path, name))
     assert checked > 300, f"only {checked} imports of the package's own modules seen"
     assert not breaches, f"imports their floor does not allow (FLOORS): {sorted(breaches)}"
@@ -228,9 +278,9 @@ def test_the_package_holds(check: str) -> None:
 
 
 def test_the_floors_are_floors() -> None:
-    """FLOORS names only folders of the package and has no circle: each folder can be put above all it imports."""
-    folders = {module.folder for module in package_modules()}
-    assert FLOORS.keys() == folders, sorted(FLOORS.keys() ^ folders)
+    """FLOORS names only rooms of the package and has no circle: each room can be put above all it imports."""
+    rooms = {module.room for module in package_modules()}
+    assert FLOORS.keys() == rooms, sorted(FLOORS.keys() ^ rooms)
     assert all(below <= FLOORS.keys() for below in FLOORS.values())
     placed: set[str] = set()
     while len(placed) < len(FLOORS):
@@ -271,13 +321,25 @@ PLANTS = {
         "algorithms/base.py",
         "\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from tinker_atropos.trainer.service import X\n",
         "floors", "tinker_atropos.trainer.service"),
+    "the trajectory API reaching the Tinker API's store": (
+        "frontends/atropos/app.py", "\nfrom tinker_atropos.tinker_api.store import Store as _planted\n", "floors",
+        "tinker_atropos.tinker_api.store"),
+    "the Tinker engine importing a driver of the trainer": (
+        "tinker_api/engine/handlers.py", "\n\ndef _planted():\n    from tinker_atropos.trainer import experience_loop\n",
+        "floors", "tinker_atropos.trainer.experience_loop"),
+    "the Tinker HTTP app importing its engine": (
+        "tinker_api/http/routes/samples.py", "\nfrom tinker_atropos.tinker_api.engine import worker as _planted\n",
+        "floors", "tinker_api/http/routes/samples.py"),
+    "one trainer driver importing another": (
+        "trainer/atropos_loop.py", "\nfrom tinker_atropos.trainer.experience_loop import ExperienceLoop as _p\n",
+        "floors", "trainer/atropos_loop.py"),
     "a folder without a floor": ("newfloor/__init__.py", "import tinker_atropos.errors\n", "floors", "newfloor"),
     "the training floor reaching Redis through a model": (
         "models/spec.py", "\nimport redis as _planted\n", "training floor", "redis"),
     "the training floor reaching gRPC through the protocol": (
         "protocol/trajectory.py", "\n\ndef _planted():\n    import grpc\n", "training floor", "grpc"),
     "a driver importing an algorithm's module": (
-        "trainer/driver.py", "\nfrom tinker_atropos.algorithms.ppo import learner as _planted\n",
+        "trainer/service.py", "\nfrom tinker_atropos.algorithms.ppo import learner as _planted\n",
         "no algorithm import", "algorithms.ppo"),
     "a function over 100 lines": ("state/keys.py", LONG_FUNCTION, "sizes", "state/keys.py:planted"),
 }  # fmt: skip

@@ -30,7 +30,7 @@ REVIEWED: dict[tuple[str, str, str], str] = {
         "a share of an update, in shared memory the trainer made for its own learner replica",
     ("trainer/learner_channels.py", "Channel.receive", "pickle.loads"):
         "a message from the other end of a socket pair only the trainer and its own replica hold (nothing listens)",
-    ("state/checkpoints.py", "read_checkpoint", "torch.load"):
+    ("state/checkpoint_files.py", "read_checkpoint", "torch.load"):
         "the run folder's own experience-loop checkpoints (at start, evaluation, export); a Tinker path never "
         "reaches it (Tinker checkpoints load with weights_only=True)",
 }  # fmt: skip

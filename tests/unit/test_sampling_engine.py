@@ -17,7 +17,7 @@ from tinker_atropos.models import lora, tiny_lm
 from tinker_atropos.models.tiny_lm import ByteTokenizer, TinyCausalLM
 from tinker_atropos.sampling import engine as engine_module
 from tinker_atropos.sampling.engine import Cancelled, Engine, Stopped, sample
-from tinker_atropos.sampling.requests import Params, SampledTokens, stop_strings
+from tinker_atropos.sampling.params import Params, SampledTokens, stop_strings
 
 TOK = ByteTokenizer()
 EOS = frozenset({TOK.eos_id})

@@ -12,7 +12,7 @@ from starlette.testclient import TestClient
 
 from tests.support import sdk_compatibility as compatibility
 from tests.support.running import REPO
-from tinker_atropos.frontends.tinker.app import build_app
+from tinker_atropos.tinker_api.http.app import build_app
 
 FIX = f"edit CALLS in tests/support/sdk_compatibility.py, then run {compatibility.REGENERATE}"
 

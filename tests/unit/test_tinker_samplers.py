@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from tinker_atropos.config import parse_config
-from tinker_atropos.trainer.tinker.sampling import Job, Samplers, Settings
+from tinker_atropos.tinker_api.engine.sampling_process import Job, Samplers, Settings
 
 
 def samplers(load: object) -> Samplers:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tinker_atropos.frontends.tinker.wire import WireError
 from tinker_atropos.models.lora import LoRALinear
 from tinker_atropos.models.tiny_lm import (
     ByteTokenizer,
@@ -16,8 +15,9 @@ from tinker_atropos.models.tiny_lm import (
     target_logprobs,
 )
 from tinker_atropos.sampling import engine
-from tinker_atropos.sampling.requests import Params, Topk
-from tinker_atropos.trainer.tinker.sampling import prompt_scores
+from tinker_atropos.sampling.params import Params, Topk
+from tinker_atropos.tinker_api.engine.sampling_process import prompt_scores
+from tinker_atropos.tinker_api.wire import WireError
 
 TOK = ByteTokenizer()
 TEXT = "tinker-atropos learns to speak.\n"

@@ -383,7 +383,7 @@ def _checkpoint(run_dir: Path, checkpoint: Path | None, best: bool) -> Path | No
     """The checkpoint ``--checkpoint`` or ``--best`` names (None: the run's newest); exit 2 when ``--best`` finds
     none, or both are given."""
     from tinker_atropos.errors import EXIT_FATAL
-    from tinker_atropos.state.checkpoints import BEST
+    from tinker_atropos.state.checkpoint_files import BEST
 
     if not best:
         return checkpoint
@@ -574,9 +574,9 @@ def export(
     """Write a run's deterministic policy, its observation normaliser folded in, for ONNX Runtime or torch; or a
     Tinker language model's LoRA adapter for PEFT, or the model with it folded in for transformers."""
     from tinker_atropos.errors import EXIT_FATAL
-    from tinker_atropos.frontends.tinker.weights_out import FORMATS as LM_FORMATS
     from tinker_atropos.launcher.run_folder import run_policy
     from tinker_atropos.models.export import FORMATS, export_policy
+    from tinker_atropos.tinker_api.engine.weights_out import FORMATS as LM_FORMATS
 
     if fmt not in FORMATS + LM_FORMATS:
         typer.echo(f"error: --format {fmt!r} is not one of: {', '.join(FORMATS + LM_FORMATS)}", err=True)

@@ -1,6 +1,6 @@
 """``tinker-atropos export --format peft|merged``: a Tinker checkpoint of a language model (a file under the run's
 ``tinker/`` folder, or its ``tinker://`` path) as a PEFT adapter folder or a merged Hugging Face model folder
-(``frontends/tinker/weights_out.py``). Every refusal is one line (a ``FatalError``)."""
+(``tinker_api/engine/weights_out.py``). Every refusal is one line (a ``FatalError``)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tinker_atropos.errors import FatalError
-from tinker_atropos.frontends.tinker.store.files import KINDS, checkpoint_file, parts
-from tinker_atropos.frontends.tinker.wire import WireError
+from tinker_atropos.tinker_api.store.files import KINDS, checkpoint_file, parts
+from tinker_atropos.tinker_api.wire import WireError
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ def export_language_model(file: Path, fmt: str, out: Path) -> Exported:
     ``fmt`` (peft or merged)."""
     import torch
 
-    from tinker_atropos.frontends.tinker import weights_out
+    from tinker_atropos.tinker_api.engine import weights_out
 
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise FatalError(f"{out} exists and is not an empty folder: name another --out")

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tinker_atropos.errors import FatalError
-from tinker_atropos.state.checkpoints import PREFIX as CHECKPOINT_PREFIX
+from tinker_atropos.state.checkpoint_files import PREFIX as CHECKPOINT_PREFIX
 
 if TYPE_CHECKING:
     from tinker_atropos.models.mlp import ActorCritic
@@ -129,7 +129,7 @@ def run_policy(run_dir: Path, checkpoint: Path | None, network: str) -> RunPolic
     """The policy of ``checkpoint``, or of the run folder's newest readable checkpoint; FatalError, in one line,
     when there is none, it holds no policy, or the policy is not the config's ``network``."""
     from tinker_atropos.models.acting import load_network
-    from tinker_atropos.state.checkpoints import load_latest_checkpoint, read_checkpoint
+    from tinker_atropos.state.checkpoint_files import load_latest_checkpoint, read_checkpoint
 
     if checkpoint is not None:
         try:

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from tinker_atropos.models import lora
 from tinker_atropos.sampling import scheduler
-from tinker_atropos.sampling.requests import Decoder, Params, SampledTokens, Topk, TopRow, top
+from tinker_atropos.sampling.params import Decoder, Params, SampledTokens, Topk, TopRow, top
 
 log = logging.getLogger(__name__)
 

@@ -84,6 +84,6 @@ def lease(run: str, unit: str) -> str:
 
 
 def tinker(run: str) -> str:
-    """Prefix of the Tinker API's keys (``frontends/tinker/store/``: sessions, models, requests and their futures,
+    """Prefix of the Tinker API's keys (``tinker_api/store/``: sessions, models, requests and their futures,
     samplers, training runs and their checkpoints, the samplers' record), each named there under it."""
     return f"ta:{run}:tinker"

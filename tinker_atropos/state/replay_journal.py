@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tinker_atropos.state.checkpoints import write_atomically
+from tinker_atropos.state.checkpoint_files import write_atomically
 from tinker_atropos.state.run_dir import tolerated
 
 log = logging.getLogger(__name__)

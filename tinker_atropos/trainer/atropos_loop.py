@@ -45,11 +45,11 @@ from tinker_atropos.state import keys
 from tinker_atropos.state.experience import MAX_EPISODES_KEPT, add_stats
 from tinker_atropos.state.registry import live_services
 from tinker_atropos.trainer.checkpointing import snapshot
-from tinker_atropos.trainer.driver import Checkpoint
 from tinker_atropos.trainer.figures import BusyMeter
 from tinker_atropos.training.atropos_batches import batch_datums
 from tinker_atropos.training.core import AdamParams
 from tinker_atropos.training.data import ClientError, Datum
+from tinker_atropos.training.driver import Checkpoint
 from tinker_atropos.training.guard import NonfiniteGuard
 from tinker_atropos.training.served import TINY_LM, LanguageModel, run_loss, shared_tensors
 
@@ -68,7 +68,7 @@ def language_model(config: Config, device: torch.device) -> LanguageModel:
     name = section.base_model
     if name in tinker.base_models:
         # the Tinker API's front-end (gymnasium, its envs): imported only for a model folder
-        from tinker_atropos.frontends.tinker import base_models
+        from tinker_atropos.tinker_api import base_models
 
         base_models.register(
             tinker.model_copy(update={"base_models": {name: tinker.base_models[name]}}), device

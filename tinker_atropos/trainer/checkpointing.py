@@ -34,14 +34,14 @@ from tinker_atropos.config import CheckpointSection
 from tinker_atropos.models.weight_bytes import load_weights
 from tinker_atropos.protocol.freshness import Freshness
 from tinker_atropos.protocol.v1 import services_pb2
-from tinker_atropos.state.checkpoints import load_latest_checkpoint, read_checkpoint, save_checkpoint
+from tinker_atropos.state.checkpoint_files import load_latest_checkpoint, read_checkpoint, save_checkpoint
 from tinker_atropos.state.experience import add_stats
 from tinker_atropos.state.registry import live_services
 from tinker_atropos.state.replay_journal import ReplayJournal
 from tinker_atropos.state.run_dir import FolderWrites, RunFolderInUse, RunFolderOwner
 from tinker_atropos.state.weights import fetch_weights
-from tinker_atropos.trainer.driver import Checkpoint, Driver
 from tinker_atropos.trainer.figures import write_figures
+from tinker_atropos.training.driver import Checkpoint, Driver
 
 log = logging.getLogger(__name__)
 

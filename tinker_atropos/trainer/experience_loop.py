@@ -39,11 +39,11 @@ from tinker_atropos.state.registry import live_services
 from tinker_atropos.state.weights import publish_weights, verified_version
 from tinker_atropos.trainer.batcher import Batcher
 from tinker_atropos.trainer.checkpointing import ExperienceState, adopt_newer_weights, continue_above_rollouts
-from tinker_atropos.trainer.driver import Checkpoint
 from tinker_atropos.trainer.figures import BusyMeter, write_figures
 from tinker_atropos.trainer.learner_replicas import Replicas
 from tinker_atropos.trainer.periodic_eval import PeriodicEvaluation
 from tinker_atropos.trainer.tensorboard import run_log
+from tinker_atropos.training.driver import Checkpoint
 from tinker_atropos.training.guard import NonfiniteGuard
 
 log = logging.getLogger(__name__)

@@ -25,7 +25,7 @@ from tinker_atropos.config import Config
 from tinker_atropos.environment.client import EnvClient
 from tinker_atropos.environment.episodes import equal_shares
 from tinker_atropos.models.acting import InferencePolicy, load_policy
-from tinker_atropos.state.checkpoints import BEST, read_checkpoint, save_best
+from tinker_atropos.state.checkpoint_files import BEST, read_checkpoint, save_best
 from tinker_atropos.state.registry import live_services
 from tinker_atropos.trainer.tensorboard import TensorBoardLog
 from tinker_atropos.training.core import TrainingCore

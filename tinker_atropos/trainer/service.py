@@ -22,8 +22,8 @@ from tinker_atropos.protocol.v1 import services_pb2
 from tinker_atropos.service_host import Endpoint
 from tinker_atropos.state.run_dir import RunFolderOwner
 from tinker_atropos.trainer.checkpointing import Checkpointer
-from tinker_atropos.trainer.driver import Driver
 from tinker_atropos.trainer.experience_loop import ExperienceLoop
+from tinker_atropos.training.driver import Driver
 
 log = logging.getLogger(__name__)
 
@@ -41,10 +41,10 @@ def build_drivers(
     and FastAPI take half a second."""
     trainer, drivers = config.trainer, []
     if trainer.tinker.enabled:
-        from tinker_atropos.trainer.tinker.driver import TinkerAPI
+        from tinker_atropos.tinker_api.service import TinkerAPI
 
         tinker = TinkerAPI(config, client, run_dir, resolve_device(trainer.device), owner)
-        drivers.append((tinker, None, None))  # a snapshot per state-changing request (trainer/tinker)
+        drivers.append((tinker, None, None))  # a snapshot per state-changing request (tinker_api/engine)
     if trainer.atropos.enabled:
         from tinker_atropos.trainer.atropos_loop import EARLIER_STATE, AtroposLoop
 

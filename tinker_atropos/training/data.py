@@ -6,7 +6,7 @@ A served model says what it reads as a ``Schema``: the range of its tokens and i
 ``loss_fn_inputs`` name its trailing shape (the leading one is the datum's length T), whether it holds integers
 (in a range) or finite numbers, and whether it is required; a loss adds the names it needs (``losses.INPUTS``).
 How much memory a request's arrays may take is checked where they are read, before they are allocated
-(``frontends/tinker/wire.py``'s ``Budget``).
+(``tinker_api/wire.py``'s ``Budget``).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ means), computed from the log-probabilities the model gives its targets.
   surrogate with the same bounds: whole sequences are kept or clipped. A datum is one sequence
 - ``stable_reinforce``: REINFORCE whose importance ratio is taken against the log-probabilities the *sampler
   recorded* for the tokens it sampled (``record_stability_info=True``; the datum's provenance spans name the
-  sequence behind each target, ``frontends/tinker/stability.py`` looks them up) and whose tokens are dropped where
+  sequence behind each target, ``tinker_api/store/sequences.py`` looks them up) and whose tokens are dropped where
   trainer and sampler disagree too much: ``-(keep * ratio * advantages).sum()`` with ``ratio = exp(target_logprobs
   - sampler_logprobs)`` and ``keep`` the sampled targets whose ratio lies in [``mask_low_threshold``,
   ``mask_high_threshold``] (``loss_fn_config``; 0.5 and 2.0 by default). Tinker names the loss and its inputs but

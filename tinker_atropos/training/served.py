@@ -1,6 +1,6 @@
 """The models the Tinker API serves (and the Atropos loop trains), the one calling convention each follows, and
 ``run_loss``: a Tinker loss over a model's forward pass, its gradients taken through ``TrainingCore.forward_backward``.
-Which model a base-model name builds is the front-end's (``frontends/tinker/base_models.py``).
+Which model a base-model name builds is the front-end's (``tinker_api/base_models.py``).
 
 - **Control policies** ``mlp-gaussian/<env id>`` and ``mlp-categorical/<env id>``: the actor-critic MLP the
   rollouts act with (``models.mlp``), built from the env's spaces and the config's ``trainer.model``. A datum is

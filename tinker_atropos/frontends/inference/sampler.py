@@ -12,8 +12,9 @@ from dataclasses import dataclass
 import torch
 
 from tinker_atropos.frontends.inference.tokens import ByteTokens, Tokens
-from tinker_atropos.sampling import engine, requests
-from tinker_atropos.sampling.requests import Params
+from tinker_atropos.sampling import engine
+from tinker_atropos.sampling.params import Decoder, Params
+from tinker_atropos.sampling.params import stop_strings as text_stops
 
 
 @dataclass(frozen=True)
@@ -25,7 +26,7 @@ class Completion:
 
 
 class Sampler:
-    """``model`` (a ``requests.Decoder``: the tiny LM, SmolLM2, a model folder's LM) served with ``tokenizer``;
+    """``model`` (a ``Decoder``: the tiny LM, SmolLM2, a model folder's LM) served with ``tokenizer``;
     ``shared``: its tensors that never change (a LoRA model's base), held by every copy rather than copied.
 
     Each policy version decodes in a continuous-batching engine of its own (``sampling/engine.py``): concurrent
@@ -34,7 +35,7 @@ class Sampler:
 
     def __init__(
         self,
-        model: requests.Decoder,
+        model: Decoder,
         version: int = 0,
         tokenizer: Tokens | None = None,
         shared: Iterable[torch.Tensor] = (),
@@ -101,7 +102,7 @@ class Sampler:
         if room < 1:
             raise ValueError(f"the prompt has {len(prompt)} tokens; the context is {self.max_seq_len}")
         stops = frozenset([*self.tokenizer.eos_ids, *stop_tokens])
-        text_stop = requests.stop_strings(stop_strings, self.tokenizer.decode)
+        text_stop = text_stops(stop_strings, self.tokenizer.decode)
         params = Params(min(max_tokens, room), n, temperature, top_k, top_p, stops, text_stop, seed)
         with self._lock:
             served, version = self._engine, self.version
