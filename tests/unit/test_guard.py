@@ -79,3 +79,25 @@ def test_nonfinite_names_the_trained_tensors_and_buffers_that_hold_nan_or_inf_an
     c.model.running[1] = float("nan")
     assert c.nonfinite() == ["2.bias", "running"]
     assert torch.isneginf(c.model[2].bias).all()  # looked at, not changed
+
+
+def test_a_step_that_stands_is_the_next_version_and_one_undone_is_not() -> None:
+    """The one version rule, in the core and applied by the guard every driver steps through."""
+    c, guard = core(), NonfiniteGuard()
+    gradients(c)
+    guard.update(c, None, lambda: c.optim_step(AdamParams(learning_rate=1e-2)))
+    assert c.version == 1
+    gradients(c, poison=True)
+    _, bad = guard.update(c, None, lambda: c.optim_step(AdamParams(learning_rate=1e-2)))
+    assert bad and c.version == 1
+
+
+def test_a_core_goes_on_above_a_version_seen_elsewhere_and_never_back() -> None:
+    c = core()
+    c.continue_above(6)  # a rollout acts with 6: the next is 7
+    assert c.version == 7
+    c.continue_above(9, adopt=True)  # the weights of 9 loaded: it is 9
+    assert c.version == 9
+    c.continue_above(3)
+    c.continue_above(4, adopt=True)
+    assert c.version == 9

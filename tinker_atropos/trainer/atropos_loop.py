@@ -279,7 +279,6 @@ class AtroposLoop:
                 return
             stood = not bad
             if stood:
-                core.version += 1
                 synced = time.monotonic()
                 self.sampler.update(core.model, core.version)
                 # trainer step -> the endpoint sampling with the new adapter (issue 46: at most 1 s on SmolLM2)

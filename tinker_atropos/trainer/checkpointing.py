@@ -171,7 +171,7 @@ class ExperienceState:
                 source,
                 version,
             )
-            learner.core.version = version + 1
+            learner.core.continue_above(version)
             self._restore_replay(learner, None)
             return None
         learner.load_state_dict(state["learner"])
@@ -240,16 +240,16 @@ def adopt_newer_weights(client: redis.Redis, run: str, key: bytes | None, learne
         return
     if published.spec != core.spec:
         log.warning("Redis holds version %d of another model; continuing above it", published.version)
-        core.version = published.version + 1
+        core.continue_above(published.version)
         return
     try:
         load_weights(core.model, published.blob)
     except ValueError as error:  # a NaN in them, or bytes that are not weights: never adopted
         log.warning("not adopting version %d from Redis (%s); continuing above it", published.version, error)
-        core.version = published.version + 1
+        core.continue_above(published.version)
         return
     log.info("continuing from the weights of version %d found in Redis", published.version)
-    core.version = published.version
+    core.continue_above(published.version, adopt=True)
 
 
 def continue_above_rollouts(client: redis.Redis, run: str, ahead: int, learner: Learner) -> bool:
@@ -275,5 +275,5 @@ def continue_above_rollouts(client: redis.Redis, run: str, ahead: int, learner: 
             core.version,
             ahead + 1,
         )
-        core.version = ahead + 1
+        core.continue_above(ahead)
     return True

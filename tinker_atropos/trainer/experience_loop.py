@@ -314,7 +314,6 @@ class ExperienceLoop:
         self.busy.record(start, time.monotonic())
         if not learned:
             return
-        self.learner.core.version += 1
         self.updates += 1
         self._progress += 1
         self.env_steps_trained += batch_steps

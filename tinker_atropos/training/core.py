@@ -178,6 +178,17 @@ class TrainingCore:
     def weights(self) -> bytes:
         return weights_to_bytes(self.model)
 
+    def stood(self) -> None:
+        """A step stood (the guard found nothing non-finite): the model is a new policy version, what rollouts,
+        samplers and checkpoints name it by. The one place a step bumps the version."""
+        self.version += 1
+
+    def continue_above(self, version: int, adopt: bool = False) -> None:
+        """Go on above ``version``, seen elsewhere (a checkpoint of another model, weights in Redis, a rollout's):
+        the versions of a run only rise. ``adopt``: the core now holds that version's weights, so it is that
+        version."""
+        self.version = max(self.version, version if adopt else version + 1)
+
     def publish_weights(self, publish: Publisher) -> None:
         """Hand the current version's weights and spec to ``publish``; the core goes on from the version they were
         published as (the versions of every driver of a run share one sequence that only rises)."""

@@ -41,7 +41,8 @@ class NonfiniteGuard:
         """Run ``step``, an update of ``core`` that returns its metrics; undo it (as it was before, no gradient
         left) if it came out non-finite. What it changes is the core's (``state`` None: ``core.snapshot``, one fused
         copy; a Tinker step, an Atropos one), or all of ``state`` (an algorithm's learner, whose update may change
-        more: its state dict copied). Its metrics, and what was NaN or infinite (empty: the update stands)."""
+        more: its state dict copied). Its metrics, and what was NaN or infinite (empty: the update stands, and the core
+        is a new version)."""
         if state is None:
             restore = core.snapshot()
         else:
@@ -53,6 +54,7 @@ class NonfiniteGuard:
         metrics = step()
         bad = [name for name, value in metrics.items() if not math.isfinite(value)] + core.nonfinite()
         if not bad:
+            core.stood()
             with self._counting:
                 self.in_a_row = 0
             return metrics, bad

@@ -251,7 +251,6 @@ class RequestHandlers:
         metrics, bad = self.guard.update(model.core, None, lambda: model.core.optim_step(adam))
         if bad:
             raise wire.WireError(f"the step made {', '.join(bad[:3])} non-finite; it was undone")
-        model.core.version += 1
         return json_body(metrics={f"{k}:mean": v for k, v in metrics.items()}), JSON
 
     def save_weights(self, model_id: str, seq: int, body: bytes, deadline: float) -> tuple[bytes, str]:
