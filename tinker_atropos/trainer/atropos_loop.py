@@ -28,7 +28,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 import redis
 import torch
@@ -43,7 +42,7 @@ from tinker_atropos.models import hf_lm, smollm2
 from tinker_atropos.protocol.v1 import services_pb2
 from tinker_atropos.state import keys
 from tinker_atropos.state.experience import MAX_EPISODES_KEPT, add_stats
-from tinker_atropos.state.registry import live_services
+from tinker_atropos.trainer import trajectory_api
 from tinker_atropos.trainer.checkpointing import snapshot
 from tinker_atropos.trainer.figures import BusyMeter
 from tinker_atropos.training.atropos_batches import batch_datums
@@ -55,8 +54,6 @@ from tinker_atropos.training.served import TINY_LM, LanguageModel, run_loss, sha
 
 log = logging.getLogger(__name__)
 
-POLL_S = 0.1  # between two /batch calls that found no batch
-RETRY_S = 1.0  # after the API did not answer
 EARLIER_STATE = "state.pt"  # its one checkpoint file before the trainer's checkpointer wrote numbered ones
 
 
@@ -175,43 +172,15 @@ class AtroposLoop:
         )
 
     # the loop ---------------------------------------------------------------------------------------------
-    def _find_api(self, stop: threading.Event) -> str | None:
-        if self.section.api_url:
-            return self.section.api_url.rstrip("/")
-        while not stop.is_set():
-            apis = [s.figures.get("url") for s in live_services(self.client, self.run_name, "atropos_api")]
-            if url := next((u for u in apis if u), None):
-                return url
-            log.info("waiting for the run's atropos-api to register")
-            stop.wait(RETRY_S)
-        return None
-
-    def _register(self, http: httpx.Client, stop: threading.Event) -> bool:
-        body = {
-            "wandb_group": self.run_name,
-            "wandb_project": "tinker-atropos",
-            "batch_size": self.section.batch_size,
-            "max_token_len": self.section.max_token_len,
-            "checkpoint_dir": str(self.folder),
-            "save_checkpoint_interval": self.checkpoint_every,
-            "starting_step": self.step,
-            "num_steps": self.section.num_steps,
-        }
-        while not stop.is_set():
-            try:
-                http.post("/register", json=body).raise_for_status()
-                return True
-            except httpx.HTTPError as error:
-                log.warning("cannot register with the trajectory API at %s: %s", self.api_url, error)
-                stop.wait(RETRY_S)
-        return False
-
     def run(self, stop: threading.Event) -> None:
         self.inference.start(stop)
         log.info("inference endpoint at %s (OpenAI /v1, SGLang /generate)", self.inference.url)
-        self.api_url = self._find_api(stop) or ""
+        self.api_url = trajectory_api.find_api(self.section, self.client, self.run_name, stop) or ""
+        body = trajectory_api.registration(
+            self.section, self.run_name, self.folder, self.checkpoint_every, self.step
+        )
         with service_client(self.api_url, key=self.api_key) as http:
-            if self.api_url and self._register(http, stop):
+            if self.api_url and trajectory_api.register(http, body, stop):
                 training = (
                     f"LoRA rank {self.section.lora_rank}" if self.section.lora_rank else "every parameter"
                 )
@@ -221,26 +190,13 @@ class AtroposLoop:
                     training,
                     self.api_url,
                 )
-                self._learn(http, stop)
+                for batch in trajectory_api.batches(http, stop):
+                    self.learn(batch)
 
     def close(self) -> None:
         """The inference endpoint closed (after its last checkpoint), then its engines."""
         self.inference.close()
         self.sampler.close()
-
-    def _learn(self, http: httpx.Client, stop: threading.Event) -> None:
-        while not stop.is_set():
-            try:
-                answer = http.get("/batch").json()
-            except (httpx.HTTPError, json.JSONDecodeError) as error:
-                log.warning("GET /batch failed (%s); retrying", error)
-                stop.wait(RETRY_S)
-                continue
-            batch = answer.get("batch") if isinstance(answer, dict) else None
-            if not batch:
-                stop.wait(POLL_S)
-                continue
-            self.learn(batch)
 
     def learn(self, batch: list[dict[str, Any]]) -> None:
         """One optimizer step on ``batch``'s sound groups (each other one skipped and counted), then serve the new

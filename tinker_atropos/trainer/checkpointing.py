@@ -31,15 +31,12 @@ import torch
 
 from tinker_atropos.algorithms.base import Learner
 from tinker_atropos.config import CheckpointSection
-from tinker_atropos.models.weight_bytes import load_weights
 from tinker_atropos.protocol.freshness import Freshness
 from tinker_atropos.protocol.v1 import services_pb2
 from tinker_atropos.state.checkpoint_files import load_latest_checkpoint, read_checkpoint, save_checkpoint
 from tinker_atropos.state.experience import add_stats
-from tinker_atropos.state.registry import live_services
 from tinker_atropos.state.replay_journal import ReplayJournal
 from tinker_atropos.state.run_dir import FolderWrites, RunFolderInUse, RunFolderOwner
-from tinker_atropos.state.weights import fetch_weights
 from tinker_atropos.trainer.figures import write_figures
 from tinker_atropos.training.driver import Checkpoint, Driver
 
@@ -224,56 +221,3 @@ class ExperienceState:
             written = functools.partial(self.journal.prune, added, replay.capacity)
         state = snapshot(self.state(learner, counters, freshness))
         return Checkpoint(learner.core.version, state, written)
-
-
-def adopt_newer_weights(client: redis.Redis, run: str, key: bytes | None, learner: Learner) -> None:
-    """Weights in Redis newer than the checkpoint (a trainer killed between checkpoints) are the policy the
-    rollouts act with: continue from them rather than from older parameters, so a restart loses only the
-    optimizer moments since the checkpoint and the version stays monotonic."""
-    core = learner.core
-    try:
-        published = fetch_weights(client, run, key)
-    except ValueError as error:  # a malformed record: nothing to continue from, the next publish replaces it
-        log.warning("the weights record in Redis is malformed (%s); publishing over it", error)
-        return
-    if published is None or published.version <= core.version:
-        return
-    if published.spec != core.spec:
-        log.warning("Redis holds version %d of another model; continuing above it", published.version)
-        core.continue_above(published.version)
-        return
-    try:
-        load_weights(core.model, published.blob)
-    except ValueError as error:  # a NaN in them, or bytes that are not weights: never adopted
-        log.warning("not adopting version %d from Redis (%s); continuing above it", published.version, error)
-        core.continue_above(published.version)
-        return
-    log.info("continuing from the weights of version %d found in Redis", published.version)
-    core.continue_above(published.version, adopt=True)
-
-
-def continue_above_rollouts(client: redis.Redis, run: str, ahead: int, learner: Learner) -> bool:
-    """Rollouts refuse weights older than those they act with. Chunks acted by a version above the trainer's
-    (up to ``ahead``), which a live rollout reports holding, mean that it resumed from a checkpoint while Redis had
-    lost the newer weights: it continues above that version, so that the rollouts take its next one. (The version
-    of a chunk alone is not enough: a holder of the token may write any.) Whether the registry could be read (if
-    not, the next sync asks again)."""
-    core = learner.core
-    try:
-        rollouts = live_services(client, run, "rollout")
-        held = max((int(r.figures.get("policy_version") or 0) for r in rollouts), default=0)
-    except redis.RedisError:
-        return False
-    except (ValueError, TypeError):  # a registry entry written by something else
-        held = 0
-    ahead = min(ahead, held)
-    if ahead > core.version:
-        log.warning(
-            "rollouts act with policy version %d, above this trainer's %d (its newer weights were lost with "
-            "Redis's data); continuing at version %d",
-            ahead,
-            core.version,
-            ahead + 1,
-        )
-        core.continue_above(ahead)
-    return True

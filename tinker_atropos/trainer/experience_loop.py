@@ -13,7 +13,6 @@ below the one already in Redis, nor adopts weights from Redis that do not load o
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import threading
 import time
@@ -36,12 +35,12 @@ from tinker_atropos.protocol.v1 import services_pb2
 from tinker_atropos.security import signing_key
 from tinker_atropos.state.experience import ExperienceReader, add_stats
 from tinker_atropos.state.registry import live_services
-from tinker_atropos.state.weights import publish_weights, verified_version
 from tinker_atropos.trainer.batcher import Batcher
-from tinker_atropos.trainer.checkpointing import ExperienceState, adopt_newer_weights, continue_above_rollouts
+from tinker_atropos.trainer.checkpointing import ExperienceState
 from tinker_atropos.trainer.figures import BusyMeter, write_figures
 from tinker_atropos.trainer.learner_replicas import Replicas
 from tinker_atropos.trainer.periodic_eval import PeriodicEvaluation
+from tinker_atropos.trainer.publishing import PolicyPublisher
 from tinker_atropos.trainer.tensorboard import run_log
 from tinker_atropos.training.driver import Checkpoint
 from tinker_atropos.training.guard import NonfiniteGuard
@@ -78,7 +77,7 @@ class ExperienceLoop:
     def __init__(self, config: Config, client: redis.Redis, run_dir: Path) -> None:
         self.config, self.client, self.run_name = config, client, config.run.name
         trainer = config.trainer
-        self.weights_key = signing_key("weights")  # what the rollouts check the published weights against
+        self.publisher = PolicyPublisher(client, self.run_name)
         self.device = resolve_device(trainer.device)
         self.algorithm = algorithms.algorithm(trainer.algorithm)
         # its checkpoints (the trainer's Checkpointer writes them), best.pt; where CUDA learners meet (``Replicas``)
@@ -155,7 +154,7 @@ class ExperienceLoop:
             counters = state["counters"]
             self.updates, self.env_steps_trained = counters["updates"], counters["env_steps_trained"]
         resumed = self.version
-        adopt_newer_weights(self.client, self.run_name, self.weights_key, self.learner)
+        self.publisher.adopt_newer(self.learner)
         if self.version > resumed:  # what it learned past its checkpoint is in these weights, not freshness's
             self.batcher.freshness.restarted_at(self.version)
         self.publish()
@@ -182,17 +181,8 @@ class ExperienceLoop:
         return {"updates": self.updates, "env_steps_trained": self.env_steps_trained}
 
     def publish(self) -> None:
-        """Publish the current version, or above it when another driver (a Tinker client's policy) published a
-        higher one: the loop continues from the version published."""
         assert self.learner is not None
-        wanted = self.version
-        self.learner.core.publish_weights(
-            functools.partial(publish_weights, self.client, self.run_name, key=self.weights_key)
-        )
-        if self.version != wanted:
-            log.warning(
-                "Redis holds a policy version at or above %d; published as version %d", wanted, self.version
-            )
+        self.publisher.publish(self.learner.core)
 
     def run(self, stop: threading.Event) -> None:
         """Learn from the run's experience until ``stop``, once an env service has told the env's spaces."""
@@ -234,22 +224,9 @@ class ExperienceLoop:
             return
         self.report_counters()
         self._look()
-        try:
-            published = verified_version(self.client, self.run_name, self.weights_key)
-        except ValueError as error:  # a malformed record, or one this trainer did not sign: replace it
-            log.warning(
-                "the weights in Redis are not this run's (%s); publishing version %d over them",
-                error,
-                self.version,
-            )
-            published = None
-        if self.batcher.ahead > self.version and continue_above_rollouts(
-            self.client, self.run_name, self.batcher.ahead, self.learner
-        ):
+        assert self.learner is not None
+        if self.publisher.keep_current(self.learner, self.batcher.ahead):
             self.batcher.ahead = 0
-        if published is None or published < self.version:
-            log.info("Redis lacks policy version %d; publishing it again", self.version)
-            self.publish()
         self._last_sync = now
 
     def _look(self) -> None:
