@@ -189,10 +189,11 @@ def test_an_undone_update_restores_the_parameters_and_optimizer_exactly(
     trainer = ExperienceLoop(config, redis_client, tmp_path)
     trainer.setup(pendulum_env())
     # optimizer moments exist
-    assert trainer.learn([decode_trajectory(serialized_chunk(2, seed=6), trainer.spec)])
+    assert trainer.updater.learn([decode_trajectory(serialized_chunk(2, seed=6), trainer.spec)]) is not None
     before = copy.deepcopy(trainer.learner.state_dict())
 
-    assert not trainer.learn([decode_trajectory(serialized_chunk(2, seed=7, reward_fill=3e38), trainer.spec)])
+    poisoned = decode_trajectory(serialized_chunk(2, seed=7, reward_fill=3e38), trainer.spec)
+    assert trainer.updater.learn([poisoned]) is None
 
     assert_same(trainer.learner.state_dict(), before)
-    assert trainer.guard.in_a_row == 1 and trainer.status().updates_discarded_nonfinite == 1
+    assert trainer.updater.guard.in_a_row == 1 and trainer.status().updates_discarded_nonfinite == 1

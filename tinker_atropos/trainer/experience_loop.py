@@ -23,14 +23,11 @@ from typing import Any
 import grpc
 import redis
 
-from tinker_atropos.algorithms import base as algorithms
-from tinker_atropos.algorithms.base import Learner, LearnerSetup
+from tinker_atropos.algorithms.base import Learner
 from tinker_atropos.config import Config
-from tinker_atropos.device import resolve_device
 from tinker_atropos.environment.client import EnvClient, EnvDescription
-from tinker_atropos.errors import FatalError
 from tinker_atropos.protocol.freshness import Freshness
-from tinker_atropos.protocol.trajectory import RecordError, Trajectory, TrajectorySpec
+from tinker_atropos.protocol.trajectory import RecordError, TrajectorySpec
 from tinker_atropos.protocol.v1 import services_pb2
 from tinker_atropos.security import signing_key
 from tinker_atropos.state.experience import ExperienceReader, add_stats
@@ -38,12 +35,11 @@ from tinker_atropos.state.registry import live_services
 from tinker_atropos.trainer.batcher import Batcher
 from tinker_atropos.trainer.checkpointing import ExperienceState
 from tinker_atropos.trainer.figures import BusyMeter, write_figures
-from tinker_atropos.trainer.learner_replicas import Replicas
 from tinker_atropos.trainer.periodic_eval import PeriodicEvaluation
 from tinker_atropos.trainer.publishing import PolicyPublisher
 from tinker_atropos.trainer.tensorboard import run_log
+from tinker_atropos.trainer.updates import Updater
 from tinker_atropos.training.driver import Checkpoint
-from tinker_atropos.training.guard import NonfiniteGuard
 
 log = logging.getLogger(__name__)
 
@@ -69,37 +65,34 @@ def describe_env(client: redis.Redis, run: str, stop: threading.Event) -> EnvDes
     return None
 
 
-class TrainingDiverged(FatalError):
-    """Updates kept coming out non-finite: restarting would not help, the config or the data must change."""
-
-
 class ExperienceLoop:
     def __init__(self, config: Config, client: redis.Redis, run_dir: Path) -> None:
         self.config, self.client, self.run_name = config, client, config.run.name
         trainer = config.trainer
         self.publisher = PolicyPublisher(client, self.run_name)
-        self.device = resolve_device(trainer.device)
-        self.algorithm = algorithms.algorithm(trainer.algorithm)
-        # its checkpoints (the trainer's Checkpointer writes them), best.pt; where CUDA learners meet (``Replicas``)
-        self.folder, self.learners_folder = run_dir / "checkpoints", run_dir / "learners"
-        self.checkpoints = ExperienceState(self.folder, self.algorithm.name)
+        self.updater = Updater(config, run_dir / "learners")
+        self.folder = (
+            run_dir / "checkpoints"
+        )  # its checkpoints (the trainer's Checkpointer writes them), best.pt
+        self.checkpoints = ExperienceState(self.folder, self.updater.algorithm.name)
         # held over a step: ``save`` (another thread) takes its state between two
         self.lock = threading.Lock()
         self._resume: tuple[dict[str, Any], Path] | None = None  # the checkpoint handed over, until ``setup``
         self._progress = 0  # updates since it started
-        self.batcher = Batcher(trainer, self.algorithm.name)
-        self.learner: Learner | None = None
-        self.replicas: Replicas | None = None  # the other data-parallel learners (trainer.learners > 1)
+        self.batcher = Batcher(trainer, self.updater.algorithm.name)
         self.set_up = False  # built, resumed and published: what ``close`` keeps
         self.spec: TrajectorySpec | None = None
         self.updates = self.env_steps_trained = 0  # checkpointed (``_counters``)
-        self.guard = NonfiniteGuard()  # counts the updates it undid: ``updates_discarded_nonfinite``
         self.losses: dict[str, float] = {}
         self._unreported: Counter[str] = Counter()  # run counters not yet added in Redis
         self._last_sync = 0.0
         self.busy = BusyMeter()
         self.tensorboard = run_log(config, client, run_dir)
         self.evaluation = PeriodicEvaluation(config, client, self.tensorboard, self.folder)
+
+    @property
+    def learner(self) -> Learner | None:
+        return self.updater.learner
 
     @property
     def version(self) -> int:
@@ -117,7 +110,7 @@ class ExperienceLoop:
             env_steps_trained=self.env_steps_trained,
             busy_fraction=self.busy.fraction(),
             losses=self.losses,
-            updates_discarded_nonfinite=self.guard.undone,
+            updates_discarded_nonfinite=self.updater.guard.undone,
         )
 
     # -- state ---------------------------------------------------------------------------------------
@@ -128,25 +121,10 @@ class ExperienceLoop:
 
     def _setup(self, env: EnvDescription) -> None:
         self.spec = TrajectorySpec.from_spaces(env.observation_space, env.action_space)
-        trainer = self.config.trainer
-        setup = LearnerSetup(
-            env.observation_space,
-            env.action_space,
-            trainer,
-            trainer.hyperparameters,
-            self.device,
-            self.config.run.seed,
-            env.observation_layout,
-        )
-        try:
-            self.learner = self.algorithm.build(setup)
-        except ValueError as error:  # spaces the algorithm cannot act in, a user network that does not fit
-            raise FatalError(
-                f"trainer.algorithm {self.algorithm.name!r} cannot learn {self.config.env.id}: {error}"
-            ) from None
-        self.batcher.start(self.spec, self.learner)
+        learner = self.updater.build(env)
+        self.batcher.start(self.spec, learner)
         state, source = self._resume or (None, None)
-        state, self._resume = self.checkpoints.restore(self.learner, state, source), None
+        state, self._resume = self.checkpoints.restore(learner, state, source), None
         if state is not None:
             # format 4 on; before, the stream held records of schema 2, refused anyway
             if "freshness" in state:
@@ -154,11 +132,11 @@ class ExperienceLoop:
             counters = state["counters"]
             self.updates, self.env_steps_trained = counters["updates"], counters["env_steps_trained"]
         resumed = self.version
-        self.publisher.adopt_newer(self.learner)
+        self.publisher.adopt_newer(learner)
         if self.version > resumed:  # what it learned past its checkpoint is in these weights, not freshness's
             self.batcher.freshness.restarted_at(self.version)
         self.publish()
-        self.replicas = Replicas.beside(self.learner, setup, self.learners_folder)
+        self.updater.start_replicas()
         self.set_up = True
 
     # -- what the trainer's Checkpointer asks (driver.py) ------------------------------------------------
@@ -195,8 +173,7 @@ class ExperienceLoop:
         """After learning and its last checkpoint: an evaluation in flight may finish (seconds); TensorBoard gets the
         episodes that ended since its last look (the rollouts stopped first: those of every chunk they wrote), then
         its buffer is flushed; the last counts."""
-        if self.replicas is not None:
-            self.replicas.close()
+        self.updater.close()
         if not self.set_up:  # stopped before an env service answered, or setup failed: nothing to keep
             return
         self.evaluation.join(timeout_s=10.0)
@@ -236,34 +213,6 @@ class ExperienceLoop:
             )
 
     # -- learning ------------------------------------------------------------------------------------
-    def learn(self, trajectories: list[Trajectory]) -> bool:
-        """One update, undone (the learner's whole state restored) if it leaves a NaN or an infinity in the loss
-        or the parameters. TrainingDiverged after ``max_nonfinite_updates`` in a row."""
-        assert self.learner is not None
-        learner = self.learner
-        if self.replicas is not None:  # each learner its share of the batch; this one learns from its own
-            trajectories = self.replicas.learn(trajectories)
-        losses, bad = self.guard.update(learner.core, learner, lambda: learner.learn(trajectories))
-        if not bad:
-            self.losses = losses
-            return True
-        if self.replicas is not None:  # they took the update too: they go back with this learner
-            self.replicas.load(learner.state_dict())
-        limit = self.config.trainer.max_nonfinite_updates
-        log.warning(
-            "update undone: NaN or infinity in %s (%d in a row; the trainer stops at %d)",
-            ", ".join(bad),
-            self.guard.in_a_row,
-            limit,
-        )
-        if self.guard.in_a_row >= limit:
-            raise TrainingDiverged(
-                f"{limit} updates in a row came out NaN or infinite (the last in {', '.join(bad)}); the "
-                f"parameters are those of policy version {self.version}: lower the learning rate "
-                "or check the env's rewards and observations"
-            )
-        return False
-
     def train(self, stop: threading.Event) -> None:
         assert self.learner is not None
         reader = ExperienceReader(self.client, self.run_name, signing_key("experience"))
@@ -287,10 +236,11 @@ class ExperienceLoop:
             return
         trajectories, batch_steps = batch
         start = time.monotonic()
-        learned = self.learn(trajectories)
+        losses = self.updater.learn(trajectories)
         self.busy.record(start, time.monotonic())
-        if not learned:
+        if losses is None:
             return
+        self.losses = losses
         self.updates += 1
         self._progress += 1
         self.env_steps_trained += batch_steps
