@@ -45,7 +45,7 @@ YAML and validated by the same schema (`--set trainer.ppo.learning_rate=3e-4 --s
 The algorithm's hyper-parameters are the section named after it: `trainer.ppo` for `trainer.algorithm: ppo`,
 `trainer.appo`, `trainer.sac`; the section of another algorithm than the one chosen is refused by name.
 
-*This page is generated from the schema (`tinker_atropos/config.py`, `tinker_atropos/algorithms/*/config.py`) by
+*This page is generated from the schema (`tinker_atropos/config/`, `tinker_atropos/algorithms/*/config.py`) by
 `scripts/mkdocs_hooks.py` at every build of the site, so it cannot fall behind the code.*
 """
 

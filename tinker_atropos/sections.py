@@ -1,4 +1,4 @@
-"""The base of every config section: the run's (``config.py``) and each algorithm's (``algorithms/*/config.py``),
+"""The base of every config section: the run's (``config/``) and each algorithm's (``algorithms/*/config.py``),
 apart from both, since the run's config validates an algorithm's section through the algorithms' registry."""
 
 from __future__ import annotations

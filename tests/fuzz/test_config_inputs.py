@@ -17,7 +17,7 @@ from tests.support.running import REPO
 from tinker_atropos.algorithms import base as algorithms
 from tinker_atropos.config import Config, ConfigError, load_config, parse_config
 
-# -- the config loader (config.py) ------------------------------------------------------------------------
+# -- the config loader (the config package) ------------------------------------------------------------------------
 CONFIG_FILES = sorted((REPO / "configs").glob("*.yaml"))
 BASE_CONFIGS = [yaml.safe_load(path.read_text()) for path in CONFIG_FILES]
 SECTIONS = {name: field.annotation for name, field in Config.model_fields.items()}
