@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import redis
 
-from bench.acl_valkey import AclValkey
+from tests.support.acl_valkey import AclValkey
 from tinker_atropos.frontends.atropos.store import TrajectoryStore, encode
 from tinker_atropos.protocol.trajectory import (
     Trajectory,

@@ -1,6 +1,6 @@
 """GPU check of the trainer: PPO updates on CUDA against CPU (same seed, same data), and the rollout's inference.
 
-Needs a CUDA machine; run from the repository root: ``python bench/gpu_check.py`` writes gpu_check.json to $OUT
+Needs a CUDA machine; run from the repository root: ``python -m bench.gpu_check`` writes gpu_check.json to $OUT
 (or here). No simulator is needed. Reference result: bench/results/gpu_check.json.
 """
 
@@ -13,37 +13,12 @@ import numpy as np
 import torch
 import yaml
 
+from tests.support.records import ACT, OBS, N, T, humanoid_chunks
 from tinker_atropos.algorithms import base as algorithms
 from tinker_atropos.algorithms.base import LearnerSetup
 from tinker_atropos.config import TrainerSection
 from tinker_atropos.models.acting import InferencePolicy
 from tinker_atropos.models.mlp import ActorCritic
-from tinker_atropos.protocol.trajectory import Trajectory
-
-OBS, ACT, T, N = 348, 17, 64, 16  # Humanoid-v5 chunks as the rollout writes them
-
-
-def make_chunks(count: int, seed: int) -> list[Trajectory]:
-    rng = np.random.default_rng(seed)
-    f32 = np.float32
-    return [
-        Trajectory(
-            policy_version=0,
-            env_incarnation="x",
-            observations=rng.normal(size=(T, N, OBS)).astype(f32),
-            actions=rng.normal(scale=0.3, size=(T, N, ACT)).astype(f32),
-            log_probs=rng.normal(-15.7, 0.5, size=(T, N)).astype(f32),
-            values=rng.normal(size=(T, N)).astype(f32),
-            rewards=rng.normal(5, 1, size=(T, N)).astype(f32),
-            terminated=rng.random((T, N)) < 0.02,
-            truncated=np.zeros((T, N), bool),
-            truncation_values=np.zeros((T, N), f32),
-            bootstrap_observations=rng.normal(size=(N, OBS)).astype(f32),
-            truncated_observations=np.zeros((0, OBS), f32),
-            bootstrap_values=rng.normal(size=N).astype(f32),
-        )
-        for _ in range(count)
-    ]
 
 
 def sync(device: torch.device) -> None:
@@ -99,7 +74,7 @@ def main() -> None:
     for name, (hidden, count, repeats) in cases.items():
         case = trainer.model_copy(deep=True)
         case.model.hidden_sizes = hidden
-        chunks = make_chunks(count, seed=1)
+        chunks = humanoid_chunks(count, seed=1)
         cpu = updates(case, torch.device("cpu"), chunks, repeats)
         gpu = updates(case, torch.device("cuda"), chunks, repeats * 3)
         spec = cpu.pop("spec")

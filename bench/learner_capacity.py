@@ -21,7 +21,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from bench.gpu_check import ACT, OBS, make_chunks
+from tests.support.records import ACT, OBS, humanoid_chunks
 from tinker_atropos.algorithms import base as algorithms
 from tinker_atropos.algorithms.base import LearnerSetup
 from tinker_atropos.config import TrainerSection
@@ -68,7 +68,7 @@ def learning_point(shape: str, learners: int, threads: int, seconds: float) -> d
     )  # fmt: skip
     spaces = gym.spaces.Box(-np.inf, np.inf, (OBS,)), gym.spaces.Box(-0.4, 0.4, (ACT,))
     setup = LearnerSetup(*spaces, trainer, trainer.hyperparameters, torch.device("cpu"), seed=7)
-    chunks = make_chunks(samples // 1024, seed=0)
+    chunks = humanoid_chunks(samples // 1024, seed=0)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     learner = algorithms.algorithm("appo").build(setup)

@@ -32,13 +32,11 @@ import yaml
 from gymnasium.envs.mujoco.mujoco_env import expand_model_path
 
 from bench import sf_peer
-from tinker_atropos.algorithms import base as algorithms
-from tinker_atropos.algorithms.base import LearnerSetup
+from tests.support.loops import initial_policy
 from tinker_atropos.config import Config, Transport, parse_config
 from tinker_atropos.environment.backends.base import BatchSetup, EnvBatch, make_env_batch
 from tinker_atropos.environment.backends.gymnasium_batch import GymnasiumBatch
 from tinker_atropos.environment.backends.mujoco_batch import MujocoBatch
-from tinker_atropos.environment.check import check_env
 from tinker_atropos.launcher.secrets import write_secrets
 from tinker_atropos.launcher.services import service_children
 from tinker_atropos.launcher.supervisor import Child
@@ -284,22 +282,6 @@ def interleaved_rates(meters: dict[str, Meter], timing: Timing) -> dict[str, lis
         for name in names[shift:] + names[:shift]:
             slices[name].append(meters[name].count(SETTLE_S, timing.slice_s))
     return slices
-
-
-def initial_policy(config: Config) -> tuple[bytes, dict[str, Any]]:
-    """Version-0 weights and spec, built as the trainer builds them (spaces from a local instance)."""
-    spaces = check_env(config.env)
-    algorithm = algorithms.algorithm(config.trainer.algorithm)
-    setup = LearnerSetup(
-        spaces.observation_space,
-        spaces.action_space,
-        config.trainer,
-        config.trainer.hyperparameters,
-        torch.device("cpu"),
-        config.run.seed,
-    )
-    learner = algorithm.build(setup)
-    return learner.core.weights(), learner.core.spec
 
 
 def _wait_until(condition: Callable[[], Any], timeout_s: float, what: str, children: list[Child]) -> Any:

@@ -20,8 +20,8 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from bench.gpu_check import ACT, OBS, make_chunks
 from tests.support.processes import wait_for
+from tests.support.records import ACT, OBS, humanoid_chunks
 from tests.support.running import REPO, start_up
 from tests.support.running import report_rows as metrics
 from tinker_atropos.algorithms import base as algorithms
@@ -87,7 +87,7 @@ def test_two_learners_take_the_update_of_one(two: tuple[Learner, Learner, Replic
     normalisers merged from both shares, V-trace over each learner's runs, the gradient of the whole batch, the
     step size annealed by the whole batch's env steps, and target_kl's stop on the whole batch's figure."""
     alone, together, replicas = two
-    chunks = make_chunks(5, seed=0)
+    chunks = humanoid_chunks(5, seed=0)
     assert [len(share) for share in deal(chunks, 2)] == [3, 2]
     for _ in range(3):
         one = alone.learn(chunks)
@@ -109,7 +109,7 @@ def test_a_lost_replica_fails_the_next_update_and_close_leaves_nothing(
     replica.kill()
     replica.wait()
     with pytest.raises(RuntimeError, match="[Cc]onnection"):
-        learn_together(together, replicas, make_chunks(2, seed=1))
+        learn_together(together, replicas, humanoid_chunks(2, seed=1))
 
 
 @pytest.mark.parametrize("two", SETTINGS[:1], indirect=True, ids=["epochs"])
@@ -123,7 +123,7 @@ def test_a_hung_replica_fails_the_update_after_the_timeout(
     os.kill(replica.pid, signal.SIGSTOP)
     try:
         with pytest.raises(LearnerLost, match="learner replica 1 did not answer within 1 s"):
-            learn_together(together, replicas, make_chunks(2, seed=1))
+            learn_together(together, replicas, humanoid_chunks(2, seed=1))
     finally:
         replica.kill()
 
@@ -136,8 +136,10 @@ def test_a_batch_too_small_to_share_stops_the_trainer_with_what_to_change(
     with pytest.raises(
         FatalError, match="gives one of trainer.learners=2 0 rows.*raise trainer.samples_per_update"
     ):
-        replicas.learn(make_chunks(1, seed=6))  # one chunk, two learners
-    learn_together(together, replicas, make_chunks(2, seed=6))  # nothing was sent: the next batch is learned
+        replicas.learn(humanoid_chunks(1, seed=6))  # one chunk, two learners
+    learn_together(
+        together, replicas, humanoid_chunks(2, seed=6)
+    )  # nothing was sent: the next batch is learned
 
 
 def test_a_replica_that_fails_to_start_is_an_error_at_once_not_a_hung_rendezvous(tmp_path: Path) -> None:
@@ -149,7 +151,7 @@ def test_a_replica_that_fails_to_start_is_an_error_at_once_not_a_hung_rendezvous
 def test_a_batch_is_dealt_in_whole_runs_each_chunk_once() -> None:
     """Chunks that continue one another stay with one learner (their advantages run across them); with fewer runs
     than learners, single chunks."""
-    chunks = make_chunks(4, seed=2)
+    chunks = humanoid_chunks(4, seed=2)
     follow = [replace(chunks[i], observations=np.concatenate([chunks[i - 1].bootstrap_observations[None],
                                                               chunks[i].observations[1:]])) for i in (1, 3)]  # fmt: skip
     batch = [chunks[0], follow[0], chunks[2], follow[1]]  # two runs of two chunks
@@ -162,7 +164,7 @@ def test_a_batch_is_dealt_in_whole_runs_each_chunk_once() -> None:
 def test_a_share_crosses_in_shared_memory_and_a_larger_one_gets_a_larger_segment() -> None:
     shelf, attached = SharedShares(), {}
     try:
-        small, large = make_chunks(1, seed=3), make_chunks(3, seed=4)
+        small, large = humanoid_chunks(1, seed=3), humanoid_chunks(3, seed=4)
         name, *_ = first = shelf.put(1, small)
         read = take_share(first, attached)
         np.testing.assert_array_equal(read[0].observations, small[0].observations)
@@ -189,7 +191,7 @@ def test_a_share_that_does_not_fit_dev_shm_stops_the_trainer_with_what_to_change
     free = shutil.disk_usage("/dev/shm")._replace(free=1 << 20)
     monkeypatch.setattr(learner_replicas.shutil, "disk_usage", lambda path: free)
     with pytest.raises(FatalError, match=r"needs 2 MB of /dev/shm, which has 1 MB free.*--shm-size"):
-        SharedShares().put(1, make_chunks(1, seed=5))
+        SharedShares().put(1, humanoid_chunks(1, seed=5))
 
 
 def ids(chunks: list[Trajectory]) -> list[int]:

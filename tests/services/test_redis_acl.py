@@ -18,7 +18,7 @@ import tinker
 import yaml
 from tinker import types
 
-from bench.acl_valkey import ACL_FILE, USERS, AclValkey
+from tests.support.acl_valkey import ACL_FILE, USERS, AclValkey
 from tests.support.atropos import HEADERS, TOKEN, env_registration, registration, scored_group
 from tests.support.processes import Processes, wait_for
 from tests.support.running import cli, config_file

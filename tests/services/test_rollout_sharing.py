@@ -16,7 +16,7 @@ import pytest
 import redis
 import yaml
 
-from bench.phases import initial_policy
+from tests.support.loops import initial_policy
 from tests.support.processes import Processes, stop_process, wait_for
 from tests.support.running import REPO
 from tinker_atropos.config import parse_config

