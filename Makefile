@@ -23,6 +23,9 @@ $(VENV)/.installed: pyproject.toml
 	@# tml-renderers>=0.4.1 (this machine's registry has 0.2.1 at most; the loops tested never import it); what they import
 	@# is pinned in the dev extra (blobfile, chz, termcolor), the rest comes with tinker, atroposlib and torch
 	$(UV_INSTALL) --no-deps tinker-cookbook==0.6.1
+	@# the documentation site's diagrams drawn offline: the pinned mermaid.min.js the artoo-mermaid wheel ships, served
+	@# by the site itself (scripts/mkdocs_reference.py); its Python part needs 3.12 and is never imported, hence pip's flag
+	$(PY) -m pip install --quiet --no-deps --ignore-requires-python artoo-mermaid==11.16.0
 	$(PY) -m compileall -q tinker_atropos
 	touch $@
 

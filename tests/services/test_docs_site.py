@@ -91,6 +91,21 @@ def test_the_built_site_renders_its_navigation_and_code_blocks_in_a_browser(
     assert "data-clipboard-target" not in (site / "getting-started" / "index.html").read_text()
 
 
+def test_the_architecture_diagram_is_drawn_in_the_browser_from_the_sites_own_mermaid(
+    site: Path, served: str, tmp_path: Path
+) -> None:
+    """The ```mermaid block reaches the page as its source (``pre.diagram``) and the site's own copy of mermaid.js,
+    served with it (the browser reads nothing else: the server serves only the site), draws it as an SVG in place."""
+    page = (site / "architecture" / "index.html").read_text()
+    assert '<pre class="diagram">' in page and "flowchart" in page
+    assert (site / "assets" / "javascripts" / "mermaid.min.js").stat().st_size > 1_000_000
+    dom = rendered(f"{served}/architecture/", tmp_path / "profile")
+    drawn = re.findall(r'<div class="diagram"><svg\b.*?</svg>', dom, re.S)
+    assert drawn, "no diagram drawn: " + ", ".join(re.findall(r'<pre class="diagram[^"]*"', dom))
+    assert "environment services" in html.unescape(re.sub(r"<[^>]+>", " ", drawn[0]))
+    assert '<pre class="diagram' not in dom  # every diagram of the page drawn, none left as source
+
+
 def test_the_configuration_reference_is_a_page_of_the_site(site: Path) -> None:
     page = (site / "configuration" / "index.html").read_text()
     for field in ("run.seed", "trainer.ppo.learning_rate", "trainer.sac.utd_ratio", "atropos.environments"):
