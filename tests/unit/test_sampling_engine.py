@@ -15,9 +15,9 @@ import torch
 
 from tinker_atropos.models import lora, tiny_lm
 from tinker_atropos.models.tiny_lm import ByteTokenizer, TinyCausalLM
-from tinker_atropos.sampling import engine as engine_module
 from tinker_atropos.sampling.engine import Cancelled, Engine, Stopped, sample
 from tinker_atropos.sampling.params import Params, SampledTokens, stop_strings
+from tinker_atropos.sampling.request_state import Request
 
 TOK = ByteTokenizer()
 EOS = frozenset({TOK.eos_id})
@@ -330,13 +330,13 @@ def test_an_engine_is_busy_while_a_request_moves_from_reading_its_prompt_to_the_
     concurrent requests came back ``Stopped`` under load)."""
     engine = Engine(TinyCausalLM(), kv_tokens=10_000, prefill_chunk=64)
     seen: list[bool] = []
-    first = engine_module._Request.first
+    first = Request.first
 
-    def first_token(request: engine_module._Request, logits: torch.Tensor) -> list:
+    def first_token(request: Request, logits: torch.Tensor) -> list:
         seen.append(engine.busy())  # asked by another thread in the endpoint, at this moment
         return first(request, logits)
 
-    monkeypatch.setattr(engine_module._Request, "first", first_token)
+    monkeypatch.setattr(Request, "first", first_token)
     future = engine.submit(TOK.encode("abc", add_bos=True), Params(5, 2, stop_tokens=frozenset()))
     engine.drain()
     assert seen == [True] and len(future.result()) == 2

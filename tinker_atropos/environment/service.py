@@ -8,16 +8,13 @@ client has sent nothing for longer than the rollouts' lease TTL gives its instan
 them: its rollout stopped (SIGSTOP, a stalled host) and lost its lease to the rollout now asking. Streams never
 take the last gRPC workers, so Describe and the health checks are always answered. The same session logic
 serves the gRPC stream and the local fast path for co-located rollouts (``local_server``); the streams' admission,
-watchdog and takeover are ``stream_watch.py``'s.
+watchdog and takeover are ``stream_watch.py``'s, the sessions and the instances they hold ``env_sessions.py``'s.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import threading
-import time
-import uuid
 from collections.abc import Iterator
 from typing import NoReturn
 
@@ -26,24 +23,20 @@ from google.protobuf.message import DecodeError
 
 from tinker_atropos import service_host
 from tinker_atropos.config import Config, EnvSection
-from tinker_atropos.environment.backends.base import make_env_batch
 from tinker_atropos.environment.check import check_env
+from tinker_atropos.environment.env_sessions import EnvSessions
 from tinker_atropos.environment.envs import EnvSpaces
-from tinker_atropos.environment.episodes import EpisodeTracker
-from tinker_atropos.environment.finite import FiniteGuard
 from tinker_atropos.environment.local_server import LocalSessionServer
-from tinker_atropos.environment.spaces import ActionError, check_actions, space_to_proto
-from tinker_atropos.environment.stream_watch import Stream, StreamControl, StreamWatch
-from tinker_atropos.errors import EnvError
-from tinker_atropos.logs import CountedWarnings, peer_host
-from tinker_atropos.protocol import local_stream, tensors
+from tinker_atropos.environment.spaces import space_to_proto
+from tinker_atropos.environment.stream_watch import StreamControl, StreamWatch
+from tinker_atropos.logs import peer_host
+from tinker_atropos.protocol import local_stream
 from tinker_atropos.protocol.v1 import environment_pb2, environment_pb2_grpc, services_pb2
 from tinker_atropos.service_host import Endpoint
 
 log = logging.getLogger(__name__)
 
 RESERVED_WORKERS = 4  # gRPC workers no stream can take: Describe and health are served past the session limit
-TAKEOVER_WAIT_S = 5.0  # how long a new session waits for the sessions it took over to free their instances
 
 
 class GrpcStreamControl:
@@ -64,41 +57,31 @@ class EnvironmentServicer(environment_pb2_grpc.EnvironmentServicer):
 
     def __init__(self, env: EnvSection, spaces: EnvSpaces, takeover_after_s: float) -> None:
         self.env = env
-        self.capacity = env.instances
         self.observation_space, self.action_space = spaces.observation_space, spaces.action_space
         self.observation_layout = spaces.observation_layout
         self.incarnation = ""
         self.local_address = ""
-        self._lock = threading.Lock()
-        self._freed = threading.Condition(self._lock)  # notified when a session frees its instances
-        self._sessions: dict[str, int] = {}  # session id -> instances held
-        self.watch = StreamWatch(env, self._lock, takeover_after_s)
-        self.steps = 0
-        self.episodes = 0
-        self.cut_nonfinite = CountedWarnings("episodes cut and reset: the env returned NaN or infinity")
+        self.watch = StreamWatch(env, threading.Lock(), takeover_after_s)
+        self.sessions = EnvSessions(env, self.action_space, self.watch, self.refuse)
         self.bad_requests = 0
         self.streams_refused = 0
-        self.sessions_refused_busy = 0
-
-    @property
-    def free_instances(self) -> int:
-        return self.capacity - sum(self._sessions.values())
 
     def status(self) -> services_pb2.EnvironmentStatus:
+        sessions = self.sessions
         return services_pb2.EnvironmentStatus(
             incarnation=self.incarnation,
             env_id=self.env.id,
-            instances=self.capacity,
-            free_instances=self.free_instances,
-            sessions=len(self._sessions),
+            instances=sessions.capacity,
+            free_instances=sessions.free_instances,
+            sessions=len(sessions.held),
             streams=len(self.watch.streams),
-            steps=self.steps,
-            episodes=self.episodes,
-            episodes_cut_nonfinite=self.cut_nonfinite.total(),
+            steps=sessions.steps,
+            episodes=sessions.episodes,
+            episodes_cut_nonfinite=sessions.cut_nonfinite.total(),
             bad_requests=self.bad_requests,
             streams_refused=self.streams_refused,
             streams_timed_out=self.watch.timed_out,
-            sessions_refused_busy=self.sessions_refused_busy,
+            sessions_refused_busy=sessions.refused_busy,
             sessions_taken_over=self.watch.taken_over,
         )
 
@@ -114,8 +97,8 @@ class EnvironmentServicer(environment_pb2_grpc.EnvironmentServicer):
             env_id=self.env.id,
             observation_space=space_to_proto(self.observation_space),
             action_space=space_to_proto(self.action_space),
-            num_instances=self.capacity,
-            free_instances=self.free_instances,
+            num_instances=self.sessions.capacity,
+            free_instances=self.sessions.free_instances,
             incarnation=self.incarnation,
             backend=self.env.backend,
             local_address=self.local_address,
@@ -173,100 +156,9 @@ class EnvironmentServicer(environment_pb2_grpc.EnvironmentServicer):
             )
         stream_id, stream = admitted
         try:
-            yield from self._serve_session(requests, control, stream)
+            yield from self.sessions.serve(requests, control, stream, self.incarnation)
         finally:
             self.watch.remove(stream_id)
-
-    def _serve_session(
-        self, requests: Iterator[environment_pb2.SessionRequest], control: StreamControl, stream: Stream
-    ) -> Iterator[environment_pb2.SessionResponse]:
-        first = next(requests, None)
-        if first is None:
-            return
-        if first.WhichOneof("kind") != "open":
-            self.refuse(
-                control, grpc.StatusCode.INVALID_ARGUMENT, "the first request of a session must be 'open'"
-            )
-        session_id, n = self._claim(first.open.num_instances, stream)
-        batch = None
-        try:
-            batch = FiniteGuard(
-                make_env_batch(self.env.backend, self.env.id, self.env.kwargs, n, self.env.threads)
-            )
-            observations = batch.reset(first.open.seed)
-            log.info("session %s opened for %s: %d instances", session_id[:8], control.peer, n)
-            yield environment_pb2.SessionResponse(
-                opened=environment_pb2.SessionOpened(
-                    session_id=session_id,
-                    incarnation=self.incarnation,
-                    num_instances=n,
-                    observations=tensors.encode(observations),
-                )
-            )
-            tracker = EpisodeTracker(n)
-            stream.waiting_since = time.monotonic()
-            for request in requests:
-                stream.waiting_since = math.inf
-                actions = self._actions(request, session_id, n, control)
-                step, cut = batch.step(actions)
-                ended = tracker.update(step.rewards, step.terminated, step.truncated, cut)
-                self.steps += n
-                self.episodes += len(ended)
-                if cut is not None:
-                    self.cut_nonfinite.add(
-                        f"session {session_id[:8]}", f"instances {cut.nonzero()[0].tolist()}", int(cut.sum())
-                    )
-                yield environment_pb2.SessionResponse(step=step.encode(ended))
-                stream.waiting_since = time.monotonic()
-        except EnvError as error:  # the env itself misbehaves past what the guard can repair
-            log.warning("session %s failed: %s", session_id[:8], error)
-            control.abort(grpc.StatusCode.INTERNAL, str(error))
-        finally:
-            if batch is not None:
-                batch.close()
-            with self._freed:
-                del self._sessions[session_id]
-                self._freed.notify_all()
-            log.info("session %s closed, %d instances released", session_id[:8], n)
-
-    def _claim(self, wanted: int, stream: Stream) -> tuple[str, int]:
-        """A new session of ``wanted`` instances (0: all that are free), taking over idle sessions if that is
-        what it takes; RESOURCE_EXHAUSTED if the instances are held by clients that still act."""
-        with self._lock:
-            n = wanted or self.free_instances
-            idle = self.watch.idle_holders(n - self.free_instances, time.monotonic())
-        self.watch.take_over(idle, stream)
-        with self._freed:
-            if n > 0 and self._freed.wait_for(
-                lambda: n <= self.free_instances, TAKEOVER_WAIT_S if idle else 0
-            ):
-                session_id = uuid.uuid4().hex
-                self._sessions[session_id] = stream.instances = n
-                stream.waiting_since = math.inf  # its envs are being made
-                return session_id, n
-            free = self.free_instances
-        self.sessions_refused_busy += 1
-        self.refuse(
-            stream.control,
-            grpc.StatusCode.RESOURCE_EXHAUSTED,
-            f"{n or 'any'} instances asked, {free} of {self.capacity} free",
-        )
-
-    def _actions(self, request, session_id: str, n: int, control: StreamControl):
-        if request.WhichOneof("kind") != "step":
-            self.refuse(
-                control, grpc.StatusCode.INVALID_ARGUMENT, "a session is opened once; send 'step' requests"
-            )
-        if request.step.session_id != session_id:
-            self.refuse(
-                control,
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"unknown session {request.step.session_id!r}: this stream serves session {session_id!r}",
-            )
-        try:
-            return check_actions(tensors.decode(request.step.actions), self.action_space, n)
-        except (ActionError, tensors.TensorError) as error:
-            self.refuse(control, grpc.StatusCode.INVALID_ARGUMENT, str(error))
 
 
 def add_to_server(servicer: EnvironmentServicer, server: grpc.Server) -> None:

@@ -6,60 +6,36 @@ that report, so ``env_steps`` and ``--total-steps`` go on counting the whole run
 put into its new Redis the same way, without an alarm. A metrics.jsonl that the disk refuses (full, read-only)
 keeps its rows in memory (the latest ``PENDING_ROWS``) until it takes them again; that, and the trainer's own
 write failures, are one line each, and ``write_failure`` says for how long.
+
+What a row says is ``run_figures.py``'s, where it is written ``metrics_file.py``'s; here, the reports themselves
+and the console's line.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import math
-import os
 import time
-from collections import deque
 from pathlib import Path
 from typing import Any
 
 import redis
 from rich.console import Console
 
+from tinker_atropos.launcher.metrics_file import MetricsFile
+from tinker_atropos.launcher.run_figures import RunFigures
 from tinker_atropos.state import keys
 from tinker_atropos.state.connection import connect_fast, describe
-from tinker_atropos.state.experience import add_stats, queued_chunks, read_stats, recent_episodes
-from tinker_atropos.state.registry import live_services
-from tinker_atropos.state.run_dir import FolderWrites
-from tinker_atropos.state.weights import published_version
+from tinker_atropos.state.experience import add_stats, read_stats
 
 RETURN_WINDOW = 10  # episode_return_mean is over the latest this many episodes: run.return_window's default
 PROGRESS_WIDTH = 20  # characters of the progress bar
-PENDING_ROWS = 10_000  # rows kept while metrics.jsonl cannot be written: 5.5 hours of reports every 2 s
 
 
 def _duration(seconds: float) -> str:
     minutes, seconds = divmod(round(seconds), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{seconds:02d}s"
-
-
-# the words that name a counter of something refused, rejected, lost or gone wrong, whatever service counts it
-INCIDENT_WORDS = (
-    "rejected",
-    "refused",
-    "failed",
-    "nonfinite",
-    "repaired",
-    "skipped",
-    "lost",
-    "invalid",
-    "dropped",
-    "timed_out",
-    "bad_requests",
-    "taken_over",
-)
-
-
-def is_incident(name: str) -> bool:
-    """Whether the counter ``name`` counts something refused, skipped, lost or failed."""
-    return any(word in name for word in INCIDENT_WORDS)
 
 
 def format_return(mean: float | None) -> str:
@@ -116,35 +92,32 @@ class ProgressReporter:
         return_window: int = RETURN_WINDOW,
     ) -> None:
         self.client, self.run, self.console = connect_fast(url), run, console
-        self.return_window = return_window  # episodes the row's return averages
-        self.metrics_path = metrics_path
-        self.metrics_writes = FolderWrites(
-            "metrics rows",
-            "they wait in memory",
-            report=lambda line: console.print(f"[yellow]{line}", highlight=False),
-        )
-        self._pending: deque[str] = deque(maxlen=PENDING_ROWS)  # rows not yet in metrics.jsonl
+        self.figures = RunFigures(self.client, run, return_window, counters, wall_offset_s, policy_version)
+        self.metrics = MetricsFile(metrics_path, console)
         self.trainer_writes = TrainerWrites(console)
-        self.start, self.wall_offset_s = time.monotonic(), wall_offset_s
-        self.counters = dict(counters or {})  # the run's counters at the last report
-        self.last_time, self.last_steps = self.start, self.counters.get("env_steps", 0)
         self.last_row: dict[str, Any] | None = None
         self.unreachable_since: float | None = None
         self.answering_since = time.monotonic()  # since when Redis has answered this reporter's reads
-        # (service name, incarnation) -> its incident counters at the last report that saw it: a service that
-        # restarted starts from 0, and a stopped one is gone from the registry by the time `up` sums up
-        self.service_incidents: dict[tuple[str, str], dict[str, int]] = {}
-        # a service's name -> when a report last saw it in the registry
-        self.heartbeats: dict[str, float] = {}
         # this reporter's marker key is in Redis: its disappearance means Redis lost its data
         self.marked = False
-        self.tinker_api = ""  # the trainer's Tinker API URL, once it serves one
         # up's bounds, for the progress bar and its ETA; steps counted from this invocation's first
         self.total_steps: int | None = None
         self.max_seconds: float | None = None
-        self.first_steps = self.last_steps
-        # until the trainer publishes: a resumed run's checkpoint version
-        self._policy_version = policy_version
+        self.first_steps = self.figures.last_steps
+
+    @property
+    def heartbeats(self) -> dict[str, float]:
+        """A service's name -> when a report last saw it in the registry."""
+        return self.figures.heartbeats
+
+    @property
+    def tinker_api(self) -> str:
+        """The trainer's Tinker API URL, once it serves one."""
+        return self.figures.tinker_api
+
+    def incidents(self) -> dict[str, int]:
+        """Every counter of something refused, skipped, lost or failed, by name (``RunFigures.incidents``)."""
+        return self.figures.incidents()
 
     def outage_s(self) -> float:
         """How long Redis has been unreachable (0 while it answers)."""
@@ -157,8 +130,9 @@ class ProgressReporter:
         marker = keys.reporter_marker(self.run)
         present = bool(self.client.exists(marker))
         lost = self.marked and not present
-        if lost or read_stats(self.client, self.run).get("env_steps", 0) < self.counters.get("env_steps", 0):
-            add_stats(self.client, self.run, **self.counters)
+        counters = self.figures.counters
+        if lost or read_stats(self.client, self.run).get("env_steps", 0) < counters.get("env_steps", 0):
+            add_stats(self.client, self.run, **counters)
             if self.marked or present:  # else a resumed run's first report: its new Redis started at 0
                 self.console.print(
                     "[yellow]the run's counters in Redis went back (Redis restarted empty, or a counter was "
@@ -182,7 +156,7 @@ class ProgressReporter:
         """Read, print (if ``show``) and append one row; None while Redis is unreachable."""
         try:
             self.restore_counters()
-            row = self._row()
+            row = self.figures.row()
         except redis.ResponseError as error:  # Redis answers, but refuses a command: not an outage
             self.console.print(f"[yellow]Redis refused a read of the run's figures ({describe(error)})")
             return None
@@ -191,103 +165,23 @@ class ProgressReporter:
                 self.unreachable_since = time.monotonic()
                 self.console.print(f"[yellow]Redis unreachable ({describe(error)}); the services wait for it")
             return None
+        self.trainer_writes.note(self.figures.trainer)
         if self.unreachable_since is not None:
             self.console.print(f"[green]Redis answers again after {self.outage_s():.1f} s")
             self.unreachable_since, self.answering_since = None, time.monotonic()
-        self._pending.append(json.dumps(row) + "\n")
-        if self.metrics_writes.due():
-            self.metrics_writes.attempt(self.metrics_path, self._write_pending)
+        self.metrics.append(row)
         with contextlib.suppress(redis.RedisError):  # counted in the next report's row, not this one's
-            add_stats(self.client, self.run, metrics_writes_failed=self.metrics_writes.take_unreported())
+            add_stats(self.client, self.run, metrics_writes_failed=self.metrics.writes.take_unreported())
         self.last_row = row
         if show:
             self._print(row)
         return row
 
-    def _write_pending(self) -> None:
-        """Append the rows waiting, all or none: a write the disk cuts short is cut back off, so that no half
-        row is left for a reader (or the next row) to trip on."""
-        data = memoryview("".join(self._pending).encode())
-        descriptor = os.open(self.metrics_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            end = os.lseek(descriptor, 0, os.SEEK_END)
-            try:
-                while data:
-                    data = data[os.write(descriptor, data) :]
-            except OSError:
-                with contextlib.suppress(OSError):
-                    os.ftruncate(descriptor, end)
-                raise
-        finally:
-            os.close(descriptor)
-        self._pending.clear()
-
     def write_failure(self) -> tuple[str, float]:
         """What write into the run folder has been failing longest (metrics.jsonl, or the trainer's checkpoints or
         TensorBoard events), and for how long; ("", 0.0) while every write succeeds."""
-        own = (self.metrics_writes.error, self.metrics_writes.failing_s)
+        own = (self.metrics.writes.error, self.metrics.writes.failing_s)
         return max(own, self.trainer_writes.longest, key=lambda failure: failure[1])
-
-    def _row(self) -> dict[str, Any]:
-        now = time.monotonic()
-        stats = read_stats(self.client, self.run)
-        episodes = recent_episodes(self.client, self.run, self.return_window)
-        services = live_services(self.client, self.run)
-        self.heartbeats |= dict.fromkeys((service.name for service in services), now)
-        for service in services:
-            self.service_incidents[(service.name or service.kind, service.incarnation)] = {
-                name: value
-                for name, value in service.figures.items()
-                if type(value) is int and value and is_incident(name)
-            }
-        trainer = next((service.figures for service in services if service.kind == "trainer"), {})
-        self.tinker_api = str(trainer.get("tinker_api") or self.tinker_api)
-        self.trainer_writes.note(trainer)
-        # what the rollouts act with: it never goes back, also while a trainer restarts; a malformed weights
-        # record (ValueError) is the trainer's to replace
-        with contextlib.suppress(ValueError):
-            self._policy_version = published_version(self.client, self.run) or self._policy_version
-        # a trainer whose policy is not published to rollouts (the Atropos loop's LM) reports its own
-        self._policy_version = max(self._policy_version, int(trainer.get("policy_version") or 0))
-        steps = stats.get("env_steps", 0)
-        row = {
-            "env_steps": steps,
-            "wall_time_s": round(self.wall_offset_s + now - self.start, 3),
-            "time": round(time.time(), 3),  # unix time: lines the rows up with logs and outside events
-            "env_steps_per_s": round((steps - self.last_steps) / max(now - self.last_time, 1e-9), 1),
-            "episodes": stats.get("episodes", 0),
-            "episode_return_mean": (sum(e["return"] for e in episodes) / len(episodes)) if episodes else None,
-            "policy_version": self._policy_version,
-            "trainer_busy": round(float(trainer["busy_fraction"]), 3) if "busy_fraction" in trainer else None,
-            "policy_lag_mean": float(trainer.get("policy_lag_mean", 0.0)),
-            # the latest periodic evaluation (trainer.evaluation), None before one
-            "eval_return_mean": float(trainer["eval_return_mean"])
-            if trainer.get("eval_policy_version")
-            else None,
-            # {lag: chunks} of the trainer's latest 200 (registry figures come as JSON: keys are strings)
-            "policy_lag_counts": {
-                int(k): int(v) for k, v in (trainer.get("policy_lag_counts") or {}).items()
-            },
-            # the latest update's figures (PPO's losses; SAC's also gradient_steps, utd_ratio, replay_size)
-            "losses": {k: float(v) for k, v in (trainer.get("losses") or {}).items()},
-            "chunks_written": stats.get("chunks_written", 0),
-            "chunks_rejected_stale": stats.get("chunks_rejected_stale", 0),
-            "chunks_dropped_backpressure": stats.get("chunks_dropped_backpressure", 0),
-            "chunks_queued": queued_chunks(self.client, self.run),
-            "counters": stats,  # every run counter, as Redis holds it: what a resumed run starts from
-        }
-        self.last_time, self.last_steps, self.counters = now, steps, stats
-        return row
-
-    def incidents(self) -> dict[str, int]:
-        """Every counter of something refused, skipped, lost or failed, by name: the run's (Redis) and each
-        service incarnation's (its registry figures, added up), a run counter where both count it."""
-        counts = {name: n for name, n in self.counters.items() if n and is_incident(name)}
-        from_services: dict[str, int] = {}
-        for figures in self.service_incidents.values():
-            for name, n in figures.items():
-                from_services[name] = from_services.get(name, 0) + n
-        return {**from_services, **counts}
 
     def _print(self, row: dict[str, Any]) -> None:
         ret = format_return(row["episode_return_mean"])
@@ -305,7 +199,7 @@ class ProgressReporter:
 
     def _progress(self, steps: int) -> str:
         """A bar towards the bound that stops ``up`` first (--total-steps or --max-seconds), and its ETA."""
-        elapsed = time.monotonic() - self.start
+        elapsed = time.monotonic() - self.figures.start
         bounds = []  # (seconds left, fraction done)
         if self.total_steps:
             rate = (steps - self.first_steps) / max(elapsed, 1e-9)
@@ -322,10 +216,5 @@ class ProgressReporter:
 
     def close(self) -> None:
         """Close the Redis client; rows metrics.jsonl never took are said to be lost, in one line."""
-        if self._pending:
-            self.console.print(
-                f"[yellow]{len(self._pending)} metrics rows never reached {self.metrics_path} "
-                f"({self.metrics_writes.error})",
-                highlight=False,
-            )
+        self.metrics.close()
         self.client.close()
