@@ -13,7 +13,11 @@ import numpy as np
 import torch
 import yaml
 
-from tests.support.records import ACT, OBS, N, T, humanoid_chunks
+from tests.support.records import HUMANOID_ACT as ACT
+from tests.support.records import HUMANOID_N as N
+from tests.support.records import HUMANOID_OBS as OBS
+from tests.support.records import HUMANOID_T as T
+from tests.support.records import humanoid_chunks
 from tinker_atropos.algorithms import base as algorithms
 from tinker_atropos.algorithms.base import LearnerSetup
 from tinker_atropos.config import TrainerSection

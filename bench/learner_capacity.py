@@ -21,7 +21,9 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from tests.support.records import ACT, OBS, humanoid_chunks
+from tests.support.records import HUMANOID_ACT as ACT
+from tests.support.records import HUMANOID_OBS as OBS
+from tests.support.records import humanoid_chunks
 from tinker_atropos.algorithms import base as algorithms
 from tinker_atropos.algorithms.base import LearnerSetup
 from tinker_atropos.config import TrainerSection

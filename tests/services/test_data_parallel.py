@@ -21,7 +21,9 @@ import torch
 from pydantic import ValidationError
 
 from tests.support.processes import wait_for
-from tests.support.records import ACT, OBS, humanoid_chunks
+from tests.support.records import HUMANOID_ACT as ACT
+from tests.support.records import HUMANOID_OBS as OBS
+from tests.support.records import humanoid_chunks
 from tests.support.running import REPO, start_up
 from tests.support.running import report_rows as metrics
 from tinker_atropos.algorithms import base as algorithms

@@ -91,7 +91,7 @@ def serialized_chunk(
 
 
 # Humanoid-v5 chunks as the rollout writes them, random: what learner benchmarks feed without a simulator
-OBS, ACT, T, N = 348, 17, 64, 16
+HUMANOID_OBS, HUMANOID_ACT, HUMANOID_T, HUMANOID_N = 348, 17, 64, 16
 
 
 def humanoid_chunks(count: int, seed: int) -> list[Trajectory]:
@@ -101,17 +101,17 @@ def humanoid_chunks(count: int, seed: int) -> list[Trajectory]:
         Trajectory(
             policy_version=0,
             env_incarnation="x",
-            observations=rng.normal(size=(T, N, OBS)).astype(f32),
-            actions=rng.normal(scale=0.3, size=(T, N, ACT)).astype(f32),
-            log_probs=rng.normal(-15.7, 0.5, size=(T, N)).astype(f32),
-            values=rng.normal(size=(T, N)).astype(f32),
-            rewards=rng.normal(5, 1, size=(T, N)).astype(f32),
-            terminated=rng.random((T, N)) < 0.02,
-            truncated=np.zeros((T, N), bool),
-            truncation_values=np.zeros((T, N), f32),
-            bootstrap_observations=rng.normal(size=(N, OBS)).astype(f32),
-            truncated_observations=np.zeros((0, OBS), f32),
-            bootstrap_values=rng.normal(size=N).astype(f32),
+            observations=rng.normal(size=(HUMANOID_T, HUMANOID_N, HUMANOID_OBS)).astype(f32),
+            actions=rng.normal(scale=0.3, size=(HUMANOID_T, HUMANOID_N, HUMANOID_ACT)).astype(f32),
+            log_probs=rng.normal(-15.7, 0.5, size=(HUMANOID_T, HUMANOID_N)).astype(f32),
+            values=rng.normal(size=(HUMANOID_T, HUMANOID_N)).astype(f32),
+            rewards=rng.normal(5, 1, size=(HUMANOID_T, HUMANOID_N)).astype(f32),
+            terminated=rng.random((HUMANOID_T, HUMANOID_N)) < 0.02,
+            truncated=np.zeros((HUMANOID_T, HUMANOID_N), bool),
+            truncation_values=np.zeros((HUMANOID_T, HUMANOID_N), f32),
+            bootstrap_observations=rng.normal(size=(HUMANOID_N, HUMANOID_OBS)).astype(f32),
+            truncated_observations=np.zeros((0, HUMANOID_OBS), f32),
+            bootstrap_values=rng.normal(size=HUMANOID_N).astype(f32),
         )
         for _ in range(count)
     ]
