@@ -3,6 +3,7 @@ are in tests/support/processes.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from collections.abc import Iterator
@@ -13,6 +14,8 @@ import redis
 import torch
 
 from tests.support.processes import Processes
+from tests.support.running import REPO
+from tinker_atropos.logs import route_mujoco_warnings
 from tinker_atropos.state.embedded import EmbeddedValkey
 
 # make test runs on two xdist workers (Makefile), one per core: torch's intra-op threads in a worker
@@ -22,6 +25,32 @@ from tinker_atropos.state.embedded import EmbeddedValkey
 torch.set_num_threads(1)
 for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(variable, "1")
+
+
+# the tests that make MuJoCo envs in this process (test_mujoco_backend.py): MuJoCo's warnings to the log, as the
+# services' (``tinker-atropos`` routes them), not into a MUJOCO_LOG.TXT in the repository
+route_mujoco_warnings()
+MUJOCO_LOG = REPO / "MUJOCO_LOG.TXT"
+
+
+def _stat(path: Path) -> tuple[int, int] | None:
+    """What changes when a file is written (its size, its modification time), None when there is none."""
+    with contextlib.suppress(FileNotFoundError):
+        found = path.stat()
+        return found.st_size, found.st_mtime_ns
+    return None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_mujoco_log_in_the_repository() -> Iterator[None]:
+    """A test, or a process it started, that leaves MuJoCo's MUJOCO_LOG.TXT in the repository (MuJoCo writes its
+    warnings to one in the working directory unless ``logs.route_mujoco_warnings`` routed them) fails the run."""
+    before = _stat(MUJOCO_LOG)
+    yield
+    assert _stat(MUJOCO_LOG) == before, (
+        f"{MUJOCO_LOG} was written during the tests: a process that imports MuJoCo without "
+        "tinker_atropos.logs.route_mujoco_warnings() (or run in the repository)"
+    )
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -1,10 +1,17 @@
-"""Service logging: the one line format, and warnings counted by reason so that a flood stays readable."""
+"""Service logging: the one line format, warnings counted by reason so that a flood stays readable, and MuJoCo's
+warnings among them."""
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
 import logging
+import re
+import sys
 import time
 from collections import Counter
+from collections.abc import Sequence
+from types import ModuleType
 
 log = logging.getLogger(__name__)
 
@@ -62,3 +69,59 @@ def peer_host(peer: str) -> str:
     if kind in ("ipv4", "ipv6") and ":" in address:
         return f"{kind}:{address.rsplit(':', 1)[0]}"
     return peer
+
+
+def route_mujoco_warnings() -> None:
+    """MuJoCo's warnings (a deprecated attribute in a model's XML, an unstable simulation) into this log, counted,
+    from when this process imports MuJoCo (at once if it has). Without a handler MuJoCo prints each one and appends
+    it to ``MUJOCO_LOG.TXT`` in the working directory: a file no one reads, left wherever a service or a test was
+    started (``make test`` left one in the repository). Costs nothing where MuJoCo is never imported (a finder
+    waits for its import: ``import mujoco`` takes 0.4 s); idempotent."""
+    module = sys.modules.get("mujoco")
+    if module is not None:
+        _handle_mujoco_warnings(module)
+    elif not any(isinstance(finder, _WhenMujocoImported) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _WhenMujocoImported())
+
+
+_mujoco_warnings = CountedWarnings("MuJoCo warnings")
+
+
+def _mujoco_warning(message: str) -> None:
+    # the reason: its first clause, numbers (a time, a DOF) out, so that one kind of warning is one reason
+    reason = re.split(r"[:.] ", re.sub(r"\d+(\.\d+)?", "N", message.strip()))[0][:100]
+    _mujoco_warnings.add(reason, message.strip())
+
+
+def _handle_mujoco_warnings(mujoco: ModuleType) -> None:
+    if mujoco.get_mju_user_warning() is not _mujoco_warning:
+        mujoco.set_mju_user_warning(_mujoco_warning)
+
+
+class _WhenMujocoImported(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: when ``mujoco`` is imported it leaves ``sys.meta_path`` and hands on the spec the
+    other finders give, its loader's ``exec_module`` followed by ``_handle_mujoco_warnings``."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname != "mujoco":
+            return None
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        for finder in sys.meta_path:
+            spec = getattr(finder, "find_spec", lambda *_: None)(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        if isinstance(loader, importlib.abc.Loader) and hasattr(loader, "exec_module"):
+            execute = loader.exec_module
+
+            def exec_module(module: ModuleType) -> None:
+                execute(module)
+                _handle_mujoco_warnings(module)
+
+            loader.exec_module = exec_module  # type: ignore[method-assign]  # this module's loader only
+        return spec

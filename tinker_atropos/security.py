@@ -254,3 +254,16 @@ def read_keys(path: Path, setting: str) -> list[str]:
     if not keys:
         raise FatalError(f"{setting} {path} holds no key: nobody could use the endpoint")
     return keys
+
+
+def write_secret(path: Path, data: str | bytes, *, mode: int = 0o600, replace: bool = False) -> None:
+    """``data`` (str: UTF-8) into ``path``, a file made with ``mode`` (0600: this user's only) as it is created, so
+    that no other user can open it in between as after ``write_text`` and a chmod. FileExistsError where ``path``
+    exists, unless ``replace``: then it is overwritten and given ``mode`` before the data goes in (an existing file
+    keeps its own mode otherwise); ``mode`` is exact either way (the umask does not narrow it). The one way the
+    run's secrets (token, Redis password, API keys, keys and certificates, files that hold them) are written."""
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if replace else os.O_EXCL)
+    descriptor = os.open(path, flags, mode)
+    with os.fdopen(descriptor, "wb") as file:
+        os.fchmod(descriptor, mode)
+        file.write(data.encode() if isinstance(data, str) else data)

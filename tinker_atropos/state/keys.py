@@ -87,3 +87,15 @@ def tinker(run: str) -> str:
     """Prefix of the Tinker API's keys (``tinker_api/store/``: sessions, models, requests and their futures,
     samplers, training runs and their checkpoints, the samplers' record), each named there under it."""
     return f"ta:{run}:tinker"
+
+
+def atropos(run: str) -> str:
+    """Prefix of the Atropos trajectory API's keys (``frontends/atropos/``: its queue, buffer and groups, the envs
+    registered, their digests), each named there under it."""
+    return f"ta:{run}:atropos"
+
+
+def under(prefix: str, *parts: str) -> str:
+    """The key ``parts`` name under ``prefix`` (``tinker``, ``atropos``; a part may be a pattern's ``*``): the one
+    place, with the prefixes above, that spells the layout's separator for the front-ends' own keys."""
+    return ":".join((prefix, *parts))

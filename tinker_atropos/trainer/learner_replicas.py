@@ -28,6 +28,7 @@ import shutil
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import replace
 from datetime import timedelta
 from multiprocessing import resource_tracker
@@ -51,6 +52,7 @@ MODULE = "tinker_atropos.trainer.learner_replicas"  # a replica's process runs t
 READY = "ready"  # what a replica says once it has started, before it builds its learner
 SHM = "/dev/shm"  # where Python's shared memory lives on Linux; 64 MB in a container unless it is given more
 TIMEOUT = timedelta(seconds=TIMEOUT_S)  # NCCL's collectives wait as long as the channels do
+NCCL_ENVIRONMENT = {"NCCL_SOCKET_IFNAME": "lo"}  # NCCL's bootstrap connections stay on this machine
 
 
 def deal(trajectories: list[Trajectory], size: int) -> list[list[Trajectory]]:
@@ -139,8 +141,35 @@ def nccl_store(folder: Path) -> str:
     user; the folder a crashed trainer left is removed first. Not a TCP store, which would listen."""
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(mode=0o700, parents=True)
-    os.environ["NCCL_SOCKET_IFNAME"] = "lo"  # NCCL's bootstrap connections stay on this machine
     return f"file://{folder}/store"
+
+
+def join_nccl(address: str, rank: int, size: int, device: torch.device) -> None:
+    """Learner ``rank`` joins the NCCL group at ``address`` (``nccl_store``), with ``NCCL_ENVIRONMENT`` set for the
+    join only: not in the trainer's environment, where every process it starts and every library it loads would
+    see it. NCCL reads those variables when it makes its first communicator, once per process, which a group
+    bound to ``device`` (``device_id``) does here, in the join (eagerly; a lazy group would at its first
+    all-reduce, after the variables are gone). ``device``: the learner's GPU, with its index (``rank_device``);
+    every learner binds its own, as NCCL's eager join waits for all of them."""
+    with _environment(NCCL_ENVIRONMENT):
+        dist.init_process_group(
+            "nccl", init_method=address, rank=rank, world_size=size, timeout=TIMEOUT, device_id=device
+        )
+
+
+@contextlib.contextmanager
+def _environment(variables: dict[str, str]) -> Iterator[None]:
+    """``variables`` in ``os.environ`` for the block only; what was there before (or its absence) put back."""
+    before = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 class Replicas:
@@ -165,7 +194,7 @@ class Replicas:
             for rank, (process, channel) in enumerate(zip(self.processes, self.channels, strict=True), 1):
                 started(rank, process, channel, (setup, size, threads, address))
             if address is not None:
-                dist.init_process_group("nccl", init_method=address, rank=0, world_size=size, timeout=TIMEOUT)
+                join_nccl(address, 0, size, rank_device(setup.device, 0))
         except BaseException:
             self._close()
             raise
@@ -260,7 +289,7 @@ def serve(rank: int, descriptor: int) -> None:
     setup = replace(setup, device=rank_device(setup.device, rank))
     if address is not None:
         torch.cuda.set_device(setup.device)
-        dist.init_process_group("nccl", init_method=address, rank=rank, world_size=size, timeout=TIMEOUT)
+        join_nccl(address, rank, size, setup.device)
     learner = algorithms.algorithm(setup.trainer.algorithm).build(setup)
     learner.core.group = Group(rank, size, dist.all_reduce if address else Star([channel], root=False))
     attached: dict[str, SharedMemory] = {}

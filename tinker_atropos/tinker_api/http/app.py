@@ -16,7 +16,6 @@ counted (``Api.unauthenticated``, in the trainer's status) and logged at most ev
 
 from __future__ import annotations
 
-import os
 import secrets
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from tinker_atropos.config import Config
 from tinker_atropos.errors import FatalError
 from tinker_atropos.frontends.bodies import BodyLimit
 from tinker_atropos.frontends.http import APIKeys
-from tinker_atropos.security import insecure, read_keys
+from tinker_atropos.security import insecure, read_keys, write_secret
 from tinker_atropos.tinker_api import base_models
 from tinker_atropos.tinker_api.http.routes.runs import runs
 from tinker_atropos.tinker_api.http.routes.samples import sampling
@@ -77,9 +76,7 @@ def api_keys(config: Config, run_dir: Path) -> tuple[list[str], Path | None]:
     path = Path(configured) if configured else run_dir / "tinker_api_keys"
     if configured is None and not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(descriptor, "w") as file:
-            file.write(f"tml-{secrets.token_urlsafe(32)}\n")
+        write_secret(path, f"tml-{secrets.token_urlsafe(32)}\n")
     keys = read_keys(path, "trainer.tinker.api_keys_file")
     for number, key in enumerate(keys, 1):
         if not key.startswith("tml-") or len(key) < 20:

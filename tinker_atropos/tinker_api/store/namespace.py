@@ -14,4 +14,4 @@ class Keys:
         self.client, self.run, self.prefix = client, run, keys.tinker(run)
 
     def _key(self, *parts: str) -> str:
-        return ":".join((self.prefix, *parts))
+        return keys.under(self.prefix, *parts)
