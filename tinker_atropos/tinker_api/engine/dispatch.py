@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from tinker_atropos.tinker_api.store.queue import Upcoming
 from tinker_atropos.tinker_api.store.samplers import SAMPLER_LANE
@@ -89,7 +89,7 @@ def fair_samples(queued: dict[str, list[str]], busy: set[str], max_samples: int)
 
 def together(
     jobs: list[Job],
-    models: dict[str, ServedModel],
+    models: Mapping[str, ServedModel],
     kinds: Callable[[list[str]], list[str | None]],
     passes: int = 1,
 ) -> list[list[Job]]:

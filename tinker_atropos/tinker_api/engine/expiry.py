@@ -69,7 +69,7 @@ class SessionExpiry:
         if now < self.next_ended_check:
             return
         self.next_ended_check = now + ENDED_CHECK_S
-        tenants = (self.store.requests.tenants() | running) - {""}
+        tenants = (self.store.requests.samples.tenants() | running) - {""}
         self.check(loaded_models, tenants)
         for tenant in sorted(tenants):
             state = self.store.sessions.state(tenant)

@@ -6,15 +6,18 @@ from __future__ import annotations
 import logging
 
 from tinker_atropos.tinker_api import wire
-from tinker_atropos.tinker_api.engine.handlers import RequestHandlers
+from tinker_atropos.tinker_api.engine.models import ServedModels
 from tinker_atropos.tinker_api.engine.saving import Checkpoints
+from tinker_atropos.tinker_api.engine.training import Training
 from tinker_atropos.tinker_api.store import Store
 from tinker_atropos.training.data import ClientError
 
 log = logging.getLogger(__name__)
 
 
-def recover(store: Store, handlers: RequestHandlers, checkpoints: Checkpoints) -> dict[str, list[str]]:
+def recover(
+    store: Store, models: ServedModels, training: Training, checkpoints: Checkpoints
+) -> dict[str, list[str]]:
     """Rebuild the loaded models up to the last request each applied; per model, the requests replayed (a
     later snapshot makes them unneeded)."""
     replays: dict[str, list[str]] = {}
@@ -24,7 +27,7 @@ def recover(store: Store, handlers: RequestHandlers, checkpoints: Checkpoints) -
         if applied < 0 or record is None or snapshot is None:
             continue
         try:
-            handlers.restore(model_id, record, snapshot)
+            models.restore(model_id, record, snapshot)
         except Exception:
             log.exception("cannot restore Tinker model %s from %s; it stays unloaded", model_id, snapshot)
             continue
@@ -35,10 +38,10 @@ def recover(store: Store, handlers: RequestHandlers, checkpoints: Checkpoints) -
             request = store.requests.request(request_id) if request_id else None
             if request is None or request[0] != "forward_backward" or not request[1]:
                 continue
-            parsed = wire.parse_forward_backward(request[1], handlers.budget())
+            parsed = wire.parse_forward_backward(request[1], training.budget())
             if not parsed.forward_only:
                 try:
-                    handlers.apply_forward_backward(model_id, parsed, deadline=None)
+                    training.apply_forward_backward(model_id, parsed, deadline=None)
                 # the samplers' record it named may have expired since: a warning, never a crash loop
                 except ClientError as error:
                     log.warning(
