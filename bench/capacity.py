@@ -281,18 +281,26 @@ def weights_point(server: AclValkey, m: int, blob: bytes, rounds: int = 5) -> di
         current += fetched.count(version)
     for client in (publisher, *fetchers):
         client.close()
-    return {"fetchers": m, "fetched_current": current / (m * rounds), "publish_ms": 1000 * float(np.median(publish_s)),
-            "all_fetched_ms": 1000 * float(np.median(all_fetched_s)),
-            "fetch_mb_s": m * len(blob) / 1e6 / float(np.median(all_fetched_s))}  # fmt: skip
+    return {
+        "fetchers": m,
+        "fetched_current": current / (m * rounds),
+        "publish_ms": 1000 * float(np.median(publish_s)),
+        "all_fetched_ms": 1000 * float(np.median(all_fetched_s)),
+        "fetch_mb_s": m * len(blob) / 1e6 / float(np.median(all_fetched_s)),
+    }
 
 
 def llm_group(n: int, size: int = 8, tokens: int = 64) -> dict[str, Any]:
     """A scored group as an Atropos environment posts it for SmolLM2's arithmetic: ``size`` answers of ``tokens``
     tokens with their inference log-probs (unique to ``n``: no post is a retry)."""
     sequences = [[n, k, *range(tokens - 2)] for k in range(size)]
-    return {"tokens": sequences, "masks": [[-100] * 16 + t[16:] for t in sequences],
-            "scores": [float(k % 2) for k in range(size)], "env_id": 0,
-            "inference_logprobs": [[1.0] * 16 + [-0.5] * (tokens - 16) for _ in sequences]}  # fmt: skip
+    return {
+        "tokens": sequences,
+        "masks": [[-100] * 16 + t[16:] for t in sequences],
+        "scores": [float(k % 2) for k in range(size)],
+        "env_id": 0,
+        "inference_logprobs": [[1.0] * 16 + [-0.5] * (tokens - 16) for _ in sequences],
+    }
 
 
 def llm_point(server: AclValkey, seconds: float, batch_groups: int = 4) -> dict[str, Any]:
@@ -301,8 +309,18 @@ def llm_point(server: AclValkey, seconds: float, batch_groups: int = 4) -> dict[
     its rate is this loop's)."""
     client = server.client("atropos_api")
     store = TrajectoryStore(client, RUN, max_queue_sequences=1 << 20, dedup_window=1000)
-    store.register({"batch_size": 8 * batch_groups, "max_token_len": 64, "starting_step": 0, "num_steps": 0,
-                    "wandb_group": "", "wandb_project": "", "checkpoint_dir": "", "save_checkpoint_interval": 0})  # fmt: skip
+    store.register(
+        {
+            "batch_size": 8 * batch_groups,
+            "max_token_len": 64,
+            "starting_step": 0,
+            "num_steps": 0,
+            "wandb_group": "",
+            "wandb_project": "",
+            "checkpoint_dir": "",
+            "save_checkpoint_interval": 0,
+        }
+    )
     store.batch()  # the trainer's first call starts the run: environments may register
     store.register_env({"max_token_length": 64, "desired_name": "arithmetic", "weight": 1.0, "group_size": 8})
     groups = [llm_group(n) for n in range(batch_groups)]
@@ -318,8 +336,12 @@ def llm_point(server: AclValkey, seconds: float, batch_groups: int = 4) -> dict[
     elapsed = time.perf_counter() - started
     cpu = valkey_cpu_s(server.admin) - cpu
     client.close()
-    return {"groups_s": served / elapsed, "group_kb": size / 1e3, "valkey_cpu": cpu / elapsed,
-            "valkey_cpu_ms_per_group": 1000 * cpu / max(1, served)}  # fmt: skip
+    return {
+        "groups_s": served / elapsed,
+        "group_kb": size / 1e3,
+        "valkey_cpu": cpu / elapsed,
+        "valkey_cpu_ms_per_group": 1000 * cpu / max(1, served),
+    }
 
 
 def saturated(points: list[dict[str, Any]]) -> int | None:
@@ -351,16 +373,20 @@ def run_capacity(options: CapacityOptions, out: Path) -> dict[str, Any]:
 
     learning = learning_points(options.learning_shapes, options.learners, options.window_s)
     result = {
-        "conditions": {"chunk_bytes": len(record), "steps_per_chunk": options.instances * options.steps,
-                       "window_s": options.window_s, "weights_mb": list(options.weights_mb),
-                       "date": time.strftime("%Y-%m-%d")},
+        "conditions": {
+            "chunk_bytes": len(record),
+            "steps_per_chunk": options.instances * options.steps,
+            "window_s": options.window_s,
+            "weights_mb": list(options.weights_mb),
+            "date": time.strftime("%Y-%m-%d"),
+        },
         "experience": experience,
         "saturated_at_rollouts": saturated(experience),
         "weights": weights,
         "llm": llm,
         "learning": learning,
         "acl_denials": denied,
-    }  # fmt: skip
+    }
     out.mkdir(parents=True, exist_ok=True)
     (out / "capacity.json").write_text(json.dumps(result, indent=1))
     return result
@@ -368,8 +394,10 @@ def run_capacity(options: CapacityOptions, out: Path) -> dict[str, Any]:
 
 def table(result: dict[str, Any]) -> str:
     """The experience and weights figures as Markdown tables."""
-    rows = ["| rollouts | chunks/s | env steps/s | MB/s | Valkey CPU | Valkey ms/chunk | trainer decode µs/step |",
-            "|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    rows = [
+        "| rollouts | chunks/s | env steps/s | MB/s | Valkey CPU | Valkey ms/chunk | trainer decode µs/step |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for p in result["experience"]:
         rows.append(
             f"| {p['rollouts']} | {p['chunks_s']:.1f} | {p['env_steps_s']:,.0f} | {p['mb_s']:.1f} | "
@@ -386,10 +414,17 @@ def table(result: dict[str, Any]) -> str:
             f"| {w['mb']:g} | {w['fetchers']} | {w['publish_ms']:.1f} | {w['all_fetched_ms']:.1f} | {w['fetch_mb_s']:.0f} |"
         )
     llm = result["llm"]
-    rows += ["", f"Atropos store, flat out: {llm['groups_s']:.0f} groups/s of {llm['group_kb']:.1f} kB, Valkey "
-             f"{100 * llm['valkey_cpu']:.0f} % busy, {llm['valkey_cpu_ms_per_group']:.3f} ms a group"]  # fmt: skip
-    rows += ["", "| update | learners x threads | env steps/s learned | x the first | update s | in all-reduces | "
-             "all-reduce ms a step | dealing out |", "|---|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    rows += [
+        "",
+        f"Atropos store, flat out: {llm['groups_s']:.0f} groups/s of {llm['group_kb']:.1f} kB, Valkey "
+        f"{100 * llm['valkey_cpu']:.0f} % busy, {llm['valkey_cpu_ms_per_group']:.3f} ms a group",
+    ]
+    rows += [
+        "",
+        "| update | learners x threads | env steps/s learned | x the first | update s | in all-reduces | "
+        "all-reduce ms a step | dealing out |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for p in result["learning"]:
         rows.append(
             f"| {p['shape']} | {p['learners']} x {p['threads']} | {p['env_steps_s']:,.0f} | {p['x_first']:.2f} | "

@@ -65,9 +65,15 @@ def learning_point(shape: str, learners: int, threads: int, seconds: float) -> d
     """``learners`` learners of ``threads`` threads each, updating flat out for ``seconds`` (after one warm-up)."""
     hidden, samples, epochs, minibatches = SHAPES[shape]
     trainer = TrainerSection.model_validate(
-        {"algorithm": "appo", "samples_per_update": samples, "learners": learners, "torch_threads": threads,
-         "model": {"hidden_sizes": hidden}, "appo": {"update_epochs": epochs, "num_minibatches": minibatches}}
-    )  # fmt: skip
+        {
+            "algorithm": "appo",
+            "samples_per_update": samples,
+            "learners": learners,
+            "torch_threads": threads,
+            "model": {"hidden_sizes": hidden},
+            "appo": {"update_epochs": epochs, "num_minibatches": minibatches},
+        }
+    )
     spaces = gym.spaces.Box(-np.inf, np.inf, (OBS,)), gym.spaces.Box(-0.4, 0.4, (ACT,))
     setup = LearnerSetup(*spaces, trainer, trainer.hyperparameters, torch.device("cpu"), seed=7)
     chunks = humanoid_chunks(samples // 1024, seed=0)

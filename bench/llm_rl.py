@@ -61,8 +61,14 @@ class Curve:
     def add(self, rewards: list[float], sampled: int, trained: int, split: dict[str, float]) -> None:
         self.rewards.extend(rewards)
         self.sampled, self.trained = self.sampled + sampled, self.trained + trained
-        self.points.append({"seconds": time.monotonic() - self.start, "reward": float(np.mean(self.rewards)),
-                            "sampled_tokens": self.sampled, "trained_tokens": self.trained})  # fmt: skip
+        self.points.append(
+            {
+                "seconds": time.monotonic() - self.start,
+                "reward": float(np.mean(self.rewards)),
+                "sampled_tokens": self.sampled,
+                "trained_tokens": self.trained,
+            }
+        )
         self.steps.append(split)
 
     def result(self, **about: Any) -> dict[str, Any]:
@@ -116,36 +122,82 @@ def run_trl(seconds: float, work: Path, steps: int = 100_000) -> dict[str, Any]:
             step = time.monotonic() - timing["step_started"]
             tokens = int(round(logs["completions/mean_length"] * GROUPS * GROUP_SIZE))
             correct = int(round(logs["reward"] * GROUPS * GROUP_SIZE))  # 0/1 rewards: the batch's count
-            split = {"generation": timing["generation"], "logprobs": timing["scored"] - timing["generation"],
-                     "training": step - timing["scored"], "weight_sync": 0.0, "step": step}  # fmt: skip
+            split = {
+                "generation": timing["generation"],
+                "logprobs": timing["scored"] - timing["generation"],
+                "training": step - timing["scored"],
+                "weight_sync": 0.0,
+                "step": step,
+            }
             curve.add([1.0] * correct + [0.0] * (GROUPS * GROUP_SIZE - correct), tokens, tokens, split)
             if curve.points[-1]["seconds"] >= seconds:
                 control.should_training_stop = True
 
     config = trl.GRPOConfig(
-        output_dir=str(work / "trl"), use_cpu=True, report_to="none", save_strategy="no", logging_steps=1,
-        per_device_train_batch_size=GROUPS * GROUP_SIZE, num_generations=GROUP_SIZE, steps_per_generation=1,
-        gradient_accumulation_steps=1, num_iterations=1, max_completion_length=COMPLETION_TOKENS,
-        temperature=1.0, beta=0.0, epsilon=CLIP, loss_type="dapo", scale_rewards="none",
-        learning_rate=LEARNING_RATE, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
-        adam_beta2=0.95, max_grad_norm=1.0, max_steps=steps, shuffle_dataset=False, seed=0,
+        output_dir=str(work / "trl"),
+        use_cpu=True,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        per_device_train_batch_size=GROUPS * GROUP_SIZE,
+        num_generations=GROUP_SIZE,
+        steps_per_generation=1,
+        gradient_accumulation_steps=1,
+        num_iterations=1,
+        max_completion_length=COMPLETION_TOKENS,
+        temperature=1.0,
+        beta=0.0,
+        epsilon=CLIP,
+        loss_type="dapo",
+        scale_rewards="none",
+        learning_rate=LEARNING_RATE,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        adam_beta2=0.95,
+        max_grad_norm=1.0,
+        max_steps=steps,
+        shuffle_dataset=False,
+        seed=0,
         disable_tqdm=True,
-    )  # fmt: skip
+    )
     lora = LoraConfig(
         r=RANK, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM"
     )
-    trainer = Timed(model=model, reward_funcs=arithmetic, args=config, train_dataset=dataset,
-                    processing_class=tokenizer, peft_config=lora, callbacks=[Record()])  # fmt: skip
+    trainer = Timed(
+        model=model,
+        reward_funcs=arithmetic,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=lora,
+        callbacks=[Record()],
+    )
     curve.start = time.monotonic()
     trainer.train()
-    about = {"trl": trl.__version__, "transformers": transformers.__version__,
-             "config": {k: v for k, v in config.to_dict().items() if k in TRL_SHOWN}}  # fmt: skip
+    about = {
+        "trl": trl.__version__,
+        "transformers": transformers.__version__,
+        "config": {k: v for k, v in config.to_dict().items() if k in TRL_SHOWN},
+    }
     return curve.result(**about)
 
 
-TRL_SHOWN = ("per_device_train_batch_size", "num_generations", "max_completion_length", "temperature", "beta",
-             "epsilon", "loss_type", "scale_rewards", "learning_rate", "adam_beta2", "max_grad_norm",
-             "num_iterations", "steps_per_generation")  # fmt: skip
+TRL_SHOWN = (
+    "per_device_train_batch_size",
+    "num_generations",
+    "max_completion_length",
+    "temperature",
+    "beta",
+    "epsilon",
+    "loss_type",
+    "scale_rewards",
+    "learning_rate",
+    "adam_beta2",
+    "max_grad_norm",
+    "num_iterations",
+    "steps_per_generation",
+)
 
 
 # the Tinker Cookbook through our Tinker API --------------------------------------------------------------------
@@ -173,8 +225,12 @@ def run_cookbook(seconds: float, work: Path, steps: int = 100_000) -> dict[str, 
 
         async def step(self, action: list[int], *, extra: Any = None) -> rl.StepResult:
             text = tokenizer.decode(action, skip_special_tokens=True)
-            return rl.StepResult(reward=reward(text, self.a, self.b), episode_done=True,
-                                 next_observation=tinker.ModelInput.from_ints([]), next_stop_condition=[])  # fmt: skip
+            return rl.StepResult(
+                reward=reward(text, self.a, self.b),
+                episode_done=True,
+                next_observation=tinker.ModelInput.from_ints([]),
+                next_stop_condition=[],
+            )
 
     class Group(rl.EnvGroupBuilder):
         def __init__(self, a: int, b: int) -> None:
@@ -201,11 +257,21 @@ def run_cookbook(seconds: float, work: Path, steps: int = 100_000) -> dict[str, 
     # every core for its torch, as the Atropos config has it (the trainer's default, one, leaves a core to envs)
     with serving(work / "server", key=key, trainer={"torch_threads": None}) as served:
         os.environ["TINKER_API_KEY"] = key
-        config = rl_train.Config(learning_rate=LEARNING_RATE, dataset_builder=Builder(), model_name=smollm2.NAME,
-                                 recipe_name="bench_llm_rl", max_tokens=COMPLETION_TOKENS, temperature=1.0,
-                                 log_path=str(work / "cookbook"), base_url=served.url, lora_rank=RANK,
-                                 eval_every=0, save_every=0, loss_fn="ppo",
-                                 loss_fn_config={"clip_low_threshold": 1 - CLIP, "clip_high_threshold": 1 + CLIP})  # fmt: skip
+        config = rl_train.Config(
+            learning_rate=LEARNING_RATE,
+            dataset_builder=Builder(),
+            model_name=smollm2.NAME,
+            recipe_name="bench_llm_rl",
+            max_tokens=COMPLETION_TOKENS,
+            temperature=1.0,
+            log_path=str(work / "cookbook"),
+            base_url=served.url,
+            lora_rank=RANK,
+            eval_every=0,
+            save_every=0,
+            loss_fn="ppo",
+            loss_fn_config={"clip_low_threshold": 1 - CLIP, "clip_high_threshold": 1 + CLIP},
+        )
         # its budget and the model's loading (a minute at most); the steps past the budget are cut below
         with contextlib.suppress(TimeoutError):
             asyncio.run(asyncio.wait_for(rl_train.main(config), seconds + 60))
@@ -232,9 +298,14 @@ def _cookbook_curve(rows: list[dict[str, Any]]) -> dict[str, Any]:
         times = {k.removeprefix("time/"): v for k, v in row.items() if k.startswith("time/")}
         # its sampler's log-probs are the trainer's (no pass of their own); the weights are synced when the loop
         # saves the adapter for sampling and opens a sampling client on it
-        split = {"generation": times.get("sampling", 0.0), "logprobs": 0.0, "training": times.get("train_step", 0.0),
-                 "weight_sync": times.get("save_checkpoint_and_get_sampling_client", 0.0),
-                 "step": times.get("total", 0.0), "all": times}  # fmt: skip
+        split = {
+            "generation": times.get("sampling", 0.0),
+            "logprobs": 0.0,
+            "training": times.get("train_step", 0.0),
+            "weight_sync": times.get("save_checkpoint_and_get_sampling_client", 0.0),
+            "step": times.get("total", 0.0),
+            "all": times,
+        }
         curve.add([1.0] * correct + [0.0] * (answers - correct), tokens, tokens, split)
         # the loop's steps follow one another: its clock is the sum of their times (the model's loading before)
         curve.points[-1]["seconds"] = sum(s["step"] for s in curve.steps)
@@ -251,9 +322,22 @@ def run_atropos(seconds: float, work: Path) -> dict[str, Any]:
     config["run"]["report_interval_s"] = 5.0
     (work / "run.yaml").write_text(yaml.safe_dump(config))
     run_dir = work / "run"
-    up = subprocess.run([sys.executable, "-m", "tinker_atropos", "up", str(work / "run.yaml"), "--run-dir",
-                         str(run_dir), "--max-seconds", str(int(seconds) + 60)], cwd=REPO, capture_output=True,
-                        text=True)  # fmt: skip
+    up = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tinker_atropos",
+            "up",
+            str(work / "run.yaml"),
+            "--run-dir",
+            str(run_dir),
+            "--max-seconds",
+            str(int(seconds) + 60),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     if up.returncode != 0:
         raise RuntimeError(f"up failed:\n{up.stdout[-3000:]}")
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -272,15 +356,26 @@ def _atropos_curve(rows: list[dict[str, Any]]) -> dict[str, Any]:
     for row in trained:
         figures = row["losses"]
         share = figures["sequences_trained"] / max(1, row["episodes"])
-        points.append({"seconds": row["wall_time_s"] - zero, "reward": row["episode_return_mean"],
-                       "sampled_tokens": row["env_steps"], "trained_tokens": int(row["env_steps"] * share)})  # fmt: skip
+        points.append(
+            {
+                "seconds": row["wall_time_s"] - zero,
+                "reward": row["episode_return_mean"],
+                "sampled_tokens": row["env_steps"],
+                "trained_tokens": int(row["env_steps"] * share),
+            }
+        )
         sync = figures.get("weight_sync_seconds", 0.0)
         new_step = not steps or steps[-1]["version"] != row["policy_version"]  # a report row per 5 s
         # a batch whose groups all scored alike teaches nothing: its time is not a step's (the sync shown is the
         # step's before)
         if new_step and figures["step_seconds"] > sync:
-            steps.append({"training": figures["step_seconds"] - sync, "weight_sync": sync,
-                          "version": row["policy_version"]})  # fmt: skip
+            steps.append(
+                {
+                    "training": figures["step_seconds"] - sync,
+                    "weight_sync": sync,
+                    "version": row["policy_version"],
+                }
+            )
     return {"points": points, "steps": steps, "note": "generation runs beside training (its own process)"}
 
 
@@ -297,8 +392,12 @@ def run(out: Path, minutes: dict[str, float], rounds: int = 1) -> dict[str, Any]
         for system in order if round_ % 2 == 0 else order[::-1]:
             work = out / "llm-rl" / f"{system}-{round_}"
             print(f"{system}: {minutes[system]:g} min ...", flush=True)
-            done = subprocess.run([sys.executable, "-m", "bench.llm_rl", system, str(minutes[system] * 60),
-                                   str(work)], cwd=REPO, capture_output=True, text=True)  # fmt: skip
+            done = subprocess.run(
+                [sys.executable, "-m", "bench.llm_rl", system, str(minutes[system] * 60), str(work)],
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+            )
             if done.returncode != 0:
                 raise RuntimeError(f"{system} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
             results[system].append(json.loads((work / "result.json").read_text()))
@@ -307,8 +406,12 @@ def run(out: Path, minutes: dict[str, float], rounds: int = 1) -> dict[str, Any]
 
 def write(out: Path, minutes: dict[str, float], results: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """The systems' results (each round's ``result.json``) summed up into ``bench-llm-rl.json`` and its chart."""
-    data = {"task": TASK, "minutes": minutes, "machine": f"{os.cpu_count()} CPU cores",
-            "systems": {s: [{"summary": summary(r), **r} for r in runs] for s, runs in results.items()}}  # fmt: skip
+    data = {
+        "task": TASK,
+        "minutes": minutes,
+        "machine": f"{os.cpu_count()} CPU cores",
+        "systems": {s: [{"summary": summary(r), **r} for r in runs] for s, runs in results.items()},
+    }
     if "trl" in results:
         target = data["systems"]["trl"][0]["summary"]["final_reward"]
         data["trl_final_reward"] = target
@@ -320,8 +423,10 @@ def write(out: Path, minutes: dict[str, float], results: dict[str, list[dict[str
     return data
 
 
-TASK = (f"single-digit addition, SmolLM2-135M-Instruct, LoRA rank {RANK}, {GROUPS} prompts x {GROUP_SIZE} answers "
-        f"of <= {COMPLETION_TOKENS} tokens a step, temperature 1, PPO clip {CLIP}, Adam lr {LEARNING_RATE}")  # fmt: skip
+TASK = (
+    f"single-digit addition, SmolLM2-135M-Instruct, LoRA rank {RANK}, {GROUPS} prompts x {GROUP_SIZE} answers "
+    f"of <= {COMPLETION_TOKENS} tokens a step, temperature 1, PPO clip {CLIP}, Adam lr {LEARNING_RATE}"
+)
 
 
 def chart(data: dict[str, Any], path: Path) -> None:
@@ -353,9 +458,12 @@ def summary(result: dict[str, Any]) -> dict[str, float]:
     last = points[-1]
     # the reward at the end: the mean over the last two minutes (a 64-answer window moves by 0.2 from step to step)
     final = float(np.mean([p["reward"] for p in points if p["seconds"] >= last["seconds"] - FINAL_S]))
-    figures = {"final_reward": final, "seconds": last["seconds"],
-               "sampled_tokens_per_s": last["sampled_tokens"] / last["seconds"],
-               "trained_tokens_per_s": last["trained_tokens"] / last["seconds"]}  # fmt: skip
+    figures = {
+        "final_reward": final,
+        "seconds": last["seconds"],
+        "sampled_tokens_per_s": last["sampled_tokens"] / last["seconds"],
+        "trained_tokens_per_s": last["trained_tokens"] / last["seconds"],
+    }
     for part in ("generation", "logprobs", "training", "weight_sync", "step"):
         values = [s[part] for s in result["steps"] if part in s]
         if values:
@@ -366,18 +474,25 @@ def summary(result: dict[str, Any]) -> dict[str, float]:
 def table(data: dict[str, Any]) -> str:
     """The result as the Markdown table of docs/benchmarks.md: per system (its first round), the figures and the
     ratios to TRL."""
-    rows = ["| system | minutes | final reward | reached TRL's final at | sampled tokens/s | × TRL | trained tokens/s "
-            "| step s: generation / log-probs / training / weight sync |", "|---|---:|---:|---:|---:|---:|---:|---|"]  # fmt: skip
+    rows = [
+        "| system | minutes | final reward | reached TRL's final at | sampled tokens/s | × TRL | trained tokens/s "
+        "| step s: generation / log-probs / training / weight sync |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
     trl = data["systems"].get("trl", [{}])[0].get("summary")
     for system, runs in data["systems"].items():
         figures = runs[0]["summary"]
         reached = data.get("reached_trl_final_at_s", {}).get(system)
         ratio = f"{figures['sampled_tokens_per_s'] / trl['sampled_tokens_per_s']:.2f}" if trl else "-"
-        split = " / ".join(f"{figures[p + '_s']:.2f}" if p + "_s" in figures else "-"
-                           for p in ("generation", "logprobs", "training", "weight_sync"))  # fmt: skip
-        rows.append(f"| {system} | {figures['seconds'] / 60:.1f} | {figures['final_reward']:.2f} | "
-                    f"{'-' if reached is None else f'{reached / 60:.1f} min'} | "
-                    f"{figures['sampled_tokens_per_s']:.1f} | {ratio} | {figures['trained_tokens_per_s']:.1f} | {split} |")  # fmt: skip
+        split = " / ".join(
+            f"{figures[p + '_s']:.2f}" if p + "_s" in figures else "-"
+            for p in ("generation", "logprobs", "training", "weight_sync")
+        )
+        rows.append(
+            f"| {system} | {figures['seconds'] / 60:.1f} | {figures['final_reward']:.2f} | "
+            f"{'-' if reached is None else f'{reached / 60:.1f} min'} | "
+            f"{figures['sampled_tokens_per_s']:.1f} | {ratio} | {figures['trained_tokens_per_s']:.1f} | {split} |"
+        )
     return "\n".join(rows)
 
 

@@ -47,22 +47,44 @@ class Case:
 
 def cases(rng: np.random.Generator) -> list[Case]:
     def policy_datum(t: int) -> Datum:
-        return Datum(np.zeros(t, np.int64), {
-            "observations": rng.normal(size=(t, 348)).astype(np.float32),
-            "actions": rng.normal(size=(t, 17)).astype(np.float32),
-            "logprobs": rng.normal(-20, 1, size=t).astype(np.float32),
-            "advantages": rng.normal(size=t).astype(np.float32),
-            "returns": rng.normal(size=t).astype(np.float32)})  # fmt: skip
+        return Datum(
+            np.zeros(t, np.int64),
+            {
+                "observations": rng.normal(size=(t, 348)).astype(np.float32),
+                "actions": rng.normal(size=(t, 17)).astype(np.float32),
+                "logprobs": rng.normal(-20, 1, size=t).astype(np.float32),
+                "advantages": rng.normal(size=t).astype(np.float32),
+                "returns": rng.normal(size=t).astype(np.float32),
+            },
+        )
 
     def text_datum(t: int) -> Datum:
         tokens = rng.integers(0, 256, size=t + 1)
         return Datum(tokens[:-1], {"target_tokens": tokens[1:], "weights": np.ones(t, np.float32)})
 
     return [
-        Case("Humanoid policy, PPO, 512 steps", "mlp-gaussian/Humanoid-v5", 0, "ppo", [policy_datum(64) for _ in range(8)]),
-        Case("tiny LM LoRA 16, cross-entropy, 4x64 tokens", TINY_LM, 16, "cross_entropy", [text_datum(64) for _ in range(4)]),
-        Case("tiny LM full, cross-entropy, 4x64 tokens", TINY_LM, 0, "cross_entropy", [text_datum(64) for _ in range(4)]),
-    ]  # fmt: skip
+        Case(
+            "Humanoid policy, PPO, 512 steps",
+            "mlp-gaussian/Humanoid-v5",
+            0,
+            "ppo",
+            [policy_datum(64) for _ in range(8)],
+        ),
+        Case(
+            "tiny LM LoRA 16, cross-entropy, 4x64 tokens",
+            TINY_LM,
+            16,
+            "cross_entropy",
+            [text_datum(64) for _ in range(4)],
+        ),
+        Case(
+            "tiny LM full, cross-entropy, 4x64 tokens",
+            TINY_LM,
+            0,
+            "cross_entropy",
+            [text_datum(64) for _ in range(4)],
+        ),
+    ]
 
 
 def in_process(case: Case, model_section: object, iterations: int) -> list[float]:
@@ -94,8 +116,10 @@ def through_sdk(
 
     service = tinker.ServiceClient(base_url=base_url, api_key=KEY)
     client = service.create_lora_training_client(base_model=case.base_model, rank=case.lora_rank).result()
-    data = [types.Datum(model_input=types.ModelInput.from_ints(d.tokens.tolist()), loss_fn_inputs=d.inputs)
-            for d in case.data]  # fmt: skip
+    data = [
+        types.Datum(model_input=types.ModelInput.from_ints(d.tokens.tolist()), loss_fn_inputs=d.inputs)
+        for d in case.data
+    ]
     adam = types.AdamParams(**ADAM)
     times, cpu, server_cpu = [], time.process_time(), _cpu_s(server_pid)
     for _ in range(iterations):
@@ -148,12 +172,21 @@ def run(out: Path, iterations: int = 60, warmup: int = 10) -> dict:
         table.add_column(column)
     for row in rows:
         overhead = row["sdk_ms"] - row["in_process_ms"]
-        table.add_row(row["case"], f"{row['sdk_ms']:.2f}", f"{row['sdk_p90_ms']:.2f}",
-                      f"{row['sdk_client_cpu_ms']:.2f}", f"{row['trainer_cpu_ms']:.2f}", f"{row['in_process_ms']:.2f}",
-                      f"{overhead:.2f}", f"{row['sdk_ms'] / row['in_process_ms']:.2f}")  # fmt: skip
+        table.add_row(
+            row["case"],
+            f"{row['sdk_ms']:.2f}",
+            f"{row['sdk_p90_ms']:.2f}",
+            f"{row['sdk_client_cpu_ms']:.2f}",
+            f"{row['trainer_cpu_ms']:.2f}",
+            f"{row['in_process_ms']:.2f}",
+            f"{overhead:.2f}",
+            f"{row['sdk_ms'] / row['in_process_ms']:.2f}",
+        )
     Console().print(table)
-    table = Table(title=f"sampling tokens/s, median of {sampling[0]['repeats'] if sampling else 0} (torch threads "
-                        f"{torch.get_num_threads()})")  # fmt: skip
+    table = Table(
+        title=f"sampling tokens/s, median of {sampling[0]['repeats'] if sampling else 0} (torch threads "
+        f"{torch.get_num_threads()})"
+    )
     for column in (
         "model",
         "device",
@@ -166,16 +199,25 @@ def run(out: Path, iterations: int = 60, warmup: int = 10) -> dict:
     ):
         table.add_column(column)
     for row in sampling:
-        table.add_row(row["model"], row["device"], str(row["prompt_tokens"]), f"{row['num_samples']} x {row['max_tokens']}",
-                      f"{row['ours_tokens_per_s']:.1f}", row["peer"], f"{row['peer_tokens_per_s']:.1f}",
-                      f"{row['ratio']:.2f}")  # fmt: skip
+        table.add_row(
+            row["model"],
+            row["device"],
+            str(row["prompt_tokens"]),
+            f"{row['num_samples']} x {row['max_tokens']}",
+            f"{row['ours_tokens_per_s']:.1f}",
+            row["peer"],
+            f"{row['peer_tokens_per_s']:.1f}",
+            f"{row['ratio']:.2f}",
+        )
     Console().print(table)
     if (
         memory
     ):  # DESIGN.md §6: a LoRA client costs its adapter, its moments, its activations (floor: 60 MB each)
         one, last = memory[1]["rss_mb"], memory[-1]
-        table = Table(title="trainer RSS with N rank-8 LoRA clients of SmolLM2, one step each (floor: one client's "
-                            f"+ 60 MB per client, {one + 60 * last['clients']:,.0f} MB at {last['clients']})")  # fmt: skip
+        table = Table(
+            title="trainer RSS with N rank-8 LoRA clients of SmolLM2, one step each (floor: one client's "
+            f"+ 60 MB per client, {one + 60 * last['clients']:,.0f} MB at {last['clients']})"
+        )
         for column in ("clients", "trainer RSS MB", "per client beyond the first MB"):
             table.add_column(column)
         for row in memory:

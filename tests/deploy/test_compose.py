@@ -98,8 +98,12 @@ def test_compose_variables_have_defaults_and_pick_the_config_the_instances_and_t
     for value in strings(compose()):
         compose_interpolated(value)
     assert set(defaults) == {
-        "TA_COMPOSE_CONFIG", "TA_COMPOSE_ENV_INSTANCES", "VALKEY_IMAGE", "PYTHON_IMAGE", "TORCH_INDEX"
-    }  # fmt: skip
+        "TA_COMPOSE_CONFIG",
+        "TA_COMPOSE_ENV_INSTANCES",
+        "VALKEY_IMAGE",
+        "PYTHON_IMAGE",
+        "TORCH_INDEX",
+    }
     # The build arguments, as a mapping with the Dockerfile's own defaults: a bare `- NAME` is passed by Compose
     # v1 as an empty value where NAME is unset (`FROM ` would then fail).
     args = compose()["services"]["trainer"]["build"]["args"]

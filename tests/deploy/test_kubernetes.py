@@ -361,8 +361,11 @@ def test_network_policies_admit_only_the_connections_of_the_run(name):
                     objects, target, port["containerPort"], pod_labels(target), same_namespace=False
                 ), f"{where}: pods of other namespaces"
     present = {component(w) for w in pods}
-    expected = {key: value & present for key, value in ADMITTED.items()
-                if key[0] in present and ADDED_BY.get(key, name) == name}  # fmt: skip
+    expected = {
+        key: value & present
+        for key, value in ADMITTED.items()
+        if key[0] in present and ADDED_BY.get(key, name) == name
+    }
     assert found == expected
     # A port no container declares is not open either.
     for target in pods:
@@ -394,13 +397,21 @@ def test_every_service_serves_metrics_that_only_the_monitoring_namespace_may_scr
         assert any(
             p["name"] == "metrics" and p["targetPort"] == "metrics" for p in service["spec"]["ports"]
         ), where
-    rules = [rule for policy in objects_of(objects, "NetworkPolicy") for rule in policy["spec"].get("ingress", [])
-             if any(entry.get("port") == "metrics" for entry in rule.get("ports", []))]  # fmt: skip
+    rules = [
+        rule
+        for policy in objects_of(objects, "NetworkPolicy")
+        for rule in policy["spec"].get("ingress", [])
+        if any(entry.get("port") == "metrics" for entry in rule.get("ports", []))
+    ]
     assert rules and all(
         rule["from"] == MONITORING and rule["ports"] == [{"port": "metrics"}] for rule in rules
     )
-    assert not [rule for policy in objects_of(objects, "NetworkPolicy") for rule in policy["spec"].get("ingress", [])
-                if "ports" not in rule], "a rule that opens every port, metrics included"  # fmt: skip
+    assert not [
+        rule
+        for policy in objects_of(objects, "NetworkPolicy")
+        for rule in policy["spec"].get("ingress", [])
+        if "ports" not in rule
+    ], "a rule that opens every port, metrics included"
 
 
 def test_the_readme_patch_opens_the_tinker_port_and_nothing_else(tmp_path):

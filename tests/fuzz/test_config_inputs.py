@@ -21,8 +21,11 @@ from tinker_atropos.config import Config, ConfigError, load_config, parse_config
 CONFIG_FILES = sorted((REPO / "configs").glob("*.yaml"))
 BASE_CONFIGS = [yaml.safe_load(path.read_text()) for path in CONFIG_FILES]
 SECTIONS = {name: field.annotation for name, field in Config.model_fields.items()}
-SECTIONS |= {f"trainer.{name}": field.annotation for name, field in SECTIONS["trainer"].model_fields.items()
-             if isinstance(field.annotation, type) and field.annotation.__module__ == Config.__module__}  # fmt: skip
+SECTIONS |= {
+    f"trainer.{name}": field.annotation
+    for name, field in SECTIONS["trainer"].model_fields.items()
+    if isinstance(field.annotation, type) and field.annotation.__module__ == Config.__module__
+}
 SECTIONS["trainer.ppo"] = algorithms.algorithm("ppo").hyperparameters
 # No ':' (a 'module:name' algorithm is imported while validating), '@' or brackets (a URL that masks differently)
 plain_text = st.text(st.characters(blacklist_characters=":@[]", blacklist_categories=("Cs",)), max_size=12)
@@ -31,8 +34,30 @@ config_values = st.recursive(
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(plain_text, inner, max_size=3),
     max_leaves=6,
 )
-special_values = st.sampled_from([0, -1, 1, 2**63, 1e308, float("nan"), float("inf"), "", "cpu", "cuda:0", "auto",
-                                  "ppo", "grpc", "drop", "mujoco", "CartPole-v1", [], {}, True, "hyperparameters"])  # fmt: skip
+special_values = st.sampled_from(
+    [
+        0,
+        -1,
+        1,
+        2**63,
+        1e308,
+        float("nan"),
+        float("inf"),
+        "",
+        "cpu",
+        "cuda:0",
+        "auto",
+        "ppo",
+        "grpc",
+        "drop",
+        "mujoco",
+        "CartPole-v1",
+        [],
+        {},
+        True,
+        "hyperparameters",
+    ]
+)
 
 
 @st.composite

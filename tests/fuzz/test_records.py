@@ -108,8 +108,11 @@ def reshaped_records(draw: st.DrawFn) -> tuple[TrajectorySpec, bytes]:
     chunk = record.trajectory_chunk
     for _ in range(draw(st.integers(1, 3))):
         tensor = getattr(chunk, name := draw(st.sampled_from((*REQUIRED, *CRITIC))))
-        op = draw(st.sampled_from(["shape", "unit dims", "dtype", "data", "array", "clear", "nan", "schema",
-                                   "version"]))  # fmt: skip
+        op = draw(
+            st.sampled_from(
+                ["shape", "unit dims", "dtype", "data", "array", "clear", "nan", "schema", "version"]
+            )
+        )
         if op == "shape":
             tensor.shape[:] = draw(st.lists(dimensions, max_size=5))
         elif op == "unit dims":  # the byte count still matches: only the shape checks can refuse it
@@ -223,8 +226,10 @@ state_values = st.sampled_from(ODD_TENSORS).map(lambda make: make()) | st.sample
 
 
 @fuzz(100)
-@given(state=st.dictionaries(st.text(max_size=3) | st.integers(0, 3), state_values, max_size=3)
-       | st.lists(state_values, max_size=2))  # fmt: skip
+@given(
+    state=st.dictionaries(st.text(max_size=3) | st.integers(0, 3), state_values, max_size=3)
+    | st.lists(state_values, max_size=2)
+)
 def test_a_saved_object_of_odd_tensors_loads_as_finite_tensors_or_is_a_value_error(state) -> None:
     """Found by the fuzzer: float8, sparse and meta tensors, which torch.load makes, raised NotImplementedError
     or RuntimeError from the finite check; the trainer catches only ValueError."""
@@ -328,8 +333,22 @@ VALID_ENTRY = {
     b"starts": b"2",
     b"figures": json.dumps({"steps": 10, "sessions": 1}).encode(),
 }
-ODD_FIELD_VALUES = [b"nan", b"inf", b"-1", b"1e999", b"1_000", b" 7 ", b"0x10", "\u0663".encode(), b"", b"\xff\xfe",
-                    b"[]", b"null", b"1" * 5000, b'{"a": [1, {"b": null}]}']  # fmt: skip
+ODD_FIELD_VALUES = [
+    b"nan",
+    b"inf",
+    b"-1",
+    b"1e999",
+    b"1_000",
+    b" 7 ",
+    b"0x10",
+    "\u0663".encode(),
+    b"",
+    b"\xff\xfe",
+    b"[]",
+    b"null",
+    b"1" * 5000,
+    b'{"a": [1, {"b": null}]}',
+]
 
 
 @fuzz(300)
@@ -343,8 +362,11 @@ def test_a_registry_entry_is_a_service_record_or_an_error_live_services_skips(da
         if data.draw(st.booleans()):
             entry.pop(name, None)
         else:
-            entry[name] = data.draw(st.sampled_from(ODD_FIELD_VALUES) | bytes_like(entry.get(name, b"1"))
-                                    | json_values.map(lambda v: json.dumps(v).encode()))  # fmt: skip
+            entry[name] = data.draw(
+                st.sampled_from(ODD_FIELD_VALUES)
+                | bytes_like(entry.get(name, b"1"))
+                | json_values.map(lambda v: json.dumps(v).encode())
+            )
     try:
         record = registry._parse_entry(entry)
     except (KeyError, ValueError, TypeError):

@@ -46,8 +46,18 @@ def running(valkey, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runnin
     client = redis.Redis.from_url(valkey.url)
     try:
         config = config_file(directory, run={"name": RUN}, env={"instances": 4})  # what start_env writes too
-        processes.start("trainer", "--config", str(config), "--redis-url", valkey.url, "--port", "0",
-                        "--run-dir", str(directory / "run"), name="trainer")  # fmt: skip
+        processes.start(
+            "trainer",
+            "--config",
+            str(config),
+            "--redis-url",
+            valkey.url,
+            "--port",
+            "0",
+            "--run-dir",
+            str(directory / "run"),
+            name="trainer",
+        )
         env = start_env(directory, processes, valkey.url, client)
         trainer = wait_for(
             lambda: next(iter(registry.live_services(client, RUN, "trainer")), None), 60, "the trainer"
@@ -153,8 +163,14 @@ UNARY_METHODS = [
 
 
 def garbage_request(rng: random.Random) -> bytes:
-    valid = rng.choice([pb.DescribeRequest(), services_pb2.StatusRequest(), health_pb2.HealthCheckRequest(service="x"),
-                        pb.SessionRequest(open=pb.OpenSession(num_instances=1))]).SerializeToString()  # fmt: skip
+    valid = rng.choice(
+        [
+            pb.DescribeRequest(),
+            services_pb2.StatusRequest(),
+            health_pb2.HealthCheckRequest(service="x"),
+            pb.SessionRequest(open=pb.OpenSession(num_instances=1)),
+        ]
+    ).SerializeToString()
     data = bytearray(valid + rng.randbytes(rng.randrange(0, 12)))
     for _ in range(rng.randrange(0, 4)):
         if data:

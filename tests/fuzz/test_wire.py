@@ -97,9 +97,14 @@ def servicers() -> dict[str, EnvironmentServicer]:
 def step_result(n: int, seed: int) -> bytes:
     rng = np.random.default_rng(seed)
     done = rng.random(n) < 0.5
-    batch = StepBatch(rng.standard_normal((n, 3)).astype(np.float32), rng.standard_normal(n).astype(np.float32),
-                      done, np.zeros(n, bool), np.zeros((int(done.sum()), 3), np.float32),
-                      np.flatnonzero(done).astype(np.int32))  # fmt: skip
+    batch = StepBatch(
+        rng.standard_normal((n, 3)).astype(np.float32),
+        rng.standard_normal(n).astype(np.float32),
+        done,
+        np.zeros(n, bool),
+        np.zeros((int(done.sum()), 3), np.float32),
+        np.flatnonzero(done).astype(np.int32),
+    )
     return batch.encode([pb.EpisodeEnd(length=3, episode_return=1.0)] * int(done.sum())).SerializeToString()
 
 
@@ -159,8 +164,11 @@ def actions_for(servicer: EnvironmentServicer, n: int) -> np.ndarray:
 
 @st.composite
 def open_frames(draw: st.DrawFn) -> bytes:
-    request = pb.SessionRequest(open=pb.OpenSession(num_instances=draw(st.sampled_from([0, 1, 2, 3, 2**32 - 1])),
-                                                    seed=draw(st.integers(0, 2**64 - 1))))  # fmt: skip
+    request = pb.SessionRequest(
+        open=pb.OpenSession(
+            num_instances=draw(st.sampled_from([0, 1, 2, 3, 2**32 - 1])), seed=draw(st.integers(0, 2**64 - 1))
+        )
+    )
     valid = request.SerializeToString()
     kind = draw(st.sampled_from(["valid", "valid", "valid", "mutated", "bytes"]))
     return valid if kind == "valid" else draw(mutated(valid) if kind == "mutated" else st.binary(max_size=32))

@@ -17,15 +17,21 @@ from tinker_atropos.models.mlp import ActorCritic
 from tinker_atropos.models.spec import mlp_state_shapes
 from tinker_atropos.models.weight_bytes import weights_to_bytes
 
-BASE = {"obs_shape": [3], "hidden_sizes": [8, 6], "activation": "tanh", "init_log_std": -0.5,
-        "normalize_observations": True, "normalize_returns": True}  # fmt: skip
+BASE = {
+    "obs_shape": [3],
+    "hidden_sizes": [8, 6],
+    "activation": "tanh",
+    "init_log_std": -0.5,
+    "normalize_observations": True,
+    "normalize_returns": True,
+}
 SPECS = {
     "gaussian": {**BASE, "action": {"kind": "box", "shape": [2]}},
     "squashed": {
         **BASE,
         "action": {"kind": "box", "shape": [2], "squash": True, "low": [-2, -1], "high": [2, 3]},
         "critic": False,
-    },  # fmt: skip
+    },
     "discrete": {**BASE, "action": {"kind": "discrete", "n": 3, "start": 5}, "obs_shape": [2, 2]},
 }
 
@@ -55,8 +61,10 @@ def test_published_weights_act_as_the_network_in_memory(kind: str) -> None:
         np.testing.assert_array_equal(got, expected)
     legacy = io.BytesIO()  # torch's own format, as versions before the npz published: still read
     torch.save(model.state_dict(), legacy)
-    np.testing.assert_array_equal(load_policy(spec, legacy.getvalue()).act(obs, deterministic=True)[0],
-                                  in_memory.act(obs, deterministic=True)[0])  # fmt: skip
+    np.testing.assert_array_equal(
+        load_policy(spec, legacy.getvalue()).act(obs, deterministic=True)[0],
+        in_memory.act(obs, deterministic=True)[0],
+    )
 
 
 def test_weights_that_do_not_fit_the_spec_are_refused_naming_the_tensor() -> None:
@@ -90,7 +98,11 @@ def test_a_rollout_process_acts_with_the_mlp_without_importing_torch(tmp_path: P
     spec = SPECS["gaussian"]
     (tmp_path / "spec.json").write_text(json.dumps(spec))
     (tmp_path / "weights").write_bytes(weights_to_bytes(trained(spec)))
-    acted = subprocess.run([sys.executable, "-c", ACT_WITHOUT_TORCH, str(tmp_path / "spec.json"),
-                            str(tmp_path / "weights")], capture_output=True, text=True, timeout=60)  # fmt: skip
+    acted = subprocess.run(
+        [sys.executable, "-c", ACT_WITHOUT_TORCH, str(tmp_path / "spec.json"), str(tmp_path / "weights")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert acted.returncode == 0, acted.stderr[-2000:]
     assert json.loads(acted.stdout) == {"torch": False, "actions": [4, 2], "values": [4]}

@@ -31,8 +31,11 @@ def fused_ppo_update(model: ActorCritic, optimizer, batch: Batch, hp, generator:
         model.obs_rms.update(batch.observations.flatten(1))
     if model.spec["normalize_returns"]:
         model.return_rms.update(batch.returns)
-    batch = replace(batch, observations=model.normalize_obs(batch.observations),
-                    returns=model.normalize_return(batch.returns))  # fmt: skip
+    batch = replace(
+        batch,
+        observations=model.normalize_obs(batch.observations),
+        returns=model.normalize_return(batch.returns),
+    )
     size = batch.observations.shape[0]
     minibatch = max(1, size // hp.num_minibatches)
     for _epoch in range(hp.update_epochs):
@@ -70,10 +73,14 @@ def test_ppo_through_the_training_core_is_the_fused_update_bit_for_bit() -> None
     assert all(torch.equal(ours[k], theirs[k]) for k in ours), [
         k for k in ours if not torch.equal(ours[k], theirs[k])
     ]
-    moments = [(learner.core.optimizer.state[a], optimizer.state[b])
-               for a, b in zip(learner.core.model.parameters(), reference.parameters(), strict=True)]  # fmt: skip
-    assert all(torch.equal(x["exp_avg"], y["exp_avg"]) and torch.equal(x["exp_avg_sq"], y["exp_avg_sq"])
-               for x, y in moments)  # fmt: skip
+    moments = [
+        (learner.core.optimizer.state[a], optimizer.state[b])
+        for a, b in zip(learner.core.model.parameters(), reference.parameters(), strict=True)
+    ]
+    assert all(
+        torch.equal(x["exp_avg"], y["exp_avg"]) and torch.equal(x["exp_avg_sq"], y["exp_avg_sq"])
+        for x, y in moments
+    )
 
 
 class ChunkSampler(Sidecar):
@@ -99,13 +106,17 @@ def test_a_toy_algorithm_from_the_test_tree_learns_cartpole_through_up(
     trainer = config["trainer"]
     del trainer["ppo"]
     # REINFORCE has no correction for data of an older policy: learn from the current one only
-    trainer |= {"algorithm": "tests.support.toy_algorithm:toy_pg", "toy_pg": {"learning_rate": 0.003},
-                "max_policy_lag": 0}  # fmt: skip
+    trainer |= {
+        "algorithm": "tests.support.toy_algorithm:toy_pg",
+        "toy_pg": {"learning_rate": 0.003},
+        "max_policy_lag": 0,
+    }
     path = tmp_path / "toy.yaml"
     path.write_text(yaml.safe_dump(config))
     cartpole = gym.make("CartPole-v1")
-    sampler = ChunkSampler(redis_client, "toy", TrajectorySpec.from_spaces(cartpole.observation_space,
-                                                                          cartpole.action_space))  # fmt: skip
+    sampler = ChunkSampler(
+        redis_client, "toy", TrajectorySpec.from_spaces(cartpole.observation_space, cartpole.action_space)
+    )
     run_dir = tmp_path / "run"
     options = ("--redis-url", valkey.url, "--total-steps", "150000", "--target-return", "150")
     run_up_with(sampler, path, run_dir, *options)

@@ -52,8 +52,10 @@ QUEUES = st.lists(st.tuples(SIZES, st.sampled_from([0, 1, 2, None])), max_size=4
 
 
 def _envs(allocations: list[float | None], connected: list[bool]) -> list[EnvEntry]:
-    return [EnvEntry(512, 1.0, f"e{i}", f"e{i}_0", i, 0.0, c, a, 4)
-            for i, (a, c) in enumerate(zip(allocations, connected, strict=True))]  # fmt: skip
+    return [
+        EnvEntry(512, 1.0, f"e{i}", f"e{i}_0", i, 0.0, c, a, 4)
+        for i, (a, c) in enumerate(zip(allocations, connected, strict=True))
+    ]
 
 
 def _reference_batches(queue: list[dict[str, Any]], batch_size: int, envs: list[EnvEntry]) -> list[list[int]]:
@@ -123,9 +125,15 @@ def _wait_up(url: str, process: subprocess.Popen, log: Path) -> None:
 
 def _start(command: list[str], log: Path, **environment: str) -> subprocess.Popen:
     with open(log, "w") as out:
-        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                preexec_fn=child_preexec, cwd=REPO,
-                                env={**os.environ, **environment})  # fmt: skip
+        return subprocess.Popen(
+            command,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=child_preexec,
+            cwd=REPO,
+            env={**os.environ, **environment},
+        )
 
 
 def _stop(process: subprocess.Popen) -> None:
@@ -148,8 +156,9 @@ def start_ours(
     tmp_path: Path, redis_url: str, port: int, name: str = "ours", *flags: str, **atropos: Any
 ) -> subprocess.Popen:
     """Our API service, with the run token ``TOKEN``: it asks the key derived from it (``HEADERS``)."""
-    command = [sys.executable, "-m", "tinker_atropos", "atropos-api", "--config", str(_config(tmp_path, port, **atropos)),
-               "--redis-url", redis_url, "--port", "0", *flags]  # fmt: skip
+    config = _config(tmp_path, port, **atropos)
+    command = [sys.executable, "-m", "tinker_atropos", "atropos-api", "--config", str(config)]
+    command += ["--redis-url", redis_url, "--port", "0", *flags]
     process = _start(command, tmp_path / f"{name}.log", TA_TOKEN=TOKEN)
     _wait_up(f"http://127.0.0.1:{port}", process, tmp_path / f"{name}.log")
     return process
@@ -207,7 +216,7 @@ def script(c: Conversation) -> None:
             "num_steps": 100,
         },
         compare=False,
-    )  # fmt: skip  (a random id)
+    )  # (a random id)
     c.send(
         "POST",
         "/register-env",
@@ -216,9 +225,11 @@ def script(c: Conversation) -> None:
     c.send("GET", "/batch")  # the trainer starts
     c.send("GET", "/info")
     c.send("GET", "/wandb_info")
-    for env in ({"max_token_length": 512, "desired_name": "math", "weight": 1.0, "group_size": 4},
-                {"max_token_length": 1024, "desired_name": "code", "weight": 2.0, "group_size": 2},
-                {"max_token_length": 256, "desired_name": "math", "weight": 0.5, "group_size": 8}):  # fmt: skip
+    for env in (
+        {"max_token_length": 512, "desired_name": "math", "weight": 1.0, "group_size": 4},
+        {"max_token_length": 1024, "desired_name": "code", "weight": 2.0, "group_size": 2},
+        {"max_token_length": 256, "desired_name": "math", "weight": 0.5, "group_size": 8},
+    ):
         c.send("POST", "/register-env", env)
     seed = 0
 
@@ -237,8 +248,18 @@ def script(c: Conversation) -> None:
         c.send("GET", "/batch")
     c.send("GET", "/status")
     seed += 1
-    c.send("POST", "/scored_data_list", [scored_group(1, 2, seed), scored_group(0, 2, seed + 1), scored_group(0, 2, seed + 2),
-                                         scored_group(2, 8, seed + 3), scored_group(None, 4, seed + 4)], gzipped=True)  # fmt: skip
+    c.send(
+        "POST",
+        "/scored_data_list",
+        [
+            scored_group(1, 2, seed),
+            scored_group(0, 2, seed + 1),
+            scored_group(0, 2, seed + 2),
+            scored_group(2, 8, seed + 3),
+            scored_group(None, 4, seed + 4),
+        ],
+        gzipped=True,
+    )
     seed += 5
     for env_id in (0, 1, 2):
         c.send("GET", "/status-env", {"env_id": env_id})
@@ -246,8 +267,17 @@ def script(c: Conversation) -> None:
     c.send("POST", "/disconnect-env", {"env_id": 2})
     c.send("POST", "/disconnect-env", {"env_id": 9})
     # an env owed a quarter of every batch: the allocating packer from now on
-    c.send("POST", "/register-env", {"max_token_length": 512, "desired_name": "code", "weight": 1.0, "group_size": 2,
-                                     "min_batch_allocation": 0.25})  # fmt: skip
+    c.send(
+        "POST",
+        "/register-env",
+        {
+            "max_token_length": 512,
+            "desired_name": "code",
+            "weight": 1.0,
+            "group_size": 2,
+            "min_batch_allocation": 0.25,
+        },
+    )
     for env_id, size in ((0, 4), (0, 4), (3, 2), (1, 2), (3, 2), (0, 4), (3, 2), (0, 4), (1, 2), (3, 2)):
         post(env_id, size)
     for env_id in (0, 1, 3):
@@ -266,14 +296,25 @@ def test_our_answers_equal_the_reference_servers_request_for_request(
     tmp_path: Path, valkey, redis_client
 ) -> None:
     reference_port, our_port = free_port(), free_port()
-    reference = _start([sys.executable, "-m", "atroposlib.cli.run_api", "--host", "127.0.0.1", "--port", str(reference_port)],
-                       tmp_path / "reference.log")  # fmt: skip
+    reference = _start(
+        [
+            sys.executable,
+            "-m",
+            "atroposlib.cli.run_api",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(reference_port),
+        ],
+        tmp_path / "reference.log",
+    )
     ours = None
     try:
         _wait_up(f"http://127.0.0.1:{reference_port}", reference, tmp_path / "reference.log")
         ours = start_ours(tmp_path, valkey.url, our_port)
-        conversation = Conversation({"reference": f"http://127.0.0.1:{reference_port}",
-                                     "ours": f"http://127.0.0.1:{our_port}"})  # fmt: skip
+        conversation = Conversation(
+            {"reference": f"http://127.0.0.1:{reference_port}", "ours": f"http://127.0.0.1:{our_port}"}
+        )
         try:
             script(conversation)
         finally:
@@ -362,8 +403,13 @@ def test_a_killed_api_service_comes_back_with_its_queue_registrations_and_formed
 
 
 def _rss_kb(pid: int) -> int:
-    return int(next(line.split()[1] for line in Path(f"/proc/{pid}/status").read_text().splitlines()
-                    if line.startswith("VmRSS:")))  # fmt: skip
+    return int(
+        next(
+            line.split()[1]
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+            if line.startswith("VmRSS:")
+        )
+    )
 
 
 @pytest.mark.integration
@@ -453,20 +499,45 @@ def test_over_https_the_trainer_finds_the_api_in_the_registry_and_checks_its_cer
     monkeypatch.setenv("TA_TOKEN", TOKEN)  # the API's and the trainer's: the keys are derived from it
     port = free_port("127.0.0.2")
     config = _config(tmp_path, port, host="127.0.0.2")
-    ours = _start([sys.executable, "-m", "tinker_atropos", "atropos-api", "--config", str(config), "--redis-url",
-                   valkey.url, "--port", "0"], tmp_path / "ours.log")  # fmt: skip
+    ours = _start(
+        [
+            sys.executable,
+            "-m",
+            "tinker_atropos",
+            "atropos-api",
+            "--config",
+            str(config),
+            "--redis-url",
+            valkey.url,
+            "--port",
+            "0",
+        ],
+        tmp_path / "ours.log",
+    )
     try:
-        url = wait_for(lambda: next((s.figures.get("url") for s in live_services(redis_client, "atropos-test",
-                                                                                 "atropos_api")), None), 60,
-                       "the API in the registry")  # fmt: skip
+        url = wait_for(
+            lambda: next(
+                (s.figures.get("url") for s in live_services(redis_client, "atropos-test", "atropos_api")),
+                None,
+            ),
+            60,
+            "the API in the registry",
+        )
         assert url == f"https://127.0.0.2:{port}"
         with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED|IP address mismatch"):
             httpx.get(f"{url}/info", verify=str(secrets / "ca.crt"))  # by its address: not in the certificate
         monkeypatch.setenv("TA_TLS_SERVER_NAME", SERVICE_NAME)
         with service_client(url, key=KEY) as client:
             assert client.get("/info").json() == {"batch_size": -1, "max_token_len": -1}
-        trainer_config = parse_config({"run": {"name": "atropos-test"}, "trainer": {
-            "experience_loop": False, "atropos": {"enabled": True, "batch_size": 8, "inference_port": 0}}})  # fmt: skip
+        trainer_config = parse_config(
+            {
+                "run": {"name": "atropos-test"},
+                "trainer": {
+                    "experience_loop": False,
+                    "atropos": {"enabled": True, "batch_size": 8, "inference_port": 0},
+                },
+            }
+        )
         loop = AtroposLoop(trainer_config, redis_client, tmp_path / "run", torch.device("cpu"))
         stop = threading.Event()
         learner = threading.Thread(target=loop.run, args=(stop,), daemon=True)
@@ -495,8 +566,12 @@ def test_keys_by_default_and_groups_no_trainer_could_learn_from_refused_with_422
     ours = start_ours(tmp_path, valkey.url, port)
     try:
         with httpx.Client(base_url=url, timeout=30) as anyone:
-            for method, path, body in (("GET", "/reset_data", None), ("POST", "/scored_data", scored_group(0, 4, 1)),
-                                       ("GET", "/batch", None), ("POST", "/register", registration(8))):  # fmt: skip
+            for method, path, body in (
+                ("GET", "/reset_data", None),
+                ("POST", "/scored_data", scored_group(0, 4, 1)),
+                ("GET", "/batch", None),
+                ("POST", "/register", registration(8)),
+            ):
                 for headers in ({}, {"X-API-Key": "not-the-key"}, {"Authorization": "Bearer not-the-key"}):
                     refused = anyone.request(method, path, json=body, headers=headers)
                     assert refused.status_code == 401, (path, headers, refused.text)
@@ -509,24 +584,35 @@ def test_keys_by_default_and_groups_no_trainer_could_learn_from_refused_with_422
             bad = {
                 "score": {**sound, "scores": [float("nan"), 0.0, 1.0, 2.0]},
                 "token": {**sound, "tokens": [[-1, *t[1:]] for t in sound["tokens"]]},
-                "length": {**sound, "tokens": [t + [0] * 16 for t in sound["tokens"]],
-                           "masks": [m + [0] * 16 for m in sound["masks"]]},
-            }  # fmt: skip
+                "length": {
+                    **sound,
+                    "tokens": [t + [0] * 16 for t in sound["tokens"]],
+                    "masks": [m + [0] * 16 for m in sound["masks"]],
+                },
+            }
             for name, group in bad.items():
                 answer = api.post(
                     "/scored_data", content=json.dumps(group), headers={"Content-Type": "application/json"}
                 )
                 assert answer.status_code == 422, (name, answer.text)
             assert "max_token_len 16" in answer.json()["detail"]
-            listed = api.post("/scored_data_list", content=json.dumps([sound, bad["length"]]),
-                              headers={"Content-Type": "application/json"})  # fmt: skip
+            listed = api.post(
+                "/scored_data_list",
+                content=json.dumps([sound, bad["length"]]),
+                headers={"Content-Type": "application/json"},
+            )
             assert listed.status_code == 422 and "body[1].tokens[0]" in listed.json()["detail"]
             assert api.post("/scored_data", json=sound).json() == {"status": "received"}
             figures = api.get("/healthz").json()
             assert figures["groups_refused_invalid"] == 5 and figures["groups_received"] == 1
             assert figures["queue_sequences"] == 4
-        printed = subprocess.run([sys.executable, "-m", "tinker_atropos", "api-keys"], capture_output=True, text=True,
-                                 timeout=60, env={**os.environ, "TA_TOKEN": TOKEN})  # fmt: skip
+        printed = subprocess.run(
+            [sys.executable, "-m", "tinker_atropos", "api-keys"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "TA_TOKEN": TOKEN},
+        )
         # for environments elsewhere
         assert f"atropos-api  {KEY}" in printed.stdout, printed.stdout + printed.stderr
     finally:
@@ -536,8 +622,18 @@ def test_keys_by_default_and_groups_no_trainer_could_learn_from_refused_with_422
 @pytest.mark.integration
 def test_without_a_token_or_keys_file_the_api_starts_only_when_told_insecure(tmp_path: Path, valkey) -> None:
     config = str(_config(tmp_path, free_port()))
-    command = [sys.executable, "-m", "tinker_atropos", "atropos-api", "--config", config, "--redis-url", valkey.url,
-               "--port", "0"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "tinker_atropos",
+        "atropos-api",
+        "--config",
+        config,
+        "--redis-url",
+        valkey.url,
+        "--port",
+        "0",
+    ]
     environment = {
         k: v for k, v in os.environ.items() if k not in ("TA_TOKEN", "TA_TOKEN_FILE", "TA_INSECURE")
     }
@@ -550,8 +646,13 @@ def test_without_a_token_or_keys_file_the_api_starts_only_when_told_insecure(tmp
     port = free_port()
     open_command = [*command, "--insecure"]
     open_command[open_command.index(config)] = str(_config(tmp_path, port))
-    ours = subprocess.Popen(open_command, stdout=open(tmp_path / "open.log", "w"), stderr=subprocess.STDOUT,  # noqa: SIM115
-                            env=environment, preexec_fn=child_preexec)  # fmt: skip
+    ours = subprocess.Popen(
+        open_command,
+        stdout=open(tmp_path / "open.log", "w"),  # noqa: SIM115
+        stderr=subprocess.STDOUT,
+        env=environment,
+        preexec_fn=child_preexec,
+    )
     try:
         _wait_up(f"http://127.0.0.1:{port}", ours, tmp_path / "open.log")
         assert httpx.get(f"http://127.0.0.1:{port}/info").status_code == 200  # no key asked
@@ -582,8 +683,12 @@ def test_hostile_bodies_are_refused_within_ten_times_their_size_while_status_ans
     ours = start_ours(tmp_path, valkey.url, port, max_request_mb=MAX_MB)
     n = 1_500_000  # "1000," is 5 bytes: two rows of n are 15 MiB of JSON, 15 kB gzipped
     misaligned = _gzipped_json({"tokens": [[1000] * n], "masks": [[1000] * (n - 1)], "scores": [0.0]})
-    sound = {"tokens": [[1000 + k] * 300_000 for k in range(4)], "masks": [[1000 + k] * 300_000 for k in range(4)],
-             "scores": [0.0, 1.0, 0.0, 1.0], "env_id": 0}  # fmt: skip
+    sound = {
+        "tokens": [[1000 + k] * 300_000 for k in range(4)],
+        "masks": [[1000 + k] * 300_000 for k in range(4)],
+        "scores": [0.0, 1.0, 0.0, 1.0],
+        "env_id": 0,
+    }
     gzip_headers = {**HEADERS, "Content-Type": "application/json", "Content-Encoding": "gzip"}
     try:
         with httpx.Client(base_url=url, timeout=60, headers=HEADERS) as api:
@@ -651,8 +756,12 @@ def test_a_gzip_post_at_the_bound_costs_under_ten_times_its_inflated_size(tmp_pa
     ours = start_ours(tmp_path, valkey.url, port, max_request_mb=MAX_MB)
     n = (MAX_MB << 20) // 10 - 100  # "1000," is 5 bytes: two rows of n fill the bound
     m = (MAX_MB << 20) // 80  # four sequences of ids, masks, log-probs: "1000, -100, -0.25, " in each
-    sound = {"tokens": [[1000 + k] * m for k in range(4)], "masks": [[-100] * m] * 4, "scores": [0.0, 1.0, 0.0, 1.0],
-             "inference_logprobs": [[-0.25] * m] * 4}  # fmt: skip
+    sound = {
+        "tokens": [[1000 + k] * m for k in range(4)],
+        "masks": [[-100] * m] * 4,
+        "scores": [0.0, 1.0, 0.0, 1.0],
+        "inference_logprobs": [[-0.25] * m] * 4,
+    }
     posts = {
         "bomb": {"tokens": [[1000] * n], "masks": [[1000] * (n - 1)], "scores": [0.0]},
         "sound": sound,
@@ -670,8 +779,11 @@ def test_a_gzip_post_at_the_bound_costs_under_ten_times_its_inflated_size(tmp_pa
                 content = gzip.compress(inflated, compresslevel=6)
                 rss = memory_kb(ours.pid, "VmRSS")
                 reset_peak(ours.pid)
-                answers[name] = api.post("/scored_data", content=content,
-                                         headers={"Content-Type": "application/json", "Content-Encoding": "gzip"})  # fmt: skip
+                answers[name] = api.post(
+                    "/scored_data",
+                    content=content,
+                    headers={"Content-Type": "application/json", "Content-Encoding": "gzip"},
+                )
                 growth[name] = (memory_kb(ours.pid, "VmHWM") - rss) * 1024 / len(inflated)
     finally:
         _stop(ours)

@@ -34,9 +34,15 @@ TARGET = 0.6
 def untrained_score() -> float:
     """The toy task's mean score under the weights the trainer starts from (the tiny LM's fixed seed)."""
     model, tokenizer = LANGUAGE_MODELS[TINY_LM][0](), tiny_lm.ByteTokenizer()
-    scores = [lowercase_fraction(s.tokens) for prompt in PROMPTS
-              for s in sample(model, tokenizer.encode(prompt),
-                              Params(COMPLETION_TOKENS, 16, seed=1, stop_tokens=frozenset({tokenizer.eos_id})))]  # fmt: skip
+    scores = [
+        lowercase_fraction(s.tokens)
+        for prompt in PROMPTS
+        for s in sample(
+            model,
+            tokenizer.encode(prompt),
+            Params(COMPLETION_TOKENS, 16, seed=1, stop_tokens=frozenset({tokenizer.eos_id})),
+        )
+    ]
     return float(np.mean(scores))
 
 
@@ -54,8 +60,11 @@ def test_the_toy_environment_learns_through_our_api_and_trainer_across_a_killed_
                 return {}
 
         wait_for(lambda: figures().get("batches_served", 0) >= 2, 180, "the trainer's first batches")
-        pid = int(subprocess.run(["pgrep", "-f", f"atropos-api --config {tmp_path}"], capture_output=True,
-                                 text=True).stdout.split()[0])  # fmt: skip
+        pid = int(
+            subprocess.run(
+                ["pgrep", "-f", f"atropos-api --config {tmp_path}"], capture_output=True, text=True
+            ).stdout.split()[0]
+        )
         served_before = figures()["batches_served"]
         os.kill(pid, signal.SIGKILL)  # up restarts it; the environment's posts and status calls retry
         wait_for(
@@ -70,8 +79,12 @@ def test_the_toy_environment_learns_through_our_api_and_trainer_across_a_killed_
         # a group no trainer could learn from: refused and counted by the API, and named in up's summary
         key = run_key("atropos-api", (run_dir / "token").read_text().strip())
         bad = scored_group(None, 2, 1, scores=[0.0, float("nan")])
-        refused = httpx.post(f"{api}/scored_data", content=json.dumps(bad), timeout=10,
-                             headers={"X-API-Key": key, "Content-Type": "application/json"})  # fmt: skip
+        refused = httpx.post(
+            f"{api}/scored_data",
+            content=json.dumps(bad),
+            timeout=10,
+            headers={"X-API-Key": key, "Content-Type": "application/json"},
+        )
         assert refused.status_code == 422, refused.text
         time.sleep(2 * config["run"]["report_interval_s"] + 1)  # a report of up sees the API's figure
     output = run.output()

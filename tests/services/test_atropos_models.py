@@ -65,9 +65,14 @@ def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _config(folder: Path, run: str, **atropos: object) -> dict:
-    return {"run": {"name": run}, "trainer": {"experience_loop": False,
+    return {
+        "run": {"name": run},
+        "trainer": {
+            "experience_loop": False,
             "tinker": {"base_models": {"my-llama": str(folder)}},
-            "atropos": {"enabled": True, "base_model": "my-llama", "inference_port": 0, **atropos}}}  # fmt: skip
+            "atropos": {"enabled": True, "base_model": "my-llama", "inference_port": 0, **atropos},
+        },
+    }
 
 
 def _loop(
@@ -109,8 +114,16 @@ def test_the_loop_trains_a_model_folders_lm_with_lora_sampled_through_its_own_to
     loop.inference.start(stop)
     key = run_key("inference", RUN_TOKEN)
     try:
-        server = SGLangServer(APIServerConfig(model_name="my-llama", base_url=f"{loop.inference.url}/v1", api_key=key,
-                                              tokenizer_name=str(llama), timeout=30, health_check=False))  # fmt: skip
+        server = SGLangServer(
+            APIServerConfig(
+                model_name="my-llama",
+                base_url=f"{loop.inference.url}/v1",
+                api_key=key,
+                tokenizer_name=str(llama),
+                timeout=30,
+                health_check=False,
+            )
+        )
 
         async def group(prompt: str, target: int) -> dict:
             """A group as an environment makes it: 8 completions through the folder's tokenizer, each scored by
@@ -119,8 +132,12 @@ def test_the_loop_trains_a_model_folders_lm_with_lora_sampled_through_its_own_to
             await managed.completion(prompt=prompt, n=8, max_tokens=6, temperature=1.0)
             nodes = managed.get_state()["nodes"]
             scores = [float(sum(t <= target for t in n.masked_tokens if t != -100)) for n in nodes]
-            return {"tokens": [n.tokens for n in nodes], "masks": [n.masked_tokens for n in nodes],
-                    "inference_logprobs": [n.logprobs for n in nodes], "scores": scores}  # fmt: skip
+            return {
+                "tokens": [n.tokens for n in nodes],
+                "masks": [n.masked_tokens for n in nodes],
+                "inference_logprobs": [n.logprobs for n in nodes],
+                "scores": scores,
+            }
 
         for step in range(1, 4):
             groups = [asyncio.run(group(prompt, 130)) for prompt in ("w7 w8 w9", "w10 w11")]
@@ -138,15 +155,18 @@ def test_the_loop_trains_a_model_folders_lm_with_lora_sampled_through_its_own_to
             base_url=loop.inference.url, headers={"Authorization": f"Bearer {key}"}, timeout=30
         )
         messages = [{"role": "user", "content": "w20 w21 w22"}]
-        chat = http.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 5, "logprobs": True,
-                                                        "seed": 3}).json()  # fmt: skip
+        chat = http.post(
+            "/v1/chat/completions", json={"messages": messages, "max_tokens": 5, "logprobs": True, "seed": 3}
+        ).json()
         rendered = hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         assert chat["usage"]["prompt_tokens"] == len(hf.encode(rendered, add_special_tokens=False)) == 6
         ids = [hf.convert_tokens_to_ids(t["token"]) for t in chat["choices"][0]["logprobs"]["content"]]
         assert chat["choices"][0]["message"]["content"] == hf.decode(ids, skip_special_tokens=True)
         assert chat["policy_version"] == 3 and chat["model"] == "my-llama"
-        generated = http.post("/generate", json={"text": "w30 w31", "return_logprob": True,
-                                                 "sampling_params": {"max_new_tokens": 4}}).json()  # fmt: skip
+        generated = http.post(
+            "/generate",
+            json={"text": "w30 w31", "return_logprob": True, "sampling_params": {"max_new_tokens": 4}},
+        ).json()
         assert generated["meta_info"]["prompt_tokens"] == 2 and all(
             0 <= t < 258 for t in generated["output_ids"]
         )
@@ -165,8 +185,12 @@ def test_the_loop_trains_a_model_folders_lm_with_lora_sampled_through_its_own_to
     assert resumed.sampler.version == 3
     assert all(torch.equal(v, resumed.model.model_state()[k]) for k, v in loop.model.model_state().items())
     # another base model's loop refuses it in one line
-    tiny = parse_config({**_config(llama, "atropos-llama"), "trainer": {"experience_loop": False,
-                         "atropos": {"enabled": True, "inference_port": 0}}})  # fmt: skip
+    tiny = parse_config(
+        {
+            **_config(llama, "atropos-llama"),
+            "trainer": {"experience_loop": False, "atropos": {"enabled": True, "inference_port": 0}},
+        }
+    )
     other = AtroposLoop(tiny, redis_client, tmp_path / "run", torch.device("cpu"))
     with pytest.raises(
         FatalError, match="holds a my-llama model, trainer.atropos.base_model is tiny-byte-lm"
@@ -181,8 +205,11 @@ def test_full_fine_tuning_of_a_folders_lm_serves_every_changed_weight(
     assert not loop.model.lora
     prompt = AutoTokenizer.from_pretrained(str(llama)).encode("w7 w8")
     replies = [100, 200, 100, 200]
-    group = {"tokens": [prompt + [r] for r in replies], "masks": [[-100] * len(prompt) + [r] for r in replies],
-             "scores": [1.0 if r == 100 else 0.0 for r in replies]}  # fmt: skip
+    group = {
+        "tokens": [prompt + [r] for r in replies],
+        "masks": [[-100] * len(prompt) + [r] for r in replies],
+        "scores": [1.0 if r == 100 else 0.0 for r in replies],
+    }
     before = {k: v.clone() for k, v in loop.sampler.model.state_dict().items()}
     loop.learn([group])
     after = loop.sampler.model.state_dict()
@@ -197,14 +224,17 @@ def test_a_base_model_it_does_not_serve_fails_the_config_or_the_start_in_one_lin
     with pytest.raises(ConfigError) as refused:
         parse_config(_config(tmp_path, "bad", base_model="my-lama"))
     line = str(refused.value).splitlines()[1]
-    assert line.startswith("  trainer.atropos.base_model: 'my-lama' is no model this trainer serves; one of "
-                           "tiny-byte-lm, HuggingFaceTB/SmolLM2-135M-Instruct, my-llama"), line  # fmt: skip
+    assert line.startswith(
+        "  trainer.atropos.base_model: 'my-lama' is no model this trainer serves; one of "
+        "tiny-byte-lm, HuggingFaceTB/SmolLM2-135M-Instruct, my-llama"
+    ), line
     monkeypatch.setenv("TA_TOKEN", RUN_TOKEN)
     missing = parse_config(_config(tmp_path / "nowhere", "missing"))
     with pytest.raises(FatalError) as failed:
         AtroposLoop(missing, redis_client, tmp_path / "run", torch.device("cpu"))
-    assert str(failed.value) == (f"trainer.tinker.base_models['my-llama']: model folder {tmp_path / 'nowhere'}: "
-                                 "no such folder")  # fmt: skip
+    assert str(failed.value) == (
+        f"trainer.tinker.base_models['my-llama']: model folder {tmp_path / 'nowhere'}: no such folder"
+    )
     # the tiny LM's tokenizer, written once into the run folder for the environments
     tiny = parse_config({"trainer": {"experience_loop": False, "atropos": {"enabled": True}}})
     written = AutoTokenizer.from_pretrained(tokenizer_folder(tiny, tmp_path))

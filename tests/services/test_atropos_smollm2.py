@@ -28,8 +28,12 @@ def test_the_shipped_config_trains_smollm2_with_up_alone_and_writes_the_reward(t
     with atropos_up(
         tmp_path, "atropos-smollm2-arithmetic.yaml", max_seconds=400, report_interval_s=2.0
     ) as run:
-        wait_for(lambda: any(r["policy_version"] >= 2 for r in report_rows(run.run_dir)), 300,
-                 "two LoRA steps of the trainer", interval_s=1.0)  # fmt: skip
+        wait_for(
+            lambda: any(r["policy_version"] >= 2 for r in report_rows(run.run_dir)),
+            300,
+            "two LoRA steps of the trainer",
+            interval_s=1.0,
+        )
     config, run_dir, output = run.config, run.run_dir, run.output()
     assert run.process.returncode == 0, output[-4000:]
     rows = [r for r in report_rows(run_dir) if r["episode_return_mean"] is not None]

@@ -358,9 +358,13 @@ def test_hostile_bodies_to_the_inference_endpoint_cost_under_ten_times_their_siz
         "lists": ("/v1/completions", {"prompt": [[]] * 100_000}, 413, "arrays and objects"),
         "objects": ("/generate", {"input_ids": [{"a": 1234567}] * 100_000}, 413, "arrays and objects"),
         "stops": ("/v1/completions", {**sample, "stop": [7] * 100_000}, 422, "at most 16"),
-        "messages": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}] * 5000}, 422,
-                     "at most 4096"),
-    }  # fmt: skip
+        "messages": (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "hi"}] * 5000},
+            422,
+            "at most 4096",
+        ),
+    }
     bodies = {what: _json(body) for what, (_, body, _, _) in hostile.items()}
     bodies["gzip bomb"] = gzip.compress(b" " * (64 << 20), 1)  # 64 MiB of spaces, inflated
     hostile["gzip bomb"] = ("/v1/completions", None, 400, "not JSON")

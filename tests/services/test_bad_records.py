@@ -87,12 +87,21 @@ def test_a_sound_record_decodes_to_its_arrays() -> None:
 
 def test_discrete_actions_outside_the_space_are_a_spec_mismatch() -> None:
     zeros = np.zeros((2, 1), np.float32)
-    record = encode_trajectory(Trajectory(
-        policy_version=0, observations=np.zeros((2, 1, 4), np.float32), actions=np.array([[1], [2]]),
-        rollout_incarnation="r", sequence=1,
-        log_probs=zeros, rewards=zeros, terminated=zeros.astype(bool), truncated=zeros.astype(bool),
-        bootstrap_observations=np.zeros((1, 4), np.float32), truncated_observations=np.zeros((0, 4), np.float32),
-    ))  # fmt: skip  # CartPole acts 0 or 1
+    record = encode_trajectory(
+        Trajectory(
+            policy_version=0,
+            observations=np.zeros((2, 1, 4), np.float32),
+            actions=np.array([[1], [2]]),
+            rollout_incarnation="r",
+            sequence=1,
+            log_probs=zeros,
+            rewards=zeros,
+            terminated=zeros.astype(bool),
+            truncated=zeros.astype(bool),
+            bootstrap_observations=np.zeros((1, 4), np.float32),
+            truncated_observations=np.zeros((0, 4), np.float32),
+        )
+    )  # CartPole acts 0 or 1
     with pytest.raises(RecordError, match=r"Discrete actions outside \[0, 1\]: 1..2") as error:
         decode_trajectory(record, TrajectorySpec(obs_shape=(4,), action_shape=(), discrete=(0, 1)))
     assert error.value.reason == "spec_mismatch"

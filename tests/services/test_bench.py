@@ -42,8 +42,14 @@ from tinker_atropos.environment.envs import env_maker
 
 def pendulum(name: str, rollout: dict, trainer: dict) -> Config:
     """The benchmarks' tests' run: 4 Pendulum instances, ``rollout`` and ``trainer`` sections as given."""
-    return parse_config({"run": {"name": name}, "env": {"id": "Pendulum-v1", "instances": 4},
-                         "rollout": rollout, "trainer": trainer})  # fmt: skip
+    return parse_config(
+        {
+            "run": {"name": name},
+            "env": {"id": "Pendulum-v1", "instances": 4},
+            "rollout": rollout,
+            "trainer": trainer,
+        }
+    )
 
 
 @pytest.mark.serial
@@ -392,17 +398,20 @@ def test_a_profile_charges_each_sample_to_our_innermost_line_and_sets_waiting_ap
     env stream) is waiting, and the shares are of the rest; a location under 2 % is only counted in ``other``."""
     ours = REPO / "tinker_atropos"
     select_line = next(
-        n for n, text in enumerate((ours / "environment" / "streams.py").read_text().splitlines(), 1)
+        n
+        for n, text in enumerate((ours / "environment" / "streams.py").read_text().splitlines(), 1)
         if "select.select(" in text
-    )  # fmt: skip
-    raw = "\n".join([
-        f"<module> (run.py:1);serve ({ours}/environment/service.py:40);step ({ours}/environment/backends/mujoco_batch.py:66) 600",
-        f"<module> (run.py:1);send ({ours}/protocol/local_stream.py:10) 290",
-        f"<module> (run.py:1);serve ({ours}/environment/service.py:41) 15",
-        "_bootstrap (threading.py:1);run (threading.py:2) 80",
-        f"<module> (run.py:1);answer ({ours}/environment/streams.py:{select_line}) 1000",
-        f"<module> (run.py:1);tiny ({ours}/runtime.py:9) 15",
-    ])  # fmt: skip
+    )
+    raw = "\n".join(
+        [
+            f"<module> (run.py:1);serve ({ours}/environment/service.py:40);step ({ours}/environment/backends/mujoco_batch.py:66) 600",
+            f"<module> (run.py:1);send ({ours}/protocol/local_stream.py:10) 290",
+            f"<module> (run.py:1);serve ({ours}/environment/service.py:41) 15",
+            "_bootstrap (threading.py:1);run (threading.py:2) 80",
+            f"<module> (run.py:1);answer ({ours}/environment/streams.py:{select_line}) 1000",
+            f"<module> (run.py:1);tiny ({ours}/runtime.py:9) 15",
+        ]
+    )
 
     folded = fold(raw)
 

@@ -20,9 +20,13 @@ CHECKS = {name for name, _ in Conformance.CLAUSES}
 
 @pytest.mark.parametrize(
     ("defect", "failing"),
-    [("none", set()), ("episode_length", {"episodes"}), ("no_autoreset", {"episodes"}),
-     ("accepts_bad_actions", {"bad_actions"})],
-)  # fmt: skip
+    [
+        ("none", set()),
+        ("episode_length", {"episodes"}),
+        ("no_autoreset", {"episodes"}),
+        ("accepts_bad_actions", {"bad_actions"}),
+    ],
+)
 def test_a_third_party_service_passes_or_fails_on_the_clause_it_breaks(
     defect: str, failing: set[str]
 ) -> None:
@@ -46,8 +50,9 @@ def test_a_third_party_service_passes_or_fails_on_the_clause_it_breaks(
 
 @pytest.mark.integration
 @pytest.mark.parametrize("env_id", ["Pendulum-v1", "CartPole-v1"])
-def test_our_env_service_keeps_the_contract(tmp_path: Path, valkey, redis_client, processes: Processes,
-                                            env_id: str) -> None:  # fmt: skip
+def test_our_env_service_keeps_the_contract(
+    tmp_path: Path, valkey, redis_client, processes: Processes, env_id: str
+) -> None:
     config = config_file(tmp_path, run={"name": "conformance"}, env={"id": env_id, "instances": 3})
     processes.start("env", "--config", str(config), "--redis-url", valkey.url, "--port", "0", name="env")
     [service] = wait_for(lambda: live_services(redis_client, "conformance", "env"), 60, "the env service")

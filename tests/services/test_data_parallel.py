@@ -154,8 +154,15 @@ def test_a_batch_is_dealt_in_whole_runs_each_chunk_once() -> None:
     """Chunks that continue one another stay with one learner (their advantages run across them); with fewer runs
     than learners, single chunks."""
     chunks = humanoid_chunks(4, seed=2)
-    follow = [replace(chunks[i], observations=np.concatenate([chunks[i - 1].bootstrap_observations[None],
-                                                              chunks[i].observations[1:]])) for i in (1, 3)]  # fmt: skip
+    follow = [
+        replace(
+            chunks[i],
+            observations=np.concatenate(
+                [chunks[i - 1].bootstrap_observations[None], chunks[i].observations[1:]]
+            ),
+        )
+        for i in (1, 3)
+    ]
     batch = [chunks[0], follow[0], chunks[2], follow[1]]  # two runs of two chunks
     shares = deal(batch, 2)
     assert sorted(map(ids, shares)) == sorted([ids(batch[:2]), ids(batch[2:])])

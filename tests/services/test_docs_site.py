@@ -27,8 +27,11 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     built = tmp_path_factory.mktemp("site")
     build = subprocess.run(
         [str(REPO / ".venv/bin/mkdocs"), "build", "--strict", "--site-dir", str(built)],
-        cwd=REPO, capture_output=True, text=True, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
-    )  # fmt: skip
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
     assert build.returncode == 0, build.stderr[-3000:]
     return built
 
@@ -53,9 +56,18 @@ def rendered(url: str, profile: Path) -> str:
     assert shutil.which(CHROMIUM), (
         f"{CHROMIUM} not found: `make test` installs Debian's chromium (apt-get install chromium)"
     )
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={profile}", "--virtual-time-budget=5000"]  # fmt: skip
+    flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={profile}",
+        "--virtual-time-budget=5000",
+    ]
     browser = subprocess.run(
         [CHROMIUM, *flags, "--dump-dom", url], capture_output=True, text=True, timeout=60
     )
@@ -69,7 +81,12 @@ def test_the_built_site_renders_its_navigation_and_code_blocks_in_a_browser(
     dom = rendered(f"{served}/getting-started/", tmp_path / "profile")
     navigation = re.search(r'<nav class="md-nav md-nav--primary".*?</nav>\s*</div>', dom, re.S)
     assert navigation, "no primary navigation in the rendered page"
-    links = {html.unescape(text).strip() for text in re.findall(r'class="md-nav__link[^"]*"[^>]*>\s*(?:<span[^>]*>)?\s*([^<]+)', navigation.group(0))}  # fmt: skip
+    links = {
+        html.unescape(text).strip()
+        for text in re.findall(
+            r'class="md-nav__link[^"]*"[^>]*>\s*(?:<span[^>]*>)?\s*([^<]+)', navigation.group(0)
+        )
+    }
     for page in (
         "Architecture",
         "The Tinker API",

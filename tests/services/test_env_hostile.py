@@ -35,8 +35,11 @@ def test_idle_streams_neither_starve_describe_and_health_nor_hold_instances(
     )
     with grpc.insecure_channel(env.address) as channel:
         idle = [RawStream(channel) for _ in range(24)]  # never send a request: each would hold a worker
-        refused = wait_for(lambda: [s for s in idle if s.ended] if sum(bool(s.ended) for s in idle) >= 20 else None,
-                           10, "streams past the limit to be refused")  # fmt: skip
+        refused = wait_for(
+            lambda: [s for s in idle if s.ended] if sum(bool(s.ended) for s in idle) >= 20 else None,
+            10,
+            "streams past the limit to be refused",
+        )
         assert all(s.ended.code() == grpc.StatusCode.RESOURCE_EXHAUSTED for s in refused)
         assert "4 streams already open, the limit of this env service" in refused[0].ended.details()
         for _ in range(5):  # the 4 admitted idle streams hold no worker that Describe or health need
@@ -58,8 +61,15 @@ def test_idle_streams_neither_starve_describe_and_health_nor_hold_instances(
         wait_for(lambda: describe(channel).free_instances == 4, 5, "its instances to be freed")
         for stream in idle + [session]:
             stream.close()
-    figures = wait_for(lambda: (r := live_services(redis_client, RUN, "env")) and r[0].figures["streams_timed_out"] >= 5
-                       and r[0].figures, 10, "the figures")  # fmt: skip
+    figures = wait_for(
+        lambda: (
+            (r := live_services(redis_client, RUN, "env"))
+            and r[0].figures["streams_timed_out"] >= 5
+            and r[0].figures
+        ),
+        10,
+        "the figures",
+    )
     assert figures["streams_refused"] >= 20
     log = processes.log("env")
     assert "Traceback" not in log
@@ -89,8 +99,10 @@ def test_a_malformed_message_ends_only_its_stream_and_sigterm_still_drains(
             raw.connect(local_stream.socket_name(local))
             raw.sendall(local_stream.HEADER.pack(4) + b"\xff\xff\xff\xff")
             assert local_stream.receive(raw, pb.LocalFrame).status.code == "INVALID_ARGUMENT"
-        step = pb.StepRequest(session_id=bystander.received[0].opened.session_id,
-                              actions=tensors.encode(np.zeros((2, 1), np.float32)))  # fmt: skip
+        step = pb.StepRequest(
+            session_id=bystander.received[0].opened.session_id,
+            actions=tensors.encode(np.zeros((2, 1), np.float32)),
+        )
         bystander.send(pb.SessionRequest(step=step).SerializeToString())
         wait_for(lambda: len(bystander.received) == 2, 10, "the bystander to be served on")
 

@@ -204,8 +204,9 @@ def test_redis_restart(tmp_path: Path, processes: Processes, append_only: bool) 
 
 
 def test_backpressure_keeps_the_stream_and_memory_bounded(cluster: Cluster, processes: Processes) -> None:
-    cluster = Cluster(cluster.path.parent, processes, cluster.url,
-                      rollout={"flow_control": "drop", "max_queued_chunks": 8})  # fmt: skip
+    cluster = Cluster(
+        cluster.path.parent, processes, cluster.url, rollout={"flow_control": "drop", "max_queued_chunks": 8}
+    )
     cluster.start("env", "env")
     trainer = cluster.start("trainer", "trainer")
     rollout = cluster.start("rollout", "rollout")
@@ -226,8 +227,12 @@ def test_backpressure_keeps_the_stream_and_memory_bounded(cluster: Cluster, proc
     assert last[2] <= first[2] * 1.2 + 20_000, f"rollout memory grew: {samples}"
     dropped = read_stats(cluster.client, RUN)["chunks_dropped_backpressure"]
     assert dropped > 20
-    shown = subprocess.run([sys.executable, "-m", "tinker_atropos", "status", "--redis-url", cluster.url],
-                           capture_output=True, text=True, timeout=30).stdout  # fmt: skip
+    shown = subprocess.run(
+        [sys.executable, "-m", "tinker_atropos", "status", "--redis-url", cluster.url],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout
     shown_dropped = re.search(r"chunks_dropped_backpressure=(\d+)", shown)
     assert shown_dropped and int(shown_dropped.group(1)) >= dropped, shown
 

@@ -32,8 +32,11 @@ MOUNT_THEN_RUN = 'mount -t tmpfs -o size="$1" tmpfs "$2" && shift 2 && exec "$@"
 
 
 def unavailable_reason(folder: Path) -> str | None:
-    probe = subprocess.run([*NAMESPACE, "sh", "-c", MOUNT_THEN_RUN, "sh", "1m", str(folder), "true"],
-                           capture_output=True, text=True)  # fmt: skip
+    probe = subprocess.run(
+        [*NAMESPACE, "sh", "-c", MOUNT_THEN_RUN, "sh", "1m", str(folder), "true"],
+        capture_output=True,
+        text=True,
+    )
     return (
         None
         if probe.returncode == 0
@@ -78,13 +81,33 @@ def test_a_full_then_read_only_disk_pauses_checkpoints_and_metrics_while_learnin
     run_dir.mkdir()
     if reason := unavailable_reason(run_dir):
         pytest.skip(reason)
-    config = config_file(tmp_path, run={"name": "pendulum", "write_failure_timeout_s": 30},
-                         trainer={"checkpoint": {"every_updates": 1}})  # fmt: skip
+    config = config_file(
+        tmp_path,
+        run={"name": "pendulum", "write_failure_timeout_s": 30},
+        trainer={"checkpoint": {"every_updates": 1}},
+    )
     up = subprocess.Popen(
-        [*NAMESPACE, "sh", "-c", MOUNT_THEN_RUN, "sh", DISK, str(run_dir),
-         sys.executable, "-m", "tinker_atropos", "up", str(config), "--run-dir", str(run_dir)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
-    )  # fmt: skip
+        [
+            *NAMESPACE,
+            "sh",
+            "-c",
+            MOUNT_THEN_RUN,
+            "sh",
+            DISK,
+            str(run_dir),
+            sys.executable,
+            "-m",
+            "tinker_atropos",
+            "up",
+            str(config),
+            "--run-dir",
+            str(run_dir),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=REPO,
+    )
     output = Output(up)
     inside = Path(f"/proc/{up.pid}/root") / run_dir.relative_to("/")  # the run folder as the run sees it
     try:
@@ -97,10 +120,18 @@ def test_a_full_then_read_only_disk_pauses_checkpoints_and_metrics_while_learnin
 
         fill(inside / "filler")
         full_at = checkpoint_versions(inside)[-1]
-        wait_for(lambda: output.having("the trainer cannot write checkpoint: ", "No space left on device (ENOSPC)"),
-                 60, f"the trainer's one line on the full disk\n{output.text()[-3000:]}")  # fmt: skip
-        wait_for(lambda: output.having("cannot write metrics rows: ", "metrics.jsonl: No space left on device"),
-                 30, "up's one line on metrics.jsonl")  # fmt: skip
+        wait_for(
+            lambda: output.having(
+                "the trainer cannot write checkpoint: ", "No space left on device (ENOSPC)"
+            ),
+            60,
+            f"the trainer's one line on the full disk\n{output.text()[-3000:]}",
+        )
+        wait_for(
+            lambda: output.having("cannot write metrics rows: ", "metrics.jsonl: No space left on device"),
+            30,
+            "up's one line on metrics.jsonl",
+        )
         version = published_version(client, "pendulum")
         wait_for(
             lambda: published_version(client, "pendulum") >= version + 2, 25, "learning to go on, disk full"
@@ -183,9 +214,25 @@ def test_checkpoints_and_replay_segments_fail_with_the_disk_s_own_error_and_leav
 ) -> None:
     if reason := unavailable_reason(tmp_path):
         pytest.skip(reason)
-    ran = subprocess.run([*NAMESPACE, "sh", "-c", MOUNT_THEN_RUN, "sh", "4m", str(tmp_path),
-                          sys.executable, "-c", WRITES_ON_A_FULL_DISK, str(tmp_path)],
-                         capture_output=True, text=True, cwd=REPO, timeout=120)  # fmt: skip
+    ran = subprocess.run(
+        [
+            *NAMESPACE,
+            "sh",
+            "-c",
+            MOUNT_THEN_RUN,
+            "sh",
+            "4m",
+            str(tmp_path),
+            sys.executable,
+            "-c",
+            WRITES_ON_A_FULL_DISK,
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
     assert ran.stdout.splitlines() == ["No space left on device", "No space left on device", "['filler']"], (
         ran.stdout + ran.stderr
     )

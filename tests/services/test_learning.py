@@ -25,8 +25,17 @@ def run_up(
     resolved.setdefault("trainer", {}).update(trainer)
     path = run_dir.parent / f"reporting-{config}"
     path.write_text(yaml.safe_dump(resolved))
-    result = cli("up", str(path), "--run-dir", str(run_dir), "--total-steps", str(total_steps),
-                 "--target-return", str(target_return), timeout=600)  # fmt: skip
+    result = cli(
+        "up",
+        str(path),
+        "--run-dir",
+        str(run_dir),
+        "--total-steps",
+        str(total_steps),
+        "--target-return",
+        str(target_return),
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert leftovers(run_dir) == "", "processes left behind"
     return report_rows(run_dir)
@@ -79,8 +88,17 @@ def test_pendulum_learns_with_sac_from_its_replay_buffer(tmp_path: Path) -> None
     assert json.loads(played.stdout)["checkpoint"].endswith("checkpoints/best.pt")
     # the stopped run's policy, acting with tanh of its mean, plays whole episodes in `eval`, and a video (pygame)
     video = tmp_path / "pendulum.mp4"
-    evaluated = cli("eval", str(tmp_path / "run"), "--episodes", "6", "--json", "--video", str(video),
-                    "--video-frames", "40")  # fmt: skip  # config.yaml: written by up
+    evaluated = cli(
+        "eval",
+        str(tmp_path / "run"),
+        "--episodes",
+        "6",
+        "--json",
+        "--video",
+        str(video),
+        "--video-frames",
+        "40",
+    )  # config.yaml: written by up
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     result = json.loads(evaluated.stdout)
     assert result["video_frames"] == 40
@@ -101,8 +119,13 @@ def assert_tensorboard_and_report(run_dir: Path, rows: list[dict]) -> None:
     events = EventAccumulator(str(run_dir / "tensorboard"))
     events.Reload()
     tags = set(events.Tags()["scalars"])
-    assert {"charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/policy_version",
-            "charts/trainer_busy"} <= tags and any(tag.startswith("losses/") for tag in tags), tags  # fmt: skip
+    assert {
+        "charts/episodic_return",
+        "charts/episodic_length",
+        "charts/SPS",
+        "charts/policy_version",
+        "charts/trainer_busy",
+    } <= tags and any(tag.startswith("losses/") for tag in tags), tags
     returns = [event.value for event in events.Scalars("charts/episodic_return")]
     lengths = {event.value for event in events.Scalars("charts/episodic_length")}
     steps = [event.step for event in events.Scalars("charts/episodic_return")]
@@ -121,26 +144,32 @@ def test_eval_and_report_without_their_inputs_say_so_in_one_line(tmp_path: Path)
     empty, config = tmp_path / "empty", str(REPO / "configs" / "pendulum.yaml")
     no_folder = cli("eval", str(empty), "--config", config)  # a typo in the folder: said so, config or not
     assert (no_folder.returncode, no_folder.stderr.strip()) == (
-        2, f"error: run folder {empty} does not exist (`up` makes runs/RUN_NAME)"
-    )  # fmt: skip
+        2,
+        f"error: run folder {empty} does not exist (`up` makes runs/RUN_NAME)",
+    )
     empty.mkdir()
     no_config = cli("eval", str(empty))
     assert (no_config.returncode, no_config.stderr.strip()) == (
-        2, f"error: {empty / 'config.yaml'} does not exist: pass the run's config with --config"
-    )  # fmt: skip
+        2,
+        f"error: {empty / 'config.yaml'} does not exist: pass the run's config with --config",
+    )
     no_checkpoint = cli("eval", str(empty), "--config", config)
     assert (no_checkpoint.returncode, no_checkpoint.stderr.strip()) == (
-        2, f"error: no readable checkpoint in {empty / 'checkpoints'}: train first (`tinker-atropos up`)"
-    )  # fmt: skip
+        2,
+        f"error: no readable checkpoint in {empty / 'checkpoints'}: train first (`tinker-atropos up`)",
+    )
     (tmp_path / "garbage.pt").write_bytes(b"not a checkpoint")
     no_report = cli("report", str(empty))
     assert (no_report.returncode, no_report.stderr.strip()) == (
-        2, f"error: no report rows in {empty / 'metrics.jsonl'}: `tinker-atropos up` writes them"
-    )  # fmt: skip
+        2,
+        f"error: no report rows in {empty / 'metrics.jsonl'}: `tinker-atropos up` writes them",
+    )
     mangled = tmp_path / "mangled"
     mangled.mkdir()
-    (mangled / "metrics.jsonl").write_text('{"env_steps": 10\nnot json\n{"env_steps": "x"}\n{"env_steps": 5}\n'
-                                           '{"env_steps": 64, "wall_time_s": 2.0, "episode_return_mean": -900}\n')  # fmt: skip
+    (mangled / "metrics.jsonl").write_text(
+        '{"env_steps": 10\nnot json\n{"env_steps": "x"}\n{"env_steps": 5}\n'
+        '{"env_steps": 64, "wall_time_s": 2.0, "episode_return_mean": -900}\n'
+    )
     # the rows that are not report rows are skipped, the one that is drawn
     drawn = cli("report", str(mangled))
     assert drawn.returncode == 0 and (mangled / "report.png").exists(), drawn.stderr[-2000:]

@@ -25,8 +25,13 @@ ANSWERS = GROUPS * GROUP_SIZE
 def test_two_steps_of_each_path_write_the_reward_curve_and_the_step_split(
     system: str, tmp_path: Path
 ) -> None:
-    done = subprocess.run([sys.executable, "-m", "bench.llm_rl", system, "900", str(tmp_path), "2"], cwd=REPO,
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.llm_rl", system, "900", str(tmp_path), "2"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     result = json.loads((tmp_path / "result.json").read_text())
     points = result["points"]

@@ -24,16 +24,32 @@ from tinker_atropos.state.weights import published_version
 pytestmark = pytest.mark.integration
 
 NAMED = {
-    "env": {"tinker_atropos_env_steps", "tinker_atropos_env_episodes", "tinker_atropos_env_free_instances",
-            "tinker_atropos_env_sessions", "tinker_atropos_env_bad_requests", "tinker_atropos_env_calls_refused"},
-    "rollout": {"tinker_atropos_rollout_env_steps", "tinker_atropos_rollout_chunks_written",
-                "tinker_atropos_rollout_policy_version", "tinker_atropos_rollout_episode_return_mean",
-                "tinker_atropos_rollout_sessions_lost", "tinker_atropos_rollout_weights_rejected"},
-    "trainer": {"tinker_atropos_trainer_updates", "tinker_atropos_trainer_busy_fraction",
-                "tinker_atropos_trainer_policy_version", "tinker_atropos_trainer_policy_lag_mean",
-                "tinker_atropos_trainer_losses", "tinker_atropos_trainer_chunks_consumed",
-                "tinker_atropos_trainer_records_rejected"},
-}  # fmt: skip
+    "env": {
+        "tinker_atropos_env_steps",
+        "tinker_atropos_env_episodes",
+        "tinker_atropos_env_free_instances",
+        "tinker_atropos_env_sessions",
+        "tinker_atropos_env_bad_requests",
+        "tinker_atropos_env_calls_refused",
+    },
+    "rollout": {
+        "tinker_atropos_rollout_env_steps",
+        "tinker_atropos_rollout_chunks_written",
+        "tinker_atropos_rollout_policy_version",
+        "tinker_atropos_rollout_episode_return_mean",
+        "tinker_atropos_rollout_sessions_lost",
+        "tinker_atropos_rollout_weights_rejected",
+    },
+    "trainer": {
+        "tinker_atropos_trainer_updates",
+        "tinker_atropos_trainer_busy_fraction",
+        "tinker_atropos_trainer_policy_version",
+        "tinker_atropos_trainer_policy_lag_mean",
+        "tinker_atropos_trainer_losses",
+        "tinker_atropos_trainer_chunks_consumed",
+        "tinker_atropos_trainer_records_rejected",
+    },
+}
 
 
 def scrape(address: str) -> dict[str, object]:
@@ -44,8 +60,13 @@ def scrape(address: str) -> dict[str, object]:
 def test_every_service_serves_its_status_and_its_grpc_calls_to_prometheus(
     tmp_path: Path, valkey, redis_client, processes: Processes, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    config = config_file(tmp_path, run={"name": "metrics"}, env={"instances": 4},
-                         trainer={"samples_per_update": 512}, rollout={"chunk_length": 32})  # fmt: skip
+    config = config_file(
+        tmp_path,
+        run={"name": "metrics"},
+        env={"instances": 4},
+        trainer={"samples_per_update": 512},
+        rollout={"chunk_length": 32},
+    )
     token = tmp_path / "token"
     token.write_text("metrics-test-token\n")
     monkeypatch.setenv("TA_TOKEN_FILE", str(token))  # the children's token, and our first probe's
@@ -82,8 +103,10 @@ def test_every_service_serves_its_status_and_its_grpc_calls_to_prometheus(
         assert families[f"tinker_atropos_{kind}_calls_refused"].type == "counter"
 
     env_families = scrape(env.figures["metrics_address"])
-    calls = {(s.labels["grpc_method"], s.labels["grpc_code"]): s.value
-             for s in env_families["grpc_server_handled"].samples}  # fmt: skip
+    calls = {
+        (s.labels["grpc_method"], s.labels["grpc_code"]): s.value
+        for s in env_families["grpc_server_handled"].samples
+    }
     assert calls[("/tinker_atropos.v1.Environment/Session", "INVALID_ARGUMENT")] >= 1
     assert calls[("/tinker_atropos.v1.Environment/Session", "RESOURCE_EXHAUSTED")] >= 1
     assert calls[("/tinker_atropos.v1.Environment/Describe", "UNAUTHENTICATED")] >= 1
@@ -97,11 +120,18 @@ def test_every_service_serves_its_status_and_its_grpc_calls_to_prometheus(
     assert {s.labels["loss"] for s in trainer["tinker_atropos_trainer_losses"].samples} >= {"policy_loss"}
     rollout = scrape(services["rollout"].figures["metrics_address"])
     # the Grafana dashboard asks only for series the services serve
-    served = {family.name + ("_total" if family.type == "counter" else "")
-              for families in (env_families, trainer, rollout) for family in families.values()}  # fmt: skip
+    served = {
+        family.name + ("_total" if family.type == "counter" else "")
+        for families in (env_families, trainer, rollout)
+        for family in families.values()
+    }
     dashboard = json.loads((REPO / "deploy" / "grafana" / "tinker-atropos.json").read_text())
-    asked = {name for panel in dashboard["panels"] for target in panel["targets"]
-             for name in re.findall(r"\b(?:tinker_atropos|grpc_server)_\w+", target["expr"])}  # fmt: skip
+    asked = {
+        name
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+        for name in re.findall(r"\b(?:tinker_atropos|grpc_server)_\w+", target["expr"])
+    }
     assert len(asked) >= 15 and asked <= served, asked - served
     assert rollout["tinker_atropos_rollout_env_steps"].samples[0].value > 0
     assert rollout["tinker_atropos_rollout_episode_return_mean"].samples[0].value < 0  # Pendulum's

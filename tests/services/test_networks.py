@@ -25,14 +25,22 @@ BOX = gym.spaces.Box(-2.0, 2.0, (1,), np.float32)
 def learner(name: str, network: str):
     section = {"learning_starts": 50, "batch_size": 32} if name == "sac" else {}
     config = parse_config({"trainer": {"algorithm": name, "model": {"network": network}, name: section}})
-    setup = LearnerSetup(OBS_SPACE, BOX, config.trainer, config.trainer.hyperparameters,
-                         torch.device("cpu"), 0)  # fmt: skip
+    setup = LearnerSetup(
+        OBS_SPACE, BOX, config.trainer, config.trainer.hyperparameters, torch.device("cpu"), 0
+    )
     return algorithm(name).build(setup)
 
 
 def trajectory(rng: np.random.Generator, values: bool, t: int = 16, n: int = 4) -> Trajectory:
-    critic = {"values": np.zeros((t, n), np.float32), "truncation_values": np.zeros((t, n), np.float32),
-              "bootstrap_values": np.zeros(n, np.float32)} if values else {}  # fmt: skip
+    critic = (
+        {
+            "values": np.zeros((t, n), np.float32),
+            "truncation_values": np.zeros((t, n), np.float32),
+            "bootstrap_values": np.zeros(n, np.float32),
+        }
+        if values
+        else {}
+    )
     return Trajectory(
         policy_version=0,
         observations=rng.normal(size=(t, n, 3)).astype(np.float32),

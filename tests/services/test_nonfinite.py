@@ -167,8 +167,15 @@ def test_a_session_that_read_a_version_before_another_loaded_a_newer_one_refuses
 ) -> None:
     """Sessions refresh concurrently: one reads version 2, another loads 3 meanwhile; the first must not take
     its own stale read for a record written back over version 3 (it counted ``rolled_back`` before)."""
-    model = ActorCritic(spec := mlp_spec(pendulum_env().observation_space, pendulum_env().action_space,
-                                         parse_config({}).trainer.model, True, True))  # fmt: skip
+    model = ActorCritic(
+        spec := mlp_spec(
+            pendulum_env().observation_space,
+            pendulum_env().action_space,
+            parse_config({}).trainer.model,
+            True,
+            True,
+        )
+    )
     publish_weights(redis_client, "racing", 1, weights_to_bytes(model), spec)
     policies = PolicySource(redis_client, "racing", torch.device("cpu"))
     assert policies.refresh().version == 1

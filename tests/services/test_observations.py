@@ -78,8 +78,14 @@ def test_the_rollout_acts_with_the_encoded_policy_as_the_trainer_evaluates_it(ki
     model_section = parse_config({}).trainer.model
     if kind == "dict":
         layout = Reach().observation_space
-        spec = mlp_spec(gym.spaces.Box(-1, 1, (FLAT,)), gym.spaces.Box(-1, 1, (2,)), model_section, True, True,
-                        observation_layout=layout)  # fmt: skip
+        spec = mlp_spec(
+            gym.spaces.Box(-1, 1, (FLAT,)),
+            gym.spaces.Box(-1, 1, (2,)),
+            model_section,
+            True,
+            True,
+            observation_layout=layout,
+        )
         observations = np.random.default_rng(0).normal(size=(6, FLAT)).astype(np.float32)
     else:  # a Box of H x W x C gets a CNN without being a Dict
         spec = mlp_spec(gym.spaces.Box(0, 1, (40, 40, 3)), gym.spaces.Discrete(4), model_section, True, True)
@@ -108,12 +114,21 @@ def test_a_dict_observation_env_learns_end_to_end(tmp_path: Path) -> None:
             "samples_per_update": 640,
             "max_policy_lag": 1,
             "ppo": {"learning_rate": 1e-3, "num_minibatches": 4, "update_epochs": 4, "gamma": 0.9},
-        },  # fmt: skip
+        },
     }
     path = tmp_path / "reach.yaml"
     path.write_text(yaml.safe_dump(config))
-    result = cli("up", str(path), "--run-dir", str(tmp_path / "run"), "--total-steps", "60000",
-                 "--target-return", "-12", timeout=300)  # fmt: skip
+    result = cli(
+        "up",
+        str(path),
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--total-steps",
+        "60000",
+        "--target-return",
+        "-12",
+        timeout=300,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert leftovers(tmp_path / "run") == ""
     assert_learned(report_rows(tmp_path / "run"), random_below=-20.0, target=-12.0, budget=60_000)

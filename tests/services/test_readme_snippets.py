@@ -78,16 +78,28 @@ class Snippet:
         self.output: list[str] = []
 
     def start(self) -> subprocess.Popen:
-        up = subprocess.Popen(["bash", "-c", f"exec {self.start_line}"], cwd=self.folder, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
+        up = subprocess.Popen(
+            ["bash", "-c", f"exec {self.start_line}"],
+            cwd=self.folder,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
         threading.Thread(target=lambda: self.output.extend(up.stdout), daemon=True).start()
         return up
 
     def run_rest(self, *appended: str, timeout_s: float = 300) -> subprocess.CompletedProcess:
         script = "set -e\n" + "\n".join(self.rest) + "".join(f" {a}" for a in appended) + "\n"
         environment = {k: v for k, v in os.environ.items() if not k.startswith(("TA_", "TINKER_"))}
-        return subprocess.run(["bash", "-c", script], cwd=self.folder, capture_output=True, text=True,
-                              timeout=timeout_s, env=environment)  # fmt: skip
+        return subprocess.run(
+            ["bash", "-c", script],
+            cwd=self.folder,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env=environment,
+        )
 
 
 def client_env(run_dir: Path) -> dict[str, str]:

@@ -57,9 +57,11 @@ def _tinker_session(url: str) -> None:
     ids = tok.encode("acl", add_bos=True) + [tok.eos_id]
     datum = types.Datum(
         model_input=types.ModelInput.from_ints(ids[:-1]),
-        loss_fn_inputs={"target_tokens": np.asarray(ids[1:], np.int64),
-                        "weights": np.ones(len(ids) - 1, np.float32)},
-    )  # fmt: skip
+        loss_fn_inputs={
+            "target_tokens": np.asarray(ids[1:], np.int64),
+            "weights": np.ones(len(ids) - 1, np.float32),
+        },
+    )
     with tinker.ServiceClient(base_url=url, api_key=KEY) as service:
         model = service.create_lora_training_client(base_model="tiny-byte-lm", rank=4).result(timeout=60)
         backward = model.forward_backward([datum], "cross_entropy")
@@ -89,8 +91,9 @@ def test_each_service_trains_as_its_own_acl_user_and_nothing_more(
     names = ("env", "trainer", "rollout")
     for name in names:
         extra = ("--run-dir", str(tmp_path / "run")) if name == "trainer" else ()
-        processes.start(name, "--config", str(config), "--redis-url", server.url(name), "--port", "0", *extra,
-                        name=name)  # fmt: skip
+        processes.start(
+            name, "--config", str(config), "--redis-url", server.url(name), "--port", "0", *extra, name=name
+        )
     admin = server.admin
 
     def healthz() -> bool:
@@ -153,18 +156,26 @@ def test_each_service_trains_as_its_own_acl_user_and_nothing_more(
     # Past its rows, each user is refused: the rollout writing the weights the rollouts act with, the env
     # reading the experience, the observer writing anything.
     refusals = {
-        "rollout": [lambda c: c.hset(keys.weights(RUN), "version", 99),
-                    lambda c: c.publish(keys.weights_channel(RUN), 99),
-                    lambda c: c.xread({keys.experience(RUN): "0-0"}, count=1)],
-        "env": [lambda c: c.xread({keys.experience(RUN): "0-0"}, count=1),
-                lambda c: c.xlen(keys.experience(RUN)),
-                lambda c: c.hget(keys.weights(RUN), "version")],
-        "observer": [lambda c: c.hset(keys.stats(RUN), "env_steps", 0),
-                     lambda c: c.delete(keys.weights(RUN)),
-                     lambda c: c.hget(keys.weights(RUN) + "x", "version")],
-        "trainer": [lambda c: c.hset(keys.service(RUN, "env", "forged"), "address", "x"),
-                    lambda c: c.get("not-a-run-key")],
-    }  # fmt: skip
+        "rollout": [
+            lambda c: c.hset(keys.weights(RUN), "version", 99),
+            lambda c: c.publish(keys.weights_channel(RUN), 99),
+            lambda c: c.xread({keys.experience(RUN): "0-0"}, count=1),
+        ],
+        "env": [
+            lambda c: c.xread({keys.experience(RUN): "0-0"}, count=1),
+            lambda c: c.xlen(keys.experience(RUN)),
+            lambda c: c.hget(keys.weights(RUN), "version"),
+        ],
+        "observer": [
+            lambda c: c.hset(keys.stats(RUN), "env_steps", 0),
+            lambda c: c.delete(keys.weights(RUN)),
+            lambda c: c.hget(keys.weights(RUN) + "x", "version"),
+        ],
+        "trainer": [
+            lambda c: c.hset(keys.service(RUN, "env", "forged"), "address", "x"),
+            lambda c: c.get("not-a-run-key"),
+        ],
+    }
     for user, attempts in refusals.items():
         client = server.client(user)
         for attempt in attempts:
@@ -177,8 +188,14 @@ def test_each_service_trains_as_its_own_acl_user_and_nothing_more(
     for line in ACL_FILE.read_text().replace("ta:*:", f"ta:{RUN}:").splitlines():
         if line.startswith("user ") and (name := line.split()[1]) in USERS:
             admin.execute_command("ACL", "SETUSER", f"{name}-{RUN}", *line.split()[2:], f">{name}")
-    shown = cli("status", "--redis-url", f"redis://observer-{RUN}:observer@127.0.0.1:{server.port}/0",
-                "--run", RUN, timeout=60)  # fmt: skip
+    shown = cli(
+        "status",
+        "--redis-url",
+        f"redis://observer-{RUN}:observer@127.0.0.1:{server.port}/0",
+        "--run",
+        RUN,
+        timeout=60,
+    )
     assert shown.returncode == 0 and f"run '{RUN}'" in shown.stdout, shown.stdout + shown.stderr
     admin.hset(keys.service("another", "env", "x"), "kind", "env")  # a run whose keys it may not read
     shown = cli(
@@ -209,8 +226,16 @@ def test_the_atropos_api_keeps_its_state_as_its_own_acl_user_and_nothing_more(
     monkeypatch.setenv("TA_TOKEN", TOKEN)  # the run's token: the API's key is derived from it
     config = tmp_path / "atropos.yaml"
     config.write_text(yaml.safe_dump({"run": {"name": RUN}, "atropos": {"port": port}}))
-    api_process = processes.start("atropos-api", "--config", str(config), "--redis-url", server.url("atropos_api"),
-                                  "--port", "0", name="atropos-api")  # fmt: skip
+    api_process = processes.start(
+        "atropos-api",
+        "--config",
+        str(config),
+        "--redis-url",
+        server.url("atropos_api"),
+        "--port",
+        "0",
+        name="atropos-api",
+    )
 
     def answers() -> bool:
         _running(server, processes, ("atropos-api",))
@@ -241,9 +266,11 @@ def test_the_atropos_api_keeps_its_state_as_its_own_acl_user_and_nothing_more(
     assert "NOPERM" not in log and "Traceback" not in log, log[-3000:]
     assert server.denials() == []
     client = server.client("atropos_api")
-    for attempt in (lambda: client.hget(keys.weights(RUN), "version"),
-                    lambda: client.xread({keys.experience(RUN): "0-0"}, count=1),
-                    lambda: client.hset(keys.service(RUN, "trainer", "forged"), "address", "x")):  # fmt: skip
+    for attempt in (
+        lambda: client.hget(keys.weights(RUN), "version"),
+        lambda: client.xread({keys.experience(RUN): "0-0"}, count=1),
+        lambda: client.hset(keys.service(RUN, "trainer", "forged"), "address", "x"),
+    ):
         with pytest.raises(redis.exceptions.NoPermissionError):
             attempt()
     client.close()

@@ -108,8 +108,16 @@ def test_a_trainer_behind_the_rollouts_continues_above_the_version_they_hold(
     loop.sync_redis()
     assert loop.version == 0  # no rollout holds it: not followed
 
-    Registration(redis_client, "behind", "rollout", "127.0.0.1:1", "r", lambda: {"policy_version": 9},
-                 interval_s=1.0, ttl_s=30.0).beat()  # fmt: skip
+    Registration(
+        redis_client,
+        "behind",
+        "rollout",
+        "127.0.0.1:1",
+        "r",
+        lambda: {"policy_version": 9},
+        interval_s=1.0,
+        ttl_s=30.0,
+    ).beat()
     assert loop.batcher.accept(serialized_chunk(2, 1, 9)) is None  # acted by the weights Redis lost
     assert loop.batcher.rejected.totals == {"impossible_version": 2}
     loop._last_sync = 0.0
@@ -166,8 +174,11 @@ class Attacker(Sidecar):
                     f"http://{services[kind].figures['metrics_address']}/metrics"
                 ) as page:
                     self.scraped[kind] = page.read().decode()
-            found = subprocess.run(["pgrep", "-f", f"tinker_atropos trainer --config {self.run_dir}"],
-                                   capture_output=True, text=True)  # fmt: skip
+            found = subprocess.run(
+                ["pgrep", "-f", f"tinker_atropos trainer --config {self.run_dir}"],
+                capture_output=True,
+                text=True,
+            )
             self.killed = services["trainer"].incarnation
             os.kill(int(found.stdout.split()[0]), signal.SIGKILL)
 
@@ -200,8 +211,17 @@ def test_a_replayed_chunk_and_rolled_back_weights_are_refused_and_counted(
     """SAC learns from chunks of any age: before, 40 copies of one chunk were learned 40 times, and the
     rollout went back from version 66 to 57. Set with --set and --seed over the shipped config."""
     run_dir, run = tmp_path / "run", "replayed"
-    options = ("--redis-url", valkey.url, "--metrics", "--set", f"run.name={run}", "--seed", "5",
-               "--set", "trainer.sac.learning_starts=100000")  # fmt: skip  # a replay buffer, no gradient steps
+    options = (
+        "--redis-url",
+        valkey.url,
+        "--metrics",
+        "--set",
+        f"run.name={run}",
+        "--seed",
+        "5",
+        "--set",
+        "trainer.sac.learning_starts=100000",
+    )  # a replay buffer, no gradient steps
     attacker = Attacker(redis_client, run, run_dir, copies=40)
     run_up_with(
         attacker, REPO / "configs" / "pendulum-sac.yaml", run_dir, *options, timeout=300, until_done=True
@@ -251,8 +271,13 @@ def test_appends_resent_over_a_stalled_valkey_are_no_replay_and_a_copy_from_outs
     stream = keys.experience(run)
     # 'drop': the rollout appends flat out, so its appends are in flight when Valkey stops; the stream's bound is
     # out of reach, so a copy of an append is read by the trainer, not trimmed unread
-    config = config_file(tmp_path, "cartpole.yaml", run={"name": run}, trainer={"tensorboard": False},
-                         rollout={"flow_control": "drop", "chunk_length": 16, "max_queued_chunks": 100_000})  # fmt: skip
+    config = config_file(
+        tmp_path,
+        "cartpole.yaml",
+        run={"name": run},
+        trainer={"tensorboard": False},
+        rollout={"flow_control": "drop", "chunk_length": 16, "max_queued_chunks": 100_000},
+    )
     common = ["--config", str(config), "--redis-url", server.url, "--port", "0"]
 
     def trainer() -> dict:

@@ -158,8 +158,13 @@ def test_a_stopped_rollouts_instances_go_to_the_one_that_took_its_leases_and_it_
         taken_over_s = time.monotonic() - stopped_at
     finally:
         os.kill(stopped.pid, signal.SIGCONT)
-    envs = wait_for(lambda: {e.name: e.figures for e in live_services(client, RUN, "env")
-                             if e.figures["sessions_taken_over"]}, 5, "the take-over in the figures")  # fmt: skip
+    envs = wait_for(
+        lambda: {
+            e.name: e.figures for e in live_services(client, RUN, "env") if e.figures["sessions_taken_over"]
+        },
+        5,
+        "the take-over in the figures",
+    )
     assert list(envs) == [its_env] and envs[its_env]["sessions_taken_over"] == 1, envs
     assert "taken over from" in processes.log(its_env)
 

@@ -27,8 +27,13 @@ def test_a_reused_run_folder_resumes_and_fresh_starts_over(tmp_path: Path) -> No
     first = up(config, run_dir, "--total-steps", "8000")
     assert "resuming" not in first
     summary = first[first.index("run 'pendulum' stopped (reached 8,000 env steps)") :]
-    for place in ("restarts     none", "problems     none counted", "metrics.jsonl", "logs/",
-                  "checkpoints/ (latest: checkpoint-"):  # fmt: skip
+    for place in (
+        "restarts     none",
+        "problems     none counted",
+        "metrics.jsonl",
+        "logs/",
+        "checkpoints/ (latest: checkpoint-",
+    ):
         assert place in summary, summary
     events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
     events.Reload()

@@ -68,8 +68,16 @@ def test_a_run_folder_has_one_owner_and_status_finds_its_run(tmp_path: Path) -> 
         assert len((second.stdout + second.stderr).strip().splitlines()) == 1, second.stdout
         assert "resume" not in [row.get("event") for row in metrics(run_dir)[lines:]]
         # a trainer started by hand on the folder: refused before it writes there
-        manual = cli("trainer", "--config", str(config), "--run-dir", str(run_dir), "--port", "0",
-                     env={"TA_REDIS_URL": url, "TA_TOKEN_FILE": str(run_dir / "token")})  # fmt: skip
+        manual = cli(
+            "trainer",
+            "--config",
+            str(config),
+            "--run-dir",
+            str(run_dir),
+            "--port",
+            "0",
+            env={"TA_REDIS_URL": url, "TA_TOKEN_FILE": str(run_dir / "token")},
+        )
         assert manual.returncode == 2 and manual.stderr.startswith(in_use), manual.stderr[-2000:]
 
         # `status` finds the run from its folder, or from the folder that holds it, with its password
@@ -93,8 +101,11 @@ def test_a_run_folder_has_one_owner_and_status_finds_its_run(tmp_path: Path) -> 
         )
         assert counted in flood_lines[1], flood_lines[1]
         assert log.stat().st_size - before < 2000  # one line per call would be ~60 KB
-        wait_for(lambda: live_services(client, "pendulum", "env")[0].figures["calls_refused"] >= 2 * FLOOD, 10,
-                 "every refused call counted in the env service's figures")  # fmt: skip
+        wait_for(
+            lambda: live_services(client, "pendulum", "env")[0].figures["calls_refused"] >= 2 * FLOOD,
+            10,
+            "every refused call counted in the env service's figures",
+        )
         client.close()
     finally:
         up.kill()  # SIGKILL: its lock is left behind, its services drain on their own
@@ -127,5 +138,6 @@ def test_status_without_a_run_says_where_it_looked(tmp_path: Path) -> None:
     )
     missing = cli("status", str(tmp_path / "nowhere"))
     assert (missing.returncode, missing.stderr.strip()) == (
-        2, f"error: {tmp_path / 'nowhere'} does not exist: pass a run folder (runs/NAME by default)"
-    )  # fmt: skip
+        2,
+        f"error: {tmp_path / 'nowhere'} does not exist: pass a run folder (runs/NAME by default)",
+    )

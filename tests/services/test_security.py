@@ -62,9 +62,13 @@ def test_an_env_service_with_a_token_refuses_every_call_without_it(
         assert session.num_instances == 1
         session.close()
     refused = wait_for(
-        lambda: (r := next(iter(live_services(redis_client, RUN, "env")), None)) and r.figures.get("calls_refused"),
-        10, "the refusals in the registry",
-    )  # fmt: skip
+        lambda: (
+            (r := next(iter(live_services(redis_client, RUN, "env")), None))
+            and r.figures.get("calls_refused")
+        ),
+        10,
+        "the refusals in the registry",
+    )
     assert refused == 2
 
 
@@ -160,8 +164,15 @@ def test_the_embedded_valkey_wants_its_password_which_no_command_line_shows(
             "(a run of `up` keeps it in RUN_DIR/redis-password) or put it in the URL (redis://:PASSWORD@HOST:PORT)"
         )
         (tmp_path / "wrong").write_text("wrong\n")
-        wrong = cli("env", "--config", config, "--redis-url", server.url,
-                    env={"TA_REDIS_PASSWORD_FILE": str(tmp_path / "wrong")}, timeout=60)  # fmt: skip
+        wrong = cli(
+            "env",
+            "--config",
+            config,
+            "--redis-url",
+            server.url,
+            env={"TA_REDIS_PASSWORD_FILE": str(tmp_path / "wrong")},
+            timeout=60,
+        )
         assert wrong.returncode == 2
         assert f"refused the password of TA_REDIS_PASSWORD_FILE {tmp_path / 'wrong'}" in wrong.stderr, (
             wrong.stderr

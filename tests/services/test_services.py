@@ -45,8 +45,14 @@ def test_services_discover_each_other_through_redis_and_drain_on_sigterm(
         "trainer": processes.start("trainer", *common, "--run-dir", str(tmp_path / "run"), name="trainer"),
         "rollout": processes.start("rollout", *common, name="rollout"),
     }
-    services = wait_for(lambda: len(live_services(redis_client, "services-test")) == 3 and
-                        live_services(redis_client, "services-test"), 60, "three registered services")  # fmt: skip
+    services = wait_for(
+        lambda: (
+            len(live_services(redis_client, "services-test")) == 3
+            and live_services(redis_client, "services-test")
+        ),
+        60,
+        "three registered services",
+    )
     assert {s.kind for s in services} == {"env", "rollout", "trainer"}
     assert len({s.incarnation for s in services}) == 3
 

@@ -122,8 +122,10 @@ def test_checkpoints_are_atomic_retained_and_corrupt_ones_skipped(tmp_path: Path
     for version in (1, 2, 3, 4):
         save_checkpoint(tmp_path, version, {"version": version, "t": torch.arange(version)}, keep=3)
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "checkpoint-0000000002.pt", "checkpoint-0000000003.pt", "checkpoint-0000000004.pt",
-    ]  # fmt: skip
+        "checkpoint-0000000002.pt",
+        "checkpoint-0000000003.pt",
+        "checkpoint-0000000004.pt",
+    ]
     path, state = load_latest_checkpoint(tmp_path)
     assert state["version"] == 4 and torch.equal(state["t"], torch.arange(4))
 

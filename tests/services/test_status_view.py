@@ -25,8 +25,17 @@ def test_the_view_shows_each_service_and_the_watch_adds_a_throughput_sparkline(v
         "free_instances": 0,
         "metrics_address": "127.0.0.1:9400",
     }
-    registration = Registration(redis_client, "watched", "env", "127.0.0.1:50051", "abc123", lambda: figures,
-                                interval_s=0.1, ttl_s=5.0, name="env-0")  # fmt: skip
+    registration = Registration(
+        redis_client,
+        "watched",
+        "env",
+        "127.0.0.1:50051",
+        "abc123",
+        lambda: figures,
+        interval_s=0.1,
+        ttl_s=5.0,
+        name="env-0",
+    )
     registration.start()
     try:
         add_stats(redis_client, "watched", env_steps=1000)
@@ -43,8 +52,13 @@ def test_the_view_shows_each_service_and_the_watch_adds_a_throughput_sparkline(v
         assert line.split()[2][-1] in "▁▂▃▄▅▆▇█" and len(line.split()[2]) == 2
 
         screen = io.StringIO()
-        watched = watch_status(valkey.url, "watched", interval_s=0.05, frames=3,
-                               console=Console(file=screen, width=250, force_terminal=True))  # fmt: skip
+        watched = watch_status(
+            valkey.url,
+            "watched",
+            interval_s=0.05,
+            frames=3,
+            console=Console(file=screen, width=250, force_terminal=True),
+        )
         assert watched == 0 and "env-0" in screen.getvalue() and "env steps/s" in screen.getvalue()
     finally:
         registration.close()

@@ -41,8 +41,9 @@ def test_an_abandoned_sdk_sessions_models_are_freed_within_a_minute(
     valkey: EmbeddedValkey, redis_client: redis.Redis, tmp_path: Path
 ) -> None:
     with serving(tmp_path, valkey.url, "tk-abandoned", session_timeout_s=15, max_models=2) as trainer:
-        script = subprocess.Popen([sys.executable, "-c", SCRIPT, trainer.url, KEY, LM], stdout=subprocess.PIPE,
-                                  text=True)  # fmt: skip
+        script = subprocess.Popen(
+            [sys.executable, "-c", SCRIPT, trainer.url, KEY, LM], stdout=subprocess.PIPE, text=True
+        )
         try:
             assert script.stdout is not None
             models = [script.stdout.readline().strip() for _ in range(2)]

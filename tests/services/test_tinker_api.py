@@ -77,8 +77,14 @@ def step(client: tinker.TrainingClient, datum: types.Datum, adam: types.AdamPara
 
 @pytest.fixture(scope="module")
 def trainer(valkey: EmbeddedValkey, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TinkerTrainer]:
-    with serving(tmp_path_factory.mktemp("tk-api"), valkey.url, "tk-api", long_poll_s=0.5, max_models=32,
-                 max_request_mb=2) as server:  # fmt: skip
+    with serving(
+        tmp_path_factory.mktemp("tk-api"),
+        valkey.url,
+        "tk-api",
+        long_poll_s=0.5,
+        max_models=32,
+        max_request_mb=2,
+    ) as server:
         yield server
 
 
@@ -106,7 +112,7 @@ def test_capabilities_list_the_run_policy_and_the_language_models(trainer: Tinke
         POLICY: (True, False, None),
         LM: (True, True, TinyLMConfig.max_seq_len),
         smollm2.NAME: (True, True, 2048),
-    }  # fmt: skip  (make test installs SmolLM2)
+    }  # (make test installs SmolLM2)
 
 
 # --- training the control policy -----------------------------------------------------------------------------
@@ -284,7 +290,7 @@ def _two_column_advantages() -> list[types.Datum]:
             "advantages",
             id="two-column-advantages",
         ),
-    ],  # fmt: skip
+    ],
 )
 def test_a_malformed_datum_is_a_user_error_and_the_server_serves_on(
     service: tinker.ServiceClient, trainer: TinkerTrainer, base_model: str, bad, message: str
@@ -308,10 +314,21 @@ def test_wrong_or_missing_api_keys_are_refused(trainer: TinkerTrainer) -> None:
         wrong.create_lora_training_client(base_model=LM, rank=4).result(timeout=30)
     assert isinstance(failure.value, tinker.AuthenticationError) and failure.value.status_code == 401
 
-    refused = [{}, {"X-API-Key": WRONG_KEY}, {"X-API-Key": KEY[:-1]}, {"X-API-Key": KEY + "0"},
-               {"Authorization": f"Bearer {WRONG_KEY}"}, {"Authorization": KEY}]  # fmt: skip
-    routes = [("GET", "/api/v1/healthz"), ("POST", "/api/v1/create_session"), ("POST", "/api/v1/retrieve_future"),
-              ("GET", "/api/v1/get_server_capabilities"), ("POST", "/api/v1/forward_backward")]  # fmt: skip
+    refused = [
+        {},
+        {"X-API-Key": WRONG_KEY},
+        {"X-API-Key": KEY[:-1]},
+        {"X-API-Key": KEY + "0"},
+        {"Authorization": f"Bearer {WRONG_KEY}"},
+        {"Authorization": KEY},
+    ]
+    routes = [
+        ("GET", "/api/v1/healthz"),
+        ("POST", "/api/v1/create_session"),
+        ("POST", "/api/v1/retrieve_future"),
+        ("GET", "/api/v1/get_server_capabilities"),
+        ("POST", "/api/v1/forward_backward"),
+    ]
     with httpx.Client(base_url=trainer.url, timeout=10) as http:
         for method, route in routes:
             body = {} if method == "POST" else None
@@ -384,8 +401,10 @@ def test_the_tiny_lm_samples_through_both_kinds_of_sampling_client(service: tink
 
 def test_a_control_policy_cannot_be_sampled(service: tinker.ServiceClient) -> None:
     client = service.create_lora_training_client(base_model=POLICY).result(timeout=60)
-    samplers = [client.save_weights_and_get_sampling_client().result(timeout=60),
-                service.create_sampling_client(base_model=POLICY).result(timeout=60)]  # fmt: skip
+    samplers = [
+        client.save_weights_and_get_sampling_client().result(timeout=60),
+        service.create_sampling_client(base_model=POLICY).result(timeout=60),
+    ]
     for sampler in samplers:
         with pytest.raises(tinker.RequestFailedError) as failure:
             sampler.sample(
@@ -433,16 +452,24 @@ def test_a_custom_loss_runs_client_side_over_the_servers_cross_entropy(service: 
 
     custom = client.forward_backward_custom([datum], doubled_nll).result(timeout=60)
     client.optim_step(types.AdamParams(learning_rate=1e-3)).result(timeout=60)
-    twice = types.Datum(model_input=datum.model_input, loss_fn_inputs={
-        "target_tokens": datum.loss_fn_inputs["target_tokens"], "weights": np.full(len(IDS) - 1, 2.0, np.float32)})  # fmt: skip
+    twice = types.Datum(
+        model_input=datum.model_input,
+        loss_fn_inputs={
+            "target_tokens": datum.loss_fn_inputs["target_tokens"],
+            "weights": np.full(len(IDS) - 1, 2.0, np.float32),
+        },
+    )
     reference.forward_backward([twice], "cross_entropy").result(timeout=60)
     reference.optim_step(types.AdamParams(learning_rate=1e-3)).result(timeout=60)
 
     assert custom.metrics["custom:sum"] == 1.0
     # the server's backward ran cross-entropy weighted by -dC/dlogp = 2: its loss is the custom loss's value
     assert np.isclose(custom.metrics["surrogate_loss:sum"], custom.metrics["loss:sum"], rtol=1e-4)
-    assert np.allclose(forward_logprobs(client, datum, "cross_entropy"),
-                       forward_logprobs(reference, datum, "cross_entropy"), atol=1e-5)  # fmt: skip
+    assert np.allclose(
+        forward_logprobs(client, datum, "cross_entropy"),
+        forward_logprobs(reference, datum, "cross_entropy"),
+        atol=1e-5,
+    )
 
 
 def test_stable_reinforce_trains_on_the_samplers_record_named_by_provenance(
@@ -460,16 +487,26 @@ def test_stable_reinforce_trains_on_the_samplers_record_named_by_provenance(
     assert seq.logprobs is not None and n > 1
 
     def datum(client_logprobs: list[float], targets: list[int] = prompt[1:] + sampled) -> types.Datum:
-        return types.Datum(model_input=types.ModelInput.from_ints(prompt + sampled[:-1]), loss_fn_inputs={
-            "target_tokens": np.asarray(targets, np.int64), "logprobs": np.asarray(client_logprobs, np.float32),
-            "advantages": np.asarray([0.0] * shift + [1.0] * n, np.float32)})  # fmt: skip
+        return types.Datum(
+            model_input=types.ModelInput.from_ints(prompt + sampled[:-1]),
+            loss_fn_inputs={
+                "target_tokens": np.asarray(targets, np.int64),
+                "logprobs": np.asarray(client_logprobs, np.float32),
+                "advantages": np.asarray([0.0] * shift + [1.0] * n, np.float32),
+            },
+        )
 
     def named(plain: types.Datum, sequence_id: str = seq.sequence_id) -> types.Datum:
         return plain.with_provenance(
-            model_input=[types.PromptProvenanceSpan(sequence_id=sequence_id, length=len(prompt)),
-                         types.SampledProvenanceSpan(sequence_id=sequence_id, length=n - 1)],
-            loss_fn_inputs=[types.PromptProvenanceSpan(sequence_id=sequence_id, offset=1, length=shift),
-                            types.SampledProvenanceSpan(sequence_id=sequence_id, length=n)])  # fmt: skip
+            model_input=[
+                types.PromptProvenanceSpan(sequence_id=sequence_id, length=len(prompt)),
+                types.SampledProvenanceSpan(sequence_id=sequence_id, length=n - 1),
+            ],
+            loss_fn_inputs=[
+                types.PromptProvenanceSpan(sequence_id=sequence_id, offset=1, length=shift),
+                types.SampledProvenanceSpan(sequence_id=sequence_id, length=n),
+            ],
+        )
 
     honest, wrong = datum([0.0] * shift + seq.logprobs), datum([0.0] * shift + [-5.0] * n)
     # the weights sampled with are the ones trained: every ratio is 1, and the loss is -n, whatever the client
@@ -581,9 +618,12 @@ def test_training_runs_and_checkpoints_through_the_rest_client(
     ]
     assert now.public and now.expires_at is not None
     rest.unpublish_checkpoint_from_tinker_path(kept).result(timeout=30)
-    for bad in (raw.client.put(f"/api/v1/training_runs/{client.model_id}/checkpoints/weights/kept/ttl",
-                               json={"ttl_seconds": -5}),
-                raw.client.get("/api/v1/training_runs", params={"limit": 0})):  # fmt: skip
+    for bad in (
+        raw.client.put(
+            f"/api/v1/training_runs/{client.model_id}/checkpoints/weights/kept/ttl", json={"ttl_seconds": -5}
+        ),
+        raw.client.get("/api/v1/training_runs", params={"limit": 0}),
+    ):
         assert bad.status_code == 400, bad.text
 
     assert list(files("kept.pt"))
@@ -592,9 +632,11 @@ def test_training_runs_and_checkpoints_through_the_rest_client(
         c.tinker_path for c in rest.list_checkpoints(client.model_id).result(timeout=30).checkpoints
     }
     assert not list(files("kept.*"))
-    for missing in (lambda: rest.delete_checkpoint_from_tinker_path(kept),
-                    lambda: rest.get_training_run("session-none:train:0"),
-                    lambda: rest.get_weights_info_by_tinker_path(kept)):  # fmt: skip
+    for missing in (
+        lambda: rest.delete_checkpoint_from_tinker_path(kept),
+        lambda: rest.get_training_run("session-none:train:0"),
+        lambda: rest.get_weights_info_by_tinker_path(kept),
+    ):
         with pytest.raises(tinker.NotFoundError):
             missing().result(timeout=30)
     output, _ = step(client, lm_datum(IDS), types.AdamParams(learning_rate=1e-3), "cross_entropy")

@@ -32,16 +32,24 @@ SMALL_STEP = types.AdamParams(learning_rate=1e-3)
 
 def datum(text: str) -> types.Datum:
     tokens = TOK.encode(text, add_bos=True)
-    return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
-                       loss_fn_inputs={"target_tokens": np.asarray(tokens[1:], np.int64)})  # fmt: skip
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={"target_tokens": np.asarray(tokens[1:], np.int64)},
+    )
 
 
 @pytest.fixture(scope="module")
 def trainer(valkey: EmbeddedValkey, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TinkerTrainer]:
     folders = tmp_path_factory.mktemp("hf-models")
     served = {f"local/{family}": str(model_folder(folders / family, family)) for family in FAMILIES}
-    with serving(tmp_path_factory.mktemp("tk-bases"), valkey.url, "tk-bases", base_models=served,
-                 max_adapters_per_base=2, long_poll_s=0.5) as started:  # fmt: skip
+    with serving(
+        tmp_path_factory.mktemp("tk-bases"),
+        valkey.url,
+        "tk-bases",
+        base_models=served,
+        max_adapters_per_base=2,
+        long_poll_s=0.5,
+    ) as started:
         yield started
 
 
@@ -78,8 +86,10 @@ def test_one_adapters_step_leaves_the_other_models_of_its_base_and_past_the_limi
     trainer: TinkerTrainer,
 ) -> None:
     with sdk_session(trainer) as service:
-        trained, other = (service.create_lora_training_client(base_model="local/qwen2", rank=4).result(timeout=60)
-                          for _ in range(2))  # fmt: skip
+        trained, other = (
+            service.create_lora_training_client(base_model="local/qwen2", rank=4).result(timeout=60)
+            for _ in range(2)
+        )
         other.forward_backward([datum("xyzxyz")], "cross_entropy").result(timeout=60)
         other.optim_step(ADAM).result(timeout=60)
         probe = datum("hello there")
@@ -123,15 +133,28 @@ def test_a_folder_that_cannot_be_served_fails_the_start_with_one_line_naming_it(
     marker = tmp_path / "custom-code-ran"
     custom = custom_code_folder(tmp_path / "custom", marker)
     (answers := tmp_path / "yes").write_text("y\n" * 10)
-    for folder, reason in ((tmp_path / "missing", "no such folder"), (bad, "cannot load as a causal LM"),
-                           (custom, "needs code of its own")):  # fmt: skip
+    for folder, reason in (
+        (tmp_path / "missing", "no such folder"),
+        (bad, "cannot load as a causal LM"),
+        (custom, "needs code of its own"),
+    ):
         (logs := tmp_path / f"logs-{folder.name}").mkdir()
         processes = Processes(logs)
         server = TinkerTrainer(processes, tmp_path, valkey.url, "tk-bad", base_models={"mine": str(folder)})
         with answers.open("rb") as stdin:
-            process = processes.start("trainer", "--config", str(server.config), "--redis-url", valkey.url,
-                                      "--port", str(server.grpc_port), "--run-dir", str(tmp_path / "run"), name="t",
-                                      stdin=stdin)  # fmt: skip
+            process = processes.start(
+                "trainer",
+                "--config",
+                str(server.config),
+                "--redis-url",
+                valkey.url,
+                "--port",
+                str(server.grpc_port),
+                "--run-dir",
+                str(tmp_path / "run"),
+                name="t",
+                stdin=stdin,
+            )
         try:
             assert process.wait(timeout=60) == EXIT_FATAL, processes.log("t")
         finally:

@@ -63,8 +63,12 @@ def warnings_logged(log_path: Path) -> list[str]:
     """What the cookbook and the SDK under it logged at WARNING or above (every logger's records reach its
     ``logs.log``), but ``NOT_OURS``."""
     lines = (log_path / "logs.log").read_text().splitlines()
-    return [line for line in lines if any(f"[{level}]" in line for level in ("WARNING", "ERROR", "CRITICAL"))
-            and not any(text in line for text in NOT_OURS)]  # fmt: skip
+    return [
+        line
+        for line in lines
+        if any(f"[{level}]" in line for level in ("WARNING", "ERROR", "CRITICAL"))
+        and not any(text in line for text in NOT_OURS)
+    ]
 
 
 @pytest.fixture
@@ -80,8 +84,10 @@ def cookbook(
     with data.open("w") as file:
         for a in range(6):
             for b in range(4):
-                conversation = [{"role": "user", "content": f"{a}+{b}?"},
-                                {"role": "assistant", "content": str(a + b)}]  # fmt: skip
+                conversation = [
+                    {"role": "user", "content": f"{a}+{b}?"},
+                    {"role": "assistant", "content": str(a + b)},
+                ]
                 file.write(json.dumps({"messages": conversation}) + "\n")
     return data
 
@@ -94,10 +100,22 @@ def supervised(trainer: TinkerTrainer, data: Path, log_path: Path, epochs: int) 
             model_name_for_tokenizer=LM, renderer_name=RENDERER, max_length=64, batch_size=4
         ),
     )
-    return train.Config(log_path=str(log_path), model_name=LM, recipe_name="tinker_atropos_test",
-                        renderer_name=RENDERER, dataset_builder=builder, learning_rate=3e-3, lora_rank=8,
-                        base_url=trainer.url, save_every=2, eval_every=2, rolling_save_every=1,
-                        ttl_seconds=3600, rolling_ttl_seconds=600, num_epochs=epochs)  # fmt: skip
+    return train.Config(
+        log_path=str(log_path),
+        model_name=LM,
+        recipe_name="tinker_atropos_test",
+        renderer_name=RENDERER,
+        dataset_builder=builder,
+        learning_rate=3e-3,
+        lora_rank=8,
+        base_url=trainer.url,
+        save_every=2,
+        eval_every=2,
+        rolling_save_every=1,
+        ttl_seconds=3600,
+        rolling_ttl_seconds=600,
+        num_epochs=epochs,
+    )
 
 
 def test_the_cookbooks_supervised_loop_trains_checkpoints_and_resumes(
@@ -135,8 +153,11 @@ def test_the_cookbooks_supervised_loop_trains_checkpoints_and_resumes(
     # the rolling checkpoints the loop deleted are gone, files too; the periodic ones carry their TTL, the final
     # one none
     expiring = {c.checkpoint_id: c.expires_at is not None for c in listed}
-    assert expiring == {f"{kind}/{name}": name != "final" for kind in ("weights", "sampler_weights")
-                        for name in ("000006", "000008", "final")}, expiring  # fmt: skip
+    assert expiring == {
+        f"{kind}/{name}": name != "final"
+        for kind in ("weights", "sampler_weights")
+        for name in ("000006", "000008", "final")
+    }, expiring
     assert not list(trainer.directory.rglob("000009.*"))
     assert "Traceback" not in trainer.log(), trainer.log()[-3000:]
 
@@ -150,15 +171,32 @@ def test_the_cookbooks_rl_loop_samples_with_its_stop_string_and_trains(
     saved. importance_sampling synchronously; ppo asynchronously, sampling up to a step ahead; and the async loop
     as the cookbook configures it by default, whose loss is stable_reinforce (samples recorded, provenance on
     every datum)."""
-    dataset = ArithmeticDatasetBuilder(batch_size=2, model_name_for_tokenizer=LM, renderer_name=RENDERER,
-                                       n_batches=3, group_size=4, include_fewshot=False)  # fmt: skip
+    dataset = ArithmeticDatasetBuilder(
+        batch_size=2,
+        model_name_for_tokenizer=LM,
+        renderer_name=RENDERER,
+        n_batches=3,
+        group_size=4,
+        include_fewshot=False,
+    )
     chosen = {} if loss_fn == "stable_reinforce" else {"loss_fn": loss_fn}  # the cookbook's default, unset
     async_config = rl_train.AsyncConfig(max_steps_off_policy=1, groups_per_batch=2, **chosen)
     assert async_config.loss_fn == loss_fn or loss_fn == "importance_sampling"
-    config = rl_train.Config(learning_rate=1e-3, dataset_builder=dataset, model_name=LM, recipe_name="tinker_atropos_test",
-                             max_tokens=12, log_path=str(tmp_path / "rl"), renderer_name=RENDERER, lora_rank=8,
-                             base_url=trainer.url, eval_every=0, save_every=2, **chosen,
-                             async_config=None if loss_fn == "importance_sampling" else async_config)  # fmt: skip
+    config = rl_train.Config(
+        learning_rate=1e-3,
+        dataset_builder=dataset,
+        model_name=LM,
+        recipe_name="tinker_atropos_test",
+        max_tokens=12,
+        log_path=str(tmp_path / "rl"),
+        renderer_name=RENDERER,
+        lora_rank=8,
+        base_url=trainer.url,
+        eval_every=0,
+        save_every=2,
+        **chosen,
+        async_config=None if loss_fn == "importance_sampling" else async_config,
+    )
     sequences_recorded = partial(
         redis.Redis.from_url(trainer.redis_url).keys, "ta:tk-cookbook:tinker:sequence:*"
     )

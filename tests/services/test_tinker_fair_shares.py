@@ -44,8 +44,11 @@ def test_a_flooding_client_neither_holds_another_clients_sample_nor_outlives_its
 ) -> None:
     run = "tk-fair"
     with serving(tmp_path, valkey.url, run, session_timeout_s=15, max_queued_requests=MAX_QUEUED) as trainer:
-        flooder = subprocess.Popen([sys.executable, "-c", FLOODER, trainer.url, KEY, LM, str(FLOOD)],
-                                   stdout=subprocess.PIPE, text=True)  # fmt: skip
+        flooder = subprocess.Popen(
+            [sys.executable, "-c", FLOODER, trainer.url, KEY, LM, str(FLOOD)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         try:
             assert flooder.stdout is not None
             sampler_id = flooder.stdout.readline().strip()
@@ -95,13 +98,20 @@ def test_a_flooding_client_neither_holds_another_clients_sample_nor_outlives_its
         cancelled = re.search(r"(\d+) queued samples cancelled, its running ones too", trainer.log())
         assert cancelled is not None and int(cancelled[1]) > 0, trainer.log()[-2000:]
         newcomer.close("success").result(timeout=30)
-        print(f"newcomer's 8-token samples during the flood: {', '.join(f'{w:.2f}' for w in waits)} s; "
-              f"a fresh sample after the SIGKILL {fresh_s:.2f} s; the flood cancelled {cancelled_s:.1f} s after it")  # fmt: skip
+        print(
+            f"newcomer's 8-token samples during the flood: {', '.join(f'{w:.2f}' for w in waits)} s; "
+            f"a fresh sample after the SIGKILL {fresh_s:.2f} s; the flood cancelled {cancelled_s:.1f} s after it"
+        )
 
 
 def _threads(pid: int) -> int:
-    return int(next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines()
-                    if line.startswith("Threads:")).split()[1])  # fmt: skip
+    return int(
+        next(
+            line
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+            if line.startswith("Threads:")
+        ).split()[1]
+    )
 
 
 def test_the_sampling_process_keeps_engines_only_for_the_samplers_it_keeps(
@@ -112,8 +122,9 @@ def test_the_sampling_process_keeps_engines_only_for_the_samplers_it_keeps(
     with serving(tmp_path, valkey.url, "tk-engines", max_samplers=2) as trainer:
         service = tinker.ServiceClient(base_url=trainer.url, api_key=KEY)
         training = service.create_lora_training_client(base_model=LM, rank=0).result(timeout=60)
-        datum = types.Datum(model_input=types.ModelInput.from_ints([1, 2, 3]),
-                            loss_fn_inputs={"target_tokens": [2, 3, 4]})  # fmt: skip
+        datum = types.Datum(
+            model_input=types.ModelInput.from_ints([1, 2, 3]), loss_fn_inputs={"target_tokens": [2, 3, 4]}
+        )
         threads = []
         for _ in range(6):
             training.forward_backward([datum], "cross_entropy").result(timeout=60)
@@ -141,8 +152,12 @@ def test_a_models_queue_of_training_requests_is_bounded_and_a_429_is_asked_again
         model_id = service.create_lora_training_client(base_model=LM, rank=0).result(timeout=60).model_id
         raw, adam = Raw(trainer.url), types.AdamParams(learning_rate=1e-3)
         try:
-            ahead = raw.client.post("/api/v1/optim_step", json=types.OptimStepRequest(
-                optim_params=adam, model_id=model_id, seq_id=3).model_dump(mode="json", exclude_none=True))  # fmt: skip
+            ahead = raw.client.post(
+                "/api/v1/optim_step",
+                json=types.OptimStepRequest(optim_params=adam, model_id=model_id, seq_id=3).model_dump(
+                    mode="json", exclude_none=True
+                ),
+            )
             assert ahead.status_code == 429, ahead.text
             assert "trainer.tinker.max_queued_requests" in ahead.json()["detail"]
             for seq in (1, 2, 3):  # in turn: number 3 asked again once 1 is applied, and applied, not refused

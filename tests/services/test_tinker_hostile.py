@@ -67,8 +67,14 @@ def trainer(
 ) -> Iterator[TinkerTrainer]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("PYTHONPATH", str(planted))
-        with serving(tmp_path_factory.mktemp("tk-hostile"), valkey.url, "tk-hostile", long_poll_s=0.5,
-                     max_request_mb=2, max_request_tokens=MAX_REQUEST_TOKENS) as server:  # fmt: skip
+        with serving(
+            tmp_path_factory.mktemp("tk-hostile"),
+            valkey.url,
+            "tk-hostile",
+            long_poll_s=0.5,
+            max_request_mb=2,
+            max_request_tokens=MAX_REQUEST_TOKENS,
+        ) as server:
             yield server
 
 
@@ -98,8 +104,9 @@ def _over_the_size_limit(client: tinker.TrainingClient) -> None:  # one datum of
 
 
 def _sparse_of_a_huge_shape(client: tinker.TrainingClient) -> None:  # 127 bytes that densify to 2 GB
-    huge = types.TensorData(data=[], dtype="int64", shape=[2, 125_000_000], sparse_crow_indices=[0, 0, 0],
-                            sparse_col_indices=[])  # fmt: skip
+    huge = types.TensorData(
+        data=[], dtype="int64", shape=[2, 125_000_000], sparse_crow_indices=[0, 0, 0], sparse_col_indices=[]
+    )
     datum = types.Datum(
         model_input=types.ModelInput.from_ints([1, 2]), loss_fn_inputs={"target_tokens": huge}
     )
@@ -134,11 +141,14 @@ def _token_outside_the_vocabulary(client: tinker.TrainingClient) -> None:  # ref
         pytest.param(_an_export_of_the_tiny_lm, None, "neither transformers nor PEFT", id="export"),
         pytest.param(_token_outside_the_vocabulary, None, "target_tokens", id="shape"),
     ],
-)  # fmt: skip
+)
 def test_a_refused_request_leaves_its_number_answered_and_the_model_goes_on(
-    service: tinker.ServiceClient, trainer: TinkerTrainer,
-    send: Callable[[tinker.TrainingClient], None], status: int | None, message: str,
-) -> None:  # fmt: skip
+    service: tinker.ServiceClient,
+    trainer: TinkerTrainer,
+    send: Callable[[tinker.TrainingClient], None],
+    status: int | None,
+    message: str,
+) -> None:
     """Refused at the route (a status) or by the worker (a failed future of the user's category): either way the
     SDK raises, and the model's next request completes instead of waiting for the refused number for ever."""
     client = service.create_lora_training_client(base_model=LM, rank=0).result(timeout=60)
@@ -242,8 +252,11 @@ def test_an_overflowing_shape_is_a_400_not_a_500(
     datum.model_input.add().encoded_text.tokens = np.asarray(IDS[:-1], np.int32).tobytes()
     datum.loss_fn_inputs[name].CopyFrom(tensor)
     with httpx.Client(base_url=trainer.url, headers={"X-API-Key": KEY}, timeout=30) as http:
-        answer = http.post("/api/v1/forward_backward", content=request.SerializeToString(),
-                           headers={"Content-Type": "application/x-protobuf"})  # fmt: skip
+        answer = http.post(
+            "/api/v1/forward_backward",
+            content=request.SerializeToString(),
+            headers={"Content-Type": "application/x-protobuf"},
+        )
     assert answer.status_code == 400 and name in answer.json()["detail"], answer.text
     assert learns(client) < before  # the SDK's own number 4 then went through
     assert trainer.process.poll() is None
@@ -345,20 +358,40 @@ def _vm_kb(pid: int, field: str) -> int:
 @pytest.mark.parametrize(
     ("route", "body", "status"),
     [
-        pytest.param("create_session", b'{"tags":[' + b",".join([b"1"] * (SIZE // 2)) + b'],"sdk_version":"0"}',
-                     400, id="sessions-tags-of-integers"),
-        pytest.param("create_model", _json(b'{"session_id":"s","model_seq_id":0,"base_model":"x","user_metadata":'
-                                           b'{"a":[FILL]}}'), 400, id="sessions-metadata"),
-        pytest.param("optim_step", _json(b'{"model_id":"session-x:train:0","seq_id":1,"optim_params":[FILL]}'),
-                     400, id="training-json"),
+        pytest.param(
+            "create_session",
+            b'{"tags":[' + b",".join([b"1"] * (SIZE // 2)) + b'],"sdk_version":"0"}',
+            400,
+            id="sessions-tags-of-integers",
+        ),
+        pytest.param(
+            "create_model",
+            _json(b'{"session_id":"s","model_seq_id":0,"base_model":"x","user_metadata":{"a":[FILL]}}'),
+            400,
+            id="sessions-metadata",
+        ),
+        pytest.param(
+            "optim_step",
+            _json(b'{"model_id":"session-x:train:0","seq_id":1,"optim_params":[FILL]}'),
+            400,
+            id="training-json",
+        ),
         pytest.param("forward_backward", _protobuf_of_empty_datums(), 400, id="training-protobuf"),
-        pytest.param("asample", _json(b'{"num_samples":1,"prompt":{"chunks":[FILL]},"sampling_params":{}}'),
-                     400, id="sampling"),
+        pytest.param(
+            "asample",
+            _json(b'{"num_samples":1,"prompt":{"chunks":[FILL]},"sampling_params":{}}'),
+            400,
+            id="sampling",
+        ),
         pytest.param("weights_info", _json(b'{"tinker_path":[FILL]}'), 400, id="runs"),
-        pytest.param("copy_weights", _json(b'{"source_tinker_path":"tinker://x/weights/y","x":[FILL]}'),
-                     404, id="service-unserved"),
+        pytest.param(
+            "copy_weights",
+            _json(b'{"source_tinker_path":"tinker://x/weights/y","x":[FILL]}'),
+            404,
+            id="service-unserved",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_body_up_to_max_request_mb_costs_little_memory_and_never_holds_healthz(
     trainer: TinkerTrainer, route: str, body: bytes, status: int
 ) -> None:
@@ -392,8 +425,10 @@ def test_a_body_up_to_max_request_mb_costs_little_memory_and_never_holds_healthz
         done.set()
         poller.join()
     peak_mb = (_vm_kb(pid, "VmHWM") - before) / 1024
-    print(f"{route}: {len(body) / 2**20:.1f} MiB answered {answer.status_code} in {took:.2f} s; peak +{peak_mb:.0f} "
-          f"MB, after +{(_vm_kb(pid, 'VmRSS') - before) / 1024:.0f} MB; slowest healthz {slowest[0]:.2f} s")  # fmt: skip
+    print(
+        f"{route}: {len(body) / 2**20:.1f} MiB answered {answer.status_code} in {took:.2f} s; peak +{peak_mb:.0f} "
+        f"MB, after +{(_vm_kb(pid, 'VmRSS') - before) / 1024:.0f} MB; slowest healthz {slowest[0]:.2f} s"
+    )
     assert answer.status_code == status, answer.text[:300]
     assert slowest[0] < 1.0 and took < 2.0
     assert peak_mb <= 10 * len(body) / 2**20
@@ -449,8 +484,10 @@ def test_one_clients_long_sampling_does_not_hold_another_models_training(
     thread.join()
     alone += [round_trip() for _ in range(10)]
     ratio = statistics.median(during) / statistics.median(alone)
-    print(f"forward_backward + optim_step: median {statistics.median(alone):.3f} s alone, "
-          f"{statistics.median(during):.3f} s while another client samples ({ratio:.2f}x, {len(during)} rounds); "
-          f"{len(sampled)} samples of 7 x 450 tokens in 30 s")  # fmt: skip
+    print(
+        f"forward_backward + optim_step: median {statistics.median(alone):.3f} s alone, "
+        f"{statistics.median(during):.3f} s while another client samples ({ratio:.2f}x, {len(during)} rounds); "
+        f"{len(sampled)} samples of 7 x 450 tokens in 30 s"
+    )
     assert not errors and sampled and all(len(s.sequences[0].tokens) == 450 for s in sampled), errors
     assert len(during) >= 5 and ratio <= 2, (alone, during)

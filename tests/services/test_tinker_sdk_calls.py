@@ -93,9 +93,14 @@ def test_top_k_log_probs_are_the_served_models_own_at_every_position(service: ti
     sampler = client.save_weights_and_get_sampling_client().result(timeout=60)
     base = service.create_sampling_client(base_model=LM).result(timeout=60)
     prompt = IDS[:12]
-    response = sampler.sample(types.ModelInput.from_ints(prompt), 2, types.SamplingParams(max_tokens=6, seed=4),
-                              include_prompt_logprobs=True, topk_prompt_logprobs=5,
-                              topk_sample_logprobs=3).result(timeout=60)  # fmt: skip
+    response = sampler.sample(
+        types.ModelInput.from_ints(prompt),
+        2,
+        types.SamplingParams(max_tokens=6, seed=4),
+        include_prompt_logprobs=True,
+        topk_prompt_logprobs=5,
+        topk_sample_logprobs=3,
+    ).result(timeout=60)
     sequences = [list(s.tokens) for s in response.sequences]
     own = distributions(client, [prompt[:-1]] + [prompt + s[:-1] for s in sequences])
 
@@ -127,8 +132,13 @@ def test_top_k_log_probs_are_the_served_models_own_at_every_position(service: ti
             assert token not in found or abs(found[token] - logprob) < ROUNDING
 
     # the adapter is applied: the base's top-k differ
-    plain = base.sample(types.ModelInput.from_ints(prompt), 1, types.SamplingParams(max_tokens=1),
-                        topk_prompt_logprobs=5).result(timeout=60).topk_prompt_logprobs_np  # fmt: skip
+    plain = (
+        base.sample(
+            types.ModelInput.from_ints(prompt), 1, types.SamplingParams(max_tokens=1), topk_prompt_logprobs=5
+        )
+        .result(timeout=60)
+        .topk_prompt_logprobs_np
+    )
     assert plain is not None and np.abs(plain.logprobs[1:] - topk.logprobs[1:]).max() > 0.01
 
 
@@ -154,14 +164,25 @@ def test_the_last_n_prompt_positions_are_scored_alone(service: tinker.ServiceCli
         ({"topk_prompt_logprobs": -1}, "topk_prompt_logprobs must lie in [0, 20], got -1"),
         ({"topk_prompt_logprobs": 21}, "topk_prompt_logprobs must lie in [0, 20], got 21"),
         ({"topk_sample_logprobs": -2}, "topk_sample_logprobs must lie in [0, 20], got -2"),
-        ({"include_prompt_logprobs": True, "prompt_logprobs_last_n": 5}, "prompt_logprobs_last_n must lie in [1, 4]"),
+        (
+            {"include_prompt_logprobs": True, "prompt_logprobs_last_n": 5},
+            "prompt_logprobs_last_n must lie in [1, 4]",
+        ),
         ({"prompt_alt_tokens_k": 2}, "prompt_alt_tokens_k is not served"),
-        ({"target_prompt_logprobs": types.TensorData.from_numpy(np.full((4, 1), 65, np.int64))},
-         "target_prompt_logprobs is not served"),
+        (
+            {"target_prompt_logprobs": types.TensorData.from_numpy(np.full((4, 1), 65, np.int64))},
+            "target_prompt_logprobs is not served",
+        ),
     ],
-    ids=["negative-k", "k-past-the-cap", "negative-sample-k", "last-n-past-the-prompt", "alt-tokens",
-         "target-logprobs"],
-)  # fmt: skip
+    ids=[
+        "negative-k",
+        "k-past-the-cap",
+        "negative-sample-k",
+        "last-n-past-the-prompt",
+        "alt-tokens",
+        "target-logprobs",
+    ],
+)
 def test_log_prob_options_out_of_range_are_refused_naming_the_field(
     service: tinker.ServiceClient, options: dict, named: str
 ) -> None:

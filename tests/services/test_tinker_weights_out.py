@@ -44,8 +44,9 @@ def test_smollm2_lora_leaves_as_a_peft_adapter_and_merged_with_the_servers_logpr
 ) -> None:
     tokenizer = smollm2.tokenizer()
     text = tokenizer.encode("Weights leave tinker-atropos in the formats everyone loads.")
-    datum = types.Datum(model_input=types.ModelInput.from_ints(text[:-1]),
-                        loss_fn_inputs={"target_tokens": text[1:]})  # fmt: skip
+    datum = types.Datum(
+        model_input=types.ModelInput.from_ints(text[:-1]), loss_fn_inputs={"target_tokens": text[1:]}
+    )
     with sdk_session(trainer) as service:
         client = service.create_lora_training_client(base_model=smollm2.NAME, rank=4, seed=0).result(
             timeout=300
@@ -80,8 +81,16 @@ def test_smollm2_lora_leaves_as_a_peft_adapter_and_merged_with_the_servers_logpr
     )
     assert not adapter.exists()  # deleted as any checkpoint is, its folder too
 
-    made = cli("export", str(trainer.run_dir), "--format", "merged", "--checkpoint", checkpoint,
-               "--out", str(tmp_path / "merged"))  # fmt: skip
+    made = cli(
+        "export",
+        str(trainer.run_dir),
+        "--format",
+        "merged",
+        "--checkpoint",
+        checkpoint,
+        "--out",
+        str(tmp_path / "merged"),
+    )
     assert made.returncode == 0, made.stderr
     assert "Hugging Face model folder of HuggingFaceTB/SmolLM2-135M-Instruct" in made.stdout
     assert (tmp_path / "merged" / "tokenizer.json").exists()

@@ -32,8 +32,13 @@ T = 8
 
 
 def _config(**tinker: object) -> Config:
-    return parse_config({"run": {"name": "worker"}, "env": {"id": "Pendulum-v1"},
-                         "trainer": {"experience_loop": False, "tinker": {"enabled": True, **tinker}}})  # fmt: skip
+    return parse_config(
+        {
+            "run": {"name": "worker"},
+            "env": {"id": "Pendulum-v1"},
+            "trainer": {"experience_loop": False, "tinker": {"enabled": True, **tinker}},
+        }
+    )
 
 
 def _store(client: redis.Redis, run: str, folder: Path, **tinker: object) -> Store:
@@ -47,11 +52,15 @@ def _forward_backward(seq: int, advantage: float | None = None) -> bytes:
     rng = np.random.default_rng(0)
     datum = types.Datum(
         model_input=types.ModelInput.from_ints([0] * T),
-        loss_fn_inputs={"observations": rng.normal(size=(T, 3)).astype(np.float32),
-                        "actions": rng.normal(size=(T, 1)).astype(np.float32), "logprobs": np.full(T, -1.0, np.float32),
-                        "advantages": rng.normal(size=T).astype(np.float32) if advantage is None
-                        else np.full(T, advantage, np.float32)},
-    )  # fmt: skip
+        loss_fn_inputs={
+            "observations": rng.normal(size=(T, 3)).astype(np.float32),
+            "actions": rng.normal(size=(T, 1)).astype(np.float32),
+            "logprobs": np.full(T, -1.0, np.float32),
+            "advantages": rng.normal(size=T).astype(np.float32)
+            if advantage is None
+            else np.full(T, advantage, np.float32),
+        },
+    )
     request = types.ForwardBackwardRequest(
         types.ForwardBackwardInput(data=[datum], loss_fn="ppo"), MODEL, seq
     )
@@ -193,8 +202,12 @@ def test_a_sample_past_its_time_budget_fails_naming_it_and_one_cut_by_a_shutdown
     store = _store(redis_client, "budget", tmp_path)
     sampler = f"{store.sessions.create({})}:sample:0"
     store.samplers.add(sampler, "tiny-byte-lm", None)
-    body = {"sampling_session_id": sampler, "prompt": {"chunks": [{"tokens": [256, 104, 105]}]}, "num_samples": 2,
-            "sampling_params": {"max_tokens": 50}}  # fmt: skip
+    body = {
+        "sampling_session_id": sampler,
+        "prompt": {"chunks": [{"tokens": [256, 104, 105]}]},
+        "num_samples": 2,
+        "sampling_params": {"max_tokens": 50},
+    }
     request_id = store.requests.submit(
         "sample", json.dumps(body).encode(), lane=sampler_lane("tiny-byte-lm", None)
     )
@@ -249,8 +262,12 @@ def test_the_unnamed_weights_of_a_sampling_client_go_once_no_sample_used_them(
     expiry, member = "ta:ephemeral:tinker:checkpoint_expiry", f"{model} sampler_weights/ephemeral-1"
 
     def sample() -> str:
-        body = {"sampling_session_id": answer["sampling_session_id"], "num_samples": 1,
-                "prompt": {"chunks": [{"tokens": [256, 104, 105]}]}, "sampling_params": {"max_tokens": 2}}  # fmt: skip
+        body = {
+            "sampling_session_id": answer["sampling_session_id"],
+            "num_samples": 1,
+            "prompt": {"chunks": [{"tokens": [256, 104, 105]}]},
+            "sampling_params": {"max_tokens": 2},
+        }
         request_id = store.requests.submit(
             "sample", json.dumps(body).encode(), lane=sampler_lane("tiny-byte-lm", path)
         )
@@ -293,8 +310,13 @@ def test_a_stable_reinforce_accumulation_is_replayed_after_a_restart_from_the_sa
     store.samplers.add(sampler, "tiny-byte-lm", None)
     store.requests.submit("create_model", b"", model, seq=0)
     prompt = [256, 104, 105]
-    body = {"sampling_session_id": sampler, "prompt": {"chunks": [{"tokens": prompt}]}, "num_samples": 1,
-            "sampling_params": {"max_tokens": 6, "seed": 1}, "record_stability_info": True}  # fmt: skip
+    body = {
+        "sampling_session_id": sampler,
+        "prompt": {"chunks": [{"tokens": prompt}]},
+        "num_samples": 1,
+        "sampling_params": {"max_tokens": 6, "seed": 1},
+        "record_stability_info": True,
+    }
     sample = store.requests.submit(
         "sample", json.dumps(body).encode(), lane=sampler_lane("tiny-byte-lm", None)
     )
@@ -308,14 +330,20 @@ def test_a_stable_reinforce_accumulation_is_replayed_after_a_restart_from_the_sa
     sequence = f"{sample}:0"
     datum = types.Datum(
         model_input=types.ModelInput.from_ints(prompt + tokens[:-1]),
-        loss_fn_inputs={"target_tokens": np.asarray(prompt[1:] + tokens, np.int64),
-                        "advantages": np.ones(len(prompt) - 1 + len(tokens), np.float32)},
+        loss_fn_inputs={
+            "target_tokens": np.asarray(prompt[1:] + tokens, np.int64),
+            "advantages": np.ones(len(prompt) - 1 + len(tokens), np.float32),
+        },
     ).with_provenance(
-        model_input=[types.PromptProvenanceSpan(sequence_id=sequence, length=len(prompt)),
-                     types.SampledProvenanceSpan(sequence_id=sequence, length=len(tokens) - 1)],
-        loss_fn_inputs=[types.PromptProvenanceSpan(sequence_id=sequence, offset=1, length=len(prompt) - 1),
-                        types.SampledProvenanceSpan(sequence_id=sequence, length=len(tokens))],
-    )  # fmt: skip
+        model_input=[
+            types.PromptProvenanceSpan(sequence_id=sequence, length=len(prompt)),
+            types.SampledProvenanceSpan(sequence_id=sequence, length=len(tokens) - 1),
+        ],
+        loss_fn_inputs=[
+            types.PromptProvenanceSpan(sequence_id=sequence, offset=1, length=len(prompt) - 1),
+            types.SampledProvenanceSpan(sequence_id=sequence, length=len(tokens)),
+        ],
+    )
     request = types.ForwardBackwardRequest(
         types.ForwardBackwardInput(data=[datum], loss_fn="stable_reinforce"), model, 1
     )

@@ -83,8 +83,13 @@ def test_version_goes_above_weights_of_another_model(tmp_path: Path, redis_clien
 def test_sac_resumes_its_replay_buffer_from_the_journal_beside_small_checkpoints(
     tmp_path: Path, redis_client
 ) -> None:
-    config = parse_config({"run": {"name": "sac-resume"}, "env": {"id": "Pendulum-v1"},
-                           "trainer": {"algorithm": "sac", "sac": {"learning_starts": 16, "batch_size": 8}}})  # fmt: skip
+    config = parse_config(
+        {
+            "run": {"name": "sac-resume"},
+            "env": {"id": "Pendulum-v1"},
+            "trainer": {"algorithm": "sac", "sac": {"learning_starts": 16, "batch_size": 8}},
+        }
+    )
     first, checkpointer = started_loop(config, redis_client, tmp_path)
     for i in range(3):
         first.learner.learn([trajectory_chunk(i, 8, act_dim=1, version=first.version)])

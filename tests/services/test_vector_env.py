@@ -28,14 +28,28 @@ from tinker_atropos.state.registry import live_services
 pytestmark = pytest.mark.integration
 
 
-def serve_envs(tmp_path: Path, processes: Processes, url: str, redis_client, run: str, env_id: str,
-               services: int, instances: int) -> list[str]:  # fmt: skip
+def serve_envs(
+    tmp_path: Path,
+    processes: Processes,
+    url: str,
+    redis_client,
+    run: str,
+    env_id: str,
+    services: int,
+    instances: int,
+) -> list[str]:
     """``services`` env service processes of ``instances`` each, registered under ``run``; their addresses."""
     config = config_file(tmp_path, run={"name": run}, env={"id": env_id, "instances": instances})
     for i in range(services):
         processes.start("env", "--config", str(config), "--redis-url", url, "--port", "0", name=f"env-{i}")
-    found = wait_for(lambda: len(live_services(redis_client, run, "env")) == services
-                     and live_services(redis_client, run, "env"), 60, f"{services} env services")  # fmt: skip
+    found = wait_for(
+        lambda: (
+            len(live_services(redis_client, run, "env")) == services
+            and live_services(redis_client, run, "env")
+        ),
+        60,
+        f"{services} env services",
+    )
     return sorted(service.address for service in found)
 
 
@@ -80,8 +94,11 @@ def test_two_env_services_step_as_gymnasiums_own_vector_env(
     statistics must match Gymnasium's, instance for instance, across the two services."""
     serve_envs(tmp_path, processes, valkey.url, redis_client, "vec", "Pendulum-v1", services=2, instances=2)
     ours = RemoteVectorEnv(run="vec", redis_url=valkey.url, transport=transport)
-    theirs = gym.wrappers.vector.RecordEpisodeStatistics(gym.vector.SyncVectorEnv(
-        [lambda: gym.make("Pendulum-v1")] * 4, autoreset_mode=AutoresetMode.SAME_STEP))  # fmt: skip
+    theirs = gym.wrappers.vector.RecordEpisodeStatistics(
+        gym.vector.SyncVectorEnv(
+            [lambda: gym.make("Pendulum-v1")] * 4, autoreset_mode=AutoresetMode.SAME_STEP
+        )
+    )
     try:
         assert ours.num_envs == 4 and ours.metadata["autoreset_mode"] == AutoresetMode.SAME_STEP
         assert ours.single_observation_space == theirs.single_observation_space
@@ -219,8 +236,21 @@ def test_sb3_ppo_learns_pendulum_through_the_env_services(
             dones.all() and rewards.dtype == np.float32 and all(info["TimeLimit.truncated"] for info in infos)
         )
         assert infos[0]["terminal_observation"].shape == (3,) and infos[0]["episode"]["l"] == 200
-        model = PPO("MlpPolicy", env, n_steps=1024, gae_lambda=0.95, gamma=0.9, n_epochs=10, ent_coef=0.0,
-                    learning_rate=1e-3, clip_range=0.2, use_sde=True, sde_sample_freq=4, seed=3, device="cpu")  # fmt: skip
+        model = PPO(
+            "MlpPolicy",
+            env,
+            n_steps=1024,
+            gae_lambda=0.95,
+            gamma=0.9,
+            n_epochs=10,
+            ent_coef=0.0,
+            learning_rate=1e-3,
+            clip_range=0.2,
+            use_sde=True,
+            sde_sample_freq=4,
+            seed=3,
+            device="cpu",
+        )
         stop = StopAtTarget()
         model.learn(total_timesteps=150_000, callback=stop)
         returns = [episode["r"] for episode in model.ep_info_buffer]
@@ -238,10 +268,25 @@ def test_the_cleanrl_style_sac_example_runs_its_loop_over_the_env_services(
     this seam is shown by SB3's PPO above and by the SAC trainer's own test; this checks the shipped example.)"""
     serve_envs(tmp_path, processes, valkey.url, redis_client, "cleanrl", "Pendulum-v1", 1, 2)
     result = subprocess.run(
-        [sys.executable, str(REPO / "examples" / "cleanrl_sac_remote.py"), "--run", "cleanrl", "--redis-url",
-         valkey.url, "--total-timesteps", "2000", "--learning-starts", "800", "--hidden", "64"],
-        capture_output=True, text=True, timeout=300, cwd=REPO,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(REPO / "examples" / "cleanrl_sac_remote.py"),
+            "--run",
+            "cleanrl",
+            "--redis-url",
+            valkey.url,
+            "--total-timesteps",
+            "2000",
+            "--learning-starts",
+            "800",
+            "--hidden",
+            "64",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     outcome = json.loads(result.stdout.splitlines()[-1])
     returns = outcome["returns"]

@@ -41,11 +41,29 @@ class AclValkey:
         self.log_path = directory / "valkey.log"
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
-                [str(get_binary_path()), "--port", str(self.port), "--bind", "127.0.0.1", "--aclfile", str(acl),
-                 "--dir", str(directory), "--save", "", "--appendonly", "no", "--protected-mode", "no",
-                 "--loglevel", "warning"],
-                stdout=log, stderr=subprocess.STDOUT, preexec_fn=child_preexec,
-            )  # fmt: skip
+                [
+                    str(get_binary_path()),
+                    "--port",
+                    str(self.port),
+                    "--bind",
+                    "127.0.0.1",
+                    "--aclfile",
+                    str(acl),
+                    "--dir",
+                    str(directory),
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--protected-mode",
+                    "no",
+                    "--loglevel",
+                    "warning",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                preexec_fn=child_preexec,
+            )
         self.admin = self.client("admin")
         self._wait_ready(10.0)
 

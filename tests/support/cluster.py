@@ -67,7 +67,7 @@ class Cluster:
         }
         return {name: str(self.secrets / file) for name, file in files.items()} | {
             "TA_TLS_SERVER_NAME": SERVICE_NAME
-        }  # fmt: skip
+        }
 
     def start_service(self, node: Node, kind: str, config_path: Path, *extra: str) -> None:
         name = f"{kind}@{node.name}"

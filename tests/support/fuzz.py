@@ -22,8 +22,13 @@ if not os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY"):
 
 def fuzz(examples: int) -> settings:
     """Bounded and reproducible: the same inputs every run, and no .hypothesis folder in the repository."""
-    return settings(max_examples=examples, deadline=None, database=None, derandomize=True,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])  # fmt: skip
+    return settings(
+        max_examples=examples,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
 
 
 # -- mutations of valid encodings: pure random bytes rarely get past the first check ---------------------------
@@ -49,8 +54,9 @@ def mutated(draw: st.DrawFn, valid: bytes) -> bytes:
         elif op == "repeat":
             data[at:at] = data[at : at + draw(st.integers(1, 16))]
         elif op == "varint":  # a length, count or shape entry of up to 2**64 - 1
-            data[at : at + draw(st.integers(0, 2))] = draw(st.sampled_from([b"\xff" * 9 + b"\x01", b"\x80" * 10,
-                                                                           b"\xff\xff\xff\xff\x0f"]))  # fmt: skip
+            data[at : at + draw(st.integers(0, 2))] = draw(
+                st.sampled_from([b"\xff" * 9 + b"\x01", b"\x80" * 10, b"\xff\xff\xff\xff\x0f"])
+            )
         else:
             del data[at:]
     return bytes(data)

@@ -19,11 +19,21 @@ def model_folder(directory: Path, family: str, seed: int = 0) -> Path:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     tokenizer = tiny_lm.ByteTokenizer()
-    config = AutoConfig.for_model(family, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                  num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                                  vocab_size=tokenizer.vocab_size, max_position_embeddings=256,
-                                  bos_token_id=tokenizer.bos_id, eos_token_id=tokenizer.eos_id,
-                                  pad_token_id=tokenizer.eos_id, tie_word_embeddings=family == "gemma")  # fmt: skip
+    config = AutoConfig.for_model(
+        family,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        vocab_size=tokenizer.vocab_size,
+        max_position_embeddings=256,
+        bos_token_id=tokenizer.bos_id,
+        eos_token_id=tokenizer.eos_id,
+        pad_token_id=tokenizer.eos_id,
+        tie_word_embeddings=family == "gemma",
+    )
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config)
     model.save_pretrained(directory)
@@ -35,11 +45,18 @@ def custom_code_folder(directory: Path, marker: Path) -> Path:
     """``directory`` holding a model folder of a model type transformers does not know, whose ``auto_map`` names
     code of its own beside it; that code, if ever imported, writes ``marker`` (with its process's id)."""
     directory.mkdir(parents=True)
-    (directory / "config.json").write_text(json.dumps({
-        "model_type": "planted", "architectures": ["PlantedForCausalLM"],
-        "auto_map": {"AutoConfig": "configuration_planted.PlantedConfig",
-                     "AutoModelForCausalLM": "modeling_planted.PlantedForCausalLM"},
-    }))  # fmt: skip
+    (directory / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "planted",
+                "architectures": ["PlantedForCausalLM"],
+                "auto_map": {
+                    "AutoConfig": "configuration_planted.PlantedConfig",
+                    "AutoModelForCausalLM": "modeling_planted.PlantedForCausalLM",
+                },
+            }
+        )
+    )
     code = f"import os\nopen({str(marker)!r}, 'w').write(str(os.getpid()))\n"
     (directory / "configuration_planted.py").write_text(
         code + "from transformers import PretrainedConfig\n\n\n"

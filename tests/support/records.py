@@ -85,9 +85,14 @@ def serialized_chunk(
             obs.fill(observation_fill)
         builder.add(obs, rng.standard_normal((instances, 1)).astype(np.float32), zeros, zeros, step)
     return builder.finish(
-        np.zeros((instances, obs_dim), np.float32), zeros, version, "rollout",
-        next(SEQUENCES) if sequence is None else sequence, "env", "session",
-    )  # fmt: skip
+        np.zeros((instances, obs_dim), np.float32),
+        zeros,
+        version,
+        "rollout",
+        next(SEQUENCES) if sequence is None else sequence,
+        "env",
+        "session",
+    )
 
 
 # Humanoid-v5 chunks as the rollout writes them, random: what learner benchmarks feed without a simulator

@@ -89,8 +89,11 @@ def atropos_up(directory: Path, base: str, max_seconds: int, report_interval_s: 
     config["trainer"]["atropos"]["inference_port"] = free_port()
     config["run"]["report_interval_s"] = report_interval_s
     (directory / "run.yaml").write_text(yaml.safe_dump(config))
-    run = RunningUp(config, directory / "run", start_up(directory / "run.yaml", directory / "run",
-                                                        "--max-seconds", str(max_seconds)))  # fmt: skip
+    run = RunningUp(
+        config,
+        directory / "run",
+        start_up(directory / "run.yaml", directory / "run", "--max-seconds", str(max_seconds)),
+    )
     reader = threading.Thread(target=lambda: run.lines.extend(run.process.stdout), daemon=True)
     reader.start()
     try:

@@ -75,61 +75,86 @@ TOKENIZER = client_side(
 
 CALLS: dict[str, Call] = {
     "ServiceClient.close": served(
-        "`sessions/{id}/finish`", API + "test_closing_the_service_client_finishes_its_session",
+        "`sessions/{id}/finish`",
+        API + "test_closing_the_service_client_finishes_its_session",
         API + "test_a_finished_sessions_model_refuses_further_requests",
-        note="its models unloaded; a session that stops its heartbeat is finished too"),
+        note="its models unloaded; a session that stops its heartbeat is finished too",
+    ),
     "ServiceClient.copy_weights": refused("POST /api/v1/copy_weights"),
     "ServiceClient.create_custom_loss": served(
-        "", SMALLER, note="the SDK traces the loss and runs it client-side over `cross_entropy` "
-        "(`client/config`: `custom_loss_server_side` off)"),
+        "",
+        SMALLER,
+        note="the SDK traces the loss and runs it client-side over `cross_entropy` "
+        "(`client/config`: `custom_loss_server_side` off)",
+    ),
     "ServiceClient.create_lora_training_client": served(
-        "`create_session`, `create_model`, `get_info`", API + "test_ppo_steps_lower_the_loss_on_fixed_data",
+        "`create_session`, `create_model`, `get_info`",
+        API + "test_ppo_steps_lower_the_loss_on_fixed_data",
         note="LMs: LoRA of the rank asked, or `rank=0` for every parameter; control policies train fully; "
-        "`user_metadata` kept (the cookbook saves its renderer there)"),
+        "`user_metadata` kept (the cookbook saves its renderer there)",
+    ),
     "ServiceClient.create_rest_client": served("", SMALLER, note="a `RestClient` of the same key"),
     "ServiceClient.create_sampling_client": served(
-        "`create_sampling_session`", SAMPLES, note="LMs; with `record_stability_info` each sequence is recorded "
-        "under its `sequence_id`, a day, for `stable_reinforce`"),
-    "ServiceClient.create_training_client_from_state": served("`create_model`, `load_weights`", SAVED_STATE, REST),
+        "`create_sampling_session`",
+        SAMPLES,
+        note="LMs; with `record_stability_info` each sequence is recorded "
+        "under its `sequence_id`, a day, for `stable_reinforce`",
+    ),
+    "ServiceClient.create_training_client_from_state": served(
+        "`create_model`, `load_weights`", SAVED_STATE, REST
+    ),
     "ServiceClient.create_training_client_from_state_with_optimizer": served(
-        "`create_model`, `load_weights`", SAVED_STATE),
+        "`create_model`, `load_weights`", SAVED_STATE
+    ),
     "ServiceClient.get_console_url": CONSOLE,
     "ServiceClient.get_server_capabilities": served(
-        "`get_server_capabilities`", API + "test_capabilities_list_the_run_policy_and_the_language_models"),
+        "`get_server_capabilities`", API + "test_capabilities_list_the_run_policy_and_the_language_models"
+    ),
     "ServiceClient.get_telemetry": TELEMETRY,
     "TrainingClient.create_sampling_client": served("`create_sampling_session`", SMALLER),
     "TrainingClient.forward": served("`forward_backward` (forward only), `retrieve_future`", SMALLER),
     "TrainingClient.forward_backward": served(
-        "`forward_backward` (Protobuf), `retrieve_future`", SMALLER,
+        "`forward_backward` (Protobuf), `retrieve_future`",
+        SMALLER,
         API + "test_cispo_dro_and_gspo_are_served_as_tinkers_pages_define_them",
         note="`cross_entropy`, `importance_sampling`, `ppo`, `cispo`, `dro`, `gspo` (the cookbook's `rl_loop` "
-        "sends it `sequence_ratio_mask`), `stable_reinforce` (the cookbook's RL default) with provenance spans"),
+        "sends it `sequence_ratio_mask`), `stable_reinforce` (the cookbook's RL default) with provenance spans",
+    ),
     "TrainingClient.forward_backward_custom": served(
-        "`forward_backward`", API + "test_a_custom_loss_runs_client_side_over_the_servers_cross_entropy",
-        note="the SDK runs the loss client-side over `cross_entropy`"),
+        "`forward_backward`",
+        API + "test_a_custom_loss_runs_client_side_over_the_servers_cross_entropy",
+        note="the SDK runs the loss client-side over `cross_entropy`",
+    ),
     "TrainingClient.get_console_url": CONSOLE,
     "TrainingClient.get_info": served("`get_info`", SAMPLES),
     "TrainingClient.get_telemetry": TELEMETRY,
     "TrainingClient.get_tokenizer": TOKENIZER,
     "TrainingClient.load_state": served("`load_weights`", SMALLER),
     "TrainingClient.load_state_with_optimizer": served("`load_weights`", SMALLER),
-    "TrainingClient.optim_step": served(
-        "`optim_step`", SMALLER, note="AdamW; Dimuon refused"),
+    "TrainingClient.optim_step": served("`optim_step`", SMALLER, note="AdamW; Dimuon refused"),
     "TrainingClient.save_state": served(
-        "`save_weights`", SAVED_STATE, REST, note="`tinker://<model>/weights/<name>`; a checkpoint whose `ttl_seconds` ran out is deleted within a "
-        "second, files too"),
+        "`save_weights`",
+        SAVED_STATE,
+        REST,
+        note="`tinker://<model>/weights/<name>`; a checkpoint whose `ttl_seconds` ran out is deleted within a "
+        "second, files too",
+    ),
     "TrainingClient.save_weights_and_get_sampling_client": served(
-        "`save_weights_for_sampler`, `create_sampling_session`", SAMPLES,
-        note="its unnamed weights deleted once unused for `trainer.tinker.ephemeral_weights_ttl_s`"),
+        "`save_weights_for_sampler`, `create_sampling_session`",
+        SAMPLES,
+        note="its unnamed weights deleted once unused for `trainer.tinker.ephemeral_weights_ttl_s`",
+    ),
     "TrainingClient.save_weights_external": served(
         "`save_weights_external`",
         "tests/services/test_tinker_weights_out.py::"
         "test_smollm2_lora_leaves_as_a_peft_adapter_and_merged_with_the_servers_logprobs",
         note="transformers-based LMs: a PEFT adapter or merged folder on the trainer's disk (Weights out, below), "
         "listed, deleted and expired as the other checkpoints; the tiny LM and control policies: the user's "
-        "error; `age_encryption_recipients` refused"),
+        "error; `age_encryption_recipients` refused",
+    ),
     "TrainingClient.save_weights_for_sampler": served(
-        "`save_weights_for_sampler`", REST, note="`ttl_seconds` and `user_metadata` kept"),
+        "`save_weights_for_sampler`", REST, note="`ttl_seconds` and `user_metadata` kept"
+    ),
     "SamplingClient.compute_logprobs": served("`asample`", SAMPLES),
     "SamplingClient.create": served("`create_sampling_session`", SMALLER, note="what the other clients call"),
     "SamplingClient.from_sampler_handle": served("`asample`", SMALLER),
@@ -138,52 +163,69 @@ CALLS: dict[str, Call] = {
     "SamplingClient.get_telemetry": TELEMETRY,
     "SamplingClient.get_tokenizer": TOKENIZER,
     "SamplingClient.on_queue_state_change": client_side(
-        "the SDK's hook for a queued request's state; this server reports every request active"),
+        "the SDK's hook for a queued request's state; this server reports every request active"
+    ),
     "SamplingClient.sample": served(
-        "`asample`, `retrieve_future`", SAMPLES,
+        "`asample`, `retrieve_future`",
+        SAMPLES,
         SDK_CALLS + "test_top_k_log_probs_are_the_served_models_own_at_every_position",
         SDK_CALLS + "test_log_prob_options_out_of_range_are_refused_naming_the_field",
         note="LMs: temperature, top-k, top-p, seed, stop tokens and strings; prompt log-probs, top-k prompt and "
         "sampled-token log-probs (k up to 20), `prompt_logprobs_last_n`, `record_stability_info`; "
-        "`target_prompt_logprobs` and `prompt_alt_tokens_k` refused (400)"),
+        "`target_prompt_logprobs` and `prompt_alt_tokens_k` refused (400)",
+    ),
     "RestClient.assign_session_project": refused("PUT /api/v1/sessions/{session_id}/project"),
     "RestClient.copy_weights": refused("POST /api/v1/copy_weights"),
     "RestClient.delete_checkpoint": served(
-        "`DELETE training_runs/{id}/checkpoints/{kind}/{name}`", SMALLER, note="the files too"),
+        "`DELETE training_runs/{id}/checkpoints/{kind}/{name}`", SMALLER, note="the files too"
+    ),
     "RestClient.delete_checkpoint_from_tinker_path": served(
-        "`DELETE training_runs/{id}/checkpoints/{kind}/{name}`", REST,
-        note="the files too (the cookbook's rolling checkpoints)"),
+        "`DELETE training_runs/{id}/checkpoints/{kind}/{name}`",
+        REST,
+        note="the files too (the cookbook's rolling checkpoints)",
+    ),
     "RestClient.export_session_trace": refused("GET /api/v1/sessions/{session_id}/trace_export"),
     "RestClient.get_audit_log": refused("GET /api/v1/audit"),
     "RestClient.get_billing_usage": refused("GET /api/v1/billing/usage/events"),
-    "RestClient.get_current_checkpoint_storage_usage": refused("GET /api/v1/billing/usage/checkpoints/current"),
+    "RestClient.get_current_checkpoint_storage_usage": refused(
+        "GET /api/v1/billing/usage/checkpoints/current"
+    ),
     "RestClient.get_external_weights_urls": refused(
         "GET /api/v1/training_runs/{run_id}/checkpoints/{kind}/{name}/external_weights_urls",
-        note="so `tinker checkpoint download` too"),
+        note="so `tinker checkpoint download` too",
+    ),
     "RestClient.get_sampler": served("`GET samplers/{id}`", SMALLER),
     "RestClient.get_server_capabilities": served(
-        "`GET get_server_capabilities`", API + "test_capabilities_list_the_run_policy_and_the_language_models"),
+        "`GET get_server_capabilities`", API + "test_capabilities_list_the_run_policy_and_the_language_models"
+    ),
     "RestClient.get_session": refused("GET /api/v1/sessions/{session_id}"),
     "RestClient.get_telemetry": TELEMETRY,
     "RestClient.get_training_run": served("`GET training_runs/{id}`", REST),
     "RestClient.get_training_run_by_tinker_path": served(
-        "`GET training_runs/{id}`", REST, note="the cookbook's resume, `load_checkpoint_path` and evals"),
+        "`GET training_runs/{id}`", REST, note="the cookbook's resume, `load_checkpoint_path` and evals"
+    ),
     "RestClient.get_weights_info_by_tinker_path": served("`weights_info`", REST),
     "RestClient.list_checkpoints": served(
-        "`GET training_runs/{id}/checkpoints`", REST, note="checkpoints saved under a name"),
+        "`GET training_runs/{id}/checkpoints`", REST, note="checkpoints saved under a name"
+    ),
     "RestClient.list_sessions": refused("GET /api/v1/sessions"),
     "RestClient.list_training_runs": served("`GET training_runs`", REST),
     "RestClient.list_user_checkpoints": served("`GET checkpoints`", REST),
     "RestClient.publish_checkpoint_from_tinker_path": served(
-        "`POST …/publish`", REST, note="409 when already public, as the SDK documents; every key of this server "
-        "reads every checkpoint, so public is a flag the listings show"),
+        "`POST …/publish`",
+        REST,
+        note="409 when already public, as the SDK documents; every key of this server "
+        "reads every checkpoint, so public is a flag the listings show",
+    ),
     "RestClient.search_sessions": refused("POST /api/v1/sessions/search"),
     "RestClient.set_checkpoint_ttl_from_tinker_path": served("`PUT …/ttl`", REST),
     "RestClient.unpublish_checkpoint_from_tinker_path": served("`DELETE …/publish`", REST),
     "RestClient.whoami": Call(
-        "absent", "reads the JWT of the SDK's auth exchange; this server has no JWT auth (`client/config`), so "
-        "the SDK raises that whoami needs it"),
-}  # fmt: skip
+        "absent",
+        "reads the JWT of the SDK's auth exchange; this server has no JWT auth (`client/config`), so "
+        "the SDK raises that whoami needs it",
+    ),
+}
 
 
 def sdk_calls() -> dict[str, Callable]:

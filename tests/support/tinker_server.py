@@ -67,9 +67,17 @@ class TinkerTrainer:
     def start(self, timeout_s: float = 60) -> None:
         self.starts += 1
         self.process = self.processes.start(
-            "trainer", "--config", str(self.config), "--redis-url", self.redis_url,
-            "--port", str(self.grpc_port), "--run-dir", str(self.run_dir), name=self.name,
-        )  # fmt: skip
+            "trainer",
+            "--config",
+            str(self.config),
+            "--redis-url",
+            self.redis_url,
+            "--port",
+            str(self.grpc_port),
+            "--run-dir",
+            str(self.run_dir),
+            name=self.name,
+        )
         wait_for(self._healthy, timeout_s, f"the Tinker API of {self.name} at {self.url}")
 
     def _healthy(self) -> bool:
@@ -125,8 +133,9 @@ class Raw:
     def close(self) -> None:
         self.client.close()
 
-    def forward_backward(self, model_id: str, seq_id: int, data: list[types.Datum], loss_fn: str,
-                         forward_only: bool = False) -> str:  # fmt: skip
+    def forward_backward(
+        self, model_id: str, seq_id: int, data: list[types.Datum], loss_fn: str, forward_only: bool = False
+    ) -> str:
         """POST /forward_backward (Protobuf, as the SDK sends it); the future's request id."""
         request = types.ForwardBackwardRequest(
             forward_backward_input=types.ForwardBackwardInput(data=data, loss_fn=loss_fn),

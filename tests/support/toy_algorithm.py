@@ -44,8 +44,14 @@ class ToyPGLearner:
 
     def __init__(self, setup: LearnerSetup) -> None:
         self.hp = setup.hyperparameters
-        spec = mlp_spec(setup.observation_space, setup.action_space, setup.trainer.model,
-                        normalize_observations=False, normalize_returns=False, critic=False)  # fmt: skip
+        spec = mlp_spec(
+            setup.observation_space,
+            setup.action_space,
+            setup.trainer.model,
+            normalize_observations=False,
+            normalize_returns=False,
+            critic=False,
+        )
         torch.manual_seed(setup.seed)
         self.core = TrainingCore(ActorCritic(spec), spec, setup.device)
 

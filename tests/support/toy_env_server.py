@@ -37,9 +37,15 @@ class CounterEnv(environment_pb2_grpc.EnvironmentServicer):
         self.defect, self.free, self.lock = defect, CAPACITY, threading.Lock()
 
     def Describe(self, request: pb.DescribeRequest, context: grpc.ServicerContext) -> pb.EnvironmentInfo:  # noqa: N802
-        return pb.EnvironmentInfo(env_id="Counter-v0", observation_space=box(-1e6, 1e6, (2,)),
-                                  action_space=box(-1.0, 1.0, (1,)), num_instances=CAPACITY,
-                                  free_instances=self.free, incarnation="toy", backend="toy")  # fmt: skip
+        return pb.EnvironmentInfo(
+            env_id="Counter-v0",
+            observation_space=box(-1e6, 1e6, (2,)),
+            action_space=box(-1.0, 1.0, (1,)),
+            num_instances=CAPACITY,
+            free_instances=self.free,
+            incarnation="toy",
+            backend="toy",
+        )
 
     def Session(
         self, requests: Iterator[pb.SessionRequest], context: grpc.ServicerContext
@@ -60,13 +66,17 @@ class CounterEnv(environment_pb2_grpc.EnvironmentServicer):
             with self.lock:
                 self.free += n
 
-    def _serve(self, requests: Iterator[pb.SessionRequest], context: grpc.ServicerContext, n: int,
-               seed: int) -> Iterator[pb.SessionResponse]:  # fmt: skip
+    def _serve(
+        self, requests: Iterator[pb.SessionRequest], context: grpc.ServicerContext, n: int, seed: int
+    ) -> Iterator[pb.SessionResponse]:
         seeds, steps, returns = (seed + np.arange(n)).astype(np.float32), np.zeros(n, np.float32), np.zeros(n)
         session = uuid.uuid4().hex
         observe = lambda: np.stack([steps, seeds], axis=1)  # noqa: E731
-        yield pb.SessionResponse(opened=pb.SessionOpened(session_id=session, incarnation="toy", num_instances=n,
-                                                         observations=tensor(observe())))  # fmt: skip
+        yield pb.SessionResponse(
+            opened=pb.SessionOpened(
+                session_id=session, incarnation="toy", num_instances=n, observations=tensor(observe())
+            )
+        )
         for request in requests:
             if request.step.session_id != session:
                 context.abort(
@@ -90,16 +100,25 @@ class CounterEnv(environment_pb2_grpc.EnvironmentServicer):
             ended = np.flatnonzero(steps >= EPISODE_STEPS).astype(np.int32)
             finals = observe()[ended]
             extra = 1 if self.defect == "episode_length" else 0
-            episodes = [pb.EpisodeEnd(instance=int(i), episode_return=float(returns[i]), length=int(steps[i]) + extra)
-                        for i in ended]  # fmt: skip
+            episodes = [
+                pb.EpisodeEnd(instance=int(i), episode_return=float(returns[i]), length=int(steps[i]) + extra)
+                for i in ended
+            ]
             if self.defect != "no_autoreset":
                 steps[ended], returns[ended] = 0, 0.0
             truncated = np.zeros(n, np.bool_)
             truncated[ended] = True
-            yield pb.SessionResponse(step=pb.StepResult(
-                observations=tensor(observe()), rewards=tensor(rewards), terminated=tensor(np.zeros(n, np.bool_)),
-                truncated=tensor(truncated), final_observations=tensor(finals.reshape(-1, 2)),
-                final_indices=tensor(ended), episodes=episodes))  # fmt: skip
+            yield pb.SessionResponse(
+                step=pb.StepResult(
+                    observations=tensor(observe()),
+                    rewards=tensor(rewards),
+                    terminated=tensor(np.zeros(n, np.bool_)),
+                    truncated=tensor(truncated),
+                    final_observations=tensor(finals.reshape(-1, 2)),
+                    final_indices=tensor(ended),
+                    episodes=episodes,
+                )
+            )
 
 
 def serve(defect: str) -> tuple[grpc.Server, str]:

@@ -26,9 +26,16 @@ def test_vtrace_matches_a_hand_computation_with_truncated_importance_weights() -
     target = np.log(_column(0.25, 1.0, 0.5))  # pi/mu = 0.5, 2 (truncated to 1), 1
     never = np.zeros((3, 1), bool)
     targets, advantages = compute_vtrace(
-        behaviour, target, _column(1.0, 2.0, 3.0), _column(0.5, 1.0, 1.5), never, never, _column(0, 0, 0),
-        np.array([2.0], np.float32), GAMMA,
-    )  # fmt: skip
+        behaviour,
+        target,
+        _column(1.0, 2.0, 3.0),
+        _column(0.5, 1.0, 1.5),
+        never,
+        never,
+        _column(0, 0, 0),
+        np.array([2.0], np.float32),
+        GAMMA,
+    )
     # by hand: delta_2 = 3 + 0.9*2 - 1.5 = 3.3; delta_1 = 2 + 0.9*1.5 - 1 = 2.35; delta_0 = 0.5*(1 + 0.9*1 - 0.5)
     # = 0.7; v_2 = 1.5 + 3.3 = 4.8; v_1 = 1 + 2.35 + 0.9*1*3.3 = 6.32; v_0 = 0.5 + 0.7 + 0.9*0.5*5.32 = 3.594
     np.testing.assert_allclose(targets[:, 0], [3.594, 6.32, 4.8], rtol=1e-5)
@@ -41,9 +48,16 @@ def test_vtrace_bootstraps_a_truncated_step_from_its_final_observation_and_stops
     terminated = np.array([[False], [False], [True]])
     truncated = np.array([[True], [False], [False]])
     targets, advantages = compute_vtrace(
-        on_policy, on_policy, _column(0.0, 1.0, 5.0), _column(1.0, 100.0, 2.0), terminated, truncated,
-        _column(10.0, 0.0, 0.0), np.array([50.0], np.float32), GAMMA,
-    )  # fmt: skip
+        on_policy,
+        on_policy,
+        _column(0.0, 1.0, 5.0),
+        _column(1.0, 100.0, 2.0),
+        terminated,
+        truncated,
+        _column(10.0, 0.0, 0.0),
+        np.array([50.0], np.float32),
+        GAMMA,
+    )
     # step 0: time limit, its future is V(final obs) = 10, never the next episode's V = 100; step 2: no future
     np.testing.assert_allclose(targets[:, 0], [9.0, 1.0 + GAMMA * 5.0, 5.0], rtol=1e-6)
     np.testing.assert_allclose(advantages[:, 0], [8.0, 1.0 + GAMMA * 5.0 - 100.0, 3.0], rtol=1e-6)
@@ -61,8 +75,18 @@ def test_on_policy_vtrace_is_gae_with_lambda_one_or_its_own_lambda() -> None:
         rng.normal(size=n).astype(np.float32),
     )
     for lam in (1.0, 0.8):
-        targets, _ = compute_vtrace(log_probs, log_probs, rewards, values, terminated, truncated,
-                                    truncation_values, bootstrap, GAMMA, trace_lambda=lam)  # fmt: skip
+        targets, _ = compute_vtrace(
+            log_probs,
+            log_probs,
+            rewards,
+            values,
+            terminated,
+            truncated,
+            truncation_values,
+            bootstrap,
+            GAMMA,
+            trace_lambda=lam,
+        )
         _, returns = compute_gae(
             rewards, values, terminated, truncated, truncation_values, bootstrap, GAMMA, lam
         )
@@ -84,9 +108,16 @@ def test_the_learner_takes_values_and_log_probs_from_the_current_networks_not_th
     )
     assert not np.allclose(values, chunk.values)  # the chunk's are random: the critic's differ
     targets, advantages = compute_vtrace(
-        chunk.log_probs, log_probs, chunk.rewards, values, chunk.terminated, chunk.truncated,
-        chunk.truncation_values, bootstrap, GAMMA,
-    )  # fmt: skip
+        chunk.log_probs,
+        log_probs,
+        chunk.rewards,
+        values,
+        chunk.terminated,
+        chunk.truncated,
+        chunk.truncation_values,
+        bootstrap,
+        GAMMA,
+    )
     np.testing.assert_allclose(batch.returns.numpy(), targets.reshape(-1), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(batch.advantages.numpy(), advantages.reshape(-1), rtol=1e-5, atol=1e-5)
     assert np.isfinite(list(learner.learn([chunk]).values())).all()

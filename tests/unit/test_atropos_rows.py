@@ -22,9 +22,34 @@ from tinker_atropos.frontends.bodies import BodyError, scan
 FIELDS = tuple(ScoredData.model_fields)
 # how a number may be spelled: ids, masks, floats, and what pydantic reads otherwise or refuses (a mask's -0, a
 # float past its range, an integer where a float is, a string, a NaN, which JSON has not)
-SPELLINGS = ["0", "7", "1000", "999999999", "1000000000", "2147483648", "-1", "-0", "-100", "1.0", "1.5", "1e3",
-             "1E-05", "-1.5e+10", "1e308", "1e309", "-0.0", "0.1000000000000000055511151231257827", "NaN",
-             "123456789012345678901234567890", "12345678901234567890.5", '"5"', '"x"', "null", "[1]", "{}"]  # fmt: skip
+SPELLINGS = [
+    "0",
+    "7",
+    "1000",
+    "999999999",
+    "1000000000",
+    "2147483648",
+    "-1",
+    "-0",
+    "-100",
+    "1.0",
+    "1.5",
+    "1e3",
+    "1E-05",
+    "-1.5e+10",
+    "1e308",
+    "1e309",
+    "-0.0",
+    "0.1000000000000000055511151231257827",
+    "NaN",
+    "123456789012345678901234567890",
+    "12345678901234567890.5",
+    '"5"',
+    '"x"',
+    "null",
+    "[1]",
+    "{}",
+]
 SEPARATORS = [",", ", ", " ,\n"]
 
 

@@ -25,8 +25,13 @@ def test_the_scan_counts_as_bytes_count_across_slices() -> None:
     assert body.index(b"{}", len(head)) == SCAN_BYTES - 1
     found = scan(body)
     assert (found.arrays, found.objects, found.empty_objects, found.commas, found.quotes, found.colons) == (
-        body.count(b"["), body.count(b"{"), body.count(b"{}"), body.count(b","), body.count(b'"'), body.count(b":")
-    )  # fmt: skip
+        body.count(b"["),
+        body.count(b"{"),
+        body.count(b"{}"),
+        body.count(b","),
+        body.count(b'"'),
+        body.count(b":"),
+    )
 
 
 def test_a_gzip_body_is_held_once_while_the_app_reads_it() -> None:

@@ -144,8 +144,16 @@ def test_a_field_nothing_resembles_lists_the_fields_of_its_section() -> None:
 
 def test_settings_are_dotted_paths_to_yaml_values_over_the_file() -> None:
     pendulum = REPO / "configs" / "pendulum.yaml"
-    config = load_config(pendulum, ["trainer.ppo.learning_rate=3e-4", "trainer.model.hidden_sizes=[32, 32]",
-                                    "trainer.ppo.target_kl=null", "env.kwargs.g=9.81", "run.seed=7"])  # fmt: skip
+    config = load_config(
+        pendulum,
+        [
+            "trainer.ppo.learning_rate=3e-4",
+            "trainer.model.hidden_sizes=[32, 32]",
+            "trainer.ppo.target_kl=null",
+            "env.kwargs.g=9.81",
+            "run.seed=7",
+        ],
+    )
     hp = config.trainer.hyperparameters
     assert (hp.learning_rate, hp.target_kl, hp.gamma) == (3e-4, None, 0.9)  # gamma: the file's
     assert config.trainer.model.hidden_sizes == [32, 32] and config.env.kwargs == {"g": 9.81}
@@ -161,7 +169,7 @@ def test_settings_are_dotted_paths_to_yaml_values_over_the_file() -> None:
                 "trainer.ppo.learnin_rate: unknown field; did you mean 'learning_rate'?",
                 "rollout.flow_control: Input should be 'pause' or 'drop' (got 'stop')",
             ],
-        ),  # fmt: skip
+        ),
         (("--set", "run.name.first=x"), ["--set 'run.name.first=x': run.name is a value, not a section"]),
     ],
     ids=["fields", "path"],

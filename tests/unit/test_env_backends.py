@@ -39,8 +39,10 @@ def test_a_backend_that_is_no_name_nor_module_class_is_refused_and_one_that_does
     unknown = parse_config({"env": {"id": "CartPole-v1", "backend": "bullet"}})
     with pytest.raises(EnvError) as refused:
         check_env(unknown.env)
-    assert str(refused.value) == ("env.backend 'bullet' is not a registered backend; registered: 'gymnasium', "
-                                  "'mujoco', or 'module:Class' for a third party's")  # fmt: skip
+    assert str(refused.value) == (
+        "env.backend 'bullet' is not a registered backend; registered: 'gymnasium', "
+        "'mujoco', or 'module:Class' for a third party's"
+    )
     config = parse_config({"env": {"id": "CartPole-v1", "backend": "no_such_module:Batch"}})
     with pytest.raises(
         EnvError, match="env.backend 'no_such_module:Batch' does not import: ModuleNotFoundError"

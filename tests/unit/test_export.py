@@ -28,8 +28,15 @@ ACTIONS = {
 def trained_looking(kind: str, obs_dim: int = 3) -> ActorCritic:
     """A policy away from its initialisation, with non-trivial observation statistics, as after training."""
     torch.manual_seed(0)
-    spec = {"obs_shape": [obs_dim], "action": ACTIONS[kind], "hidden_sizes": [16, 16], "activation": "tanh",
-            "init_log_std": -0.5, "normalize_observations": True, "normalize_returns": True}  # fmt: skip
+    spec = {
+        "obs_shape": [obs_dim],
+        "action": ACTIONS[kind],
+        "hidden_sizes": [16, 16],
+        "activation": "tanh",
+        "init_log_std": -0.5,
+        "normalize_observations": True,
+        "normalize_returns": True,
+    }
     model = ActorCritic(spec)
     with torch.no_grad():
         for parameter in model.parameters():
@@ -92,18 +99,27 @@ def test_export_from_a_run_folder_and_its_errors(tmp_path: Path) -> None:
     assert (tmp_path / "new" / "folder" / "p.pt2").stat().st_size > 0  # the folder made, as SB3's save does
     unwritable = cli("export", str(run_dir), "--out", str(run_dir / "config.yaml" / "p.onnx"))
     assert (unwritable.returncode, unwritable.stderr.strip()) == (
-        1, f"error: cannot write {run_dir / 'config.yaml' / 'p.onnx'}: a file stands where its folder would be"
-    )  # fmt: skip
+        1,
+        f"error: cannot write {run_dir / 'config.yaml' / 'p.onnx'}: a file stands where its folder would be",
+    )
     wrong = cli("export", str(run_dir), "--format", "tflite")
     assert (wrong.returncode, wrong.stderr.strip()) == (
-        2, "error: --format 'tflite' is not one of: onnx, pt2, peft, merged"
-    )  # fmt: skip
-    missing = cli("export", str(run_dir), "--config", str(REPO / "configs" / "pendulum.yaml"),
-                        "--checkpoint", str(tmp_path / "missing.pt"))  # fmt: skip
+        2,
+        "error: --format 'tflite' is not one of: onnx, pt2, peft, merged",
+    )
+    missing = cli(
+        "export",
+        str(run_dir),
+        "--config",
+        str(REPO / "configs" / "pendulum.yaml"),
+        "--checkpoint",
+        str(tmp_path / "missing.pt"),
+    )
     assert missing.returncode == 2
     assert missing.stderr.startswith(f"error: checkpoint {tmp_path / 'missing.pt'} does not load: ")
     for command in ("export", "eval"):  # a run folder that is not there is named as such
         nowhere = cli(command, str(tmp_path / "no-such-run"))
         assert (nowhere.returncode, nowhere.stderr.strip()) == (
-            2, f"error: run folder {tmp_path / 'no-such-run'} does not exist (`up` makes runs/RUN_NAME)"
-        )  # fmt: skip
+            2,
+            f"error: run folder {tmp_path / 'no-such-run'} does not exist (`up` makes runs/RUN_NAME)",
+        )

@@ -26,9 +26,15 @@ def gradients(c: TrainingCore, poison: bool = False) -> None:
 
 
 def state(c: TrainingCore) -> dict:
-    return {"params": [p.detach().clone() for p in c.model.parameters()], "version": c.version,
-            "moments": {i: {k: v.clone() for k, v in c.optimizer.state[p].items()}
-                        for i, p in enumerate(c.model.parameters()) if p in c.optimizer.state}}  # fmt: skip
+    return {
+        "params": [p.detach().clone() for p in c.model.parameters()],
+        "version": c.version,
+        "moments": {
+            i: {k: v.clone() for k, v in c.optimizer.state[p].items()}
+            for i, p in enumerate(c.model.parameters())
+            if p in c.optimizer.state
+        },
+    }
 
 
 def assert_same(a: dict, b: dict) -> None:

@@ -26,9 +26,16 @@ TOLERANCE = 1e-4  # float32: folding B A into W reorders the sums
 
 def llama(folder: Path) -> LlamaForCausalLM:
     """A small random Llama, saved to ``folder`` as a base, with its unembedding tied to its embeddings."""
-    config = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                         tie_word_embeddings=True)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=96,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+    )
     torch.manual_seed(0)
     model = LlamaForCausalLM(config).eval()
     model.save_pretrained(folder)

@@ -42,8 +42,14 @@ def test_concurrent_requests_share_a_batch_and_keep_the_version_they_started_wit
     alone = sampler.generate(prompt, n=2, stop_strings=[], **{**SETTINGS, "max_tokens": 200})
     first = sampler._engine
     results: dict[int, list] = {}
-    threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, sampler.generate(
-        prompt, n=2, stop_strings=[], **{**SETTINGS, "max_tokens": 200}))) for i in range(3)]  # fmt: skip
+    threads = [
+        threading.Thread(
+            target=lambda i=i: results.__setitem__(
+                i, sampler.generate(prompt, n=2, stop_strings=[], **{**SETTINGS, "max_tokens": 200})
+            )
+        )
+        for i in range(3)
+    ]
     for thread in threads:
         thread.start()
     while len(first.rows.requests) + len(first.reading) + len(first.waiting) < 3:

@@ -19,21 +19,33 @@ CONFIG = "a name in the run's config (the operator's), read at start; no request
 
 # (module, function, call) -> why no request reaches it
 REVIEWED: dict[tuple[str, str, str], str] = {
-    ("environment/envs.py", "env_maker", "importlib.import_module"):
-        CONFIG + " (env.id: the Tinker API builds only the run env's policy, base_models.build)",
+    ("environment/envs.py", "env_maker", "importlib.import_module"): CONFIG
+    + " (env.id: the Tinker API builds only the run env's policy, base_models.build)",
     ("environment/backends/base.py", "backend_class", "importlib.import_module"): CONFIG + " (env.backend)",
     ("models/networks.py", "network_class", "importlib.import_module"): CONFIG + " (trainer.model.network)",
-    ("algorithms/base.py", "Algorithm.build", "importlib.import_module"):
-        "an algorithm's learner, registered in code (algorithms/*), chosen by trainer.algorithm",
+    (
+        "algorithms/base.py",
+        "Algorithm.build",
+        "importlib.import_module",
+    ): "an algorithm's learner, registered in code (algorithms/*), chosen by trainer.algorithm",
     ("algorithms/base.py", "algorithm", "importlib.import_module"): CONFIG + " (trainer.algorithm)",
-    ("trainer/learner_replicas.py", "take_share", "pickle.loads"):
-        "a share of an update, in shared memory the trainer made for its own learner replica",
-    ("trainer/learner_channels.py", "Channel.receive", "pickle.loads"):
-        "a message from the other end of a socket pair only the trainer and its own replica hold (nothing listens)",
-    ("state/checkpoint_files.py", "read_checkpoint", "torch.load"):
-        "the run folder's own experience-loop checkpoints (at start, evaluation, export); a Tinker path never "
-        "reaches it (Tinker checkpoints load with weights_only=True)",
-}  # fmt: skip
+    (
+        "trainer/learner_replicas.py",
+        "take_share",
+        "pickle.loads",
+    ): "a share of an update, in shared memory the trainer made for its own learner replica",
+    (
+        "trainer/learner_channels.py",
+        "Channel.receive",
+        "pickle.loads",
+    ): "a message from the other end of a socket pair only the trainer and its own replica hold (nothing listens)",
+    (
+        "state/checkpoint_files.py",
+        "read_checkpoint",
+        "torch.load",
+    ): "the run folder's own experience-loop checkpoints (at start, evaluation, export); a Tinker path never "
+    "reaches it (Tinker checkpoints load with weights_only=True)",
+}
 
 IMPORTS = {"importlib.import_module", "import_module", "__import__", "runpy.run_module", "runpy.run_path"}
 UNPICKLES = {"pickle.load", "pickle.loads", "pickle.Unpickler", "marshal.loads", "dill.loads"}
@@ -116,8 +128,11 @@ def test_every_call_that_can_run_code_is_reviewed() -> None:
     """A new call fails here until it is added to ``REVIEWED`` with why no request reaches it; a reviewed one that
     is gone fails too, so the list stays the package's."""
     found = code_runners(PACKAGE)
-    new = {f"{module}:{line} {scope}: {callee}" for (module, scope, callee), line in found.items()
-           if (module, scope, callee) not in REVIEWED}  # fmt: skip
+    new = {
+        f"{module}:{line} {scope}: {callee}"
+        for (module, scope, callee), line in found.items()
+        if (module, scope, callee) not in REVIEWED
+    }
     assert not new, f"review these (what reaches them?) and list them in REVIEWED: {sorted(new)}"
     assert not set(REVIEWED) - set(found), f"gone from the package: {sorted(set(REVIEWED) - set(found))}"
 

@@ -44,16 +44,31 @@ def test_gae_does_not_bootstrap_after_termination() -> None:
     values = np.array([[0.0, 0.0]], np.float32)
     terminated = np.array([[True, False]])
     truncated = np.zeros((1, 2), bool)
-    adv, _ = compute_gae(rewards, values, terminated, truncated, np.zeros((1, 2), np.float32),
-                         np.array([10.0, 10.0], np.float32), GAMMA, LAM)  # fmt: skip
+    adv, _ = compute_gae(
+        rewards,
+        values,
+        terminated,
+        truncated,
+        np.zeros((1, 2), np.float32),
+        np.array([10.0, 10.0], np.float32),
+        GAMMA,
+        LAM,
+    )
     np.testing.assert_allclose(adv[0], [1.0, 1.0 + GAMMA * 10.0])
 
 
 def _model(discrete: bool) -> ActorCritic:
     torch.manual_seed(0)
     action = {"kind": "discrete", "n": 3, "start": 0} if discrete else {"kind": "box", "shape": [2]}
-    spec = {"obs_shape": [4], "action": action, "hidden_sizes": [8], "activation": "tanh", "init_log_std": 0.0,
-            "normalize_observations": False, "normalize_returns": False}  # fmt: skip
+    spec = {
+        "obs_shape": [4],
+        "action": action,
+        "hidden_sizes": [8],
+        "activation": "tanh",
+        "init_log_std": 0.0,
+        "normalize_observations": False,
+        "normalize_returns": False,
+    }
     return ActorCritic(spec)
 
 
@@ -67,8 +82,13 @@ def test_ppo_loss_on_a_fixed_batch_matches_the_clipped_objective(discrete: bool)
         logp_now, _, _ = model.evaluate(obs, actions)
     # behaviour log-probs chosen so that some ratios fall outside [1 - clip, 1 + clip]
     shift = torch.tensor([0.0, 0.5, -0.5, 0.1, -0.1, 1.0])
-    batch = Batch(obs, actions, logp_now - shift, torch.tensor([1.0, -1.0, 2.0, -2.0, 0.5, 1.5]),
-                  torch.arange(6, dtype=torch.float32))  # fmt: skip
+    batch = Batch(
+        obs,
+        actions,
+        logp_now - shift,
+        torch.tensor([1.0, -1.0, 2.0, -2.0, 0.5, 1.5]),
+        torch.arange(6, dtype=torch.float32),
+    )
     hp = PPOConfig(clip_coef=0.2, ent_coef=0.01, vf_coef=0.5, normalize_advantages=False)
 
     loss, stats = ppo_loss(model, batch, hp)
@@ -106,8 +126,15 @@ def test_inference_policy_equals_the_module(discrete: bool, library: str) -> Non
     torch.manual_seed(0)
     # a Discrete space that starts at 5: the env's actions are 5, 6, 7
     action = {"kind": "discrete", "n": 3, "start": 5} if discrete else {"kind": "box", "shape": [2]}
-    spec = {"obs_shape": [4], "action": action, "hidden_sizes": [8, 6], "activation": "tanh",
-            "init_log_std": -0.5, "normalize_observations": True, "normalize_returns": True}  # fmt: skip
+    spec = {
+        "obs_shape": [4],
+        "action": action,
+        "hidden_sizes": [8, 6],
+        "activation": "tanh",
+        "init_log_std": -0.5,
+        "normalize_observations": True,
+        "normalize_returns": True,
+    }
     model = ActorCritic(spec)
     model.obs_rms.update(torch.randn(64, 4) * 5 + 2)  # non-trivial normalisers, as after training
     model.return_rms.update(torch.randn(64) * 30 - 10)
@@ -162,21 +189,39 @@ def test_gae_runs_across_chunks_that_continue_one_another() -> None:
         return np.concatenate([getattr(first, name), getattr(second, name)])
 
     advantages, returns = compute_gae(
-        joined("rewards"), joined("values"), joined("terminated"), joined("truncated"),
-        joined("truncation_values"), second.bootstrap_values, GAMMA, LAM,
-    )  # fmt: skip
+        joined("rewards"),
+        joined("values"),
+        joined("terminated"),
+        joined("truncated"),
+        joined("truncation_values"),
+        second.bootstrap_values,
+        GAMMA,
+        LAM,
+    )
     alone, _ = compute_gae(
-        other.rewards, other.values, other.terminated, other.truncated, other.truncation_values,
-        other.bootstrap_values, GAMMA, LAM,
-    )  # fmt: skip
+        other.rewards,
+        other.values,
+        other.terminated,
+        other.truncated,
+        other.truncation_values,
+        other.bootstrap_values,
+        GAMMA,
+        LAM,
+    )
     np.testing.assert_allclose(batch.advantages.numpy(), np.concatenate([advantages.ravel(), alone.ravel()]))
     np.testing.assert_allclose(batch.returns.numpy()[:20], returns.ravel())
     np.testing.assert_array_equal(batch.observations.numpy()[:20], joined("observations").reshape(20, 3))
     # without the link, the first chunk's last advantages would bootstrap from its own values instead
     cut, _ = compute_gae(
-        first.rewards, first.values, first.terminated, first.truncated, first.truncation_values,
-        first.bootstrap_values, GAMMA, LAM,
-    )  # fmt: skip
+        first.rewards,
+        first.values,
+        first.terminated,
+        first.truncated,
+        first.truncation_values,
+        first.bootstrap_values,
+        GAMMA,
+        LAM,
+    )
     assert not np.allclose(cut, advantages[:5])
 
 

@@ -68,8 +68,15 @@ def test_the_soft_target_of_a_truncated_step_uses_the_final_observation() -> Non
     batch = buffer.sample(1, np.random.default_rng(0), torch.device("cpu"))
     alpha, gamma = torch.tensor(0.3), 0.9
     torch.manual_seed(5)
-    target = soft_bellman_target(learner.core.model, learner.critics.target, alpha, batch.rewards,
-                                 batch.next_observations, batch.terminated, gamma)  # fmt: skip
+    target = soft_bellman_target(
+        learner.core.model,
+        learner.critics.target,
+        alpha,
+        batch.rewards,
+        batch.next_observations,
+        batch.terminated,
+        gamma,
+    )
     # by hand: the same draw of a' at the final observation
     final = torch.as_tensor(trajectory.truncated_observations)
     torch.manual_seed(5)
@@ -79,8 +86,15 @@ def test_the_soft_target_of_a_truncated_step_uses_the_final_observation() -> Non
     expected = float(trajectory.rewards[0, 0]) + gamma * (q - alpha * log_prob)
     torch.testing.assert_close(target, expected)
     # a terminated step's target is its reward alone
-    ended = soft_bellman_target(learner.core.model, learner.critics.target, alpha, batch.rewards,
-                                batch.next_observations, torch.ones(1), gamma)  # fmt: skip
+    ended = soft_bellman_target(
+        learner.core.model,
+        learner.critics.target,
+        alpha,
+        batch.rewards,
+        batch.next_observations,
+        torch.ones(1),
+        gamma,
+    )
     torch.testing.assert_close(ended, batch.rewards)
 
 
@@ -159,8 +173,14 @@ def test_the_ring_keeps_the_latest_transitions_and_restores_them_oldest_first() 
 
 def test_sac_refuses_a_discrete_action_space_and_other_algorithms_fields() -> None:
     config = parse_config({"env": {"id": "CartPole-v1"}, "trainer": {"algorithm": "sac"}})
-    setup = LearnerSetup(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2), config.trainer,
-                         config.trainer.hyperparameters, torch.device("cpu"), 0)  # fmt: skip
+    setup = LearnerSetup(
+        gym.spaces.Box(-1, 1, (4,)),
+        gym.spaces.Discrete(2),
+        config.trainer,
+        config.trainer.hyperparameters,
+        torch.device("cpu"),
+        0,
+    )
     with pytest.raises(ValueError, match="SAC acts in bounded Box action spaces"):
         algorithm("sac").build(setup)
     with pytest.raises(ConfigError, match=r"trainer\.sac\.gae_lambda"):

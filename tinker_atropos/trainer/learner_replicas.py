@@ -234,8 +234,12 @@ class Replicas:
                 "minibatches: raise trainer.samples_per_update or lower trainer.learners"
             )
         # rank 0's share stays here; episodes' ends (protobuf messages) stay: nothing learns from them
-        self._tell([("learn", self.shelf.put(rank, [replace(c, episodes=()) for c in share]))
-                    for rank, share in enumerate(shares[1:], 1)])  # fmt: skip
+        self._tell(
+            [
+                ("learn", self.shelf.put(rank, [replace(c, episodes=()) for c in share]))
+                for rank, share in enumerate(shares[1:], 1)
+            ]
+        )
         return shares[0]
 
     def close(self) -> None:

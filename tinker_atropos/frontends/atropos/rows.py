@@ -17,8 +17,13 @@ from tinker_atropos.frontends.bodies import SCAN_BYTES, BodyError, Separators
 
 # the row fields kept compact, and what their numbers may be: token ids (in [0, 10**9): none refused), integers,
 # floats (each with a "." or an exponent, so that a client reads floats back, as pydantic would write them)
-ROW_FIELDS = {"tokens": "ids", "masks": "ints", "inference_logprobs": "floats", "advantages": "floats",
-              "ref_logprobs": "floats"}  # fmt: skip
+ROW_FIELDS = {
+    "tokens": "ids",
+    "masks": "ints",
+    "inference_logprobs": "floats",
+    "advantages": "floats",
+    "ref_logprobs": "floats",
+}
 ROWS_BYTES = 1 << 12  # a row field smaller is read as Python lists: a few hundred numbers, microseconds
 # What a body may have read as Python objects, its compact rows aside: values (commas), strings (quotes, escaped
 # ones too, over 2) and object keys (colons, those in strings too). The first bound of each keeps each call that
