@@ -17,7 +17,7 @@ from tinker.proto import tinker_public_pb2 as pb
 from tinker.proto.request_conv import forward_backward_request_to_proto
 
 from tinker_atropos.config import Config, parse_config
-from tinker_atropos.tinker_api.engine import training
+from tinker_atropos.tinker_api.engine import training_steps
 from tinker_atropos.tinker_api.engine.worker import Worker
 from tinker_atropos.tinker_api.store import Store
 from tinker_atropos.tinker_api.store.queue import DONE, FAILED
@@ -98,13 +98,13 @@ def _losses(store: Store, model: str) -> list[float]:
 def passes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """How many requests each batched pass ran."""
     counted: list[int] = []
-    run_losses = training.run_losses
+    run_losses = training_steps.run_losses
 
     def counting(runs: list) -> list:
         counted.append(len(runs))
         return run_losses(runs)
 
-    monkeypatch.setattr(training, "run_losses", counting)
+    monkeypatch.setattr(training_steps, "run_losses", counting)
     return counted
 
 

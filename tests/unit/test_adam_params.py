@@ -9,7 +9,7 @@ import pytest
 from tinker import types
 
 from tinker_atropos.tinker_api import wire
-from tinker_atropos.tinker_api.engine.training import adam_params
+from tinker_atropos.tinker_api.engine.training_steps import adam_params
 from tinker_atropos.training.core import AdamParams
 
 

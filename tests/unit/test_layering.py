@@ -253,6 +253,38 @@ def check_no_algorithm_import(root: Path = PACKAGE) -> None:
     assert not bad, f"an algorithm's module imported by name: {sorted(bad)}"
 
 
+def check_no_circle(root: Path = PACKAGE) -> None:
+    """No module reaches itself through the imports of others, inside a room too (a ``TYPE_CHECKING`` import
+    counts: the circle is in the design even where Python never runs it)."""
+    modules = package_modules() if root == PACKAGE else read_modules(root)
+    seen(modules)
+    by_name = {module.name: module for module in modules}
+    graph = {
+        module.name: {
+            target
+            for name in filter(own, imports(module))
+            if (target := name if name in by_name else name.rpartition(".")[0]) in by_name
+            and target != module.name
+        }
+        for module in modules
+    }
+    assert sum(map(len, graph.values())) > 300, "the walk saw too few imports"
+    done: set[str] = set()
+    for start in graph:
+        path, stack = [start], [iter(sorted(graph[start]))]
+        while stack:
+            target = next(stack[-1], None)
+            if target is None:
+                done.add(path.pop())
+                stack.pop()
+            elif target in path:
+                circle = path[path.index(target) :] + [target]
+                raise AssertionError(f"an import circle: {' -> '.join(circle)}")
+            elif target not in done:
+                path.append(target)
+                stack.append(iter(sorted(graph[target])))
+
+
 def definitions(node: ast.AST, prefix: str = "") -> Iterator[tuple[str, ast.AST]]:
     """Every function and class, methods and nested functions too, by qualified name."""
     for child in ast.iter_child_nodes(node):
@@ -285,6 +317,7 @@ CHECKS: dict[str, Callable[[Path], None]] = {
     "training floor": check_training_floor,
     "no algorithm import": check_no_algorithm_import,
     "sizes": check_sizes,
+    "no circle": check_no_circle,
 }
 
 
@@ -371,6 +404,12 @@ PLANTS = {
         "\nfrom tinker_atropos.trainer.experience_loop import ExperienceLoop as _p\n",
         "floors",
         "trainer/atropos_loop.py",
+    ),
+    "a circle inside the Tinker engine, for types only": (
+        "tinker_api/engine/saving.py",
+        "\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from tinker_atropos.tinker_api.engine.live_models import X\n",
+        "no circle",
+        "tinker_atropos.tinker_api.engine.saving",
     ),
     "a folder without a floor": (
         "newfloor/__init__.py",

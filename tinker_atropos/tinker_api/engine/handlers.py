@@ -1,7 +1,7 @@
 """What each kind of queued Tinker request does, one part of the engine per concept: the served models and their
-lifecycle (``models.py``: create, load, unload), training (``training.py``: forward_backward, optim_step), saving
-(``saving.py``), sampling (``samples.py``: the hand-off to the sampling process). ``RequestHandlers.table`` names
-the handler of each kind, the worker's one dispatch table. Each handler takes the request's model, number, body and
+lifecycle (``live_models.py``: create, load, unload), training (``training_steps.py``: forward_backward, optim_step),
+saving (``save_requests.py``), sampling (``sample_requests.py``: the hand-off to the sampling process).
+``RequestHandlers.table`` names the handler of each kind, the worker's one dispatch table. Each handler takes the request's model, number, body and
 deadline, and returns the response's body and content type; a ``ClientError`` it raises is the client's error."""
 
 from __future__ import annotations
@@ -13,13 +13,14 @@ import torch
 
 from tinker_atropos.config import Config
 from tinker_atropos.tinker_api import wire
-from tinker_atropos.tinker_api.engine.models import ServedModels
+from tinker_atropos.tinker_api.engine.live_models import ServedModels
 from tinker_atropos.tinker_api.engine.responses import Handler, Response
-from tinker_atropos.tinker_api.engine.samples import SampleRequests
+from tinker_atropos.tinker_api.engine.sample_requests import SampleRequests
 from tinker_atropos.tinker_api.engine.sampling_process import SamplingProcess
-from tinker_atropos.tinker_api.engine.saving import Checkpoints, SaveRequests
-from tinker_atropos.tinker_api.engine.training import Training
-from tinker_atropos.tinker_api.engine.training import adam_params as adam_params  # the benches' import
+from tinker_atropos.tinker_api.engine.save_requests import SaveRequests
+from tinker_atropos.tinker_api.engine.saving import Checkpoints
+from tinker_atropos.tinker_api.engine.training_steps import Training
+from tinker_atropos.tinker_api.engine.training_steps import adam_params as adam_params  # the benches' import
 from tinker_atropos.tinker_api.store import Store
 from tinker_atropos.tinker_api.store.sequences import Record
 from tinker_atropos.training.guard import NonfiniteGuard

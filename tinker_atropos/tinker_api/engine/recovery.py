@@ -6,9 +6,9 @@ from __future__ import annotations
 import logging
 
 from tinker_atropos.tinker_api import wire
-from tinker_atropos.tinker_api.engine.models import ServedModels
+from tinker_atropos.tinker_api.engine.live_models import ServedModels
 from tinker_atropos.tinker_api.engine.saving import Checkpoints
-from tinker_atropos.tinker_api.engine.training import Training
+from tinker_atropos.tinker_api.engine.training_steps import Training
 from tinker_atropos.tinker_api.store import Store
 from tinker_atropos.training.data import ClientError
 

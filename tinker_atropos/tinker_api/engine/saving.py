@@ -1,5 +1,5 @@
-"""The worker's side of the Tinker checkpoints (``tinker_api/store/files.py`` lays them out): the save requests
-(``SaveRequests``), and what they write (``Checkpoints``): a checkpoint saved with its record beside it and listed
+"""The worker's side of the Tinker checkpoints (``tinker_api/store/files.py`` lays them out), what the save requests
+(``save_requests.py``) write: a checkpoint saved with its record beside it and listed
 under its name, the unnamed weights of sampling clients kept while used, expiry by ``ttl_seconds``, and each model's
 latest snapshot (``state-<seq>.pt``), from which a restarted worker rebuilds it."""
 
@@ -10,32 +10,21 @@ import json
 import logging
 import shutil
 import time
-import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import redis
-
-from tinker_atropos.security import signing_key
 from tinker_atropos.state.checkpoint_files import save_torch, write_atomically
 from tinker_atropos.state.run_dir import RunFolderOwner
-from tinker_atropos.state.weights import publish_weights
 from tinker_atropos.tinker_api import wire
 from tinker_atropos.tinker_api.engine import weights_out
-from tinker_atropos.tinker_api.engine.responses import JSON, Response, json_body
-from tinker_atropos.tinker_api.store import Store
 from tinker_atropos.tinker_api.store.files import (
-    EPHEMERAL,
     EXTERNAL,
     CheckpointFiles,
     named,
     parts,
     tinker_path,
 )
-from tinker_atropos.training.served import PolicyModel, ServedModel
-
-if TYPE_CHECKING:  # the served models hold a Checkpoints to unload a model's snapshots
-    from tinker_atropos.tinker_api.engine.models import ServedModels
+from tinker_atropos.training.served import ServedModel
 
 log = logging.getLogger(__name__)
 
@@ -173,63 +162,3 @@ class Checkpoints:
         # beside each snapshot, before 2026-12-05
         for record in self.files.folder(model_id).glob("state-*.json"):
             record.unlink()
-
-
-class SaveRequests:
-    """The handlers that save a served model: as a named checkpoint (``save_weights``), as the weights a sampling
-    client samples from (``save_weights_for_sampler``; a control policy's are also published to the rollouts, of
-    ``run``), as transformers or PEFT files (``save_weights_external``)."""
-
-    def __init__(
-        self, models: ServedModels, checkpoints: Checkpoints, store: Store, client: redis.Redis, run: str
-    ) -> None:
-        self.models, self.checkpoints, self.store, self.client, self.run = (
-            models,
-            checkpoints,
-            store,
-            client,
-            run,
-        )
-
-    def save_weights(self, model_id: str, seq: int, body: bytes, deadline: float) -> Response:
-        self.models.loaded(model_id)
-        request = json.loads(body)
-        name = named(request) or f"step-{seq}"
-        file = self.store.files.file(model_id, "weights", name)
-        if file.exists() and not request.get("overwrite"):
-            raise wire.WireError(
-                f"checkpoint {name!r} exists; save under another name or pass overwrite=True"
-            )
-        self.checkpoints.save(file, self.models.state(model_id))
-        return json_body(
-            path=self.checkpoints.saved(model_id, "weights", name, request), type="save_weights"
-        ), JSON
-
-    def save_weights_for_sampler(self, model_id: str, seq: int, body: bytes, deadline: float) -> Response:
-        model = self.models.loaded(model_id)
-        request = json.loads(body)
-        name = named(request)
-        stored = name or f"{EPHEMERAL}{seq}"
-        self.checkpoints.save(
-            self.store.files.file(model_id, "sampler_weights", stored),
-            self.models.state(model_id, optimizer=False),
-        )
-        path = tinker_path(model_id, "sampler_weights", stored)
-        if name is None:  # kept while its sampling client samples
-            self.checkpoints.keep_ephemeral(path)
-        if isinstance(model, PolicyModel):  # the rollouts act with it from now on
-            version = publish_weights(
-                self.client, self.run, 1, model.core.weights(), model.core.spec, signing_key("weights")
-            )
-            log.info("Tinker model %s published as policy version %d", model_id, version)
-        if name is not None:
-            self.checkpoints.saved(model_id, "sampler_weights", name, request)
-            return json_body(path=path, type="save_weights_for_sampler"), JSON
-        sampler = f"{model_id.split(':')[0]}:sample:{uuid.uuid4().hex[:12]}"
-        self.store.samplers.add(sampler, model.base_model, path)
-        return json_body(path=path, sampling_session_id=sampler, type="save_weights_for_sampler"), JSON
-
-    def save_weights_external(self, model_id: str, seq: int, body: bytes, deadline: float) -> Response:
-        """Weights for transformers and PEFT, on the trainer's disk (``tinker_api/engine/weights_out.py``)."""
-        path, size = self.checkpoints.save_external(model_id, self.models.loaded(model_id), json.loads(body))
-        return json_body(path=path, size_bytes=size, type="save_weights_external"), JSON

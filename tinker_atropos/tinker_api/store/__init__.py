@@ -11,7 +11,7 @@ from pathlib import Path
 import redis
 
 from tinker_atropos.tinker_api.store.files import CheckpointFiles
-from tinker_atropos.tinker_api.store.models import Models
+from tinker_atropos.tinker_api.store.model_records import Models
 from tinker_atropos.tinker_api.store.queue import Requests
 from tinker_atropos.tinker_api.store.runs import TrainingRuns
 from tinker_atropos.tinker_api.store.samplers import Samplers

@@ -17,7 +17,7 @@ from tinker import types as sdk
 
 from tinker_atropos.config import TinkerSection
 from tinker_atropos.tinker_api import wire
-from tinker_atropos.tinker_api.engine.models import ServedModels
+from tinker_atropos.tinker_api.engine.live_models import ServedModels
 from tinker_atropos.tinker_api.engine.responses import JSON, PROTOBUF, Response, json_body
 from tinker_atropos.tinker_api.engine.sampling_process import Interrupted
 from tinker_atropos.tinker_api.store.sequences import Record
