@@ -18,6 +18,53 @@ from tests.support.running import REPO
 from tinker_atropos.logs import route_mujoco_warnings
 from tinker_atropos.state.embedded import EmbeddedValkey
 
+# The longest tests, in seconds of make test on the 2-core machine (2026-12-07), by node id prefix. Under xdist's
+# worksteal each worker starts on a contiguous half of the collection and steals from the tail of the other's: these
+# start first, at the head of each half and balanced between them, so that neither worker ends the run alone with
+# one of them. A test missing here (renamed, new) only loses its place, never its run.
+LONGEST_S = {
+    "tests/services/test_llm_rl_bench.py::test_two_steps_of_each_path_write_the_reward_curve_and_the_step_split[c": 88,
+    "tests/services/test_llm_rl_bench.py::test_two_steps_of_each_path_write_the_reward_curve_and_the_step_split[t": 84,
+    "tests/services/test_atropos_smollm2.py::test_the_shipped_config": 59,
+    "tests/services/test_full_disk.py::test_a_full_then_read_only": 57,
+    "tests/services/test_readme_snippets.py::test_the_tinker_ppo_loop": 55,
+    "tests/services/test_supervision.py::test_each_killed_service_is_restarted": 48,
+    "tests/services/test_learners_isolated.py": 41,
+    "tests/services/test_atropos_loop.py::test_the_toy_environment_learns": 33,
+    "tests/services/test_tinker_hostile.py::test_one_clients_long_sampling": 33,
+    "tests/services/test_replay.py::test_appends_resent_over_a_stalled_valkey": 33,
+    "tests/services/test_learning.py::test_pendulum_learns_with_sac": 31,
+    "tests/services/test_bad_records.py::test_bad_records_are_counted_by_reason": 30,
+    "tests/services/test_data_parallel.py::test_a_run_of_two_learners_learns": 29,
+    "tests/services/test_tinker_weights_out.py::test_smollm2_lora_leaves": 29,
+    "tests/unit/test_export.py::test_export_from_a_run_folder": 27,
+    "tests/services/test_tinker_fair_shares.py::test_a_flooding_client": 27,
+    "tests/services/test_vector_env.py::test_sb3_ppo_learns": 26,
+    "tests/services/test_redis_acl.py::test_each_service_trains": 24,
+    "tests/services/test_tinker_abandoned.py": 24,
+    "tests/services/test_video.py": 24,
+}
+
+
+def _longest_s(item: pytest.Item) -> int:
+    return next((s for prefix, s in LONGEST_S.items() if item.nodeid.startswith(prefix)), 0)
+
+
+@pytest.hookimpl(trylast=True)  # after -m's deselection: the halves are those of the tests that run
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The longest tests first in each half of the collection, the halves' sums of them balanced."""
+    longest = sorted((item for item in items if _longest_s(item)), key=_longest_s, reverse=True)
+    halves: tuple[list[pytest.Item], list[pytest.Item]] = ([], [])
+    sums = [0, 0]
+    for item in longest:
+        half = sums.index(min(sums))
+        halves[half].append(item)
+        sums[half] += _longest_s(item)
+    rest = [item for item in items if not _longest_s(item)]
+    first = max(0, len(items) // 2 - len(halves[0]))  # xdist sends the first worker len // 2 tests
+    items[:] = [*halves[0], *rest[:first], *halves[1], *rest[first:]]
+
+
 # make test runs on two xdist workers (Makefile), one per core: torch's intra-op threads in a worker
 # (SB3 learning in the test process, tensors checked by hand) would only fight the other worker for the cores.
 # The examples a test spawns inherit the same limit (services set theirs from the config): a CleanRL loop on
