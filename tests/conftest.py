@@ -4,6 +4,7 @@ are in tests/support/processes.py)."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import tempfile
 from collections.abc import Iterator
@@ -19,8 +20,8 @@ from tinker_atropos.logs import route_mujoco_warnings
 from tinker_atropos.state.embedded import EmbeddedValkey
 
 # The longest tests, in seconds of make test on the 2-core machine (2026-12-07), by node id prefix. Under xdist's
-# worksteal each worker starts on a contiguous half of the collection and steals from the tail of the other's: these
-# start first, at the head of each half and balanced between them, so that neither worker ends the run alone with
+# worksteal each worker starts on a contiguous share of the collection and steals from the tail of another's: these
+# start first, at the head of each share and balanced between them, so that no worker ends the run alone with
 # one of them. A test missing here (renamed, new) only loses its place, never its run.
 LONGEST_S = {
     "tests/services/test_llm_rl_bench.py::test_two_steps_of_each_path_write_the_reward_curve_and_the_step_split[c": 88,
@@ -50,19 +51,27 @@ def _longest_s(item: pytest.Item) -> int:
     return next((s for prefix, s in LONGEST_S.items() if item.nodeid.startswith(prefix)), 0)
 
 
-@pytest.hookimpl(trylast=True)  # after -m's deselection: the halves are those of the tests that run
+@pytest.hookimpl(trylast=True)  # after -m's deselection: the shares are those of the tests that run
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The longest tests first in each half of the collection, the halves' sums of them balanced."""
+    """The longest tests first in each worker's share of the collection, the shares' sums of them balanced."""
+    workers = getattr(config, "workerinput", {}).get("workercount", 1)
+    shares, left = [], len(items)
+    for worker in range(workers):  # as xdist's worksteal deals them: each its part of what is left
+        shares.append(left // (workers - worker))
+        left -= shares[-1]
     longest = sorted((item for item in items if _longest_s(item)), key=_longest_s, reverse=True)
-    halves: tuple[list[pytest.Item], list[pytest.Item]] = ([], [])
-    sums = [0, 0]
+    heads: list[list[pytest.Item]] = [[] for _ in shares]
+    sums = [0] * len(shares)
     for item in longest:
-        half = sums.index(min(sums))
-        halves[half].append(item)
-        sums[half] += _longest_s(item)
-    rest = [item for item in items if not _longest_s(item)]
-    first = max(0, len(items) // 2 - len(halves[0]))  # xdist sends the first worker len // 2 tests
-    items[:] = [*halves[0], *rest[:first], *halves[1], *rest[first:]]
+        worker = sums.index(min(sums))
+        heads[worker].append(item)
+        sums[worker] += _longest_s(item)
+    rest = iter([item for item in items if not _longest_s(item)])
+    items[:] = [
+        item
+        for head, share in zip(heads, shares, strict=True)
+        for item in [*head, *itertools.islice(rest, max(0, share - len(head)))]
+    ] + list(rest)
 
 
 # make test runs on two xdist workers (Makefile), one per core: torch's intra-op threads in a worker
