@@ -1,4 +1,4 @@
-"""Where the parts that every node of a run shares saturate (issue 47): ``python -m bench capacity``.
+"""Where the parts that every node of a run shares saturate: ``python -m bench capacity``.
 
 Against a private Valkey loaded with ``deploy/redis-acl.conf`` (each process logs in as its own service's user,
 records signed with a run token, as in a secured run), N load generators behave as N rollouts do in a run: they

@@ -1,5 +1,5 @@
 """The trainer's learning to saturation, one learner against several (``trainer.learners``): the capacity
-benchmark's learning phase (issue 47, item 3).
+benchmark's learning phase.
 
 Each point runs the trainer's own update, the APPO learner of ``configs/humanoid-16core.yaml`` (16,384 Humanoid
 samples an update, 4 epochs of 4 minibatches, 64x64) or the same with a 256x256 network, on the same batch of

@@ -1,4 +1,4 @@
-"""Reinforcement learning of a language model against TRL (``make bench-llm-rl``, issue 46): the same task, model
+"""Reinforcement learning of a language model against TRL (``make bench-llm-rl``): the same task, model
 and budget for each system, one after the other on this machine, the order alternating between rounds.
 
 Task: single-digit addition (``examples/atropos_arithmetic_env.py``: its prompts, drawn with seed 0, in SmolLM2's

@@ -1,4 +1,4 @@
-"""Sampling SmolLM2-135M-Instruct through the tinker SDK, many clients at once (issue 45's floor): the aggregate
+"""Sampling SmolLM2-135M-Instruct through the tinker SDK, many clients at once: the aggregate
 tokens/s of ``CLIENTS`` clients each asking ``SAMPLES`` x ``TOKENS`` tokens at the same moment against one such
 client alone, and against Hugging Face ``generate`` given all ``CLIENTS`` x ``SAMPLES`` sequences as one static
 batch (its KV cache) in this process, with the threads of the trainer's sampling process. Every sample runs to

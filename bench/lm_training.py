@@ -2,7 +2,7 @@
 of SmolLM2-135M each looping ``forward_backward`` (4 x 64 tokens of cross-entropy) + ``optim_step`` through the
 tinker SDK at once, and of one such client alone, with the worker's batched passes on (``trainer.tinker.
 batch_models``: the ready requests of every adapter in one forward and one backward) and off (each model in its own
-lane, as before), one trainer per setting in the same run (issue 45: 8 clients >= 1.5 x the lanes' throughput; one
+lane, as before), one trainer per setting in the same run (the floor: 8 clients >= 1.5 x the lanes' throughput; one
 client within the noise).
 """
 

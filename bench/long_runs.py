@@ -1,7 +1,7 @@
 """Did long runs keep what they learned? ``python bench/long_runs.py RUN_DIR...`` reads each run folder's
 metrics.jsonl and prints, per run, where the mean return (over windows of 50,000 env steps) first reached -250,
 the worst window after that, the last one, whether a later window fell below -500 (a collapse, as
-configs/pendulum.yaml's constant learning rate had in 3 of 4 runs of 1M steps: issue 34), the largest approx_kl and
+configs/pendulum.yaml's constant learning rate had in 3 of 4 runs of 1M steps), the largest approx_kl and
 the share of progress reports whose latest update target_kl stopped.
 
 The runs, one after the other (about 10 minutes each on 2 cores)::

@@ -1,4 +1,4 @@
-"""Which LoRA implementation the trainer uses, decided by measurement (issue 45): our ``LoRALinear`` against PEFT's
+"""Which LoRA implementation the trainer uses, decided by measurement: our ``LoRALinear`` against PEFT's
 ``LoraModel`` on SmolLM2-135M, the same targets (attention, MLP, unembedding), rank, alpha and data, one torch
 thread, alternating, median of ``ROUNDS``:
 

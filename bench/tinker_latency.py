@@ -224,7 +224,7 @@ def run(out: Path, iterations: int = 60, warmup: int = 10) -> dict:
             extra = (row["rss_mb"] - one) / (row["clients"] - 1) if row["clients"] > 1 else float("nan")
             table.add_row(str(row["clients"]), f"{row['rss_mb']:,.0f}", f"{extra:.0f}")
         Console().print(table)
-    if training:  # issue 45: 8 clients batched >= 1.5 x their lanes; one client within the noise
+    if training:  # the floor: 8 clients batched >= 1.5 x their lanes; one client within the noise
         table = Table(
             title="trained tokens/s of rank-8 LoRA clients of SmolLM2, forward_backward (4 x 64 tokens) + "
             "optim_step through the SDK, batched passes (trainer.tinker.batch_models) on vs off"
@@ -235,7 +235,7 @@ def run(out: Path, iterations: int = 60, warmup: int = 10) -> dict:
         for label, key in (("1", "one_client_tokens_per_s"), (str(on["clients"]), "clients_tokens_per_s")):
             table.add_row(label, f"{off[key]:.0f}", f"{on[key]:.0f}", f"{on[key] / off[key]:.2f}")
         Console().print(table)
-    if concurrent:  # issue 45: 16 clients >= 4 x one client alone, >= 1.0 x generate's static batch
+    if concurrent:  # the floor: 16 clients >= 4 x one client alone, >= 1.0 x generate's static batch
         c = lm_sampling
         table = Table(
             title=f"SmolLM2 sampling through the SDK, {c.CLIENTS} clients x {c.SAMPLES} x {c.TOKENS} tokens at once "

@@ -2,7 +2,7 @@
 cache) against Hugging Face ``generate`` with its own cache, on the same model, prompt, sample count and length,
 in the same process, alternating, the median of a few repeats each. The model is SmolLM2-135M (the served LM that
 ``generate`` can run); for the tiny byte-level LM, which ``generate`` cannot run, the peer is the sampler this
-project had before issue 33, which read the whole sequence again for every token.
+project had before its KV cache, which read the whole sequence again for every token.
 
 Both sample with temperature 1 from the full distribution (no top-k, no top-p) and always run to the requested
 length (``generate``: ``min_new_tokens``; ours: no stop token), float32, ``torch_threads`` threads (the trainer's
@@ -90,7 +90,7 @@ def measure(case: Case, model: Any, device: torch.device, repeats: int) -> dict[
                     pad_token_id=model.eos_id,
                 )
     else:
-        peer_name = "full recompute per token (before issue 33)"
+        peer_name = "full recompute per token (before the KV cache)"
 
         def peer() -> None:
             recompute_sample(model, prompt, case.num_samples, case.max_tokens)

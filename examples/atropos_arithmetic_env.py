@@ -7,7 +7,7 @@ answers verbosely and gets about one in five right at temperature 1: a reward wi
 from the first step, so group-relative advantages have something to push. Every group is posted, those whose
 answers all score alike too (the trainer skips them, the run's reward curve counts them): the curve is the
 mean over every answer, not over the groups that happened to differ. Two-digit sums stay near 0 for this
-model, and TRL on them never saw a reward (issue 46).
+model, and TRL on them never saw a reward in the LLM RL benchmark.
 
 ``problems``, ``chat`` and ``reward`` are the task for every system that learns it (``bench/llm_rl.py`` gives TRL
 the same prompts and reward function). The tokenizer is SmolLM2's, from the folder ``up`` writes (no download).

@@ -748,7 +748,7 @@ def test_hostile_bodies_are_refused_within_ten_times_their_size_while_status_ans
 
 @pytest.mark.integration
 def test_a_gzip_post_at_the_bound_costs_under_ten_times_its_inflated_size(tmp_path: Path, valkey) -> None:
-    """Issue 54, row 8: gzip posts inflating to the size bound, the bomb of misaligned rows (refused) and sound
+    """Gzip posts inflating to the size bound, the bomb of misaligned rows (refused) and sound
     groups of ids, masks and log-probs (stored): the process's peak memory (VmHWM, reset before each post) grows by
     under ten times the inflated body. At c22db17 the bomb cost 11 times (each id a Python int of 36 bytes) and a
     sound group 14 (its rows as Python objects, then its JSON copied whole for Redis, twice)."""

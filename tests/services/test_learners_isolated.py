@@ -64,7 +64,7 @@ def listening(pid: int) -> set[tuple[str, str]]:
 
 def flood_as_nobody(ports: list[int], count: int, seconds: float = 45) -> int:
     """``count`` connect, send, close to each port from a child process of uid ``nobody``, each sending a gloo pair
-    number (issue 54's row 4), for ``seconds`` at most; how many connected."""
+    number, for ``seconds`` at most; how many connected."""
     nobody = pwd.getpwnam("nobody")
     read, write = os.pipe()
     child = os.fork()

@@ -1,9 +1,9 @@
 """A signature proves origin, not freshness: a signed experience record copied back into the stream is refused as
 replayed, after a trainer restart too, and an older signed weights record written back over the current one is
-refused by the rollouts (issue 34, items 3 and 4). Unit tests of the window each writer's numbers are checked
+refused by the rollouts. Unit tests of the window each writer's numbers are checked
 against, of a trainer's memory across a restart, then the whole system as a holder of the Redis password (not
 of the token) attacks it. A Redis that stalls while chunks are appended is no attacker: the appends the client
-resends are appended once, and only a copy from outside is counted as replayed (issue 43, row 7)."""
+resends are appended once, and only a copy from outside is counted as replayed."""
 
 from __future__ import annotations
 

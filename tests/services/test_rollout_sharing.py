@@ -1,8 +1,8 @@
-"""Rollouts share the env services (issue 35), as real processes: a second rollout takes half of the session slots
+"""Rollouts share the env services, as real processes: a second rollout takes half of the session slots
 from the first, both act for half of the env steps, and when one is SIGKILLed the other takes its share over;
 no env service is ever asked for instances another rollout still steps. One that is SIGSTOPped loses its share
 within the lease TTL too: its env service gives its idle session's instances to the rollout that took its leases
-(issue 43, row 5), and once it resumes it rejoins."""
+and once it resumes it rejoins."""
 
 from __future__ import annotations
 

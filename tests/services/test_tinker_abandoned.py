@@ -1,4 +1,4 @@
-"""Issue 43, row 4: the tinker SDK never closes its session when a script ends, so a client that vanished is
+"""The tinker SDK never closes its session when a script ends, so a client that vanished is
 known only by its heartbeats stopping. Its models are unloaded within a minute, counted in the trainer's status,
 and their snapshots deleted: a new client can create models up to ``max_models`` again."""
 

@@ -1,4 +1,4 @@
-"""Issue 45, item 1 (and the adapters' limit of item 2): any local causal LM by config. Small random models of
+"""Any local causal LM by config. Small random models of
 five transformers families, saved here as Hugging Face folders (``tests/support/hf_models.py``), are served by a
 real trainer through ``trainer.tinker.base_models``: listed with their context, trained with LoRA and fully
 through the official SDK, sampled with a string stop; one adapter's step changes no other model of its base; the
@@ -125,7 +125,7 @@ def test_one_adapters_step_leaves_the_other_models_of_its_base_and_past_the_limi
 def test_a_folder_that_cannot_be_served_fails_the_start_with_one_line_naming_it(
     valkey: EmbeddedValkey, tmp_path: Path
 ) -> None:
-    """Issue 54, row 7, too: a folder whose ``auto_map`` names code of its own is refused, that code never run, even
+    """A folder whose ``auto_map`` names code of its own is refused, that code never run, even
     with "y" on the trainer's stdin (transformers' prompt once ran it), and the line does not advise trusting it."""
     bad = tmp_path / "bad"
     (bad / "config.json").parent.mkdir()

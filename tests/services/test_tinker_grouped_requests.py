@@ -1,4 +1,4 @@
-"""Issue 45, item 2, in the worker: the forward_backward requests of LoRA models of one base that are ready together
+"""In the worker: the forward_backward requests of LoRA models of one base that are ready together
 run as one batched pass, and every model ends as it would have with ``trainer.tinker.batch_models`` off (each in its
 own lane): its responses, its steps, its parameters. A request with a bad datum fails alone, and a worker restarted
 after a batched pass replays each model's accumulation alone to the same state."""

@@ -185,7 +185,7 @@ class _Planted:
 def test_no_field_of_a_request_names_code_the_trainer_runs(
     service: tinker.ServiceClient, trainer: TinkerTrainer, planted: Path, base_model: str
 ) -> None:
-    """Issue 54, row 3: a base-model name ``<policy>/<module>:<name>`` reached an import in the trainer (the Zen
+    """A base-model name ``<policy>/<module>:<name>`` reached an import in the trainer (the Zen
     of Python in its log; a module planted on its import path ran). Now a name is looked up among the models
     listed, a 400 naming them otherwise, for a training and a sampling client alike. Nor does a checkpoint path
     climb out of the checkpoint folder to a pickle planted beside it."""
@@ -211,7 +211,7 @@ def test_no_field_of_a_request_names_code_the_trainer_runs(
 def test_a_checkpoint_name_that_is_no_file_name_is_a_400_and_writes_nothing(
     service: tinker.ServiceClient, trainer: TinkerTrainer, name: str
 ) -> None:
-    """Issue 54, row 8: ``save_weights_external(name='.')`` wrote into ``external_weights/`` itself. Every save
+    """``save_weights_external(name='.')`` wrote into ``external_weights/`` itself. Every save
     refuses a name that is no file name of its own, naming the field; the model's next requests go on."""
     client = service.create_lora_training_client(base_model=LM, rank=0).result(timeout=60)
     learns(client)
@@ -271,7 +271,7 @@ def _unauthenticated(trainer: TinkerTrainer, redis_client: redis.Redis) -> int:
 def test_requests_without_an_allowed_key_change_nothing(
     service: tinker.ServiceClient, trainer: TinkerTrainer, redis_client: redis.Redis
 ) -> None:
-    """Issue 43, row 1: a local user without the key reads the victim's model id (the run folder's names) and
+    """A local user without the key reads the victim's model id (the run folder's names) and
     posts its next numbers, keyless or with a wrong key. Each is a 401 that notes nothing: the victim's own
     next requests complete, the refusals are counted in the trainer's status, and the folder that names the
     models is private to the run's user. (The SDK's own later number 4 with the right key is what runs.)"""
@@ -395,7 +395,7 @@ def _vm_kb(pid: int, field: str) -> int:
 def test_a_body_up_to_max_request_mb_costs_little_memory_and_never_holds_healthz(
     trainer: TinkerTrainer, route: str, body: bytes, status: int
 ) -> None:
-    """Issue 43, row 2: a keyed client's body under max_request_mb whose parsing would build far more than its
+    """A keyed client's body under max_request_mb whose parsing would build far more than its
     bytes (a value per 2 or 3 bytes: each an object, and a validation error each where the type is wrong) is
     refused for what it holds, costing the trainer at most 10 x its size at its peak (VmHWM, reset first), while
     a health check polled all along answers within 1 s each."""
@@ -443,7 +443,7 @@ def test_the_trainer_took_no_crash(trainer: TinkerTrainer) -> None:
 def test_one_clients_long_sampling_does_not_hold_another_models_training(
     service: tinker.ServiceClient,
 ) -> None:
-    """The floor of issue 33: while one client samples for 30 s, another client's forward_backward + optim_step
+    """While one client samples for 30 s, another client's forward_backward + optim_step
     on another model takes at most twice its time alone (the medians of rounds measured in this test: alone
     before and after, and all through the 30 s, on whatever else shares the machine). Each model and each sampler
     is a lane of its own; sampling runs in a process of its own and waits for training requests."""

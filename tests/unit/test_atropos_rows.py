@@ -1,6 +1,6 @@
 """A scored group read with its rows of numbers compact (``frontends/atropos/rows.py``): whatever a body spells, the
 API answers as when every number was a Python object (the same 422 errors, the same values stored), while a large
-body's rows build nothing per number (issue 54, row 8), and what is read as Python objects is bounded."""
+body's rows build nothing per number, and what is read as Python objects is bounded."""
 
 from __future__ import annotations
 

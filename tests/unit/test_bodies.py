@@ -1,6 +1,6 @@
 """What reading a request body costs (``frontends/bodies.py``), measured without a clock: the pre-scan counts what a
 body's parse builds as ``bytes.count`` would, across its slices; and a gzip body is held once while the app reads
-it (issue 54, row 8: it was held twice, inflated and in Starlette's copy, through the whole parse)."""
+it (it was held twice, inflated and in Starlette's copy, through the whole parse)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 45, item 2: requests of several LoRA models of one base run as one batched pass (``run_losses``). Each
+"""Requests of several LoRA models of one base run as one batched pass (``run_losses``). Each
 model's outputs, loss and gradients are those of its own ``run_loss`` within float rounding, and so is each model
 after its optimizer step; a request the model cannot take fails alone, its group-mates unharmed; a forward-only
 request in the group gets its outputs and no gradient; one adapter's step changes no other model's outputs."""

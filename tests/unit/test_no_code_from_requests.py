@@ -1,4 +1,4 @@
-"""Issue 54, rows 3 and 7: no field of any request names code the server runs. Every call in the package that can
+"""No field of any request names code the server runs. Every call in the package that can
 run code it was not written with (an import by name, an unpickling, ``torch.load`` without ``weights_only=True``,
 ``eval``/``exec``, an unsafe YAML or NumPy load) is found by an AST walk and must be in ``REVIEWED``, with why no
 request reaches it: a new one fails here until someone has looked at it. And every ``from_pretrained`` passes

@@ -1,4 +1,4 @@
-"""Issue 45, item 2: one base, many adapters. Every LoRA model of a base holds that base's frozen tensors themselves
+"""One base, many adapters. Every LoRA model of a base holds that base's frozen tensors themselves
 (one copy per base and device); a fully trained model (rank 0) copies them and trains every one. One model's step,
 an undone step, a checkpoint loaded: none writes into the shared base (its tensors' version counters, which every
 in-place write bumps, stay where they were) or changes another model's outputs."""

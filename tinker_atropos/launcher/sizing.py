@@ -13,7 +13,7 @@ The rule (docs/scaling.md, "Sizing a run to the machine"), with the figures behi
 - CPU per env step in each process, at n instances per session: the env service ``e + ENV_MESSAGE_US / n``, the
   rollout ``ROLLOUT_INSTANCE_US + ROLLOUT_MESSAGE_US / n``. From the profiles of docs/benchmarks.md (2 cores, Humanoid,
   n = 8: rollout 105 µs per step, 20 % of it the policy's layers; env services 600 µs per step of their own, 390
-  of it ``mj_step``) and the 16-core run of issue 35 (n = 4: rollout 120 µs per step).
+  of it ``mj_step``) and a 16-core run (n = 4: rollout 120 µs per step).
 - The cores go to env services and rollouts in that proportion: ``rollout.replicas`` = ceil(cores x rollout share
   / 0.75), a rollout process being one Python thread at a time that the measured runs saw at most ~0.75 busy
   while it kept up, and at most as many as there are session slots; ``env.services`` = round(cores x env share /

@@ -237,7 +237,7 @@ class AtroposLoop:
             if stood:
                 synced = time.monotonic()
                 self.sampler.update(core.model, core.version)
-                # trainer step -> the endpoint sampling with the new adapter (issue 46: at most 1 s on SmolLM2)
+                # trainer step -> the endpoint sampling with the new adapter (at most 1 s on SmolLM2)
                 figures |= {"loss": metrics["loss:sum"], "weight_sync_seconds": time.monotonic() - synced}
             else:
                 log.warning("step undone: NaN or infinity in %s", ", ".join(bad[:3]))
