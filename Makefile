@@ -39,7 +39,7 @@ test: $(VENV)/.installed  ## lint, build the docs strictly, then every test (uni
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict  # a broken link or anchor, a page not in the nav: fails
-	$(VENV)/bin/pytest -q -n 3 --dist worksteal -m 'not serial'  # three workers on a 2-core machine: a third keeps the cores busy while the tests wait on their services
+	$(VENV)/bin/pytest -q -n 2 --dist worksteal -m 'not serial'  # two workers, one per core of a 2-core machine (a third only slowed the run and its timing tests)
 	$(VENV)/bin/pytest -q -m serial  # the benchmarks' own tests time short windows: alone
 
 docs: $(VENV)/.installed  ## the documentation site (docs/, mkdocs.yml) into site/; the config reference is generated from the schema

@@ -9,9 +9,11 @@ import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import redis
+import tinker
 import torch
 
 from tests.support.processes import Processes
@@ -49,6 +51,25 @@ LONGEST_S = {
 
 def _longest_s(item: pytest.Item) -> int:
     return next((s for prefix, s in LONGEST_S.items() if item.nodeid.startswith(prefix)), 0)
+
+
+@pytest.fixture(autouse=True)
+def _no_sdk_session_outlives_its_test() -> Iterator[None]:
+    """The tinker SDK finishes a session only when told to: a client a test (or the cookbook under it) left open goes
+    on heart-beating a server long stopped, and after five minutes its warnings land in whichever test of the same
+    worker runs then. Every client made during a test is closed at its end."""
+    clients: list[tinker.ServiceClient] = []
+    made = tinker.ServiceClient.__init__
+
+    def recorded(client: tinker.ServiceClient, *args: object, **kwargs: object) -> None:
+        made(client, *args, **kwargs)
+        clients.append(client)
+
+    with mock.patch.object(tinker.ServiceClient, "__init__", recorded):
+        yield
+    for client in clients:
+        with contextlib.suppress(Exception):  # its server may be gone: the heartbeats stop all the same
+            client.close("success").result(timeout=5)
 
 
 @pytest.hookimpl(trylast=True)  # after -m's deselection: the shares are those of the tests that run
