@@ -35,12 +35,12 @@ run: $(VENV)/.installed  ## train Humanoid-v5 with 16 env instances, printing th
 test: $(VENV)/.installed  ## lint, build the docs strictly, then every test (unit, protocol, services as real processes, the site in a browser)
 	@# tests/services/test_docs_site.py opens the built site in Debian's Chromium, headless (CI runs as root)
 	@test -x /usr/bin/chromium || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
-	$(UV_INSTALL) -e '.[dev,smollm2,export,sb3,video,wandb,atropos,bench-llm]'  # TRL, for test_llm_rl_bench.py
+	$(UV_INSTALL) -e '.[dev,smollm2,export,sb3,video,wandb,atropos]'
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict  # a broken link or anchor, a page not in the nav: fails
-	$(VENV)/bin/pytest -q -n 2 --dist worksteal -m 'not serial'  # two workers, one per core of a 2-core machine (a third only slowed the run and its timing tests)
-	$(VENV)/bin/pytest -q -m serial  # the benchmarks' own tests time short windows: alone
+	$(VENV)/bin/pytest -q -n 2 --dist worksteal -m 'not serial and not bench_harness'  # two workers, one per core of a 2-core machine
+	$(VENV)/bin/pytest -q -m 'serial and not bench_harness'  # the benchmarks' own tests time short windows: alone
 
 docs: $(VENV)/.installed  ## the documentation site (docs/, mkdocs.yml) into site/; the config reference is generated from the schema
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
@@ -85,6 +85,7 @@ bench-tenants: $(VENV)/.installed  ## one client floods the Tinker sampler (200 
 
 bench-llm-rl: $(VENV)/.installed  ## RL of SmolLM2 on single-digit addition, reward against wall-clock time: TRL's GRPOTrainer (20 min), the Tinker Cookbook's RL loop through our Tinker API (10 min), the Atropos path through up (15 min) (~50 min; MINUTES= e.g. trl=20,cookbook=10,atropos=15, ROUNDS=)
 	$(UV_INSTALL) -e '.[dev,smollm2,export,sb3,video,wandb,atropos,bench-llm]'
+	$(VENV)/bin/pytest -q -m bench_harness tests/services/test_llm_rl_bench.py  # two steps of each path first
 	$(PY) -m bench llm-rl --minutes $(or $(MINUTES),trl=20,cookbook=10,atropos=15) --rounds $(or $(ROUNDS),1) --out bench/out
 
 bench-capacity: $(VENV)/.installed  ## where the Redis every node shares saturates: N rollouts' chunks, leases and heartbeats and a trainer's reads against a Valkey with the run's ACL and signatures, weights fetched by M rollouts, the Atropos store flat out, then the trainer's update learned by one learner and by two (trainer.learners) (~8 min; ROLLOUTS= e.g. 1,2,4,8,16)

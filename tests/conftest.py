@@ -4,7 +4,6 @@ are in tests/support/processes.py)."""
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
 import tempfile
 from collections.abc import Iterator
@@ -20,37 +19,6 @@ from tests.support.processes import Processes
 from tests.support.running import REPO
 from tinker_atropos.logs import route_mujoco_warnings
 from tinker_atropos.state.embedded import EmbeddedValkey
-
-# The longest tests, in seconds of make test on the 2-core machine (2026-12-07), by node id prefix. Under xdist's
-# worksteal each worker starts on a contiguous share of the collection and steals from the tail of another's: these
-# start first, at the head of each share and balanced between them, so that no worker ends the run alone with
-# one of them. A test missing here (renamed, new) only loses its place, never its run.
-LONGEST_S = {
-    "tests/services/test_llm_rl_bench.py::test_two_steps_of_each_path_write_the_reward_curve_and_the_step_split[c": 88,
-    "tests/services/test_llm_rl_bench.py::test_two_steps_of_each_path_write_the_reward_curve_and_the_step_split[t": 84,
-    "tests/services/test_atropos_smollm2.py::test_the_shipped_config": 59,
-    "tests/services/test_full_disk.py::test_a_full_then_read_only": 57,
-    "tests/services/test_readme_snippets.py::test_the_tinker_ppo_loop": 55,
-    "tests/services/test_supervision.py::test_each_killed_service_is_restarted": 48,
-    "tests/services/test_learners_isolated.py": 41,
-    "tests/services/test_atropos_loop.py::test_the_toy_environment_learns": 33,
-    "tests/services/test_tinker_hostile.py::test_one_clients_long_sampling": 33,
-    "tests/services/test_replay.py::test_appends_resent_over_a_stalled_valkey": 33,
-    "tests/services/test_learning.py::test_pendulum_learns_with_sac": 31,
-    "tests/services/test_bad_records.py::test_bad_records_are_counted_by_reason": 30,
-    "tests/services/test_data_parallel.py::test_a_run_of_two_learners_learns": 29,
-    "tests/services/test_tinker_weights_out.py::test_smollm2_lora_leaves": 29,
-    "tests/unit/test_export.py::test_export_from_a_run_folder": 27,
-    "tests/services/test_tinker_fair_shares.py::test_a_flooding_client": 27,
-    "tests/services/test_vector_env.py::test_sb3_ppo_learns": 26,
-    "tests/services/test_redis_acl.py::test_each_service_trains": 24,
-    "tests/services/test_tinker_abandoned.py": 24,
-    "tests/services/test_video.py": 24,
-}
-
-
-def _longest_s(item: pytest.Item) -> int:
-    return next((s for prefix, s in LONGEST_S.items() if item.nodeid.startswith(prefix)), 0)
 
 
 @pytest.fixture(autouse=True)
@@ -70,29 +38,6 @@ def _no_sdk_session_outlives_its_test() -> Iterator[None]:
     for client in clients:
         with contextlib.suppress(Exception):  # its server may be gone: the heartbeats stop all the same
             client.close("success").result(timeout=5)
-
-
-@pytest.hookimpl(trylast=True)  # after -m's deselection: the shares are those of the tests that run
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The longest tests first in each worker's share of the collection, the shares' sums of them balanced."""
-    workers = getattr(config, "workerinput", {}).get("workercount", 1)
-    shares, left = [], len(items)
-    for worker in range(workers):  # as xdist's worksteal deals them: each its part of what is left
-        shares.append(left // (workers - worker))
-        left -= shares[-1]
-    longest = sorted((item for item in items if _longest_s(item)), key=_longest_s, reverse=True)
-    heads: list[list[pytest.Item]] = [[] for _ in shares]
-    sums = [0] * len(shares)
-    for item in longest:
-        worker = sums.index(min(sums))
-        heads[worker].append(item)
-        sums[worker] += _longest_s(item)
-    rest = iter([item for item in items if not _longest_s(item)])
-    items[:] = [
-        item
-        for head, share in zip(heads, shares, strict=True)
-        for item in [*head, *itertools.islice(rest, max(0, share - len(head)))]
-    ] + list(rest)
 
 
 # make test runs on two xdist workers (Makefile), one per core: torch's intra-op threads in a worker

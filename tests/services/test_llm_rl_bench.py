@@ -16,7 +16,8 @@ import pytest
 from bench.llm_rl import COMPLETION_TOKENS, GROUP_SIZE, GROUPS, summary
 from tests.support.running import REPO
 
-pytestmark = pytest.mark.integration
+# minutes of TRL and SmolLM2 that test the benchmark, not the product: make bench-llm-rl runs them first
+pytestmark = [pytest.mark.integration, pytest.mark.bench_harness]
 
 ANSWERS = GROUPS * GROUP_SIZE
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from tinker_atropos.models.array_library import ArrayLibrary
 from tinker_atropos.models.spec import (
     LOG_STD_MAX,
     LOG_STD_MIN,
@@ -55,22 +56,13 @@ class InferencePolicy:
         module: ActorCritic | None = None,
     ) -> None:
         self.device = str(device)
-        self.module = module
-        if module is not None:
-            library = "torch"
-        library = library or ("numpy" if self.device == "cpu" else "torch")
-        if library == "torch":
-            import torch
-
-            self.xp: Any = torch
-            if module is not None:
-                self.module = module.to(self.device).eval()
-        else:
-            self.xp = np
+        library = "torch" if module is not None else library or ("numpy" if self.device == "cpu" else "torch")
+        self.arrays = ArrayLibrary(library, self.device, rng or np.random.default_rng())
+        self.xp: Any = self.arrays.xp
+        self.module = None if module is None else module.to(self.device).eval()
         action = action_layout(spec)
         self.discrete, self.action_start, self.squashed = action.discrete, action.start, action.squashed
         self.n_out = action.actor_outputs
-        self.rng = rng or np.random.default_rng()
         self.has_critic = bool(spec.get("critic", True))
         self.layers = [] if module is not None else self._fused_layers(state)
         self.activation = {
@@ -78,7 +70,7 @@ class InferencePolicy:
             "relu": lambda x: self.xp.clip(x, 0.0, None),
         }[spec["activation"]]
         self.obs_stats = (
-            (self._array(state["obs_rms.mean"]), self._array(_rms_std(state, "obs_rms")))
+            (self.arrays.parameter(state["obs_rms.mean"]), self.arrays.parameter(_rms_std(state, "obs_rms")))
             if spec["normalize_observations"]
             else None
         )
@@ -90,14 +82,14 @@ class InferencePolicy:
         if self.squashed:  # the actor outputs [mean, log std]; actions are scaled from [-1, 1] to the bounds
             self.action_dim = action.n
             mid, half_range = squash_bounds(spec)
-            self.action_mid, self.action_half = self._array(mid), self._array(half_range)
+            self.action_mid, self.action_half = self.arrays.parameter(mid), self.arrays.parameter(half_range)
             # log |d env action / d unit action|, and the Gaussian's constant, per draw
             self.log_prob_offset = -(
                 float(np.log(half_range).sum()) + self.action_dim * 0.5 * math.log(2 * math.pi)
             )
         elif not self.discrete:
             log_std = np.asarray(state["actor_logstd"], dtype=np.float32).reshape(-1)
-            self.action_std = self._array(np.exp(log_std))
+            self.action_std = self.arrays.parameter(np.exp(log_std))
             # log N(mean + std * eps | mean, std) = -eps^2 / 2 - log std - log sqrt(2 pi), summed over dimensions
             self.log_prob_offset = -(float(log_std.sum()) + self.n_out * 0.5 * math.log(2 * math.pi))
 
@@ -120,45 +112,16 @@ class InferencePolicy:
         """(weight, bias) of each layer of the MLP; with a critic, actor and critic as one wider layer."""
         actor = _linear_layers(state, "actor")
         if not self.has_critic:
-            return [(self._array(weight.T), self._array(bias)) for weight, bias in actor]
+            return [(self.arrays.parameter(weight.T), self.arrays.parameter(bias)) for weight, bias in actor]
         layers = []
         for depth, ((a, a_bias), (c, c_bias)) in enumerate(
             zip(actor, _linear_layers(state, "critic"), strict=True)
         ):
             weight = np.concatenate([a, c]) if depth == 0 else _block_diagonal(a, c)
-            layers.append((self._array(weight.T), self._array(np.concatenate([a_bias, c_bias]))))
-        return layers
-
-    def _array(self, array: np.ndarray) -> Any:
-        """A float32 parameter in this policy's library, contiguous, on its device; no autograd graph, so acting
-        needs no inference_mode around it (a cost on every step)."""
-        array = np.ascontiguousarray(array, dtype=np.float32)
-        if self.xp is np:
-            return array.copy()
-        return self.xp.as_tensor(array, device=self.device).clone()
-
-    def _input(self, obs: np.ndarray) -> Any:
-        if self.xp is np:
-            return np.asarray(obs, dtype=np.float32)
-        return self.xp.as_tensor(obs, dtype=self.xp.float32, device=self.device)
-
-    def _output(self, array: Any) -> np.ndarray:
-        return array if self.xp is np else array.cpu().numpy()
-
-    def _noise(self, shape: tuple[int, ...], deterministic: bool) -> Any:
-        """A Gaussian's standard-normal draw; zeros (its mean) when acting deterministically."""
-        if self.xp is np:
-            return (
-                np.zeros(shape, np.float32)
-                if deterministic
-                else self.rng.standard_normal(shape, dtype=np.float32)
+            layers.append(
+                (self.arrays.parameter(weight.T), self.arrays.parameter(np.concatenate([a_bias, c_bias])))
             )
-        return (self.xp.zeros if deterministic else self.xp.randn)(shape, device=self.device)
-
-    def _uniform(self, shape: tuple[int, ...]) -> Any:
-        if self.xp is np:
-            return self.rng.random(shape, dtype=np.float32)
-        return self.xp.rand(shape, device=self.device)
+        return layers
 
     def _forward(self, obs: Any) -> tuple[Any, Any]:
         """(actor output, value in return units or None without a critic)."""
@@ -189,21 +152,21 @@ class InferencePolicy:
         ``deterministic``: the distribution's mode instead (the most likely class, the Gaussian's mean, or
         tanh of it scaled to the bounds), as evaluation acts; the log-probs are then those of the mode."""
         xp = self.xp
-        out, value = self._forward(self._input(obs))
+        out, value = self._forward(self.arrays.observations(obs))
         if self.discrete:
             z = out - xp.amax(out, axis=1, keepdims=True)
             log_p = z - xp.log(xp.sum(xp.exp(z), axis=1, keepdims=True))
             if deterministic:
                 index = xp.argmax(log_p, axis=1)
             else:  # inverse CDF: the first index whose cumulative probability reaches a uniform draw
-                below = xp.cumsum(xp.exp(log_p), axis=1) < self._uniform((out.shape[0], 1))
+                below = xp.cumsum(xp.exp(log_p), axis=1) < self.arrays.uniform((out.shape[0], 1))
                 index = xp.clip(xp.sum(below, axis=1), None, self.n_out - 1)  # rounding can leave the sum < 1
             log_prob = log_p[xp.arange(out.shape[0]), index]
             actions = index + self.action_start
         elif self.squashed:
             mean, log_std = out[:, : self.action_dim], out[:, self.action_dim :]
             log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (xp.tanh(log_std) + 1)
-            eps = self._noise(tuple(mean.shape), deterministic)
+            eps = self.arrays.normal(tuple(mean.shape), deterministic)
             unit = xp.tanh(mean + xp.exp(log_std) * eps)
             actions = self.action_mid + self.action_half * unit
             # log N(pre-tanh | mean, std), minus log(1 - tanh^2) and log half-range: the density of the env action
@@ -211,17 +174,21 @@ class InferencePolicy:
                 0.5 * eps * eps + log_std + xp.log(1 - unit * unit + 1e-6), axis=1
             )
         else:
-            eps = self._noise(tuple(out.shape), deterministic)
+            eps = self.arrays.normal(tuple(out.shape), deterministic)
             actions = out + self.action_std * eps
             log_prob = self.log_prob_offset - 0.5 * xp.sum(eps * eps, axis=1)
-        return self._output(actions), self._output(log_prob), None if value is None else self._output(value)
+        return (
+            self.arrays.numpy(actions),
+            self.arrays.numpy(log_prob),
+            None if value is None else self.arrays.numpy(value),
+        )
 
     def value(self, obs: np.ndarray) -> np.ndarray:
         """Values in return units; only for a policy with a critic."""
-        value = self._forward(self._input(obs))[1]
+        value = self._forward(self.arrays.observations(obs))[1]
         if value is None:
             raise ValueError("this policy has no critic")
-        return self._output(value)
+        return self.arrays.numpy(value)
 
 
 def _rms_std(state: Mapping[str, np.ndarray], normaliser: str) -> np.ndarray:
