@@ -160,11 +160,11 @@ def _precision(dtype: torch.dtype) -> torch.dtype:
 
 
 def _logsumexp(logits: torch.Tensor) -> torch.Tensor:
-    """logsumexp over the last dimension (the vocabulary) in float32 at least, one row of the first dimension at a
-    time when there are more than two: the float32 copy of a bfloat16 row and logsumexp's own temporaries are then
-    one sequence's [T, vocab], never the batch's."""
+    """logsumexp over the last dimension (the vocabulary) in float32 at least. Logits narrower than float32 (a
+    bfloat16 model's) go one row of the first dimension at a time, so that their float32 copy is one sequence's
+    [T, vocab], never the batch's; float32 logits need no copy and go in one call."""
     dtype = _precision(logits.dtype)
-    if logits.dim() <= 2:
+    if logits.dim() <= 2 or logits.dtype == dtype:
         return torch.logsumexp(logits.to(dtype), -1)
     return torch.stack([torch.logsumexp(row.to(dtype), -1) for row in logits])
 
