@@ -83,10 +83,10 @@ bench-tinker: $(VENV)/.installed  ## forward_backward + optim_step through the t
 bench-tenants: $(VENV)/.installed  ## one client floods the Tinker sampler (200 x 4 x 500 tokens) while another samples 8 tokens at a time: its p50/p95, then fresh clients after the flooder's SIGKILL and when its queue is cancelled (~2 min)
 	$(PY) -m bench tenants --out bench/out
 
-bench-llm-rl: $(VENV)/.installed  ## RL of SmolLM2 on single-digit addition, reward against wall-clock time: TRL's GRPOTrainer (20 min), the Tinker Cookbook's RL loop through our Tinker API (10 min), the Atropos path through up (15 min) (~50 min; MINUTES= e.g. trl=20,cookbook=10,atropos=15, ROUNDS=)
+bench-llm-rl: $(VENV)/.installed  ## RL of SmolLM2 on a sum, reward against wall-clock time, equal settings: TRL's GRPOTrainer (20 min), the Tinker Cookbook's RL loop through our Tinker API (10 min), the Atropos path through up (15 min), three rounds (~2.5 h a task; TASK=single-digit or two-digit-plus-one, MINUTES= e.g. trl=20,cookbook=10,atropos=15, ROUNDS=)
 	$(UV_INSTALL) -e '.[dev,smollm2,export,sb3,video,wandb,atropos,bench-llm]'
 	$(VENV)/bin/pytest -q -m bench_harness tests/services/test_llm_rl_bench.py  # two steps of each path first
-	$(PY) -m bench llm-rl --minutes $(or $(MINUTES),trl=20,cookbook=10,atropos=15) --rounds $(or $(ROUNDS),1) --out bench/out
+	$(PY) -m bench llm-rl --minutes $(or $(MINUTES),trl=20,cookbook=10,atropos=15) --rounds $(or $(ROUNDS),3) --task $(or $(TASK),single-digit) --out bench/out
 
 bench-capacity: $(VENV)/.installed  ## where the Redis every node shares saturates: N rollouts' chunks, leases and heartbeats and a trainer's reads against a Valkey with the run's ACL and signatures, weights fetched by M rollouts, the Atropos store flat out, then the trainer's update learned by one learner and by two (trainer.learners) (~8 min; ROLLOUTS= e.g. 1,2,4,8,16)
 	$(PY) -m bench capacity --rollouts $(or $(ROLLOUTS),1,2,4,8,16) --out bench/out

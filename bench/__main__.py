@@ -206,14 +206,20 @@ def llm_rl(
     minutes: Annotated[
         str, typer.Option(help="Wall-clock minutes per system, e.g. trl=20,cookbook=10,atropos=15.")
     ] = "trl=20,cookbook=10,atropos=15",
-    rounds: Annotated[int, typer.Option(min=1, help="Rounds; the order reverses each round.")] = 1,
-    out: Annotated[Path, typer.Option(help="Folder for bench-llm-rl.json and its chart.")] = Path(
+    rounds: Annotated[int, typer.Option(min=1, help="Rounds; the order reverses each round.")] = 3,
+    task: Annotated[
+        str, typer.Option(help="single-digit or two-digit-plus-one (examples/atropos_arithmetic_env.py).")
+    ] = "single-digit",
+    out: Annotated[Path, typer.Option(help="Folder for bench-llm-rl-TASK.json and its chart.")] = Path(
         "bench/out"
     ),
 ) -> None:
-    """Reinforcement learning of SmolLM2 on single-digit addition: TRL's GRPOTrainer, the Tinker Cookbook's RL
-    loop through our Tinker API, and the Atropos path through `up`, the same task, model and budget."""
-    from bench.llm_rl import SYSTEMS, run, table
+    """Reinforcement learning of SmolLM2 on a sum: TRL's GRPOTrainer, the Tinker Cookbook's RL loop through our
+    Tinker API, and the Atropos path through `up`, the same task, model, settings and budget."""
+    from bench.llm_rl import SYSTEMS, TASKS, run, table
+
+    if task not in TASKS:
+        raise typer.BadParameter(f"--task: {task!r} is not one of {list(TASKS)}")
 
     try:
         budget = {name.strip(): float(value) for name, value in (p.split("=") for p in minutes.split(","))}
@@ -222,8 +228,8 @@ def llm_rl(
     unknown = set(budget) - set(SYSTEMS)
     if unknown:
         raise typer.BadParameter(f"--minutes: unknown systems {sorted(unknown)}; choose from {list(SYSTEMS)}")
-    data = run(out, budget, rounds)
-    typer.echo(json.dumps({s: [r["summary"] for r in runs] for s, runs in data["systems"].items()}, indent=1))
+    data = run(out, budget, task, rounds)
+    typer.echo(json.dumps(data["rounds"], indent=1))
     typer.echo(f"TRL's final reward (the mean of its last two minutes): {data.get('trl_final_reward')}")
     typer.echo(table(data))
 

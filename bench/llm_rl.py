@@ -1,27 +1,36 @@
 """Reinforcement learning of a language model against TRL (``make bench-llm-rl``): the same task, model
 and budget for each system, one after the other on this machine, the order alternating between rounds.
 
-Task: single-digit addition (``examples/atropos_arithmetic_env.py``: its prompts, drawn with seed 0, in SmolLM2's
-chat template, and its reward, 1 when the last integer of the answer is the sum). Model: SmolLM2-135M-Instruct with
-LoRA of rank 16. Every system takes steps of 4 prompts x 8 answers of at most 12 tokens, sampled at temperature 1,
-group-relative advantages (reward - the group's mean, no division by its deviation), the clipped PPO ratio (0.8 to
-1.2), no KL term, Adam at 1e-3 (beta2 0.95) with gradients clipped to norm 1, on-policy (one update per batch):
+Task: a sum (``examples/atropos_arithmetic_env.py``: its prompts, drawn with seed 0, in SmolLM2's chat template,
+and its reward, 1 when the last integer of the answer is the sum), of two single digits (``single-digit``, the
+untrained model right about one time in six) or of a two-digit and a one-digit number (``two-digit-plus-one``, right
+about one time in fifteen: carries to learn). Model: SmolLM2-135M-Instruct in float32 with LoRA of rank 16 (alpha
+32) on every attention and MLP projection (TRL refuses one on the output layer; the Tinker Cookbook's loop asks for
+the SDK's default LoRA, which adapts it too, and runs unmodified: the one setting that differs). Every system takes steps of 4 prompts x 8 answers
+of at most 12 tokens, sampled at temperature 1, group-relative advantages (reward - the group's mean, no division by
+its deviation), the clipped PPO ratio (0.8 to 1.2), no KL term, Adam at 1e-3 (betas 0.9 and 0.95, eps 1e-8) without
+gradient clipping (the Tinker Cookbook's loop sets its Adam parameters itself, with no clipping, and it runs
+unmodified), on-policy (one update per batch). ``SETTINGS`` holds them; each result file states them, and each
+system's own settings as it ran:
 
-- ``trl``: TRL's ``GRPOTrainer`` (the peer), generation by transformers' ``generate``, PEFT's LoRA;
+- ``trl``: TRL's ``GRPOTrainer`` (the peer), generation by transformers' ``generate``, PEFT's LoRA; its
+  defaults of gradient checkpointing and bf16 mixed precision turned off, to train as the others do;
 - ``cookbook``: the Tinker Cookbook's RL loop (``tinker_cookbook.rl.train``, unmodified, synchronous) through our
   Tinker API, a trainer serving SmolLM2;
 - ``atropos``: ``tinker-atropos up configs/atropos-smollm2-arithmetic.yaml`` (the atroposlib environment, our
-  trajectory API, our trainer and its inference endpoint), as shipped.
+  trajectory API, our trainer and its inference endpoint), as shipped: its settings are checked against these.
 
-Each writes, over wall-clock time from its first step's start, the mean reward of its latest 64 answers, sampled
-and trained tokens, and each step's time split into generation, log-probs, training and weight sync where the
-system separates them. ``python -m bench llm-rl`` runs them and draws the chart.
+Each writes, over wall-clock time from its first sampling's start (model loading left out for every system), the
+mean reward of its latest 64 answers, sampled and trained tokens, and each step's time split into generation,
+log-probs, training and weight sync where the system separates them. ``python -m bench llm-rl`` runs them and
+draws the chart.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import json
 import os
 import subprocess
@@ -36,11 +45,26 @@ from typing import Any
 import numpy as np
 import yaml
 
-from examples.atropos_arithmetic_env import COMPLETION_TOKENS, GROUP_SIZE, chat, problems, reward
+from examples.atropos_arithmetic_env import COMPLETION_TOKENS, GROUP_SIZE, TASKS, chat, problems, reward
 from tinker_atropos.models import smollm2
 
 GROUPS = 4  # prompts a step
 RANK, LEARNING_RATE, CLIP = 16, 1e-3, 0.2
+BETA1, BETA2, EPS = 0.9, 0.95, 1e-8  # the Tinker Cookbook loop's own
+GRAD_CLIP = 0.0  # none: the Tinker Cookbook loop's (its Adam parameters carry no clip)
+SETTINGS = {
+    "precision": "float32",
+    "lora": f"rank {RANK}, alpha 32, every attention and MLP projection",
+    # TRL refuses an adapter on the output layer; the cookbook's loop asks the SDK's default LoRA, which adapts it
+    # (an unmodified loop cannot say otherwise): its adapter has the output layer's too
+    "lora_unembed": {"trl": False, "atropos": False, "cookbook": True},
+    "adam": {"learning_rate": LEARNING_RATE, "beta1": BETA1, "beta2": BETA2, "eps": EPS, "weight_decay": 0.0},
+    "grad_clip_norm": GRAD_CLIP,
+    "ppo_clip": CLIP,
+    "kl": 0.0,
+    "batch": f"{GROUPS} prompts x {GROUP_SIZE} answers of <= {COMPLETION_TOKENS} tokens, temperature 1",
+    "clock": "from the first sampling's start, model loading left out",
+}
 WINDOW = 64  # answers in the reported mean reward
 FINAL_S = 120.0  # the final reward: the mean of the last two minutes
 SYSTEMS = ("trl", "cookbook", "atropos")
@@ -76,7 +100,7 @@ class Curve:
 
 
 # TRL ----------------------------------------------------------------------------------------------------------
-def run_trl(seconds: float, work: Path, steps: int = 100_000) -> dict[str, Any]:
+def run_trl(seconds: float, work: Path, task: str, steps: int = 100_000) -> dict[str, Any]:
     import transformers
     import trl
     from datasets import Dataset
@@ -86,7 +110,7 @@ def run_trl(seconds: float, work: Path, steps: int = 100_000) -> dict[str, Any]:
     smollm2.load()  # the GGUF file converted once into the cache (a transformers folder)
     model = AutoModelForCausalLM.from_pretrained(smollm2.cache_dir(), dtype="float32")
     tokenizer = smollm2.tokenizer()
-    items = problems(seed=0, count=100_000)
+    items = problems(seed=0, count=100_000, task=task)
     dataset = Dataset.from_list([{"prompt": chat(a, b), "a": a, "b": b} for a, b in items])
 
     def arithmetic(completions: list, a: list[int], b: list[int], **_: Any) -> list[float]:
@@ -154,16 +178,22 @@ def run_trl(seconds: float, work: Path, steps: int = 100_000) -> dict[str, Any]:
         lr_scheduler_type="constant",
         warmup_steps=0,
         weight_decay=0.0,
-        adam_beta2=0.95,
-        max_grad_norm=1.0,
+        adam_beta1=BETA1,
+        adam_beta2=BETA2,
+        adam_epsilon=EPS,
+        max_grad_norm=GRAD_CLIP,  # 0: the Trainer clips nothing
+        # its defaults (GRPOConfig's own): checkpointing trades compute for memory, bf16 mixed precision changes
+        # the numbers; the other systems run neither
+        gradient_checkpointing=False,
+        bf16=False,
         max_steps=steps,
         shuffle_dataset=False,
         seed=0,
         disable_tqdm=True,
     )
-    lora = LoraConfig(
-        r=RANK, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM"
-    )
+    # every attention and MLP projection ("all-linear" is these; TRL refuses an adapter on lm_head)
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    lora = LoraConfig(r=RANK, lora_alpha=32, lora_dropout=0.0, target_modules=targets, task_type="CAUSAL_LM")
     trainer = Timed(
         model=model,
         reward_funcs=arithmetic,
@@ -179,6 +209,7 @@ def run_trl(seconds: float, work: Path, steps: int = 100_000) -> dict[str, Any]:
         "trl": trl.__version__,
         "transformers": transformers.__version__,
         "config": {k: v for k, v in config.to_dict().items() if k in TRL_SHOWN},
+        "lora_targets": targets,
     }
     return curve.result(**about)
 
@@ -193,15 +224,20 @@ TRL_SHOWN = (
     "loss_type",
     "scale_rewards",
     "learning_rate",
+    "adam_beta1",
     "adam_beta2",
+    "adam_epsilon",
     "max_grad_norm",
+    "gradient_checkpointing",
+    "bf16",
+    "fp16",
     "num_iterations",
     "steps_per_generation",
 )
 
 
 # the Tinker Cookbook through our Tinker API --------------------------------------------------------------------
-def run_cookbook(seconds: float, work: Path, steps: int = 100_000) -> dict[str, Any]:
+def run_cookbook(seconds: float, work: Path, task: str, steps: int = 100_000) -> dict[str, Any]:
     import chz
     import tinker
     from tinker_cookbook.rl import train as rl_train
@@ -239,7 +275,7 @@ def run_cookbook(seconds: float, work: Path, steps: int = 100_000) -> dict[str, 
         async def make_envs(self) -> list[rl.Env]:
             return [Addition(self.a, self.b) for _ in range(GROUP_SIZE)]
 
-    items = problems(seed=0, count=100_000)
+    items = problems(seed=0, count=100_000, task=task)
 
     class Problems(rl.RLDataset):
         def get_batch(self, index: int) -> list[rl.EnvGroupBuilder]:
@@ -313,10 +349,12 @@ def _cookbook_curve(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 # the Atropos path ---------------------------------------------------------------------------------------------
-def run_atropos(seconds: float, work: Path) -> dict[str, Any]:
+def run_atropos(seconds: float, work: Path, task: str) -> dict[str, Any]:
     from tinker_atropos.processes import free_port
 
     config = yaml.safe_load((REPO / "configs" / "atropos-smollm2-arithmetic.yaml").read_text())
+    _check_shipped(config["trainer"]["atropos"])
+    config["atropos"]["environments"][0] += ["--env.task", task]
     config["atropos"]["port"] = free_port()
     config["trainer"]["atropos"]["inference_port"] = free_port()
     config["run"]["report_interval_s"] = 5.0
@@ -341,17 +379,50 @@ def run_atropos(seconds: float, work: Path) -> dict[str, Any]:
     if up.returncode != 0:
         raise RuntimeError(f"up failed:\n{up.stdout[-3000:]}")
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return _atropos_curve([r for r in rows if "event" not in r])
+    registered = _registered_at((run_dir / "logs" / "trainer.log").read_text())
+    return _atropos_curve([r for r in rows if "event" not in r], registered) | {
+        "config": config["trainer"]["atropos"]
+    }
 
 
-def _atropos_curve(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """up's report rows as a curve, timed from the first step's start (the services' start-up before it is not
-    counted, as TRL's and the cookbook's model loading is not)."""
+def _check_shipped(section: dict[str, Any]) -> None:
+    """The shipped config's settings are the benchmark's: what it measures is what a user runs."""
+    expected = {
+        "lora_rank": RANK,
+        "learning_rate": LEARNING_RATE,
+        "adam_beta1": BETA1,
+        "adam_beta2": BETA2,
+        "grad_clip_norm": GRAD_CLIP,
+        "lora_train_unembed": False,
+        "batch_size": GROUPS * GROUP_SIZE,
+        "loss": "ppo",
+    }
+    differ = {k: (section.get(k), v) for k, v in expected.items() if section.get(k) != v}
+    if differ:
+        raise RuntimeError(f"configs/atropos-smollm2-arithmetic.yaml differs from the benchmark's: {differ}")
+
+
+REGISTERED = (
+    "from the trajectory API at"  # the trainer's line once registered: the environment starts sampling
+)
+
+
+def _registered_at(log: str) -> float:
+    """The unix time of the trainer's registration with the trajectory API, from its log line's timestamp."""
+    line = next(line for line in log.splitlines() if REGISTERED in line)
+    stamp = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+    return stamp.astimezone().timestamp()
+
+
+def _atropos_curve(rows: list[dict[str, Any]], registered: float) -> dict[str, Any]:
+    """up's report rows as a curve, timed from the trainer's registration, when the environment starts sampling
+    its first batch (the services' start-up and the model's loading before it are not counted, as TRL's and the
+    cookbook's model loading is not)."""
     trained = [
         r for r in rows if r["policy_version"] >= 1 and r["losses"]
     ]  # the last row: read once all stopped
     first = trained[0]
-    zero = first["wall_time_s"] - first["losses"]["step_seconds"]
+    zero = first["wall_time_s"] - (first["time"] - registered)
     points, steps = [], []
     for row in trained:
         figures = row["losses"]
@@ -382,18 +453,18 @@ def _atropos_curve(rows: list[dict[str, Any]]) -> dict[str, Any]:
 RUNS = {"trl": run_trl, "cookbook": run_cookbook, "atropos": run_atropos}
 
 
-def run(out: Path, minutes: dict[str, float], rounds: int = 1) -> dict[str, Any]:
-    """Each system of ``minutes`` for its budget, in a process of its own, one after the other (the order
-    reversed each round); ``bench-llm-rl.json`` and its chart written to ``out``."""
+def run(out: Path, minutes: dict[str, float], task: str, rounds: int = 1) -> dict[str, Any]:
+    """Each system of ``minutes`` for its budget on ``task``, in a process of its own, one after the other (the
+    order reversed each round); ``bench-llm-rl-TASK.json`` and its chart written to ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     order = [s for s in SYSTEMS if s in minutes]
     results: dict[str, list[dict[str, Any]]] = {s: [] for s in order}
     for round_ in range(rounds):
         for system in order if round_ % 2 == 0 else order[::-1]:
-            work = out / "llm-rl" / f"{system}-{round_}"
+            work = out / "llm-rl" / task / f"{system}-{round_}"
             print(f"{system}: {minutes[system]:g} min ...", flush=True)
             done = subprocess.run(
-                [sys.executable, "-m", "bench.llm_rl", system, str(minutes[system] * 60), str(work)],
+                [sys.executable, "-m", "bench.llm_rl", system, str(minutes[system] * 60), str(work), task],
                 cwd=REPO,
                 capture_output=True,
                 text=True,
@@ -401,32 +472,41 @@ def run(out: Path, minutes: dict[str, float], rounds: int = 1) -> dict[str, Any]
             if done.returncode != 0:
                 raise RuntimeError(f"{system} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
             results[system].append(json.loads((work / "result.json").read_text()))
-    return write(out, minutes, results)
+    return write(out, minutes, task, results)
 
 
-def write(out: Path, minutes: dict[str, float], results: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """The systems' results (each round's ``result.json``) summed up into ``bench-llm-rl.json`` and its chart."""
+def write(
+    out: Path, minutes: dict[str, float], task: str, results: dict[str, list[dict[str, Any]]]
+) -> dict[str, Any]:
+    """The systems' results (each round's ``result.json``) summed up into ``bench-llm-rl-TASK.json`` and its
+    chart."""
     data = {
-        "task": TASK,
+        "task": task,
+        "title": title(task),
+        "settings": SETTINGS,
         "minutes": minutes,
         "machine": f"{os.cpu_count()} CPU cores",
         "systems": {s: [{"summary": summary(r), **r} for r in runs] for s, runs in results.items()},
     }
+    data["rounds"] = {s: over_rounds([r["summary"] for r in runs]) for s, runs in data["systems"].items()}
     if "trl" in results:
-        target = data["systems"]["trl"][0]["summary"]["final_reward"]
+        target = data["rounds"]["trl"]["final_reward"]  # the mean over TRL's rounds
         data["trl_final_reward"] = target
         data["reached_trl_final_at_s"] = {
-            s: reached_at(runs[0]["points"], target) for s, runs in results.items()
+            s: [reached_at(r["points"], target) for r in runs] for s, runs in results.items()
         }
-    (out / "bench-llm-rl.json").write_text(json.dumps(data, indent=1))
-    chart(data, out / "bench-llm-rl.png")
+    (out / f"bench-llm-rl-{task}.json").write_text(json.dumps(data, indent=1))
+    chart(data, out / f"bench-llm-rl-{task}.png")
     return data
 
 
-TASK = (
-    f"single-digit addition, SmolLM2-135M-Instruct, LoRA rank {RANK}, {GROUPS} prompts x {GROUP_SIZE} answers "
-    f"of <= {COMPLETION_TOKENS} tokens a step, temperature 1, PPO clip {CLIP}, Adam lr {LEARNING_RATE}"
-)
+def title(task: str) -> str:
+    """The chart's title: the task, then the settings every system ran with."""
+    return (
+        f"{TASKS[task].title}, SmolLM2-135M-Instruct float32, LoRA rank {RANK}, {GROUPS} prompts x {GROUP_SIZE} "
+        f"answers of <= {COMPLETION_TOKENS} tokens a step, temperature 1, PPO clip {CLIP}, Adam lr {LEARNING_RATE} "
+        f"betas ({BETA1}, {BETA2}), no gradient clipping"
+    )
 
 
 def chart(data: dict[str, Any], path: Path) -> None:
@@ -444,7 +524,7 @@ def chart(data: dict[str, Any], path: Path) -> None:
             axes.plot([p["seconds"] / 60 for p in points], [p["reward"] for p in points], label=label)
     axes.set_xlabel("wall-clock minutes from the first step")
     axes.set_ylabel(f"mean reward, latest {WINDOW} answers")
-    axes.set_title("\n".join(textwrap.wrap(data["task"], 100)), fontsize=8)
+    axes.set_title("\n".join(textwrap.wrap(data["title"], 100)), fontsize=8)
     axes.set_ylim(0, 1)
     axes.legend()
     figure.tight_layout()
@@ -471,27 +551,37 @@ def summary(result: dict[str, Any]) -> dict[str, float]:
     return figures
 
 
+def over_rounds(summaries: list[dict[str, float]]) -> dict[str, Any]:
+    """A system's figures over its rounds: the mean of each, and the final rewards' lowest and highest."""
+    finals = [s["final_reward"] for s in summaries]
+    mean = {
+        k: float(np.mean([s[k] for s in summaries])) for k in summaries[0] if all(k in s for s in summaries)
+    }
+    return mean | {"rounds": len(summaries), "final_reward_range": [min(finals), max(finals)]}
+
+
 def table(data: dict[str, Any]) -> str:
-    """The result as the Markdown table of docs/benchmarks.md: per system (its first round), the figures and the
-    ratios to TRL."""
+    """The result as the Markdown table of docs/benchmarks.md: per system, the means over its rounds (the final
+    rewards' range beside them) and the ratios to TRL's."""
     rows = [
-        "| system | minutes | final reward | reached TRL's final at | sampled tokens/s | × TRL | trained tokens/s "
-        "| step s: generation / log-probs / training / weight sync |",
-        "|---|---:|---:|---:|---:|---:|---:|---|",
+        "| system | rounds | minutes | final reward (range) | reached TRL's final at | sampled tokens/s | × TRL "
+        "| trained tokens/s | step s: generation / log-probs / training / weight sync |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
-    trl = data["systems"].get("trl", [{}])[0].get("summary")
-    for system, runs in data["systems"].items():
-        figures = runs[0]["summary"]
-        reached = data.get("reached_trl_final_at_s", {}).get(system)
+    trl = data["rounds"].get("trl")
+    for system, figures in data["rounds"].items():
+        reached = [r for r in data.get("reached_trl_final_at_s", {}).get(system, []) if r is not None]
         ratio = f"{figures['sampled_tokens_per_s'] / trl['sampled_tokens_per_s']:.2f}" if trl else "-"
         split = " / ".join(
             f"{figures[p + '_s']:.2f}" if p + "_s" in figures else "-"
             for p in ("generation", "logprobs", "training", "weight_sync")
         )
+        low, high = figures["final_reward_range"]
+        when = f"{np.mean(reached) / 60:.1f} min ({len(reached)} of {figures['rounds']})" if reached else "-"
         rows.append(
-            f"| {system} | {figures['seconds'] / 60:.1f} | {figures['final_reward']:.2f} | "
-            f"{'-' if reached is None else f'{reached / 60:.1f} min'} | "
-            f"{figures['sampled_tokens_per_s']:.1f} | {ratio} | {figures['trained_tokens_per_s']:.1f} | {split} |"
+            f"| {system} | {figures['rounds']} | {figures['seconds'] / 60:.1f} | {figures['final_reward']:.2f} "
+            f"({low:.2f}-{high:.2f}) | {when} | {figures['sampled_tokens_per_s']:.1f} | {ratio} | "
+            f"{figures['trained_tokens_per_s']:.1f} | {split} |"
         )
     return "\n".join(rows)
 
@@ -503,9 +593,10 @@ def reached_at(points: list[dict[str, float]], target: float) -> float | None:
 
 if (
     __name__ == "__main__"
-):  # one system in a process of its own: python -m bench.llm_rl SYSTEM SECONDS WORK [STEPS]
-    system, budget, folder = sys.argv[1], float(sys.argv[2]), Path(sys.argv[3])
+):  # one system in a process of its own: python -m bench.llm_rl SYSTEM SECONDS WORK TASK [STEPS]
+    system, budget, folder, task = sys.argv[1], float(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]
     folder.mkdir(parents=True, exist_ok=True)
     # a step budget too (the tests' short runs of TRL and the cookbook): both stop at whichever comes first
-    steps = {"steps": int(sys.argv[4])} if len(sys.argv) > 4 else {}
-    (folder / "result.json").write_text(json.dumps(RUNS[system](budget, folder, **steps)))
+    steps = {"steps": int(sys.argv[5])} if len(sys.argv) > 5 else {}
+    result = RUNS[system](budget, folder, task, **steps)
+    (folder / "result.json").write_text(json.dumps(result | {"task": task, "settings": SETTINGS}))

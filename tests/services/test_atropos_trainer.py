@@ -22,6 +22,7 @@ import uvicorn
 from atroposlib.envs.server_handling.openai_server import OpenAIServer
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.envs.server_handling.sglang_server import SGLangServer
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from transformers import AutoTokenizer
 
 from tests.support.asserts import assert_names_nothing_of_the_package, assert_same
@@ -45,7 +46,9 @@ from tinker_atropos.processes import free_port
 from tinker_atropos.state.registry import live_services
 from tinker_atropos.trainer.atropos_loop import AtroposLoop
 from tinker_atropos.trainer.checkpointing import Checkpointer
-from tinker_atropos.training.atropos_batches import batch_datums, group_advantages
+from tinker_atropos.trainer.tensorboard import run_log
+from tinker_atropos.training.atropos_batches import batch_datums, group_advantages, policy_figures
+from tinker_atropos.training.data import Datum
 
 TOKENIZER = tiny_lm.ByteTokenizer()
 KEY = "inference-key-of-the-test"
@@ -69,6 +72,13 @@ def test_a_batch_becomes_shifted_token_datums_weighted_by_the_mask_with_the_sent
     equal = {"tokens": [prompt + a, prompt + a], "masks": [[-100] * 3 + a] * 2, "scores": [1.0, 1.0]}
     out = batch_datums([group, equal])
     assert out.groups_skipped_equal == 1 and len(out.data) == 2 and out.scores == [1.0, 0.0, 1.0, 1.0]
+    # the reward of every answer, those of the group that scored alike too; lengths in trained tokens
+    assert out.figures() == {
+        "score_mean": 0.75,
+        "score_std": pytest.approx(0.75**0.5 / 2),
+        "answer_tokens_mean": (2 + 3 + 2 + 2) / 4,
+    }
+    assert out.answer_tokens() == (9, 5)  # sampled, learned from
     first, second = out.data
     np.testing.assert_array_equal(first.tokens, prompt + a[:-1])
     np.testing.assert_array_equal(first.inputs["target_tokens"], prompt[1:] + a)
@@ -91,6 +101,38 @@ def test_a_batch_becomes_shifted_token_datums_weighted_by_the_mask_with_the_sent
     mixed = batch_datums([{**group, "inference_logprobs": [[1.0] * 3, None]}, given])
     assert [p.split(":")[0] for p in mixed.groups_invalid] == ["group 0"], mixed.groups_invalid
     assert "3 log-probs for 5 tokens" in mixed.groups_invalid[0] and len(mixed.data) == 2
+
+
+def test_sampler_and_learner_apart_are_the_k3_kl_the_sampled_entropy_and_the_share_ppo_clips() -> None:
+    """Over the trained tokens only: ratios learner/sampler 1.5, 0.5, 1 and 1.5, advantages +, -, + and -; PPO's
+    clipped term is taken past 1.2 for a positive advantage and below 0.8 for a negative one (2 of 4 tokens)."""
+    sampler = np.array([0.0, -1.0, -2.0, -0.5], np.float32)
+    first = Datum(
+        tokens=np.zeros(4, np.int64),
+        inputs={
+            "weights": np.array([0, 1, 1, 1], np.float32),
+            "logprobs": sampler,
+            "advantages": np.array([0, 1, -1, 1], np.float32),
+        },
+    )
+    second = Datum(
+        tokens=np.zeros(1, np.int64),
+        inputs={
+            "weights": np.ones(1, np.float32),
+            "logprobs": np.array([-1.0], np.float32),
+            "advantages": -np.ones(1, np.float32),
+        },
+    )
+    learner = [
+        sampler + np.log([9.0, 1.5, 0.5, 1.0]).astype(np.float32),
+        np.array([-1.0 + np.log(1.5)], np.float32),
+    ]
+    ratios = np.array([1.5, 0.5, 1.0, 1.5])
+    figures = policy_figures([first, second], learner, (0.8, 1.2))
+    assert figures["kl_sampler_learner"] == pytest.approx(np.mean(ratios - 1 - np.log(ratios)), rel=1e-5)
+    assert figures["entropy"] == pytest.approx((1.0 + 2.0 + 0.5 + 1.0) / 4)
+    assert figures["clip_fraction"] == 0.5
+    assert "clip_fraction" not in policy_figures([first], learner[:1], None)  # no clipping loss: not measured
 
 
 def test_the_tokenizer_folder_loads_offline_and_encodes_and_chats_as_the_tiny_lm(tmp_path: Path) -> None:
@@ -193,7 +235,8 @@ def test_the_atropos_loop_raises_the_score_of_the_preferred_completion(
     tmp_path: Path, valkey, redis_client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Groups where the completion 'a' scores 1 and 'b' scores 0, with the served policy's log-probs of each: a
-    few importance-sampling steps make 'a' the likelier reply, and every step serves a new version."""
+    few importance-sampling steps make 'a' the likelier reply, and every step serves a new version and writes its
+    curves to TensorBoard, an evaluation's figures as they come."""
     monkeypatch.setenv("TA_TOKEN", "the-run-token")  # the inference endpoint's key is derived from it
     config = parse_config(
         {
@@ -204,7 +247,8 @@ def test_the_atropos_loop_raises_the_score_of_the_preferred_completion(
             },
         }
     )
-    loop = AtroposLoop(config, redis_client, tmp_path / "run", torch.device("cpu"))
+    tensorboard = run_log(config, redis_client, tmp_path / "run")
+    loop = AtroposLoop(config, redis_client, tmp_path / "run", torch.device("cpu"), tensorboard)
     prompt = TOKENIZER.encode("pick:", add_bos=True)
     a, b = TOKENIZER.encode("a")[0], TOKENIZER.encode("b")[0]
 
@@ -226,9 +270,14 @@ def test_the_atropos_loop_raises_the_score_of_the_preferred_completion(
             "scores": [1.0 if r == a else 0.0 for r in replies],
             "inference_logprobs": [[1.0] * len(prompt) + [float(logprobs[r])] for r in replies],
         }
+        if step == 6:  # an evaluation ended
+            loop.figures = loop.figures | {"eval/accuracy": 0.5}
         loop.learn([group])
         assert loop.sampler.version == step and np.isfinite(loop.figures["loss"])
     assert p_a() > max(0.9, before + 0.3), (before, p_a())
+    assert tensorboard is not None
+    tensorboard.close()
+    _assert_curves(tmp_path / "run" / "tensorboard", steps=12)
     assert loop.counters["sequences_trained"] == 12 * 8
     assert int(redis_client.hget("ta:atropos-loop:stats", "episodes")) == 12 * 8
     Checkpointer(loop, loop.folder, config.trainer.checkpoint, None).save(force=True)
@@ -237,6 +286,30 @@ def test_the_atropos_loop_raises_the_score_of_the_preferred_completion(
     resumed = AtroposLoop(config, redis_client, tmp_path / "run", torch.device("cpu"))
     Checkpointer(resumed, resumed.folder, config.trainer.checkpoint, None).resume()
     assert (resumed.step, resumed.sampler.version) == (12, 12)
+
+
+def _assert_curves(folder: Path, steps: int) -> None:
+    """The Atropos loop's TensorBoard curves of ``steps`` steps of the preference groups: every answer scored
+    1 or 0 half and half, one token long, sampled by the policy the learner was (no KL); the throughput from the
+    second step on; the evaluation once."""
+    events = EventAccumulator(str(folder), size_guidance={"scalars": 0})
+    events.Reload()
+    every_step = {
+        "reward/mean": 0.5,
+        "reward/std": 0.5,
+        "answers/length_mean": 1.0,
+        "policy/kl_sampler_learner": 0.0,
+    }
+    for tag, value in every_step.items():
+        points = events.Scalars(tag)
+        assert [p.step for p in points] == list(range(1, steps + 1)), tag
+        assert all(p.value == pytest.approx(value, abs=1e-4) for p in points), (tag, points)
+    for tag in ("policy/entropy", "train/loss", "train/grad_norm", "time/step_s", "time/weight_sync_s"):
+        assert len(events.Scalars(tag)) == steps, tag
+    for tag in ("throughput/sampled_tokens_per_s", "throughput/trained_tokens_per_s"):
+        assert len(events.Scalars(tag)) == steps - 1 and all(p.value > 0 for p in events.Scalars(tag)), tag
+    assert [(p.step, p.value) for p in events.Scalars("eval/accuracy")] == [(6, 0.5)]
+    assert "policy/clip_fraction" not in events.Tags()["scalars"]  # importance sampling clips nothing
 
 
 def test_a_step_that_comes_out_nonfinite_is_undone_and_counted(

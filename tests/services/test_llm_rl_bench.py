@@ -27,7 +27,7 @@ def test_two_steps_of_each_path_write_the_reward_curve_and_the_step_split(
     system: str, tmp_path: Path
 ) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "bench.llm_rl", system, "900", str(tmp_path), "2"],
+        [sys.executable, "-m", "bench.llm_rl", system, "900", str(tmp_path), "single-digit", "2"],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -48,5 +48,11 @@ def test_two_steps_of_each_path_write_the_reward_curve_and_the_step_split(
     assert figures["generation_s"] > 0 and figures["training_s"] > 0, result["steps"]
     if system == "trl":
         assert result["trl"] == "1.16.0" and result["config"]["num_generations"] == GROUP_SIZE
+        # the settings every system runs: float32, no gradient checkpointing, no clipping, Adam's betas 0.9 and
+        # 0.95 (GRPOConfig's defaults differ in each)
+        config = result["config"]
+        assert not config["gradient_checkpointing"] and not config["bf16"] and not config["fp16"]
+        assert config["max_grad_norm"] == 0.0 and (config["adam_beta1"], config["adam_beta2"]) == (0.9, 0.95)
+        assert "down_proj" in result["lora_targets"] and result["settings"]["precision"] == "float32"
     else:  # the cookbook saves the adapter and samples with it after each step: our weight sync
         assert figures["weight_sync_s"] > 0, result["steps"]

@@ -4,10 +4,12 @@ the run's counters, and while watching, the env steps/s of the last views as a s
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
+import pytest
 from rich.console import Console
 
-from tinker_atropos.launcher.status import sparkline, status_view, watch_status
+from tinker_atropos.launcher.status import find_run, print_status, sparkline, status_view, watch_status
 from tinker_atropos.state.experience import add_stats
 from tinker_atropos.state.registry import Registration
 
@@ -71,6 +73,20 @@ def test_watching_a_redis_that_is_away_says_so_and_keeps_watching() -> None:
     assert (
         "cannot reach Redis at redis://127.0.0.1:1/0" in screen.getvalue() and "retrying" in screen.getvalue()
     )
+
+
+def test_status_where_no_run_is_says_so_first_and_what_to_pass(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Outside a run folder the Redis tried is only the default: that there is no run here leads, not its error."""
+    found = find_run(None, None, tmp_path)
+    assert (found.url, found.run) == ("redis://127.0.0.1:6379/0", None)
+    assert print_status("redis://127.0.0.1:1/0", None, found.lost) == 1  # the default, where nothing answers
+    shown = " ".join(capsys.readouterr().out.split())
+    assert shown.startswith(
+        f"no run here: no run folder in {tmp_path} nor under {tmp_path / 'runs'}, and none at "
+    ), shown
+    assert shown.endswith("pass a run folder (`tinker-atropos status RUN_DIR`) or --redis-url"), shown
 
 
 def test_a_sparkline_scales_to_its_highest_rate() -> None:

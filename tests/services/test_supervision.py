@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -16,9 +18,13 @@ from rich.console import Console
 from tests.support.processes import child_pids, stop_process, wait_for
 from tests.support.running import REPO, start_up
 from tests.support.running import report_rows as metrics
+from tinker_atropos.config import load_config
 from tinker_atropos.errors import EXIT_FATAL
 from tinker_atropos.launcher import supervisor
 from tinker_atropos.launcher.supervisor import Child, kill_hung, supervise
+from tinker_atropos.launcher.up import UpOptions, run_local
+from tinker_atropos.processes import free_port
+from tinker_atropos.state.embedded import EmbeddedValkey
 
 
 def service_pid(run_dir: Path, kind: str) -> int | None:
@@ -207,3 +213,47 @@ def test_only_a_child_seen_since_its_start_and_silent_while_redis_answered_is_ki
         assert "flaky has shown no heartbeat for 0 s though its process runs" in console.file.getvalue()
     finally:
         child.wait(time.monotonic())
+
+
+def test_a_fixed_port_in_use_fails_up_at_once_naming_its_setting(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found before anything starts, not by the trainer seconds into its start-up (``max_seconds`` bounds a run
+    that would start anyway)."""
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        settings = ["trainer.tinker.enabled=true", f"trainer.tinker.port={port}"]
+        config = load_config(REPO / "configs" / "pendulum.yaml", settings)
+        code = run_local(config, tmp_path / "run", None, UpOptions(max_seconds=5))
+    shown = capsys.readouterr().out
+    assert code == EXIT_FATAL, shown[-3000:]
+    assert shown == f"error: trainer.tinker.port {port} is in use on 127.0.0.1: free it or set another\n", (
+        shown
+    )
+    assert not (tmp_path / "run").exists()  # nothing written, nothing started
+
+
+@pytest.mark.integration
+def test_ctrl_c_during_start_up_reports_the_time_since_up_began(tmp_path: Path) -> None:
+    """Ctrl-C while ``up`` waits for its Redis, before any service starts: the summary's time counts from the
+    start of ``up``, not from the services' start."""
+    port = free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    up = start_up(REPO / "configs" / "pendulum.yaml", tmp_path / "run", "--redis-url", url)
+    server = None
+    try:
+        assert up.stdout is not None
+        seen = [up.stdout.readline()]
+        while "unreachable" not in seen[-1] and seen[-1]:  # waiting for Redis: its Ctrl-C handler is set
+            seen.append(up.stdout.readline())
+        time.sleep(1.5)
+        up.send_signal(signal.SIGINT)
+        server = EmbeddedValkey(tmp_path / "valkey", port=port)  # up goes on to its summary
+        output = "".join(seen) + up.communicate(timeout=60)[0]
+    finally:
+        if up.poll() is None:
+            up.kill()
+        if server is not None:
+            server.stop()
+    stopped = re.search(r"stopped \(Ctrl-C\) after ([0-9.]+) s", output)
+    assert stopped is not None and float(stopped[1]) >= 1.5, output[-3000:]

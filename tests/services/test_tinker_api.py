@@ -15,6 +15,7 @@ import pytest
 import redis
 import tinker
 import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tinker import types
 from tinker.types import RequestErrorCategory
 
@@ -118,7 +119,9 @@ def test_capabilities_list_the_run_policy_and_the_language_models(trainer: Tinke
 # --- training the control policy -----------------------------------------------------------------------------
 
 
-def test_ppo_steps_lower_the_loss_on_fixed_data(service: tinker.ServiceClient) -> None:
+def test_ppo_steps_lower_the_loss_on_fixed_data(
+    service: tinker.ServiceClient, trainer: TinkerTrainer
+) -> None:
     client = service.create_lora_training_client(base_model=POLICY).result(timeout=60)
     info = client.get_info()
     assert info.model_name == POLICY and not info.is_lora
@@ -136,6 +139,13 @@ def test_ppo_steps_lower_the_loss_on_fixed_data(service: tinker.ServiceClient) -
             assert output.metrics["loss:sum"] == pytest.approx(expected, rel=1e-4)
         losses.append(output.metrics["loss:sum"])
     assert losses[-1] < losses[0] - 0.1 * abs(losses[0]), losses  # 7.19 to 5.92 (the clip bounds it)
+    # each step in the trainer's TensorBoard log as it is taken, tagged by the model's id
+    events = EventAccumulator(str(trainer.run_dir / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    logged = events.Scalars(f"tinker/{client.model_id}/loss")
+    assert [p.step for p in logged] == list(range(1, 9))
+    assert [p.value for p in logged] == pytest.approx(losses, rel=1e-5)
+    assert {p.value for p in events.Scalars(f"tinker/{client.model_id}/tokens")} == {T}
 
 
 def test_saved_state_with_optimizer_continues_identically(service: tinker.ServiceClient) -> None:

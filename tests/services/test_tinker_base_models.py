@@ -3,7 +3,9 @@ five transformers families, saved here as Hugging Face folders (``tests/support/
 real trainer through ``trainer.tinker.base_models``: listed with their context, trained with LoRA and fully
 through the official SDK, sampled with a string stop; one adapter's step changes no other model of its base; the
 LoRA models past ``max_adapters_per_base`` are refused with the setting named, the others unwedged. A folder that
-cannot be served fails the start with one line naming it."""
+cannot be served fails the start with one line naming it. A LoRA model of a folder leaves the run through
+``tinker-atropos export`` as a PEFT adapter over that folder and as a merged folder, both giving the server's
+log-probabilities in transformers."""
 
 from __future__ import annotations
 
@@ -14,10 +16,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tinker
+import yaml
+from peft import PeftModel
 from tinker import types
+from transformers import AutoModelForCausalLM
 
-from tests.support.hf_models import FAMILIES, custom_code_folder, model_folder
+from tests.support.hf_models import FAMILIES, custom_code_folder, model_folder, transformers_logprobs
 from tests.support.processes import Processes
+from tests.support.running import cli
 from tests.support.tinker_server import KEY, TinkerTrainer, sdk_session, serving
 from tinker_atropos.errors import EXIT_FATAL
 from tinker_atropos.models import tiny_lm
@@ -28,6 +34,7 @@ pytestmark = pytest.mark.integration
 TOK = tiny_lm.ByteTokenizer()
 ADAM = types.AdamParams(learning_rate=1e-2)
 SMALL_STEP = types.AdamParams(learning_rate=1e-3)
+TOLERANCE = 1e-4  # float32 log-probabilities; folding B A into W reorders the sums
 
 
 def datum(text: str) -> types.Datum:
@@ -120,6 +127,41 @@ def test_one_adapters_step_leaves_the_other_models_of_its_base_and_past_the_limi
         full.forward_backward([probe], "cross_entropy").result(timeout=60)
         other.forward_backward([probe], "cross_entropy").result(timeout=60)  # the refusal wedged nothing
         other.optim_step(ADAM).result(timeout=60)
+
+
+def test_a_lora_model_of_a_folder_leaves_the_run_as_an_adapter_and_merged_with_the_servers_logprobs(
+    trainer: TinkerTrainer, tmp_path: Path
+) -> None:
+    tokens = TOK.encode("a folder's model, out of the run", add_bos=True)
+    probe = datum("a folder's model, out of the run")
+    with sdk_session(trainer) as service:
+        client = service.create_lora_training_client(base_model="local/qwen3", rank=4, seed=0).result(
+            timeout=60
+        )
+        for _ in range(2):  # B away from zero: an adapter that changes the logits
+            client.forward_backward([probe], "cross_entropy")
+            client.optim_step(ADAM).result(timeout=60)
+        served = client.forward([probe], "cross_entropy").result(timeout=60)
+        server = served.loss_fn_outputs[0]["logprobs"].to_numpy()
+        checkpoint = client.save_state("trained").result(timeout=60).path
+    saved = trainer.run_dir / "tinker" / client.model_id.replace(":", "_") / "weights" / "trained.pt"
+    # a trainer started alone has no config.yaml in its run folder: the config that served the folder is named;
+    # the adapter from the tinker:// path, the merged folder from the run folder's newest checkpoint (this one)
+    for fmt, chosen in (("peft", ["--checkpoint", checkpoint]), ("merged", [])):
+        options = ["--config", str(trainer.config), "--format", fmt, "--out", str(tmp_path / fmt), *chosen]
+        made = cli("export", str(trainer.run_dir), *options)
+        assert made.returncode == 0, made.stderr[-3000:]
+        assert f" of local/qwen3 from {saved} " in made.stdout, made.stdout
+
+    folder = yaml.safe_load(trainer.config.read_text())["trainer"]["tinker"]["base_models"]["local/qwen3"]
+    adapter = json.loads((tmp_path / "peft" / "adapter_config.json").read_text())
+    assert adapter["base_model_name_or_path"] == str(Path(folder).resolve())  # the folder that was served
+    base = AutoModelForCausalLM.from_pretrained(folder)
+    assert np.abs(transformers_logprobs(base, tokens[:-1], tokens[1:]) - server).max() > 10 * TOLERANCE
+    peft = PeftModel.from_pretrained(base, tmp_path / "peft")
+    assert np.abs(transformers_logprobs(peft, tokens[:-1], tokens[1:]) - server).max() < TOLERANCE
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
+    assert np.abs(transformers_logprobs(merged, tokens[:-1], tokens[1:]) - server).max() < TOLERANCE
 
 
 def test_a_folder_that_cannot_be_served_fails_the_start_with_one_line_naming_it(

@@ -1,11 +1,13 @@
 """In the worker: the forward_backward requests of LoRA models of one base that are ready together
 run as one batched pass, and every model ends as it would have with ``trainer.tinker.batch_models`` off (each in its
-own lane): its responses, its steps, its parameters. A request with a bad datum fails alone, and a worker restarted
-after a batched pass replays each model's accumulation alone to the same state."""
+own lane): its responses, its steps, its parameters, what each step tells the trainer's log. A request with a bad
+datum fails alone, and a worker restarted after a batched pass replays each model's accumulation alone to the same
+state."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -94,6 +96,21 @@ def _losses(store: Store, model: str) -> list[float]:
     return found
 
 
+def _tokens(model: str, seq: int) -> int:
+    """The positions of ``_forward_backward(model, seq)``'s data."""
+    return int(np.random.default_rng(seq * 10 + MODELS.index(model)).integers(4, 12, 2).sum())
+
+
+class Told:
+    """What a worker's steps told its log: (tag, step) -> value."""
+
+    def __init__(self) -> None:
+        self.points: dict[tuple[str, int], float] = {}
+
+    def __call__(self, points: Mapping[str, float], step: int) -> None:
+        self.points |= {(tag, step): value for tag, value in points.items()}
+
+
 @pytest.fixture
 def passes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """How many requests each batched pass ran."""
@@ -112,13 +129,16 @@ def test_a_batched_pass_leaves_every_model_as_its_own_lane_would_and_a_bad_datum
     redis_client: redis.Redis, tmp_path: Path, passes: list[int]
 ) -> None:
     apart_store = _store(redis_client, "apart", tmp_path / "apart")
-    apart = Worker(apart_store, redis_client, _config(batch_models=False), torch.device("cpu"))
+    told_apart, told = Told(), Told()
+    apart = Worker(
+        apart_store, redis_client, _config(batch_models=False), torch.device("cpu"), training_log=told_apart
+    )
     while apart.step():
         pass
     assert passes == []
 
     store = _store(redis_client, "together", tmp_path / "together")
-    worker = Worker(store, redis_client, _config(), torch.device("cpu"))
+    worker = Worker(store, redis_client, _config(), torch.device("cpu"), training_log=told)
     worker.passes = 1  # one pass of all three whatever this machine's cores
     while worker.step():
         pass
@@ -132,6 +152,19 @@ def test_a_batched_pass_leaves_every_model_as_its_own_lane_would_and_a_bad_datum
         np.testing.assert_allclose(_losses(store, model), _losses(apart_store, model), rtol=1e-5)
     for model, adapter in _adapters(worker).items():
         torch.testing.assert_close(adapter, _adapters(apart)[model], atol=1e-5, rtol=1e-4)
+    # each model's steps, tagged by its id at its version: the loss and tokens of the passes since its last step
+    # (the bad model's first step had none); no grad_norm, as no step was clipped
+    assert told.points.keys() == told_apart.points.keys()
+    for (tag, step), value in told.points.items():
+        assert value == pytest.approx(told_apart.points[tag, step], rel=1e-5), (tag, step)
+    for model in MODELS:
+        assert [told.points[f"tinker/{model}/tokens", step] for step in (1, 2)] == [
+            0 if model == BAD else _tokens(model, 1),
+            _tokens(model, 3),
+        ]
+        # its second step's: the loss its second forward_backward answered
+        assert told.points[f"tinker/{model}/loss", 2] == pytest.approx(_losses(store, model)[-1], rel=1e-6)
+    assert {tag.rsplit("/", 1)[1] for tag, _ in told.points} == {"loss", "tokens"}
 
 
 def test_a_restart_after_a_batched_pass_replays_each_models_accumulation(

@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tinker
-import torch
 from peft import PeftModel
 from tinker import types
 from transformers import AutoModelForCausalLM
 
+from tests.support.hf_models import transformers_logprobs
 from tests.support.running import cli
 from tests.support.tinker_server import KEY, TinkerTrainer, sdk_session, serving
 from tinker_atropos.models import smollm2
@@ -31,12 +31,6 @@ TOLERANCE = 1e-4  # float32 log-probabilities; folding B A into W reorders the s
 def trainer(valkey: EmbeddedValkey, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TinkerTrainer]:
     with serving(tmp_path_factory.mktemp("tk-out"), valkey.url, "tk-out", long_poll_s=0.5) as server:
         yield server
-
-
-def transformers_logprobs(model: torch.nn.Module, tokens: list[int], targets: list[int]) -> np.ndarray:
-    with torch.no_grad():
-        logits = model.eval()(input_ids=torch.tensor([tokens])).logits[0]
-    return torch.log_softmax(logits, -1)[torch.arange(len(targets)), torch.tensor(targets)].numpy()
 
 
 def test_smollm2_lora_leaves_as_a_peft_adapter_and_merged_with_the_servers_logprobs(

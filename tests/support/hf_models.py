@@ -1,12 +1,14 @@
 """Small causal LMs of several transformers families, built here from a config with random weights (hidden 32, two
 layers) and saved as Hugging Face folders with the tiny LM's byte tokenizer beside them: what
-``trainer.tinker.base_models`` serves, without a download."""
+``trainer.tinker.base_models`` serves, without a download; folders that only look servable (a BERT model, code of
+its own); and the log-probabilities transformers gives of a model exported from a run."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from tinker_atropos.models import tiny_lm
@@ -37,6 +39,34 @@ def model_folder(directory: Path, family: str, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config)
     model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def transformers_logprobs(model: torch.nn.Module, tokens: list[int], targets: list[int]) -> np.ndarray:
+    """log p(targets[t] | tokens[:t+1]) through a transformers (or PEFT) model: what an exported model is checked
+    against the server's with."""
+    with torch.no_grad():
+        logits = model.eval()(input_ids=torch.tensor([tokens])).logits[0]
+    return torch.log_softmax(logits.float(), -1)[torch.arange(len(targets)), torch.tensor(targets)].numpy()
+
+
+def bert_folder(directory: Path, head: str) -> Path:
+    """``directory`` holding a random BERT model saved as transformers' class ``head`` (``BertForMaskedLM``, the
+    encoder BERT is; ``BertLMHeadModel``, which transformers lists among its causal LMs) with the byte tokenizer:
+    config, weights and tokenizer all readable, yet no decoder-only causal LM."""
+    import transformers
+
+    tokenizer = tiny_lm.ByteTokenizer()
+    config = transformers.BertConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        vocab_size=tokenizer.vocab_size,
+        max_position_embeddings=256,
+    )
+    getattr(transformers, head)(config).save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
 

@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,15 +79,23 @@ class RunningUp:
 
 
 @contextmanager
-def atropos_up(directory: Path, base: str, max_seconds: int, report_interval_s: float) -> Iterator[RunningUp]:
-    """``up`` of ``configs/BASE`` (an Atropos config) on free ports, reporting every ``report_interval_s``; stopped
-    (SIGTERM, its drain) when the block ends, its console read to the end."""
+def atropos_up(
+    directory: Path,
+    base: str,
+    max_seconds: int,
+    report_interval_s: float,
+    edit: Callable[[dict[str, Any]], None] | None = None,
+) -> Iterator[RunningUp]:
+    """``up`` of ``configs/BASE`` (an Atropos config, changed by ``edit``) on free ports, reporting every
+    ``report_interval_s``; stopped (SIGTERM, its drain) when the block ends, its console read to the end."""
     from tinker_atropos.processes import free_port
 
     config = yaml.safe_load((REPO / "configs" / base).read_text())
     config["atropos"]["port"] = free_port()
     config["trainer"]["atropos"]["inference_port"] = free_port()
     config["run"]["report_interval_s"] = report_interval_s
+    if edit is not None:
+        edit(config)
     (directory / "run.yaml").write_text(yaml.safe_dump(config))
     run = RunningUp(
         config,

@@ -189,3 +189,15 @@ def test_an_unknown_key_that_is_no_identifier_is_an_unknown_field() -> None:
     """A YAML key such as ``0# a comment: text`` is no union branch of a field: named as an unknown field."""
     with pytest.raises(ConfigError, match=r"  0# a: b: unknown field \(fields here: run, "):
         parse_config({"0# a: b": "text"})
+
+
+@pytest.mark.parametrize("name", ["tiny-byte-lm", "HuggingFaceTB/SmolLM2-135M-Instruct", "mlp-gaussian/x"])
+def test_a_model_folder_cannot_take_a_built_in_models_name(name: str) -> None:
+    """Served under SmolLM2's name, a folder replaced the packaged model, while an export of its checkpoint was
+    built on the packaged one."""
+    with pytest.raises(ConfigError) as error:
+        parse_config({"trainer": {"tinker": {"base_models": {name: "/models/mine"}}}})
+    assert (
+        f"trainer.tinker.base_models: {name!r} names a model this server builds itself (a folder under it would "
+        "replace that model); choose another name" in str(error.value)
+    )

@@ -4,6 +4,7 @@ the observation normaliser folded in, in ONNX Runtime and as a torch.export prog
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -123,3 +124,27 @@ def test_export_from_a_run_folder_and_its_errors(tmp_path: Path) -> None:
             2,
             f"error: run folder {tmp_path / 'no-such-run'} does not exist (`up` makes runs/RUN_NAME)",
         )
+
+
+def test_a_missing_export_extra_is_one_line_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without onnxscript (a plain install), torch's exporter fails 60 lines deep on its import: the command says
+    which extra to install instead, in one line, and writes nothing."""
+    from typer.testing import CliRunner
+
+    from tinker_atropos.launcher.cli import app
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text((REPO / "configs" / "pendulum.yaml").read_text())
+    model = trained_looking("gaussian")
+    record = {"spec": model.spec, "version": 1, "weights": weights_to_bytes(model)}
+    save_checkpoint(run_dir / "checkpoints", 1, {"policy": record}, keep=2)
+    monkeypatch.setitem(sys.modules, "onnxscript", None)  # what importlib finds of a package not installed
+    result = CliRunner().invoke(app, ["export", str(run_dir), "--format", "onnx"])
+    assert (result.exit_code, result.output.strip()) == (
+        2,
+        "error: the ONNX exporter needs onnxscript: pip install 'tinker-atropos[export]'",
+    )
+    assert not (run_dir / "policy.onnx").exists()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -16,12 +17,18 @@ import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
+from tinker_atropos.config import TinkerSection
 from tinker_atropos.models import hf_export, lora
 from tinker_atropos.tinker_api.engine import weights_out
 from tinker_atropos.tinker_api.wire import WireError
 from tinker_atropos.training.served import TINY_LM, LanguageModel, checkpoint
 
 TOLERANCE = 1e-4  # float32: folding B A into W reorders the sums
+
+
+def read(state: dict) -> LanguageModel:
+    """A checkpoint's model as ``export`` rebuilds it, for a run whose config serves no model folder."""
+    return weights_out.from_checkpoint(state, TinkerSection(), "run/config.yaml")
 
 
 def llama(folder: Path) -> LlamaForCausalLM:
@@ -89,9 +96,15 @@ def test_the_peft_adapter_and_the_merged_folder_give_our_logits(tmp_path: Path, 
         )
     assert (logits(peft.eval()) - ours).abs().max() == 0.0  # the same operations: the same numbers
 
-    hf_export.write_merged(model, tmp_path / "merged", tmp_path / "base")
+    written += hf_export.write_merged(model, tmp_path / "merged", tmp_path / "base")
     merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
     assert (logits(merged) - ours).abs().max() < TOLERANCE
+    # every file as open() makes one (0644 under a umask of 022), the weights too (safetensors writes 0600)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    assert {path.name: path.stat().st_mode & 0o777 for path in written} == dict.fromkeys(
+        [path.name for path in written], 0o666 & ~mask
+    )
     # the tied head's adapter went into a head of its own; the input embeddings are the base's
     assert merged.config.tie_word_embeddings is not unembed
     assert torch.equal(merged.model.embed_tokens.weight, model.model.embed_tokens.weight)
@@ -118,10 +131,29 @@ def test_the_tiny_lm_and_a_bad_checkpoint_are_refused_in_one_line(tmp_path: Path
     assert not any(tmp_path.iterdir())  # nothing half-written
 
     state = checkpoint(tiny, {"base_model": TINY_LM, "lora": {"rank": 2}})
-    assert weights_out.from_checkpoint(state).lora  # a tiny LM's checkpoint reads back...
-    with pytest.raises(WireError, match="not a Tinker checkpoint"):
-        weights_out.from_checkpoint({"version": 3})
+    assert read(state).lora  # a tiny LM's checkpoint reads back...
+    with pytest.raises(WireError, match="neither a Tinker checkpoint nor an Atropos loop's"):
+        read({"version": 3})
     with pytest.raises(WireError, match="not a language model"):
-        weights_out.from_checkpoint({**state, "record": {"base_model": "mlp-gaussian/Pendulum-v1"}})
+        read({**state, "record": {"base_model": "mlp-gaussian/Pendulum-v1"}})
     with pytest.raises(WireError, match="does not fit"):  # ...and one of another rank does not fit
-        weights_out.from_checkpoint({**state, "record": {"base_model": TINY_LM, "lora": {"rank": 3}}})
+        read({**state, "record": {"base_model": TINY_LM, "lora": {"rank": 3}}})
+    # a model folder's name that the run's config does not hold: the line says where it looked
+    with pytest.raises(
+        WireError, match=r"'local/qwen3', which is neither built in nor named by trainer\.tinker\."
+    ):
+        read({**state, "record": {"base_model": "local/qwen3", "lora": {"rank": 2}}})
+
+
+def test_an_atropos_loops_checkpoint_reads_back_as_the_model_it_trained() -> None:
+    """The Atropos loop's layout (``AtroposLoop.save``): the core's state and the base model's name."""
+    trained = LanguageModel(TINY_LM, {"rank": 2}, torch.device("cpu"))
+    with torch.no_grad():
+        for layer in trained.adapter.values():
+            layer.lora_b.normal_(0.0, 0.05)
+    state = {"core": trained.core.state_dict(), "step": 3, "counters": {}, "base_model": TINY_LM}
+    back = read(state)
+    assert back.lora and back.base_model == TINY_LM
+    assert all(
+        torch.equal(back.adapter[name].lora_b, layer.lora_b) for name, layer in trained.adapter.items()
+    )

@@ -73,6 +73,7 @@ FLOORS: dict[str, frozenset[str]] = {
         "trainer/__init__": "",
         "trainer/figures": "state",
         "trainer/tensorboard": "config errors state",
+        "trainer/atropos_figures": "trainer/tensorboard training",
         "trainer/learner_channels": "",
         "trainer/learner_replicas": "algorithms errors protocol trainer/learner_channels training",
         "trainer/batcher": "algorithms config logs protocol trainer/figures",
@@ -90,15 +91,17 @@ FLOORS: dict[str, frozenset[str]] = {
         ),
         "trainer/atropos_loop": (
             "config errors frontends/http frontends/inference models protocol state tinker_api/base_models "
-            "trainer/checkpointing trainer/figures trainer/trajectory_api training"
+            "trainer/atropos_figures trainer/checkpointing trainer/figures trainer/tensorboard "
+            "trainer/trajectory_api training"
         ),
         "trainer/service": (
             "config device protocol service_host state tinker_api/service trainer/atropos_loop "
-            "trainer/checkpointing trainer/experience_loop training"
+            "trainer/checkpointing trainer/experience_loop trainer/figures trainer/tensorboard training"
         ),
         "launcher": (
-            "config environment errors frontends/atropos frontends/http logs models processes rollout "
-            "security service_host state tinker_api/engine tinker_api/store tinker_api/wire trainer/service"
+            "config environment errors frontends/atropos frontends/http frontends/inference logs models processes "
+            "rollout security service_host state tinker_api/base_models tinker_api/engine tinker_api/store "
+            "tinker_api/wire trainer/service training"
         ),
         "tinker_atropos": "environment",  # the package's __init__: the vector envs, on first use
         "__main__": "launcher",

@@ -40,7 +40,26 @@ class AtroposTrainerSection(Section):
         "importance_sampling", description="Tinker loss over the group-relative advantages."
     )
     learning_rate: float = Field(3e-3, gt=0, description="AdamW step size.")
+    adam_beta1: float = Field(0.9, ge=0, lt=1, description="AdamW's first-moment decay.")
+    adam_beta2: float = Field(
+        0.95,
+        ge=0,
+        lt=1,
+        description="AdamW's second-moment decay: 0.95 as the Tinker Cookbook's and TRL's LLM RL recipes run "
+        "it (0.999 lets a rare large gradient shrink the steps for hundreds of updates).",
+    )
+    grad_clip_norm: float = Field(
+        1.0,
+        ge=0,
+        description="Clip the global gradient norm to this before each step; 0: no clipping (Tinker's AdamParams "
+        "reads it so).",
+    )
     lora_rank: int = Field(0, ge=0, description="LoRA rank on base_model; 0 trains every parameter.")
+    lora_train_unembed: bool = Field(
+        True,
+        description="LoRA adapts the unembedding (the output layer) too, besides every attention and MLP projection, "
+        "as Tinker's LoraConfig does by default; TRL's GRPOTrainer cannot (it reads the layer's weight directly).",
+    )
     inference_host: str = Field(
         "127.0.0.1", description="Address of the inference endpoint the environments sample from."
     )
@@ -102,6 +121,13 @@ class AtroposSection(Section):
         "{inference_url} and {atropos_config} are replaced by this Python, the trajectory API's URL, trainer.atropos's "
         "inference URL, and an atroposlib --config file (mode 0600) holding both URLs with the run's keys. The two bare "
         "URLs carry no key: `up` refuses them unless --insecure.",
+    )
+    eval_every_steps: int = Field(
+        0,
+        ge=0,
+        description="Each environment runs its own evaluation (its BaseEnv's evaluate: held-out accuracy of the "
+        "served model) every this many trainer steps, atroposlib's steps_per_eval; `up` writes each result to "
+        "metrics.jsonl (an eval row) from RUN_DIR/evals. 0: never, whatever the environment's own default.",
     )
 
     @field_validator("environments")

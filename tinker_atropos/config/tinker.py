@@ -37,10 +37,10 @@ class TinkerSection(Section):
     max_models: int = Field(8, ge=1, description="Training models held at once; creating more is refused.")
     base_models: dict[str, str] = Field(
         {},
-        description="Causal LMs served besides tiny-byte-lm and SmolLM2: a Tinker base-model name -> a local Hugging "
-        "Face model folder (config.json, *.safetensors, tokenizer files) that transformers' AutoModelForCausalLM "
-        "loads (Llama, Qwen2/Qwen3, Mistral, Gemma, ...). Listed by get_server_capabilities with its context length; "
-        "checked at start (a folder missing, unreadable, of an architecture transformers cannot load, or bigger than "
+        description="Causal LMs served besides tiny-byte-lm and SmolLM2: a Tinker base-model name (neither of "
+        "theirs) -> a local Hugging Face model folder (config.json, *.safetensors, tokenizer files) that "
+        "transformers' AutoModelForCausalLM loads (Llama, Qwen2/Qwen3, Mistral, Gemma, ...). Listed by "
+        "get_server_capabilities with its context length; checked at start (a folder missing, unreadable, of an architecture transformers cannot load, or bigger than "
         "max_models_mb fails it with one line naming the path); its weights are read at its first model; nothing is "
         "downloaded.",
     )
@@ -151,7 +151,16 @@ class TinkerSection(Section):
     @field_validator("base_models")
     @classmethod
     def _base_model_names(cls, value: dict[str, str]) -> dict[str, str]:
+        """A folder under a built-in model's name would take that model's place: served instead of it, while the
+        name still means the built-in model to whatever reads it without this config."""
         for name in value:
-            if not name or name == TINY_LM or name.split("/")[0] in ("mlp-gaussian", "mlp-categorical"):
-                raise ValueError(f"{name!r} names a model this server builds itself; choose another name")
+            if (
+                not name
+                or name in (TINY_LM, SMOLLM2)
+                or name.split("/")[0] in ("mlp-gaussian", "mlp-categorical")
+            ):
+                raise ValueError(
+                    f"{name!r} names a model this server builds itself (a folder under it would replace that "
+                    "model); choose another name"
+                )
         return value

@@ -135,8 +135,10 @@ class TrainerSection(Section):
     )
     tensorboard: bool = Field(
         True,
-        description="Write TensorBoard event files to RUN_DIR/tensorboard (episodic return and length, SPS, "
-        "losses, policy version and lag, trainer busy): `tensorboard --logdir runs`.",
+        description="Write TensorBoard event files to RUN_DIR/tensorboard: `tensorboard --logdir runs`. A control "
+        "run's episodic return and length, SPS, losses, policy version and lag, trainer busy; the Atropos loop's "
+        "reward, answer length, sampler-learner KL, entropy, clip fraction, loss, gradient norm, tokens/s, "
+        "weight-sync time and evaluations; each Tinker client's model's loss, tokens and gradient norm.",
     )
     wandb: WandbSection = Field(default_factory=WandbSection)
     evaluation: EvaluationSection = Field(default_factory=EvaluationSection)

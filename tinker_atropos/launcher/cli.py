@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
@@ -115,7 +116,11 @@ def up(
     run_dir: RunDirOpt = None,
     redis_url: RedisOpt = None,
     target_return: Annotated[
-        float | None, typer.Option(help="Stop once the mean return of the last 10 episodes reaches this.")
+        float | None,
+        typer.Option(
+            help="Stop once the mean return (a language model's: reward) of the latest run.return_window "
+            "episodes (answers) reaches this."
+        ),
     ] = None,
     max_seconds: Annotated[
         float | None,
@@ -155,11 +160,12 @@ def up(
     """Start Redis (embedded Valkey unless a URL is given) and every service as its own process.
 
     A run folder that holds a run is resumed: the counters and --total-steps go on from where it stopped."""
+    began = time.monotonic()  # up's clock (UpOptions.began) counts its imports and the config's sizing too
     from tinker_atropos.launcher.up import UpOptions, run_local
 
     cfg = read_config(config, [*(settings or ()), *(() if seed is None else (f"run.seed={seed}",))])
     run_dir = run_dir or Path("runs") / cfg.run.name
-    options = UpOptions(total_steps, target_return, max_seconds, fresh, metrics, insecure)
+    options = UpOptions(total_steps, target_return, max_seconds, fresh, metrics, insecure, began=began)
     raise typer.Exit(run_local(cfg, run_dir, redis_url, options))
 
 
@@ -371,8 +377,8 @@ def status(
         raise typer.Exit(1) from None
     run = run or found.run
     if watch:
-        raise typer.Exit(watch_status(found.url, run, interval))
-    raise typer.Exit(print_status(found.url, run, found.hint))
+        raise typer.Exit(watch_status(found.url, run, interval, lost=found.lost))
+    raise typer.Exit(print_status(found.url, run, found.lost))
 
 
 RunConfigOpt = Annotated[
@@ -427,9 +433,26 @@ def _run_config(run_dir: Path, config: Path | None) -> Config:
 @app.command("eval")
 def evaluate(
     run_dir: Annotated[Path, typer.Argument(help="Run folder (its config.yaml and checkpoints/).")],
+    env_args: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="A language model's run: after --, options of the environments' evaluate (e.g. -- "
+            "--env.eval_prompts 16).",
+            show_default=False,
+        ),
+    ] = None,
     config: RunConfigOpt = None,
-    checkpoint: CheckpointOpt = None,
+    checkpoint: Annotated[
+        str | None,
+        typer.Option(
+            help="Checkpoint file (default: the run's newest); of a language model also a tinker:// path or an "
+            "exported Hugging Face folder (export --format merged)."
+        ),
+    ] = None,
     best: BestOpt = False,
+    base: Annotated[
+        bool, typer.Option("--base/--no-base", help="A language model's base, evaluated beside it.")
+    ] = True,
     episodes: Annotated[int, typer.Option(min=1, help="Whole episodes to play.")] = 10,
     stochastic: Annotated[
         bool,
@@ -445,22 +468,33 @@ def evaluate(
     video_episodes: Annotated[int, typer.Option(min=1, help="Episodes in the video.")] = 1,
     video_frames: Annotated[int, typer.Option(min=1, help="At most this many frames in the video.")] = 1000,
 ) -> None:
-    """Play whole episodes with a run's policy, in this process (no service needed)."""
+    """Evaluate a run's policy in this process: a control policy plays whole episodes (no service needed); a
+    language model is scored by its environments' own evaluation (an atroposlib BaseEnv's evaluate), beside its base."""
     if video is not None:
         from tinker_atropos.launcher.video import use_offscreen_rendering
 
         use_offscreen_rendering()  # before anything imports mujoco
+    from tinker_atropos.errors import EXIT_FATAL
     from tinker_atropos.launcher.evaluate import acting_policy
     from tinker_atropos.launcher.evaluate import evaluate as run_evaluation
+    from tinker_atropos.launcher.lm_eval import is_language_model_run
 
     cfg = _run_config(run_dir, config)
-    checkpoint = _checkpoint(run_dir, checkpoint, best)
-    result = _or_exit(run_evaluation, cfg, run_dir, episodes, not stochastic, seed, checkpoint)
+    if is_language_model_run(cfg):
+        _evaluate_language_model(run_dir, cfg, config, checkpoint, best, base, env_args or [], as_json)
+        return
+    if env_args:
+        typer.echo(
+            f"error: {' '.join(env_args)}: options after -- go to a language model's environments", err=True
+        )
+        raise typer.Exit(EXIT_FATAL)
+    file = _checkpoint(run_dir, None if checkpoint is None else Path(checkpoint), best)
+    result = _or_exit(run_evaluation, cfg, run_dir, episodes, not stochastic, seed, file)
     recorded = None
     if video is not None:
         from tinker_atropos.launcher.video import record
 
-        policy, _ = _or_exit(acting_policy, cfg, run_dir, checkpoint, seed)
+        policy, _ = _or_exit(acting_policy, cfg, run_dir, file, seed)
         recorded = _or_exit(record, cfg, policy, video, video_episodes, video_frames, not stochastic, seed)
     if as_json:
         extra: dict[str, Any] = {}
@@ -484,6 +518,37 @@ def evaluate(
         f"± {result.return_std:.1f} over {result.episodes} episodes (min {result.return_min:.1f}, max "
         f"{result.return_max:.1f}, mean length {result.length_mean:.0f})"
     )
+
+
+def _evaluate_language_model(
+    run_dir: Path,
+    cfg: Config,
+    config: Path | None,
+    checkpoint: str | None,
+    best: bool,
+    base: bool,
+    env_args: list[str],
+    as_json: bool,
+) -> None:
+    """``eval`` of a language model: its table (or JSON rows), the rows appended to the run's metrics.jsonl."""
+    from tinker_atropos.errors import EXIT_FATAL
+    from tinker_atropos.launcher.lm_eval import evaluate_run, side_by_side
+
+    if best:
+        typer.echo(
+            "error: --best names a control policy's checkpoint; give a language model's with --checkpoint",
+            err=True,
+        )
+        raise typer.Exit(EXIT_FATAL)
+    started = time.monotonic()
+    where = str(config or run_dir / "config.yaml")
+    rows = _or_exit(evaluate_run, cfg, run_dir, checkpoint, where, base, env_args)
+    if as_json:
+        typer.echo(json.dumps(rows))
+        return
+    for line in side_by_side(rows):
+        typer.echo(line)
+    typer.echo(f"{time.monotonic() - started:.0f} s in all; rows appended to {run_dir / 'metrics.jsonl'}")
 
 
 @app.command()
@@ -550,8 +615,8 @@ ExportCheckpointOpt = Annotated[
     str | None,
     typer.Option(
         "--checkpoint",
-        help="Checkpoint file (default: the run's newest); for peft and merged, a Tinker checkpoint's file or its "
-        "tinker://MODEL/weights/NAME path.",
+        help="Checkpoint file (default: the run's newest); for peft and merged, a checkpoint file of the Atropos "
+        "loop (RUN_DIR/atropos) or of the Tinker API, or its tinker://MODEL/weights/NAME path.",
     ),
 ]
 
@@ -559,14 +624,14 @@ ExportCheckpointOpt = Annotated[
 @app.command()
 def export(
     run_dir: Annotated[
-        Path, typer.Argument(help="Run folder (its config.yaml and checkpoints/, or tinker/).")
+        Path, typer.Argument(help="Run folder (its config.yaml and checkpoints/, atropos/ or tinker/).")
     ],
     fmt: Annotated[
         str,
         typer.Option(
             "--format",
             help="onnx or pt2 (torch.export): a run's control policy; peft (adapter folder) or merged (Hugging "
-            "Face model folder): a language model trained through the Tinker API.",
+            "Face model folder): a language model trained by the Atropos loop or through the Tinker API.",
         ),
     ] = "onnx",
     out: Annotated[
@@ -580,10 +645,10 @@ def export(
     best: BestOpt = False,
 ) -> None:
     """Write a run's deterministic policy, its observation normaliser folded in, for ONNX Runtime or torch; or a
-    Tinker language model's LoRA adapter for PEFT, or the model with it folded in for transformers."""
+    trained language model's LoRA adapter for PEFT, or the model with it folded in for transformers."""
     from tinker_atropos.errors import EXIT_FATAL
     from tinker_atropos.launcher.run_folder import run_policy
-    from tinker_atropos.models.export import FORMATS, export_policy
+    from tinker_atropos.models.export import FORMATS, MissingExtra, export_policy
     from tinker_atropos.tinker_api.engine.weights_out import FORMATS as LM_FORMATS
 
     if fmt not in FORMATS + LM_FORMATS:
@@ -598,6 +663,9 @@ def export(
     target = out or run_dir / f"policy.{fmt}"
     try:
         paths = export_policy(found.model, target, fmt)
+    except MissingExtra as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(EXIT_FATAL) from None
     except OSError as error:
         why = (
             "a file stands where its folder would be"
@@ -615,25 +683,29 @@ def export(
 def _export_language_model(
     run_dir: Path, fmt: str, out: Path | None, config: Path | None, checkpoint: str | None, best: bool
 ) -> None:
-    """``export --format peft|merged``: a Tinker checkpoint's language model to a folder."""
+    """``export --format peft|merged``: the language model of an Atropos loop's or a Tinker API's checkpoint to a
+    folder, over the base the run's config (its ``trainer.tinker``: checkpoint folder, model folders) served."""
+    from tinker_atropos.config import TinkerSection
     from tinker_atropos.errors import EXIT_FATAL
     from tinker_atropos.launcher.lm_export import checkpoint_of, export_language_model, tinker_root
 
     if best:
         typer.echo(
-            "error: --best names a control policy's checkpoint; give a Tinker one with --checkpoint", err=True
+            "error: --best names a control policy's checkpoint; give a language model's with --checkpoint",
+            err=True,
         )
         raise typer.Exit(EXIT_FATAL)
     if not run_dir.is_dir():
         typer.echo(f"error: run folder {run_dir} does not exist", err=True)
         raise typer.Exit(EXIT_FATAL)
-    config = config or run_dir / "config.yaml"
-    root = tinker_root(
-        run_dir, read_config(config).trainer.tinker.checkpoint_dir if config.exists() else None
-    )
-    file = _or_exit(checkpoint_of, root, checkpoint)
+    path = config or run_dir / "config.yaml"
+    if config is not None or path.exists():
+        tinker, where = read_config(path).trainer.tinker, str(path)
+    else:  # a trainer started without `up`, which writes it: the built-in models only
+        tinker, where = TinkerSection(), f"{path}, which does not exist"
+    file = _or_exit(checkpoint_of, run_dir, tinker_root(run_dir, tinker.checkpoint_dir), checkpoint)
     target = out or run_dir / f"export-{fmt}"
-    exported = _or_exit(export_language_model, file, fmt, target)
+    exported = _or_exit(export_language_model, file, fmt, target, tinker, where)
     what = "PEFT adapter" if fmt == "peft" else "Hugging Face model folder"
     typer.echo(
         f"{target}: {what} of {exported.base_model} from {exported.checkpoint} "

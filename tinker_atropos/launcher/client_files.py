@@ -16,13 +16,15 @@ from tinker_atropos.frontends.http import run_key
 from tinker_atropos.security import read_keys, write_secret
 
 ATROPOS_CONFIG = "atropos_env.yaml"
+EVALS = "evals"  # RUN_DIR/evals: the environments' periodic evaluations (data_dir_to_save_evals)
 
 
 def write_atropos_config(config: Config, run_dir: Path, token: str | None) -> Path:
     """The atroposlib ``--config`` file of the run's environments (``{atropos_config}``), mode 0600: the trajectory
     API's URL with the run's key as its password (atroposlib's environments send no header; aiohttp sends a URL's
     password as Basic auth), the inference endpoint's URL and key, and the trained model's name and tokenizer
-    (``tokenizer_folder``). Without keys (``--insecure``), plain URLs."""
+    (``tokenizer_folder``); with ``atropos.eval_every_steps``, atroposlib's ``steps_per_eval`` and where its
+    ``evaluate_log`` writes (RUN_DIR/evals, which ``up`` reads back). Without keys (``--insecure``), plain URLs."""
     trainer = config.trainer.atropos
     api_key = inference_key = None
     if token is not None:
@@ -37,29 +39,39 @@ def write_atropos_config(config: Config, run_dir: Path, token: str | None) -> Pa
             else run_key("inference", token)
         )
     credentials = f"atropos:{api_key}@" if api_key else ""
-    tokenizer = tokenizer_folder(config, run_dir)
-    rollout_server = f"http://{credentials}{config.atropos.host}:{config.atropos.port}"
-    fields = {
-        "env": {"rollout_server_url": rollout_server, "tokenizer_name": tokenizer},
-        "openai": {
-            "base_url": f"http://{trainer.inference_host}:{trainer.inference_port}/v1",
-            "api_key": inference_key or "none",
-            "model_name": trainer.base_model,
-            "tokenizer_name": tokenizer,
-        },
+    env = {"rollout_server_url": f"http://{credentials}{config.atropos.host}:{config.atropos.port}"}
+    every = config.atropos.eval_every_steps  # 0: off, whatever the environment's own default
+    env["steps_per_eval"] = every
+    if every:
+        env["data_dir_to_save_evals"] = str((run_dir / EVALS).resolve())
+    openai = {
+        "base_url": f"http://{trainer.inference_host}:{trainer.inference_port}/v1",
+        "api_key": inference_key or "none",
+        "model_name": trainer.base_model,
     }
-    path = run_dir / ATROPOS_CONFIG
+    return write_environment_config(
+        run_dir / ATROPOS_CONFIG, env, openai, tokenizer_folder(config, run_dir), "up"
+    )
+
+
+def write_environment_config(
+    path: Path, env: dict[str, object], openai: dict[str, object], tokenizer: str, command: str
+) -> Path:
+    """An atroposlib ``--config`` file at ``path`` (mode 0600): its ``env`` and ``openai`` (the inference
+    endpoint: base_url, api_key, model_name) sections, each naming ``tokenizer``."""
+    fields = {"env": {**env, "tokenizer_name": tokenizer}, "openai": {**openai, "tokenizer_name": tokenizer}}
     path.unlink(missing_ok=True)
-    header = "# written by `tinker-atropos up` for the run's Atropos environments (--config): it holds keys\n"
+    header = f"# written by `tinker-atropos {command}` for Atropos environments (--config): it holds keys\n"
     write_secret(path, header + yaml.safe_dump(fields))
     return path
 
 
-def tokenizer_folder(config: Config, run_dir: Path) -> str:
-    """Where the environments load the trained model's tokenizer from (atroposlib's ``tokenizer_name``), offline: a
-    model folder of ``trainer.tinker.base_models`` itself; the tiny LM's (``ByteTokenizer.save_pretrained``) and
-    SmolLM2's (from its package: 40 s once without the trainer's conversion) written once into the run folder."""
-    name = config.trainer.atropos.base_model
+def tokenizer_folder(config: Config, run_dir: Path, name: str | None = None) -> str:
+    """Where the environments load the tokenizer of ``name`` (default: the trained model) from (atroposlib's
+    ``tokenizer_name``), offline: a model folder of ``trainer.tinker.base_models`` itself; the tiny LM's
+    (``ByteTokenizer.save_pretrained``) and SmolLM2's (from its package: 40 s once without the trainer's conversion)
+    written once into the run folder."""
+    name = name or config.trainer.atropos.base_model
     folders = config.trainer.tinker.base_models
     if name in folders:
         return str(Path(folders[name]).expanduser().resolve())

@@ -8,7 +8,8 @@ keeps its rows in memory (the latest ``PENDING_ROWS``) until it takes them again
 write failures, are one line each, and ``write_failure`` says for how long.
 
 What a row says is ``run_figures.py``'s, where it is written ``metrics_file.py``'s; here, the reports themselves
-and the console's line.
+and the console's line, in a run's own words (``RunWords``): a control run's env steps, episodes and return, a
+language model's tokens, answers and reward.
 """
 
 from __future__ import annotations
@@ -16,12 +17,14 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import redis
 from rich.console import Console
 
+from tinker_atropos.launcher.lm_eval import PeriodicEvals, eval_line
 from tinker_atropos.launcher.metrics_file import MetricsFile
 from tinker_atropos.launcher.run_figures import RunFigures
 from tinker_atropos.state import keys
@@ -36,6 +39,33 @@ def _duration(seconds: float) -> str:
     minutes, seconds = divmod(round(seconds), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{seconds:02d}s"
+
+
+@dataclass(frozen=True)
+class RunWords:
+    """What a run's figures are called where a user reads them (the console, ``up``'s summary, ``report``): a
+    control run counts env steps, episodes and their return; a language model's (the Atropos loop's) counts the
+    trained tokens of its answers and their reward, and has no policy lag measured (its trainer serves the
+    samples itself), so none is shown."""
+
+    steps: str  # what the run's env_steps counter counts
+    step: str  # one of them, in the console's line
+    episodes: str
+    ret: str
+    lag: bool
+
+    @staticmethod
+    def of(language_model: bool) -> RunWords:
+        """A language model's words (``trainer.atropos.enabled``), or a control run's."""
+        return LANGUAGE_MODEL if language_model else CONTROL
+
+    def window(self, episodes: int) -> str:
+        """The latest ``episodes`` a mean return averages, as the summary and ``report`` say it."""
+        return f"last {episodes} {self.episodes}"
+
+
+CONTROL = RunWords("env steps", "steps", "episodes", "return", lag=True)
+LANGUAGE_MODEL = RunWords("tokens", "tokens", "answers", "reward", lag=False)
 
 
 def format_return(mean: float | None) -> str:
@@ -78,7 +108,8 @@ class TrainerWrites:
 
 
 class ProgressReporter:
-    """Reports a run's figures; ``counters``, ``wall_offset_s`` and ``policy_version`` continue a resumed run."""
+    """Reports a run's figures in its ``words``; ``counters``, ``wall_offset_s`` and ``policy_version`` continue a
+    resumed run."""
 
     def __init__(
         self,
@@ -90,20 +121,21 @@ class ProgressReporter:
         wall_offset_s: float = 0.0,
         policy_version: int = 0,
         return_window: int = RETURN_WINDOW,
+        words: RunWords = CONTROL,
     ) -> None:
-        self.client, self.run, self.console = connect_fast(url), run, console
+        self.client, self.run, self.console, self.words = connect_fast(url), run, console, words
         self.figures = RunFigures(self.client, run, return_window, counters, wall_offset_s, policy_version)
         self.metrics = MetricsFile(metrics_path, console)
+        self.evals = PeriodicEvals(metrics_path.parent)  # atropos.eval_every_steps's results
         self.trainer_writes = TrainerWrites(console)
         self.last_row: dict[str, Any] | None = None
         self.unreachable_since: float | None = None
         self.answering_since = time.monotonic()  # since when Redis has answered this reporter's reads
         # this reporter's marker key is in Redis: its disappearance means Redis lost its data
         self.marked = False
-        # up's bounds, for the progress bar and its ETA; steps counted from this invocation's first
+        # up's bounds, for the progress bar and its ETA
         self.total_steps: int | None = None
         self.max_seconds: float | None = None
-        self.first_steps = self.figures.last_steps
 
     @property
     def heartbeats(self) -> dict[str, float]:
@@ -170,11 +202,14 @@ class ProgressReporter:
             self.console.print(f"[green]Redis answers again after {self.outage_s():.1f} s")
             self.unreachable_since, self.answering_since = None, time.monotonic()
         self.metrics.append(row)
+        if (evaluation := self.evals.new(row)) is not None:
+            self.metrics.append(evaluation)
+            self.console.print(eval_line(evaluation), highlight=False)
         with contextlib.suppress(redis.RedisError):  # counted in the next report's row, not this one's
             add_stats(self.client, self.run, metrics_writes_failed=self.metrics.writes.take_unreported())
         self.last_row = row
         if show:
-            self._print(row)
+            self.console.print(self.line(row))
         return row
 
     def write_failure(self) -> tuple[str, float]:
@@ -183,26 +218,32 @@ class ProgressReporter:
         own = (self.metrics.writes.error, self.metrics.writes.failing_s)
         return max(own, self.trainer_writes.longest, key=lambda failure: failure[1])
 
-    def _print(self, row: dict[str, Any]) -> None:
+    def line(self, row: dict[str, Any]) -> str:
+        """The console's line of ``row``, in the run's words."""
         ret = format_return(row["episode_return_mean"])
         busy = "-" if row["trainer_busy"] is None else f"{row['trainer_busy']:.0%}"
         counters = row["counters"]
         rejected = sum(n for k, n in counters.items() if k.startswith("records_rejected_"))
-        notes = f"  [yellow]bad records {rejected}[/]" if rejected else ""
+        notes = f"  lag {row['policy_lag_mean']:.1f}" if self.words.lag else ""
+        if rejected:
+            notes += f"  [yellow]bad records {rejected}[/]"
         if cut := counters.get("episodes_cut_nonfinite", 0):
             notes += f"  [yellow]NaN episodes {cut}[/]"
-        self.console.print(
-            f"[bold]{row['env_steps']:>10,}[/] steps  {row['env_steps_per_s']:>8,.0f} steps/s  "
-            f"episodes {row['episodes']:>6}  return {ret:>8}  version {row['policy_version']:>5}  "
-            f"trainer busy {busy}  lag {row['policy_lag_mean']:.1f}{notes}{self._progress(row['env_steps'])}"
+        step, episodes, returned = self.words.step, self.words.episodes, self.words.ret
+        return (
+            f"[bold]{row['env_steps']:>10,}[/] {step}  {row['env_steps_per_s']:>8,.0f} {step}/s  "
+            f"{episodes} {row['episodes']:>6}  {returned} {ret:>8}  version {row['policy_version']:>5}  "
+            f"trainer busy {busy}{notes}{self._progress(row)}"
         )
 
-    def _progress(self, steps: int) -> str:
-        """A bar towards the bound that stops ``up`` first (--total-steps or --max-seconds), and its ETA."""
+    def _progress(self, row: dict[str, Any]) -> str:
+        """A bar towards the bound that stops ``up`` first (--total-steps or --max-seconds), and its ETA: the steps
+        left at the row's rate, over the latest ``run_figures.RATE_WINDOW_S`` (not since the start, whose start-up
+        would stretch it); "?" while no steps come."""
         elapsed = time.monotonic() - self.figures.start
+        steps, rate = row["env_steps"], row["env_steps_per_s"]
         bounds = []  # (seconds left, fraction done)
         if self.total_steps:
-            rate = (steps - self.first_steps) / max(elapsed, 1e-9)
             left = (self.total_steps - steps) / rate if rate > 0 else math.inf
             bounds.append((max(0.0, left), min(1.0, steps / self.total_steps)))
         if self.max_seconds:

@@ -1,12 +1,14 @@
 """What one row of ``up``'s progress (``progress.py``) says, read from Redis: the run's counters and latest
 episodes, and each live service's figures, the trainer's above all (its policy version, lag, losses, latest
-evaluation). Between two rows it keeps what a row is measured against: the last count of steps (the rate), each
-service's last heartbeat and incident counters, the trainer's latest figures and its Tinker API's address."""
+evaluation). Between two rows it keeps what a row is measured against: the counts of steps of the latest rows (the
+rate), each service's last heartbeat and incident counters, the trainer's latest figures and its Tinker API's
+address."""
 
 from __future__ import annotations
 
 import contextlib
 import time
+from collections import deque
 from typing import Any
 
 import redis
@@ -32,6 +34,26 @@ INCIDENT_WORDS = (
 )
 
 
+RATE_WINDOW_S = 30.0  # a row's steps/s is over at least this much of the latest rows' time (or all there is)
+
+
+class StepRate:
+    """Steps per second over the latest ``window_s`` of rows rather than since the last row alone: an Atropos
+    loop's steps come a batch at a time, seconds apart, and a rate per row swung from 0 to thousands."""
+
+    def __init__(self, now: float, steps: int, window_s: float = RATE_WINDOW_S) -> None:
+        self.window_s = window_s
+        self._points: deque[tuple[float, int]] = deque([(now, steps)])  # (time, steps) of the rows kept
+
+    def rate(self, now: float, steps: int) -> float:
+        """The rate from the newest row at least ``window_s`` old (the oldest kept, early on) to ``steps`` now."""
+        self._points.append((now, steps))
+        while len(self._points) > 2 and now - self._points[1][0] >= self.window_s:
+            self._points.popleft()
+        then, before = self._points[0]
+        return (steps - before) / max(now - then, 1e-9)
+
+
 def is_incident(name: str) -> bool:
     """Whether the counter ``name`` counts something refused, skipped, lost or failed."""
     return any(word in name for word in INCIDENT_WORDS)
@@ -53,7 +75,7 @@ class RunFigures:
         self.client, self.run, self.return_window = client, run, return_window
         self.start, self.wall_offset_s = time.monotonic(), wall_offset_s
         self.counters = dict(counters or {})  # the run's counters at the last row
-        self.last_time, self.last_steps = self.start, self.counters.get("env_steps", 0)
+        self.rate = StepRate(self.start, self.counters.get("env_steps", 0))
         # (service name, incarnation) -> its incident counters at the last row that saw it: a service that
         # restarted starts from 0, and a stopped one is gone from the registry by the time `up` sums up
         self.service_incidents: dict[tuple[str, str], dict[str, int]] = {}
@@ -90,7 +112,7 @@ class RunFigures:
             "env_steps": steps,
             "wall_time_s": round(self.wall_offset_s + now - self.start, 3),
             "time": round(time.time(), 3),  # unix time: lines the rows up with logs and outside events
-            "env_steps_per_s": round((steps - self.last_steps) / max(now - self.last_time, 1e-9), 1),
+            "env_steps_per_s": round(self.rate.rate(now, steps), 1),
             "episodes": stats.get("episodes", 0),
             "episode_return_mean": (sum(e["return"] for e in episodes) / len(episodes)) if episodes else None,
             "policy_version": self._policy_version,
@@ -112,7 +134,7 @@ class RunFigures:
             "chunks_queued": queued_chunks(self.client, self.run),
             "counters": stats,  # every run counter, as Redis holds it: what a resumed run starts from
         }
-        self.last_time, self.last_steps, self.counters = now, steps, stats
+        self.counters = stats
         return row
 
     def incidents(self) -> dict[str, int]:

@@ -120,7 +120,7 @@ class RunAddress:
 
     url: str
     run: str | None
-    hint: str = ""  # added to a failure to reach it: how else to name the run
+    lost: str = ""  # why no run was found, said before why the default Redis did not answer either
 
 
 def _is_run_folder(folder: Path) -> bool:
@@ -155,9 +155,7 @@ def find_run(run_dir: Path | None, url: str | None, here: Path) -> RunAddress:
             f"{len(found)} runs in {here / 'runs'} ({names}), {len(running)} of them running: pass "
             f"one, e.g. `tinker-atropos status {found[0]}`"
         )
-    return RunAddress(
-        DEFAULT_URL, None, f" (no run folder in {here} nor under {here / 'runs'}: pass one, or --redis-url)"
-    )
+    return RunAddress(DEFAULT_URL, None, f"no run here: no run folder in {here} nor under {here / 'runs'}")
 
 
 def _run_address(run_dir: Path) -> RunAddress:
@@ -188,8 +186,14 @@ def _run_address(run_dir: Path) -> RunAddress:
     return RunAddress(url, holder.run or None)
 
 
-def _redis_failure(error: redis.RedisError, redis_url: str, run: str | None) -> str:
-    """One line on why Redis did not give the figures."""
+def _redis_failure(error: redis.RedisError, redis_url: str, run: str | None, lost: str = "") -> str:
+    """One line on why Redis did not give the figures; led by ``lost`` where no run was found: the Redis tried is
+    then only the default, whose silence is not the news."""
+    if lost:
+        return (
+            f"{lost}, and none at the default {masked(redis_url)} ({describe(error)}): pass a run folder "
+            "(`tinker-atropos status RUN_DIR`) or --redis-url"
+        )
     if isinstance(error, redis.AuthenticationError):  # a subclass of ConnectionError: before it
         return login_refused(redis_url, error) + "; or pass the run folder: `tinker-atropos status RUN_DIR`"
     if isinstance(error, redis.ConnectionError):
@@ -199,7 +203,7 @@ def _redis_failure(error: redis.RedisError, redis_url: str, run: str | None) -> 
     return f"Redis at {masked(redis_url)} refused: {error}{hint}"
 
 
-def print_status(redis_url: str, run: str | None, hint: str = "") -> int:
+def print_status(redis_url: str, run: str | None, lost: str = "") -> int:
     """Print each run's services and counters; 1, with one line, when Redis does not answer within seconds."""
     # piped output (logs, scripts) gets full-width rows instead of wrapped, truncated cells
     console = Console() if sys.stdout.isatty() else Console(width=250)
@@ -208,7 +212,7 @@ def print_status(redis_url: str, run: str | None, hint: str = "") -> int:
         console.print(status_view(client, redis_url, run))
         return 0
     except redis.RedisError as error:
-        console.print(f"[red]{_redis_failure(error, redis_url, run)}{hint}", highlight=False)
+        console.print(f"[red]{_redis_failure(error, redis_url, run, lost)}", highlight=False)
         return 1
     finally:
         client.close()
@@ -220,6 +224,7 @@ def watch_status(
     interval_s: float = 1.0,
     frames: int | None = None,
     console: Console | None = None,
+    lost: str = "",
 ) -> int:
     """``status --watch``: the same view redrawn every ``interval_s`` (``frames`` times, or until Ctrl-C), with
     each run's env steps/s as a sparkline of the last minute. Redis going away is a line in the view, not an exit."""
@@ -233,7 +238,7 @@ def watch_status(
                 try:
                     view: RenderableType = status_view(client, redis_url, run, history)
                 except redis.RedisError as error:
-                    view = Text(f"{_redis_failure(error, redis_url, run)}; retrying", style="yellow")
+                    view = Text(f"{_redis_failure(error, redis_url, run, lost)}; retrying", style="yellow")
                 live.update(view, refresh=True)
                 shown += 1
                 if frames is None or shown < frames:

@@ -14,12 +14,13 @@ clients ``client_files.py``'s.
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis
@@ -34,7 +35,7 @@ from tinker_atropos.launcher.client_files import (
     write_atropos_config,
     write_client_env,
 )
-from tinker_atropos.launcher.progress import ProgressReporter, format_return
+from tinker_atropos.launcher.progress import ProgressReporter, RunWords, format_return
 from tinker_atropos.launcher.run_folder import (
     PreviousRun,
     clear_run_folder,
@@ -64,7 +65,8 @@ LOG_CHECK_INTERVAL_S = 1.0  # between two looks at the size of the services' log
 @dataclass(frozen=True)
 class UpOptions:
     """When ``up`` stops, besides Ctrl-C: ``total_steps`` counts the whole run (a resumed one included),
-    ``max_seconds`` this invocation's wall time, start-up included."""
+    ``max_seconds`` this invocation's wall time, start-up included: from ``began``, which the command sets first
+    (the config's sizing, the env's check and Valkey's start are seconds a user waits too)."""
 
     total_steps: int | None = None
     target_return: float | None = None
@@ -72,6 +74,7 @@ class UpOptions:
     fresh: bool = False
     metrics: bool = False  # every service serves Prometheus metrics on a free port (in `status`)
     insecure: bool = False  # the HTTP endpoints take no API key (TA_INSECURE for every child)
+    began: float = field(default_factory=time.monotonic)  # when `up` began (time.monotonic)
 
 
 def _clear_redis_run(url: str, run: str) -> int:
@@ -124,25 +127,37 @@ def run_local(config: Config, run_dir: Path, redis_url: str | None, options: UpO
 
 
 def _config_failure(config: Config, insecure: bool) -> str | None:
-    """Why the config cannot run here (its env does not build, the Atropos API's port is taken, an Atropos
-    environment would be handed a URL without the key its endpoint asks), or None."""
+    """Why the config cannot run here (a port it fixes is taken, its env does not build, an Atropos environment
+    would be handed a URL without the key its endpoint asks), or None."""
     keyless = None if insecure else _keyless_environment(config)
     if keyless is not None:
         return keyless
+    # checked here, or found by the service that binds it seconds into its start
+    for setting, host, port in _fixed_ports(config):
+        try:
+            socket.create_server((host, port)).close()
+        except OSError as error:
+            if error.errno == errno.EADDRINUSE:
+                return f"{setting} {port} is in use on {host}: free it or set another"
+            return f"{setting} {port} cannot be bound on {host}: {error.strerror or error}"
     try:
         if config.env.services:  # an Atropos run has no env service: its environments are Atropos programs
             check_env(config.env)
     except EnvError as error:
         return str(error)
-    if config.atropos.enabled:  # up holds the API's socket (service_children): free, before anything starts
-        try:
-            socket.create_server((config.atropos.host, config.atropos.port)).close()
-        except OSError as error:
-            return (
-                f"the Atropos trajectory API cannot bind atropos.host:atropos.port "
-                f"{config.atropos.host}:{config.atropos.port}: {error.strerror}"
-            )
     return None
+
+
+def _fixed_ports(config: Config) -> list[tuple[str, str, int]]:
+    """The ports the config fixes for the run's services to bind (0: a free one, never taken), with the field that
+    sets each: the Atropos trajectory API's (up holds its socket), the Tinker API's, the inference endpoint's."""
+    tinker, trainer = config.trainer.tinker, config.trainer.atropos
+    ports = [
+        ("atropos.port", config.atropos.host, config.atropos.port, config.atropos.enabled),
+        ("trainer.tinker.port", tinker.host, tinker.port, tinker.enabled),
+        ("trainer.atropos.inference_port", trainer.inference_host, trainer.inference_port, trainer.enabled),
+    ]
+    return [(setting, host, port) for setting, host, port, bound in ports if bound and port]
 
 
 # the placeholders of an environment command that are bare URLs, and the endpoint each names
@@ -212,9 +227,9 @@ def _run_locked(
         wall_offset_s=previous.wall_time_s if previous else 0.0,
         policy_version=(previous.policy_version or 0) if previous else 0,
         return_window=config.run.return_window,
+        words=RunWords.of(config.trainer.atropos.enabled),
     )
     reporter.total_steps, reporter.max_seconds = options.total_steps, options.max_seconds
-    started = time.monotonic()
     outcome = _Stop("stopped")
     children, client, tinker_keys = prepared.children, prepared.client, prepared.tinker_keys
 
@@ -222,7 +237,9 @@ def _run_locked(
         return write_client_env(run_dir, {**client, "TINKER_BASE_URL": tinker_url}, tinker_keys)
 
     try:
-        _supervise_run(config, options, children, server, reporter, stopping, started, run_dir, tinker_found)
+        _supervise_run(
+            config, options, children, server, reporter, stopping, options.began, run_dir, tinker_found
+        )
     except _Stop as stop:
         outcome = stop
     finally:
@@ -233,7 +250,14 @@ def _run_locked(
         if server is not None:
             server.stop()
     _summary(
-        console, config, run_dir, outcome.reason, time.monotonic() - started, reporter, previous, children
+        console,
+        config,
+        run_dir,
+        outcome.reason,
+        time.monotonic() - options.began,
+        reporter,
+        previous,
+        children,
     )
     return outcome.code
 
@@ -410,7 +434,7 @@ def _supervise_run(
             and row["episodes"] >= config.run.return_window
             and mean >= target
         ):
-            raise _Stop(f"mean return {mean:.1f} >= {target}")
+            raise _Stop(f"mean {reporter.words.ret} {format_return(mean)} >= {target}")
     raise _Stop(stopping[0])
 
 
@@ -424,8 +448,9 @@ def _summary(
     previous: PreviousRun | None,
     children: list[Child],
 ) -> None:
-    """Where the run got to, what went wrong on the way and where its files are: the last thing `up` prints."""
-    row = reporter.last_row or {}
+    """Where the run got to, at what overall rate, what went wrong on the way and where its files are (the Tinker
+    clients' checkpoints too): the last thing `up` prints, in the run's words."""
+    row, words = reporter.last_row or {}, reporter.words
     steps = row.get("env_steps", previous.env_steps if previous else 0)
     this_session = steps - (previous.env_steps if previous else 0)
     mean = row.get("episode_return_mean")
@@ -436,16 +461,36 @@ def _summary(
         where = run_dir / "atropos"
         found = latest_checkpoint(run_dir, "atropos") or next(where.glob("state.pt"), None)
         latest = found.name if found else "none"
+    loop = config.trainer.experience_loop or config.trainer.atropos.enabled
+    saved = [f"  checkpoints  {where}/ (latest: {latest})"] if loop else []
+    if config.trainer.tinker.enabled:
+        saved.append(f"  {'tinker' if loop else 'checkpoints':<11}  {_tinker_checkpoints(config, run_dir)}")
     console.print(
-        f"[bold]run {config.run.name!r} stopped ({reason})[/] after {seconds:.1f} s: {steps:,} env steps "
-        f"({this_session:,} in this session), policy version {row.get('policy_version', '-')}, mean return "
-        f"{format_return(mean)} (last {config.run.return_window} episodes)\n"
+        f"[bold]run {config.run.name!r} stopped ({reason})[/] after {seconds:.1f} s: {steps:,} {words.steps} "
+        f"({this_session:,} in this session), policy version {row.get('policy_version', '-')}, mean {words.ret} "
+        f"{format_return(mean)} ({words.window(config.run.return_window)})\n"
+        f"  throughput   {this_session / max(seconds, 1e-9):,.1f} {words.steps}/s over this session\n"
         f"  restarts     {restarts}\n"
         f"  problems     {_incidents(reporter.incidents()) or 'none counted'}\n"
         f"  metrics      {run_dir / 'metrics.jsonl'}\n"
-        f"  logs         {run_dir / 'logs'}/\n"
-        f"  checkpoints  {where}/ (latest: {latest})",
+        f"  logs         {run_dir / 'logs'}/\n" + "\n".join(saved),
         highlight=False,
+    )
+
+
+def _tinker_checkpoints(config: Config, run_dir: Path) -> str:
+    """Where the Tinker clients' checkpoints are, how many they saved (``save_state``'s, sampler weights too; not
+    the unnamed ones sampling clients were made with) and the latest."""
+    # here, not at the top: the Tinker API's package imports torch and the SDK, seconds of every `up`'s start
+    from tinker_atropos.tinker_api.store.files import EPHEMERAL, KINDS
+
+    tinker = config.trainer.tinker
+    root = Path(tinker.checkpoint_dir) if tinker.checkpoint_dir else run_dir / "tinker"
+    files = root.glob("*/*/*.pt")  # <model>/<kind>/<name>.pt
+    saved = [f for f in files if f.parent.name in KINDS and not f.name.startswith(EPHEMERAL)]
+    latest = max(saved, key=lambda f: f.stat().st_mtime, default=None)
+    return (
+        f"{root}/ ({f'{len(saved)} saved, latest: {latest.relative_to(root)}' if latest else 'none saved'})"
     )
 
 

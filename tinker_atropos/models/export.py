@@ -14,6 +14,7 @@ told of both files.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import logging
 import warnings
 from collections.abc import Iterator
@@ -28,6 +29,12 @@ from tinker_atropos.models.mlp import ActorCritic
 FORMATS = ("onnx", "pt2")
 Format = Literal["onnx", "pt2"]
 INLINE_LIMIT_BYTES = 1 << 30  # weights above this go beside the .onnx (Protobuf caps a message at 2 GiB)
+# what torch's ONNX exporter imports, which the ``export`` extra installs
+ONNX_EXPORTER = ("onnx", "onnxscript")
+
+
+class MissingExtra(ImportError):
+    """A format whose writer is an optional dependency that is not installed; the message names the extra."""
 
 
 class ModePolicy(nn.Module):
@@ -61,6 +68,12 @@ def export_policy(model: ActorCritic, path: Path, fmt: Format) -> list[Path]:
     is accepted. Every file written, ``path`` first."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown export format {fmt!r}; allowed: {', '.join(FORMATS)}")
+    # else torch's exporter fails on its first import, 60 lines deep
+    if fmt == "onnx" and (missing := [n for n in ONNX_EXPORTER if importlib.util.find_spec(n) is None]):
+        raise MissingExtra(
+            f"the ONNX exporter needs {' and '.join(missing)}: pip install 'tinker-atropos[export]'",
+            name=missing[0],
+        )
     if not path.parent.is_dir():  # a file where the folder would be: mkdir's "File exists" would mislead
         path.parent.mkdir(parents=True)
     policy = ModePolicy(model).eval()

@@ -90,25 +90,24 @@ def write_adapter(model: nn.Module, out: Path, base_path: str) -> list[Path]:
     weights = out / ADAPTER_WEIGHTS
     safetensors.torch.save_file(adapter_state(model), str(weights), metadata={"format": "pt"})
     (out / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
-    return [out / ADAPTER_CONFIG, weights]
-
-
-def _shares_weight(model: nn.Module, layer: nn.Linear) -> bool:
-    return any(
-        p is layer.weight
-        for name, p in model.named_parameters(remove_duplicate=False)
-        if not name.endswith("base.weight")
-    )
+    return _ordinary_mode([out / ADAPTER_CONFIG, weights], out / ADAPTER_CONFIG)
 
 
 def merged(model: nn.Module) -> nn.Module:
     """A copy of ``model`` whose LoRA layers are plain Linear layers holding ``W + scale * B A`` (float32)."""
     copied = copy.deepcopy(model)
+    # the tensors held outside the LoRA layers' bases: a base among them is a tied head's, the embeddings'
+    held_elsewhere = {
+        id(p)
+        for name, p in copied.named_parameters(remove_duplicate=False)
+        if not name.endswith("base.weight")
+    }
     untied = False
     for name, layer in adapter(copied).items():
         base = layer.base
-        untied |= _shares_weight(copied, base)  # a tied head: it gets a matrix of its own
-        folded = nn.Linear(
+        untied |= id(base.weight) in held_elsewhere  # a tied head: it gets a matrix of its own
+        folded = nn.utils.skip_init(  # no random init of a matrix about to be overwritten
+            nn.Linear,
             base.in_features,
             base.out_features,
             bias=base.bias is not None,
@@ -137,4 +136,16 @@ def write_merged(model: nn.Module, out: Path, base_folder: Path | None) -> list[
         for name in _TOKENIZER_FILES:
             if (base_folder / name).exists() and not (out / name).exists():
                 shutil.copyfile(base_folder / name, out / name)
-    return sorted(path for path in out.iterdir() if path not in before or path.is_file())
+    written = sorted(path for path in out.iterdir() if path not in before or path.is_file())
+    return _ordinary_mode(written, out / "config.json")
+
+
+def _ordinary_mode(files: list[Path], like: Path) -> list[Path]:
+    """``files``, each given the mode of ``like``, a JSON file written with ``open`` (0644 under a umask of 022):
+    safetensors writes its files 0600 whatever the umask (a temporary file renamed into place), which left an
+    export's weights unreadable to those who may read the rest of it."""
+    mode = like.stat().st_mode & 0o777
+    for path in files:
+        if path.is_file():
+            path.chmod(mode)
+    return files

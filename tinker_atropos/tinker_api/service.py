@@ -17,6 +17,7 @@ from tinker_atropos.frontends.http import BackgroundServer
 from tinker_atropos.protocol.v1 import services_pb2
 from tinker_atropos.state.run_dir import RunFolderOwner
 from tinker_atropos.tinker_api import base_models
+from tinker_atropos.tinker_api.engine.training_steps import StepLog
 from tinker_atropos.tinker_api.engine.worker import Worker
 from tinker_atropos.tinker_api.http.app import api_keys, build_app
 from tinker_atropos.tinker_api.store import Store
@@ -35,14 +36,16 @@ class TinkerAPI:
         run_dir: Path,
         device: torch.device,
         owner: RunFolderOwner | None = None,
+        training_log: StepLog | None = None,
     ) -> None:
+        """``training_log``: where each model's optimizer steps are told (the trainer's TensorBoard log)."""
         section = config.trainer.tinker
         keys, self.keys_file = api_keys(config, run_dir)
         checkpoints = Path(section.checkpoint_dir) if section.checkpoint_dir else run_dir / "tinker"
         store = Store(
             client, config.run.name, checkpoints, section.future_ttl_s, section.ephemeral_weights_ttl_s
         )
-        self.worker = Worker(store, client, config, device, owner)
+        self.worker = Worker(store, client, config, device, owner, training_log)
         configured = base_models.register(section, device)  # FatalError for a folder it cannot serve
         capabilities = base_models.capabilities(config.env.id, _run_env_action_space(config), configured)
         app = build_app(

@@ -6,10 +6,12 @@ loss on ``trainer.atropos.base_model`` (the tiny byte-level LM, SmolLM2, or a lo
 optimizer step the inference endpoint samples with the new weights, through that model's tokenizer.
 
 Each scored sequence counts as an episode of the run (its score the return, its trained tokens the length) and
-its tokens as env steps, so ``up``'s progress, ``metrics.jsonl``, TensorBoard and ``status`` follow an Atropos run
-as they follow a control one. The model, its optimizer and the step are checkpointed to ``RUN_DIR/atropos`` by the
-trainer's checkpointer (``checkpointing.py``), as the experience loop's are; a restarted trainer resumes from the
-newest (or from the ``state.pt`` of earlier versions) and registers again with the step it reached.
+its tokens as env steps, so ``up``'s progress, ``metrics.jsonl`` and ``status`` follow an Atropos run as they follow
+a control one (in its words: tokens, answers, reward); each step's curves (reward, answer length, sampler-learner
+KL, gradient norm, tokens/s: ``atropos_figures.py``) go to the trainer's TensorBoard log. The model, its optimizer
+and the step are checkpointed to ``RUN_DIR/atropos`` by the trainer's checkpointer (``checkpointing.py``), as the
+experience loop's are; a restarted trainer resumes from the newest (or from the ``state.pt`` of earlier versions)
+and registers again with the step it reached.
 
 A group it cannot learn from (malformed, a NaN score, a token outside the vocabulary, past the context) is skipped
 and counted (``groups_invalid``) and the batch's sound groups are learned from; nothing in a batch ends the loop.
@@ -43,8 +45,10 @@ from tinker_atropos.protocol.v1 import services_pb2
 from tinker_atropos.state import keys
 from tinker_atropos.state.experience import MAX_EPISODES_KEPT, add_stats
 from tinker_atropos.trainer import trajectory_api
+from tinker_atropos.trainer.atropos_figures import StepCurves, gradient_norm
 from tinker_atropos.trainer.checkpointing import snapshot
 from tinker_atropos.trainer.figures import BusyMeter
+from tinker_atropos.trainer.tensorboard import TensorBoardLog
 from tinker_atropos.training.atropos_batches import batch_datums
 from tinker_atropos.training.core import AdamParams
 from tinker_atropos.training.data import ClientError, Datum
@@ -76,13 +80,22 @@ def language_model(config: Config, device: torch.device) -> LanguageModel:
             "The Tinker API: Models)"
         )
     try:
-        return LanguageModel(name, {"rank": section.lora_rank}, device)
+        lora = {"rank": section.lora_rank, "train_unembed": section.lora_train_unembed}
+        return LanguageModel(name, lora, device)
     except hf_lm.FolderError as error:  # its folder changed since the check
         raise FatalError(f"trainer.atropos.base_model {name!r}: {error}") from None
 
 
 class AtroposLoop:
-    def __init__(self, config: Config, client: redis.Redis, run_dir: Path, device: torch.device) -> None:
+    def __init__(
+        self,
+        config: Config,
+        client: redis.Redis,
+        run_dir: Path,
+        device: torch.device,
+        tensorboard: TensorBoardLog | None = None,
+    ) -> None:
+        """``tensorboard``: the trainer's log, where each step's curves go (None: none are written)."""
         self.section, self.client, self.run_name = config.trainer.atropos, client, config.run.name
         self.checkpoint_every = config.trainer.checkpoint.every_updates
         self.model = language_model(config, device)
@@ -92,6 +105,7 @@ class AtroposLoop:
         self.step = 0
         self._first_step = 0  # the step it started at: ``progress`` counts from there
         self.figures: dict[str, float] = {}
+        self.curves = StepCurves(tensorboard, self.section.loss)
         self.busy = BusyMeter()
         self.guard = NonfiniteGuard()  # counts the steps it undid: ``updates_discarded_nonfinite``
         self.counters = {
@@ -194,9 +208,11 @@ class AtroposLoop:
                     self.learn(batch)
 
     def close(self) -> None:
-        """The inference endpoint closed (after its last checkpoint), then its engines."""
-        self.inference.close()
+        """Its engines closed (after its last checkpoint), then the inference endpoint: a request in flight is
+        answered 503 at once (``Stopped``) rather than cancelled with a traceback when the endpoint's graceful
+        shutdown runs out."""
         self.sampler.close()
+        self.inference.close()
 
     def learn(self, batch: list[dict[str, Any]]) -> None:
         """One optimizer step on ``batch``'s sound groups (each other one skipped and counted), then serve the new
@@ -217,9 +233,8 @@ class AtroposLoop:
         self.counters["groups_skipped_equal"] += datums.groups_skipped_equal
         core = self.model.core
         stood = False
-        # built whole, then swapped in: ``status`` (another thread) never reads half of them; the last step's
-        # loss and sync time stay when this batch taught nothing
-        figures = dict(self.figures)
+        # this step's figures: the last step's loss and sync time stay in ``figures`` when this one taught nothing
+        fresh = datums.figures()
         if datums.data:
             try:
                 # a sequence without behaviour log-probs: the current policy's (ratio 1)
@@ -227,7 +242,9 @@ class AtroposLoop:
                     if "logprobs" not in datum.inputs:
                         outputs, _ = run_loss(self.model, [datum], "cross_entropy", {}, forward_only=True)
                         datum.inputs["logprobs"] = outputs[0]["logprobs"].astype(np.float32)
-                metrics, bad = self.guard.update(core, None, functools.partial(self._update, datums.data))
+                learner: list[np.ndarray] = []  # the learner's log-probs of the loss pass
+                update = functools.partial(self._update, datums.data, learner)
+                metrics, bad = self.guard.update(core, None, update)
             except ClientError as error:  # checked per group already: a batch no loss can take
                 core.discard_gradients()
                 self.counters["batches_malformed"] += 1
@@ -238,35 +255,45 @@ class AtroposLoop:
                 synced = time.monotonic()
                 self.sampler.update(core.model, core.version)
                 # trainer step -> the endpoint sampling with the new adapter (at most 1 s on SmolLM2)
-                figures |= {"loss": metrics["loss:sum"], "weight_sync_seconds": time.monotonic() - synced}
+                fresh["weight_sync_seconds"] = time.monotonic() - synced
+                fresh |= self.curves.learned(datums.data, learner, metrics)
             else:
                 log.warning("step undone: NaN or infinity in %s", ", ".join(bad[:3]))
         self.step += 1
         if stood:
             self.counters["sequences_trained"] += len(datums.data)
-        self.figures = figures | {
-            "score_mean": float(np.mean(datums.scores)) if datums.scores else 0.0,
-            "step_seconds": time.monotonic() - started,
-            **{k: float(v) for k, v in self.counters.items()},
-        }
-        self._record_episodes(datums.episodes)
+        fresh |= self.curves.ended(datums, stood, started)
+        # built whole, then swapped in: ``status`` (another thread) never reads half of them
+        self.figures = self.figures | fresh | {k: float(v) for k, v in self.counters.items()}
+        self.curves.write(self.step, self.figures, fresh)
+        record_episodes(self.client, self.run_name, datums.episodes)
         self.busy.record(started, time.monotonic())
 
-    def _update(self, data: list[Datum]) -> dict[str, float]:
-        """The loss's gradients on ``data``, then one optimizer step: what the non-finite guard judges."""
-        _, metrics = run_loss(self.model, data, self.section.loss, {}, forward_only=False)
-        return metrics | self.model.core.optim_step(
-            AdamParams(learning_rate=self.section.learning_rate, grad_clip_norm=1.0)
+    def _update(self, data: list[Datum], learner: list[np.ndarray]) -> dict[str, float]:
+        """The loss's gradients on ``data``, then one optimizer step: what the non-finite guard judges; ``learner``
+        gets each datum's log-probs of the loss pass."""
+        outputs, metrics = run_loss(self.model, data, self.section.loss, {}, forward_only=False)
+        learner.extend(output["logprobs"] for output in outputs)
+        section = self.section
+        adam = AdamParams(
+            learning_rate=section.learning_rate,
+            beta1=section.adam_beta1,
+            beta2=section.adam_beta2,
+            grad_clip_norm=section.grad_clip_norm or None,
         )
+        if adam.grad_clip_norm is None:  # a clipped step measures it itself
+            metrics["grad_norm"] = gradient_norm(self.model.core.model)
+        return metrics | self.model.core.optim_step(adam)
 
-    def _record_episodes(self, sequences: list[tuple[float, int]]) -> None:
-        """Each sound sequence as an episode of the run (score, trained tokens), its tokens as env steps."""
-        if not sequences:
-            return
-        episodes = [json.dumps({"return": score, "length": length}) for score, length in sequences]
-        with self.client.pipeline(transaction=True) as pipe:
-            pipe.lpush(keys.episodes(self.run_name), *episodes)
-            pipe.ltrim(keys.episodes(self.run_name), 0, MAX_EPISODES_KEPT - 1)
-            pipe.execute()
-        tokens = sum(length for _, length in sequences)
-        add_stats(self.client, self.run_name, env_steps=tokens, episodes=len(episodes), chunks_consumed=1)
+
+def record_episodes(client: redis.Redis, run: str, sequences: list[tuple[float, int]]) -> None:
+    """Each sound sequence as an episode of run ``run`` (score, trained tokens), its tokens as env steps."""
+    if not sequences:
+        return
+    episodes = [json.dumps({"return": score, "length": length}) for score, length in sequences]
+    with client.pipeline(transaction=True) as pipe:
+        pipe.lpush(keys.episodes(run), *episodes)
+        pipe.ltrim(keys.episodes(run), 0, MAX_EPISODES_KEPT - 1)
+        pipe.execute()
+    tokens = sum(length for _, length in sequences)
+    add_stats(client, run, env_steps=tokens, episodes=len(episodes), chunks_consumed=1)

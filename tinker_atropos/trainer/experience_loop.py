@@ -34,10 +34,10 @@ from tinker_atropos.state.experience import ExperienceReader, add_stats
 from tinker_atropos.state.registry import live_services
 from tinker_atropos.trainer.batcher import Batcher
 from tinker_atropos.trainer.checkpointing import ExperienceState
-from tinker_atropos.trainer.figures import BusyMeter, write_figures
+from tinker_atropos.trainer.figures import BusyMeter
 from tinker_atropos.trainer.periodic_eval import PeriodicEvaluation
 from tinker_atropos.trainer.publishing import PolicyPublisher
-from tinker_atropos.trainer.tensorboard import run_log
+from tinker_atropos.trainer.tensorboard import TensorBoardLog
 from tinker_atropos.trainer.updates import Updater
 from tinker_atropos.training.driver import Checkpoint
 
@@ -66,7 +66,10 @@ def describe_env(client: redis.Redis, run: str, stop: threading.Event) -> EnvDes
 
 
 class ExperienceLoop:
-    def __init__(self, config: Config, client: redis.Redis, run_dir: Path) -> None:
+    def __init__(
+        self, config: Config, client: redis.Redis, run_dir: Path, tensorboard: TensorBoardLog | None = None
+    ) -> None:
+        """``tensorboard``: the trainer's log, where its episodes, charts and evaluations go (None: nowhere)."""
         self.config, self.client, self.run_name = config, client, config.run.name
         trainer = config.trainer
         self.publisher = PolicyPublisher(client, self.run_name)
@@ -87,7 +90,7 @@ class ExperienceLoop:
         self._unreported: Counter[str] = Counter()  # run counters not yet added in Redis
         self._last_sync = 0.0
         self.busy = BusyMeter()
-        self.tensorboard = run_log(config, client, run_dir)
+        self.tensorboard = tensorboard
         self.evaluation = PeriodicEvaluation(config, client, self.tensorboard, self.folder)
 
     @property
@@ -99,12 +102,10 @@ class ExperienceLoop:
         return 0 if self.learner is None else self.learner.core.version
 
     def status(self) -> services_pb2.TrainerStatus:
-        """Its figures; of the writes into the run folder, its TensorBoard events (the checkpointer tells its own)."""
-        tensorboard = {} if self.tensorboard is None else write_figures(self.tensorboard.writes)
+        """Its figures (the writes into the run folder: the checkpointer's and the trainer's TensorBoard log's)."""
         return services_pb2.TrainerStatus(
             **self.batcher.figures(),
             **self.evaluation.figures(),
-            **tensorboard,
             policy_version=self.version,
             updates=self.updates,
             env_steps_trained=self.env_steps_trained,
@@ -171,8 +172,8 @@ class ExperienceLoop:
 
     def close(self) -> None:
         """After learning and its last checkpoint: an evaluation in flight may finish (seconds); TensorBoard gets the
-        episodes that ended since its last look (the rollouts stopped first: those of every chunk they wrote), then
-        its buffer is flushed; the last counts."""
+        episodes that ended since its last look (the rollouts stopped first: those of every chunk they wrote; the
+        trainer closes the log after its last driver); the last counts."""
         self.updater.close()
         if not self.set_up:  # stopped before an env service answered, or setup failed: nothing to keep
             return
@@ -180,7 +181,6 @@ class ExperienceLoop:
         if self.tensorboard is not None:
             with contextlib.suppress(redis.RedisError):  # Redis away: only these last episodes are missing
                 self._look()
-            self.tensorboard.close()
         with contextlib.suppress(redis.RedisError):  # Redis away: only these last counts are lost
             self.report_counters()
 

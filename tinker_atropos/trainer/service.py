@@ -1,6 +1,7 @@
 """The trainer service: the drivers the config enables (``driver.py``) as one process: the experience loop of the
 configured algorithm (the env's spaces read off a live env service, so that the trainer needs no simulator
-installed) or the Atropos loop, and the Tinker API beside either or alone."""
+installed) or the Atropos loop, and the Tinker API beside either or alone; one TensorBoard log (``tensorboard.py``)
+for all of them, closed after the last."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ from tinker_atropos.service_host import Endpoint
 from tinker_atropos.state.run_dir import RunFolderOwner
 from tinker_atropos.trainer.checkpointing import Checkpointer
 from tinker_atropos.trainer.experience_loop import ExperienceLoop
+from tinker_atropos.trainer.figures import write_figures
+from tinker_atropos.trainer.tensorboard import TensorBoardLog, run_log
 from tinker_atropos.training.driver import Driver
 
 log = logging.getLogger(__name__)
@@ -32,26 +35,31 @@ CHECK_S = 0.1
 
 
 def build_drivers(
-    config: Config, client: redis.Redis, run_dir: Path, owner: RunFolderOwner
+    config: Config,
+    client: redis.Redis,
+    run_dir: Path,
+    owner: RunFolderOwner,
+    tensorboard: TensorBoardLog | None,
 ) -> list[tuple[Driver, Path | None, str | None]]:
     """The drivers ``trainer`` enables, each with the folder of its checkpoints (None: it keeps its state its own
     way) and the name of the single file an earlier version of it checkpointed to; they are closed last to first,
     so the Tinker API serves until the loops have written their last checkpoints. ``owner`` checks the run folder
-    before the Tinker API's own writes. The Tinker API and the Atropos loop are imported only when enabled: the SDK
-    and FastAPI take half a second."""
+    before the Tinker API's own writes; each writes its curves to ``tensorboard``. The Tinker API and the Atropos
+    loop are imported only when enabled: the SDK and FastAPI take half a second."""
     trainer, drivers = config.trainer, []
     if trainer.tinker.enabled:
         from tinker_atropos.tinker_api.service import TinkerAPI
 
-        tinker = TinkerAPI(config, client, run_dir, resolve_device(trainer.device), owner)
+        steps = tensorboard.add_step if tensorboard is not None else None
+        tinker = TinkerAPI(config, client, run_dir, resolve_device(trainer.device), owner, steps)
         drivers.append((tinker, None, None))  # a snapshot per state-changing request (tinker_api/engine)
     if trainer.atropos.enabled:
         from tinker_atropos.trainer.atropos_loop import EARLIER_STATE, AtroposLoop
 
-        atropos = AtroposLoop(config, client, run_dir, resolve_device(trainer.device))
+        atropos = AtroposLoop(config, client, run_dir, resolve_device(trainer.device), tensorboard)
         drivers.append((atropos, atropos.folder, EARLIER_STATE))
     if trainer.experience_loop:
-        loop = ExperienceLoop(config, client, run_dir)
+        loop = ExperienceLoop(config, client, run_dir, tensorboard)
         drivers.append((loop, loop.folder, None))
     return drivers
 
@@ -61,7 +69,8 @@ class TrainerService:
         self.incarnation = incarnation
         # before anything is written there: RunFolderInUse (exit 2, one line) when it is another run's
         self.owner = RunFolderOwner(run_dir, "trainer", config.run.name)
-        built = build_drivers(config, client, run_dir, self.owner)
+        self.tensorboard = run_log(config, client, run_dir)
+        built = build_drivers(config, client, run_dir, self.owner, self.tensorboard)
         self.drivers = [driver for driver, _, _ in built]
         # one checkpointer per driver that checkpoints: the same cadence, retention, retries and owner check
         self.checkpointers = {
@@ -79,6 +88,8 @@ class TrainerService:
         refused add up, the write failing longest is named."""
         status = services_pb2.TrainerStatus(incarnation=self.incarnation)
         parts = [d.status() for d in self.drivers] + [c.status() for c in self.checkpointers.values()]
+        if self.tensorboard is not None:
+            parts.append(services_pb2.TrainerStatus(**write_figures(self.tensorboard.writes)))
         undone, failed, failing = 0, Counter[str](), (0.0, "")
         for part in parts:
             undone += part.updates_discarded_nonfinite
@@ -120,7 +131,11 @@ class TrainerService:
                     checkpointer.close()
                 driver.close()
         finally:
-            self.owner.close()
+            try:
+                if self.tensorboard is not None:
+                    self.tensorboard.close()
+            finally:
+                self.owner.close()
 
 
 def _run_until_one_ends(driver: Driver, stop: threading.Event) -> None:

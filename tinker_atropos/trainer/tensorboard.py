@@ -1,5 +1,6 @@
 """TensorBoard event files for researchers, written by the trainer to ``RUN_DIR/tensorboard`` (``tensorboard
---logdir runs``): the tags CleanRL and SB3 users know, against the run's env steps as the global step.
+--logdir runs``): one log per trainer, shared by its drivers (``trainer/service.py`` opens it, so a W&B mirror is
+one run). A control run's tags are those CleanRL and SB3 users know, against the run's env steps as the global step:
 
     charts/episodic_return, charts/episodic_length   every episode the rollouts finished (from the run's
                                                      episode list in Redis, each written once)
@@ -7,6 +8,13 @@
     charts/policy_version, charts/trainer_busy, charts/policy_lag_mean, charts/updates
     losses/<name>                                    the algorithm's latest losses (policy_loss, value_loss, …)
     eval/episodic_return, eval/episodic_return_std   each periodic evaluation (``trainer.evaluation``)
+
+A language model's (the Atropos loop, ``LANGUAGE_MODEL_TAGS``), those TRL and verl users read, against its
+optimizer step: reward/mean and reward/std over a batch's answers, answers/length_mean (tokens),
+policy/kl_sampler_learner, policy/entropy and policy/clip_fraction, train/loss and train/grad_norm,
+throughput/sampled_tokens_per_s and throughput/trained_tokens_per_s, time/step_s and time/weight_sync_s, and
+every ``eval/...`` figure of its evaluations as it is named. A Tinker client's model: tinker/<model id>/loss,
+tinker/<model id>/tokens and tinker/<model id>/grad_norm, against that model's optimizer step.
 
 A disk that refuses the event file (full, read-only) pauses it: said once, counted, retried every
 ``run_dir.RETRY_S`` with a new event file, the episodes finished meanwhile written then (the run's list keeps the
@@ -18,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +42,31 @@ if TYPE_CHECKING:
 
 CHARTS_INTERVAL_S = 5.0  # between two points of the charts other than the episodes
 MAX_EPISODES_PER_LOOK = 1000  # beyond, the oldest of a burst are skipped (the run's list keeps fewer anyway)
+EVALUATION = "eval/"  # an evaluation's figures: written under their own names
+
+# a language model's step figures (the Atropos loop's, as its status reports them) -> their tags
+LANGUAGE_MODEL_TAGS = {
+    "score_mean": "reward/mean",
+    "score_std": "reward/std",
+    "answer_tokens_mean": "answers/length_mean",
+    "kl_sampler_learner": "policy/kl_sampler_learner",
+    "entropy": "policy/entropy",
+    "clip_fraction": "policy/clip_fraction",
+    "loss": "train/loss",
+    "grad_norm": "train/grad_norm",
+    "sampled_tokens_per_s": "throughput/sampled_tokens_per_s",
+    "trained_tokens_per_s": "throughput/trained_tokens_per_s",
+    "step_seconds": "time/step_s",
+    "weight_sync_seconds": "time/weight_sync_s",
+}
+
+
+def language_model_points(figures: Mapping[str, float]) -> dict[str, float]:
+    """The figures that have a tag (``LANGUAGE_MODEL_TAGS``, or an evaluation's own ``eval/...`` name), by tag."""
+    points = {
+        LANGUAGE_MODEL_TAGS[name]: value for name, value in figures.items() if name in LANGUAGE_MODEL_TAGS
+    }
+    return points | {name: value for name, value in figures.items() if name.startswith(EVALUATION)}
 
 
 class TensorBoardLog:
@@ -73,9 +107,9 @@ class TensorBoardLog:
             self.writes.attempt(self.log_dir, open_writer)
         return self.writer
 
-    def _add(self, points: list[tuple[str, float, int]]) -> bool:
-        """Write (tag, value, step) points; False (said, counted, the file dropped, a new one tried after
-        ``writes.retry_s``) when the disk refuses them."""
+    def _add(self, points: list[tuple[str, float, int]], flush: bool = False) -> bool:
+        """Write (tag, value, step) points, flushed to the file if ``flush``; False (said, counted, the file
+        dropped, a new one tried after ``writes.retry_s``) when the disk refuses them."""
         with self._lock:
             writer = self._open()
             if writer is None:
@@ -84,6 +118,8 @@ class TensorBoardLog:
             def add() -> None:
                 for tag, value, step in points:
                     writer.add_scalar(tag, value, step)
+                if flush:
+                    writer.flush()
 
             if self.writes.attempt(self.log_dir, add):
                 return True
@@ -126,6 +162,12 @@ class TensorBoardLog:
         }
         points = [(f"charts/{name}", value, steps) for name, value in charts.items()]
         self._add(points + [(f"losses/{name}", value, steps) for name, value in losses.items()])
+
+    def add_step(self, points: Mapping[str, float], step: int) -> None:
+        """A learner's step (the Atropos loop's, a Tinker model's): its points by tag, flushed at once (steps are
+        seconds apart: whoever watches the curves sees each as it comes). What the disk refuses is lost (said and
+        counted); the next step's points follow."""
+        self._add([(tag, value, step) for tag, value in points.items()], flush=True)
 
     def add_evaluation(self, return_mean: float, return_std: float) -> None:
         """A periodic evaluation's result, at the run's env steps now."""

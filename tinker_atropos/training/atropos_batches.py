@@ -11,6 +11,10 @@ trained tokens, so the summed Tinker loss is a per-token mean whatever the batch
 A group the model cannot learn from (fields that do not line up, a score that is not a finite number, a token
 outside the model's vocabulary, a sequence past its context: ``training.data.check_datum``) is skipped and counted with
 its reason, and the batch's sound groups are learned from all the same.
+
+What a batch tells besides its datums, the figures TRL and verl chart: its reward and answer length
+(``BatchDatums.figures``), and against the learner's log-probs of the loss pass, how far sampler and learner lie
+apart (``policy_figures``).
 """
 
 from __future__ import annotations
@@ -41,6 +45,51 @@ class BatchDatums:
     # (score, trained tokens) of each sound sequence
     episodes: list[tuple[float, int]] = field(default_factory=list)
     has_behaviour_logprobs: bool = True  # False when a sequence came without inference_logprobs
+
+    def figures(self) -> dict[str, float]:
+        """Mean and spread of the reward over every sound answer (those of groups that scored alike too), and
+        their mean length in trained tokens; empty for a batch without one."""
+        if not self.episodes:
+            return {}
+        scores, lengths = np.array(self.scores), np.array([length for _, length in self.episodes])
+        return {
+            "score_mean": float(scores.mean()),
+            "score_std": float(scores.std()),
+            "answer_tokens_mean": float(lengths.mean()),
+        }
+
+    def answer_tokens(self) -> tuple[int, int]:
+        """The trained tokens of every sound answer (what was sampled), and of those learned from."""
+        learned = sum(int(d.inputs["weights"].sum()) for d in self.data)
+        return sum(length for _, length in self.episodes), learned
+
+
+def policy_figures(
+    data: list[Datum], learner: list[np.ndarray], clip: tuple[float, float] | None
+) -> dict[str, float]:
+    """Sampler against learner over the trained tokens of ``data``, ``learner`` being each datum's log-probs as
+    the loss pass computed them (before the step). ``kl_sampler_learner``: KL(sampler || learner) by the k3
+    estimator, (r - 1) - log r with r = p_learner / p_sampler, unbiased on the sampler's tokens and never
+    negative; ``entropy``: the sampler's, as the mean -log-prob of the tokens it sampled (an unbiased estimate
+    that needs no pass over the vocabulary); with ``clip`` (PPO's ratio bounds), ``clip_fraction``: the tokens
+    whose clipped term the loss takes (the ratio past the bound the advantage pushes it to), which give no
+    gradient. A datum that came without the sampler's log-probs carries the learner's: it counts as agreeing."""
+    trained = np.concatenate([d.inputs["weights"] for d in data]) > 0
+    if not trained.any():
+        return {}
+    behaviour = np.concatenate([d.inputs["logprobs"] for d in data])[trained].astype(np.float64)
+    log_ratio = np.concatenate(learner)[trained].astype(np.float64) - behaviour
+    ratio = np.exp(log_ratio)
+    figures = {
+        "kl_sampler_learner": float(np.mean(ratio - 1.0 - log_ratio)),
+        "entropy": float(-behaviour.mean()),
+    }
+    if clip is not None:
+        advantages = np.concatenate([d.inputs["advantages"] for d in data])[trained]
+        low, high = clip
+        clipped = ((ratio > high) & (advantages > 0)) | ((ratio < low) & (advantages < 0))
+        figures["clip_fraction"] = float(clipped.mean())
+    return figures
 
 
 def group_advantages(scores: list[float], overrides: list[dict[str, Any]] | None) -> list[float] | None:

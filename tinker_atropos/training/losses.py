@@ -38,6 +38,10 @@ from tinker_atropos.training.data import ClientError
 
 Inputs = dict[str, torch.Tensor]
 Config = dict[str, float | str]
+CLIP_LOW, CLIP_HIGH = (
+    0.8,
+    1.2,
+)  # ppo's (and cispo's, gspo's) ratio bounds when neither inputs nor config give them
 
 
 class LossError(ClientError):
@@ -77,8 +81,8 @@ def ppo(logprobs: torch.Tensor, inputs: Inputs, config: Config) -> torch.Tensor:
 
 def _clip(ratio: torch.Tensor, inputs: Inputs, config: Config) -> torch.Tensor:
     """``ratio`` within [``clip_low_threshold``, ``clip_high_threshold``] (0.8 and 1.2 by default)."""
-    low = _bound(inputs, config, "clip_low_threshold", 0.8)
-    high = _bound(inputs, config, "clip_high_threshold", 1.2)
+    low = _bound(inputs, config, "clip_low_threshold", CLIP_LOW)
+    high = _bound(inputs, config, "clip_high_threshold", CLIP_HIGH)
     return torch.minimum(torch.maximum(ratio, torch.as_tensor(low)), torch.as_tensor(high))
 
 

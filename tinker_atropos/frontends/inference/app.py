@@ -25,11 +25,13 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from tinker_atropos.frontends.bodies import BodyError, BodyLimit, JSONBodies, body_error, json_body
 from tinker_atropos.frontends.http import APIKeys
 from tinker_atropos.frontends.inference.sampler import Completion, Sampler
+from tinker_atropos.sampling.inbox import Stopped
 
 # what a request may hold, checked as it is validated (a longer list stops there): no model served here reads
 # more tokens than this, nor an OpenAI server more stop strings or messages
@@ -295,12 +297,21 @@ def sglang_generate(request: Annotated[GenerateRequest, json_body(GenerateReques
 SETTING = "trainer.atropos.inference_max_request_mb"
 
 
+async def stopping(request: Request, error: Stopped) -> JSONResponse:
+    """A request the trainer's stop leaves unanswered (its engines close before the endpoint): 503, which an
+    environment retries against the restarted trainer, not a 500 and a traceback in the trainer's log."""
+    return JSONResponse(
+        {"detail": f"the trainer is stopping: {error}"}, status_code=503, headers={"Retry-After": "5"}
+    )
+
+
 def build_app(sampler: Sampler, model_name: str, api_keys: list[str], max_request_bytes: int) -> FastAPI:
     """The endpoint; ``api_keys`` empty: no key asked (an ``--insecure`` run)."""
     app = FastAPI(title="tinker-atropos inference", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.endpoint = Endpoint(sampler, model_name)
     app.state.bodies = JSONBodies(SETTING, max_values=MAX_VALUES)
     app.add_exception_handler(BodyError, body_error)
+    app.add_exception_handler(Stopped, stopping)
     app.add_middleware(BodyLimit, limit=max_request_bytes, setting=SETTING)
     if api_keys:
         app.add_middleware(APIKeys, keys=[k.encode() for k in api_keys], open_paths=frozenset({"/health"}))

@@ -19,7 +19,7 @@ from tinker_atropos.tinker_api.engine.sample_requests import SampleRequests
 from tinker_atropos.tinker_api.engine.sampling_process import SamplingProcess
 from tinker_atropos.tinker_api.engine.save_requests import SaveRequests
 from tinker_atropos.tinker_api.engine.saving import Checkpoints
-from tinker_atropos.tinker_api.engine.training_steps import Training
+from tinker_atropos.tinker_api.engine.training_steps import StepLog, Training
 from tinker_atropos.tinker_api.engine.training_steps import adam_params as adam_params  # the benches' import
 from tinker_atropos.tinker_api.store import Store
 from tinker_atropos.tinker_api.store.sequences import Record
@@ -39,11 +39,13 @@ class RequestHandlers:
         guard: NonfiniteGuard,
         stopping: threading.Event,
         device: torch.device,
+        training_log: StepLog | None = None,
     ) -> None:
+        """``training_log``: where each model's steps are told (the trainer's TensorBoard log)."""
         settings = config.trainer.tinker
         self.models = ServedModels(store, config, checkpoints, device)
         self.stability = Record(client, store.run)  # what samplers recorded for stable_reinforce
-        self.training = Training(self.models, self.stability, guard, stopping, settings)
+        self.training = Training(self.models, self.stability, guard, stopping, settings, training_log)
         saving = SaveRequests(self.models, checkpoints, store, client, config.run.name)
         samples = SampleRequests(store, checkpoints, sampling, stopping, settings)
         self.table: dict[str, Handler] = {

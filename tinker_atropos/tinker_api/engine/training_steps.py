@@ -1,7 +1,9 @@
 """What the training requests do to a served model: ``forward_backward`` (or forward only) runs its loss, alone or
 beside other LoRA models' in one batched pass, and ``optim_step`` takes an Adam step the guard undoes when it comes
 out non-finite. A request ends past its time budget (``trainer.tinker.max_request_s``, the client's error) or when
-the worker stops (it runs again after the restart)."""
+the worker stops (it runs again after the restart). Each step that stands is told to the trainer's log, if it keeps
+one: the model's loss and tokens over the ``forward_backward`` passes since its last step, and the gradient norm of a
+clipped step, tagged ``tinker/<model id>/...``, at the model's version."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import json
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from tinker import types as sdk
@@ -22,8 +24,11 @@ from tinker_atropos.tinker_api.engine.responses import JSON, PROTOBUF, Response,
 from tinker_atropos.tinker_api.engine.sampling_process import Interrupted
 from tinker_atropos.tinker_api.store.sequences import Record
 from tinker_atropos.training.core import AdamParams
+from tinker_atropos.training.data import Datum
 from tinker_atropos.training.guard import NonfiniteGuard
 from tinker_atropos.training.served import LanguageModel, LossRun, run_loss, run_losses
+
+StepLog = Callable[[Mapping[str, float], int], None]  # a step's points by tag, and the step
 
 
 class Training:
@@ -37,9 +42,14 @@ class Training:
         guard: NonfiniteGuard,
         stopping: threading.Event,
         settings: TinkerSection,
+        log: StepLog | None = None,
     ) -> None:
         self.models, self.stability, self.guard = models, stability, guard
-        self.stopping, self.settings = stopping, settings
+        self.stopping, self.settings, self.log = stopping, settings, log
+        # per model, the loss and tokens of its forward_backward passes since its last step (lanes of several
+        # threads add to it): lost with the process, and rebuilt by the replay of an accumulation after a restart
+        self._since_step: dict[str, tuple[float, int]] = {}
+        self._since_step_lock = threading.Lock()
 
     def budget(self) -> wire.Budget:
         """What one request's body may build (``trainer.tinker.max_request_mb``)."""
@@ -59,6 +69,8 @@ class Training:
             request.forward_only,
             self._time_check(deadline),
         )
+        if not request.forward_only:
+            self._passed(model_id, metrics, request.data)
         return wire.forward_backward_output(outputs, metrics)
 
     def forward_backward(self, model_id: str, seq: int, body: bytes, deadline: float) -> Response:
@@ -94,12 +106,13 @@ class Training:
                 )
             )
             ran.append(index)
-        for index, outcome in zip(ran, run_losses(runs) if runs else [], strict=True):
-            outcomes[index] = (
-                outcome
-                if isinstance(outcome, Exception)
-                else (wire.forward_backward_output(*outcome), PROTOBUF)
-            )
+        for index, run, outcome in zip(ran, runs, run_losses(runs) if runs else [], strict=True):
+            if isinstance(outcome, Exception):
+                outcomes[index] = outcome
+                continue
+            outcomes[index] = wire.forward_backward_output(*outcome), PROTOBUF
+            if not run.forward_only:
+                self._passed(requests[index][0], outcome[1], run.data)
         return outcomes  # type: ignore[return-value]  # every request has its outcome by now
 
     def _time_check(self, deadline: float | None) -> Callable[[], None]:
@@ -122,9 +135,24 @@ class Training:
         model = self.models.loaded(model_id)
         adam = adam_params(json.loads(body).get("adam_params"))
         metrics, bad = self.guard.update(model.core, None, lambda: model.core.optim_step(adam))
+        with self._since_step_lock:  # an undone step's passes are undone with it
+            loss, tokens = self._since_step.pop(model_id, (0.0, 0))
         if bad:
             raise wire.WireError(f"the step made {', '.join(bad[:3])} non-finite; it was undone")
+        if self.log is not None:
+            figures = {"loss": loss, "tokens": float(tokens), **metrics}
+            self.log(
+                {f"tinker/{model_id}/{name}": value for name, value in figures.items()}, model.core.version
+            )
         return json_body(metrics={f"{k}:mean": v for k, v in metrics.items()}), JSON
+
+    def _passed(self, model_id: str, metrics: Mapping[str, float], data: list[Datum]) -> None:
+        """A forward_backward pass of the model's next step: its loss and tokens (each datum's positions)."""
+        if self.log is None:
+            return
+        with self._since_step_lock:
+            loss, tokens = self._since_step.get(model_id, (0.0, 0))
+            self._since_step[model_id] = loss + metrics["loss:sum"], tokens + sum(len(d.tokens) for d in data)
 
 
 def adam_params(adam: Any) -> AdamParams:

@@ -1,7 +1,8 @@
 """A served language model's weights out of the run, in the formats the field loads (``models/hf_export.py``):
 ``peft``, its LoRA adapters as a PEFT adapter folder over its base's Hugging Face folder, or ``merged``, a Hugging
 Face model folder with them folded in (a fully trained model: itself). ``tinker-atropos export`` writes either from a
-checkpoint file; the API's ``save_weights_external`` writes the one that fits the model.
+checkpoint file of the Tinker API or of the Atropos loop (``from_checkpoint``: one reader of both); the API's
+``save_weights_external`` writes the one that fits the model.
 
 Only bases that are transformers models leave this way (SmolLM2, a Hugging Face folder): the tiny byte-level LM is
 an architecture of ours that neither transformers nor PEFT knows, so its checkpoint (a torch state dict) is its only
@@ -10,18 +11,22 @@ format, and an export of it is refused with that reason rather than written in a
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from tinker_atropos.models import hf_export, smollm2
+from tinker_atropos.config import TinkerSection
+from tinker_atropos.models import hf_export, hf_lm, smollm2
+from tinker_atropos.tinker_api import base_models
 from tinker_atropos.tinker_api.wire import WireError
 from tinker_atropos.training.data import ClientError
 from tinker_atropos.training.served import LANGUAGE_MODELS, LanguageModel, ServedModel
 
 FORMATS = ("peft", "merged")
+CPU = torch.device("cpu")  # where an export rebuilds the model
 
 
 def transformers_model(model: ServedModel) -> nn.Module:
@@ -73,26 +78,59 @@ def write(model: ServedModel, fmt: str, out: Path) -> list[Path]:
     return hf_export.write_merged(hf, out, base)
 
 
-def from_checkpoint(state: dict[str, Any]) -> LanguageModel:
-    """The model a Tinker checkpoint (``weights/`` or ``sampler_weights/``, as ``torch.load`` reads it) holds,
-    rebuilt on the CPU; WireError when it is none of a served LM."""
-    record = state.get("record") if isinstance(state, dict) else None
-    if not isinstance(record, dict) or "model" not in state:
-        raise WireError("not a Tinker checkpoint (no record of its base model)")
-    base_model = record.get("base_model")
-    if base_model not in LANGUAGE_MODELS:
+@dataclass(frozen=True)
+class Held:
+    """What a checkpoint holds of a model, whichever driver wrote it: the base model's name, the LoRA settings it
+    was built with (rank 0 or none: trained fully) and the network's state (a LoRA model's: its adapters)."""
+
+    base_model: str
+    lora: dict[str, Any]
+    model: dict[str, torch.Tensor]
+
+
+def held(state: object) -> Held:
+    """The model of a Tinker checkpoint (``{"record": {"base_model", "lora"}, "model", ...}``, ``served.checkpoint``)
+    or of an Atropos loop's (``{"core": {"spec": {"model", "lora"}, "model", ...}, "base_model", ...}``,
+    ``AtroposLoop.save``), as ``torch.load`` reads it; WireError for anything else."""
+    if isinstance(state, dict) and isinstance(state.get("record"), dict) and "model" in state:
+        record = state["record"]
+        return Held(str(record.get("base_model")), record.get("lora") or {}, state["model"])
+    core = state.get("core") if isinstance(state, dict) else None
+    if isinstance(core, dict) and isinstance(core.get("spec"), dict) and "model" in core:
+        spec = core["spec"]
+        return Held(str(state.get("base_model", spec.get("model"))), spec.get("lora") or {}, core["model"])
+    raise WireError("neither a Tinker checkpoint nor an Atropos loop's (no record of its base model)")
+
+
+def from_checkpoint(state: object, tinker: TinkerSection, config: str) -> LanguageModel:
+    """The language model a checkpoint of the Tinker API or of the Atropos loop holds (``held``), rebuilt on the
+    CPU over the base that was served: a built-in one, or the folder ``trainer.tinker.base_models`` of the run's
+    config (read from ``config``, named in the refusal) gives its name, registered here first. WireError for a
+    checkpoint of anything else or that does not fit its record; FatalError for a folder that cannot be served."""
+    found = held(state)
+    name = found.base_model
+    if name in tinker.base_models:
+        base_models.register(tinker.model_copy(update={"base_models": {name: tinker.base_models[name]}}), CPU)
+    elif name.split("/")[0] in base_models.POLICY_KINDS:
         raise WireError(
-            f"the checkpoint holds a {base_model}, not a language model: export control policies "
+            f"the checkpoint holds a {name}, not a language model: export control policies "
             "with --format onnx or pt2 (runs of `up`)"
         )
-    if base_model == smollm2.NAME and not smollm2.available():
-        raise WireError(f"{base_model} is not installed here (see docs/tinker.md, The Tinker API: Models)")
+    elif name not in LANGUAGE_MODELS:
+        raise WireError(
+            f"the checkpoint holds a model of {name!r}, which is neither built in nor named by "
+            f"trainer.tinker.base_models of {config}: give the config of the run that trained it with --config"
+        )
+    elif name == smollm2.NAME and not smollm2.available():
+        raise WireError(f"{name} is not installed here (see docs/tinker.md, The Tinker API: Models)")
     try:
-        model = LanguageModel(base_model, record.get("lora") or {}, torch.device("cpu"))
-        model.load_model_state(state["model"])
+        model = LanguageModel(name, found.lora, CPU)
+        model.load_model_state(found.model)
+    except hf_lm.FolderError as error:  # its weights unreadable since the start check
+        raise WireError(f"trainer.tinker.base_models[{name!r}]: {error}") from None
     except ClientError as error:  # a LoRA record without targets, a state missing its adapters
         raise WireError(str(error)) from None
     except RuntimeError as error:  # torch's size mismatches, a line each: the first says enough
         first = str(error).strip().splitlines()[-1].strip()
-        raise WireError(f"the checkpoint does not fit its record ({record.get('lora')}): {first}") from None
+        raise WireError(f"the checkpoint does not fit its record ({found.lora}): {first}") from None
     return model

@@ -35,6 +35,7 @@ from tinker_atropos.tinker_api.engine.handlers import RequestHandlers
 from tinker_atropos.tinker_api.engine.lanes import Lanes
 from tinker_atropos.tinker_api.engine.sampling_process import SamplingProcess, Settings
 from tinker_atropos.tinker_api.engine.saving import Checkpoints
+from tinker_atropos.tinker_api.engine.training_steps import StepLog
 from tinker_atropos.tinker_api.store import Store
 from tinker_atropos.tinker_api.store.samplers import SAMPLER_LANE
 from tinker_atropos.training.guard import NonfiniteGuard
@@ -52,7 +53,9 @@ class Worker:
         config: Config,
         device: torch.device,
         owner: RunFolderOwner | None = None,
+        training_log: StepLog | None = None,
     ) -> None:
+        """``training_log``: where each model's optimizer steps are told (the trainer's TensorBoard log)."""
         self.store, self.config = store, config
         section = config.trainer
         self.sampling = SamplingProcess(Settings(section.model, str(device), config.run.seed, section.tinker))
@@ -66,7 +69,15 @@ class Worker:
         # every model's steps: counts those it undid (the trainer's status reads it)
         self.guard = NonfiniteGuard()
         self.requests = RequestHandlers(
-            store, client, config, self.checkpoints, self.sampling, self.guard, self.stopping, device
+            store,
+            client,
+            config,
+            self.checkpoints,
+            self.sampling,
+            self.guard,
+            self.stopping,
+            device,
+            training_log,
         )
         # woken by the API as it queues a request or refuses a number (through the store), and by a lane's end
         self.lanes = Lanes(store.requests.arrived)
