@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +19,10 @@ import torch
 from peft import PeftModel
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from transformers import AutoModelForCausalLM
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from examples.atropos_arithmetic_env import GROUP_SIZE, problems, reward
+from tests.support.docs import DOCUMENTS, marked_snippets
 from tests.support.hf_models import transformers_logprobs
 from tests.support.processes import wait_for
 from tests.support.running import atropos_up, leftovers, metrics, report_rows
@@ -72,8 +74,10 @@ def test_the_shipped_config_trains_smollm2_with_up_alone_and_writes_the_reward(t
     assert not re.search(r" lag \d", output) and "tokens/s over this session" in output, output[-2000:]
     assert_curves(run_dir)
     assert leftovers(run_dir) == ""
-    leaves_as_an_adapter_and_merged(run_dir, config["trainer"]["atropos"]["lora_rank"], tmp_path)
-    evaluated_as_it_trains_and_after(run_dir, output)
+    periodic = evaluations(run_dir)  # those of the run, before eval's
+    done = documented_commands(run_dir)
+    leaves_as_an_adapter_and_merged(run_dir, config["trainer"]["atropos"]["lora_rank"], done[:2])
+    evaluated_as_it_trains_and_after(run_dir, output, periodic, done[2])
 
 
 def evaluating(config: dict[str, Any]) -> None:
@@ -87,18 +91,27 @@ def evaluations(run_dir: Path) -> list[dict[str, Any]]:
     return [row for row in metrics(run_dir) if row.get("event") == "eval"]
 
 
-def evaluated_as_it_trains_and_after(run_dir: Path, output: str) -> None:
+def documented_commands(run_dir: Path) -> list[Result]:
+    """docs/atropos.md's ``llm-out`` snippet, each line run in this process (SmolLM2, built in, is read once) on
+    this run's folder: what the docs say a trained model's way out of the run is, as written."""
+    (code,) = [c for d in DOCUMENTS for name, _, c in marked_snippets(d.read_text()) if name == "llm-out"]
+    results = []
+    for line in filter(None, (line.split("#")[0].strip() for line in code.splitlines())):
+        program, *arguments = shlex.split(line.replace("runs/atropos-smollm2-arithmetic", str(run_dir)))
+        assert program == ".venv/bin/tinker-atropos", line
+        results.append(CliRunner().invoke(app, arguments))
+        assert results[-1].exit_code == 0, (line, results[-1].output[-3000:])
+    return results
+
+
+def evaluated_as_it_trains_and_after(
+    run_dir: Path, output: str, periodic: list[dict[str, Any]], done: Result
+) -> None:
     """The periodic evaluation's row and console line; then ``eval`` of the run's last checkpoint beside the base
     model, on 8 held-out problems: a row of each, a table, and the report draws them."""
-    periodic = evaluations(run_dir)
     assert periodic[0]["model"] == "trained" and periodic[0]["eval/prompts"] == 8, periodic
     assert 0.0 <= periodic[0]["eval/accuracy"] <= 1.0 and "eval/pass@2" in periodic[0], periodic
     assert "evaluation of policy version" in output, output[-2000:]
-    runner = CliRunner()
-    done = runner.invoke(
-        app, ["eval", str(run_dir), "--", "--env.eval_prompts", "8", "--env.eval_samples", "2"]
-    )
-    assert done.exit_code == 0, done.output
     trained, base = evaluations(run_dir)[len(periodic) :]
     assert trained["model"] == "trained" and base["model"] == "base", (trained, base)
     assert Path(trained["checkpoint"]).parent == run_dir / "atropos" and trained["policy_version"] >= 2
@@ -108,7 +121,7 @@ def evaluated_as_it_trains_and_after(run_dir: Path, output: str) -> None:
         assert 0.0 <= row["eval/accuracy"] <= 1.0 and 0.0 <= row["eval/pass@2"] <= 1.0, row
         assert 0 < row["eval/answer_tokens"] <= 12 and row["seconds"] > 0, row
     assert "accuracy" in done.output and "pass@2" in done.output, done.output
-    assert runner.invoke(app, ["report", str(run_dir)]).exit_code == 0
+    assert CliRunner().invoke(app, ["report", str(run_dir)]).exit_code == 0
 
 
 def assert_curves(run_dir: Path) -> None:
@@ -132,18 +145,13 @@ def assert_curves(run_dir: Path) -> None:
     assert len(events.Scalars("train/loss")) >= 2
 
 
-def leaves_as_an_adapter_and_merged(run_dir: Path, rank: int, tmp_path: Path) -> None:
-    """``export RUN --format peft|merged`` finds the loop's last checkpoint (written at stop) in RUN/atropos; the
-    adapter and the merged folder give, in transformers and PEFT alone, the log-probabilities of the trainer's own
-    model restored from that checkpoint. The command runs in this process: SmolLM2, built in, is read once."""
+def leaves_as_an_adapter_and_merged(run_dir: Path, rank: int, made: list[Result]) -> None:
+    """``export RUN --format peft`` and ``merged`` (``made``) found the loop's last checkpoint (written at stop) in
+    RUN/atropos; the adapter and the merged folder give, in transformers and PEFT alone, the log-probabilities of
+    the trainer's own model restored from that checkpoint."""
     checkpoint = max((run_dir / "atropos").glob("checkpoint-*.pt"), default=None)
     assert checkpoint is not None, sorted(run_dir.iterdir())
-    for fmt in ("peft", "merged"):
-        made = CliRunner().invoke(
-            app, ["export", str(run_dir), "--format", fmt, "--out", str(tmp_path / fmt)]
-        )
-        assert made.exit_code == 0, made.output[-3000:]
-        assert f" of {smollm2.NAME} from {checkpoint} " in made.output, made.output
+    assert all(f" of {smollm2.NAME} from {checkpoint} " in done.output for done in made), made[0].output
 
     core = torch.load(checkpoint, weights_only=True)["core"]
     trained = LanguageModel(smollm2.NAME, core["spec"]["lora"], torch.device("cpu"))  # as the loop built it
@@ -152,11 +160,11 @@ def leaves_as_an_adapter_and_merged(run_dir: Path, rank: int, tmp_path: Path) ->
     with torch.no_grad():
         ours = target_logprobs(trained.core.model, [torch.tensor(tokens[:-1])], [torch.tensor(tokens[1:])])
     ours = ours[0].numpy()
-    adapter = json.loads((tmp_path / "peft" / "adapter_config.json").read_text())
+    adapter = json.loads((run_dir / "export-peft" / "adapter_config.json").read_text())
     assert adapter["r"] == rank
     base = AutoModelForCausalLM.from_pretrained(adapter["base_model_name_or_path"])
     assert np.abs(transformers_logprobs(base, tokens[:-1], tokens[1:]) - ours).max() > 10 * TOLERANCE
-    peft = PeftModel.from_pretrained(base, tmp_path / "peft")
+    peft = PeftModel.from_pretrained(base, run_dir / "export-peft")
     assert np.abs(transformers_logprobs(peft, tokens[:-1], tokens[1:]) - ours).max() < TOLERANCE
-    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
+    merged = AutoModelForCausalLM.from_pretrained(run_dir / "export-merged")
     assert np.abs(transformers_logprobs(merged, tokens[:-1], tokens[1:]) - ours).max() < TOLERANCE

@@ -17,7 +17,7 @@ from tinker import types
 from transformers import AutoModelForCausalLM
 
 from tests.support.hf_models import transformers_logprobs
-from tests.support.running import cli
+from tests.support.running import cli, cli_here
 from tests.support.tinker_server import KEY, TinkerTrainer, sdk_session, serving
 from tinker_atropos.models import smollm2
 from tinker_atropos.state.embedded import EmbeddedValkey
@@ -96,6 +96,6 @@ def test_smollm2_lora_leaves_as_a_peft_adapter_and_merged_with_the_servers_logpr
         (("--format", "peft", "--checkpoint", checkpoint, "--out", str(tmp_path / "merged")), "not an empty"),
         (("--format", "gguf"), "'gguf' is not one of: onnx, pt2, peft, merged"),
     ]:
-        refused = cli("export", str(trainer.run_dir), *argv)
+        refused = cli_here("export", str(trainer.run_dir), *argv)
         assert refused.returncode == 2 and why in refused.stderr, refused.stderr
         assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr

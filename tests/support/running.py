@@ -29,6 +29,17 @@ def config_file(directory: Path, base: str = "pendulum.yaml", **sections: dict[s
     return path
 
 
+def cli_here(*args: str) -> subprocess.CompletedProcess:
+    """``tinker-atropos ARGS`` in this process, as ``cli`` answers: for a command whose output is its own (a
+    refusal, an export), where a process of its own would import torch and the rest again for each call."""
+    from typer.testing import CliRunner
+
+    from tinker_atropos.launcher.cli import app
+
+    result = CliRunner().invoke(app, list(args))
+    return subprocess.CompletedProcess(args, result.exit_code, result.stdout, result.stderr)
+
+
 def cli(
     *args: str, timeout: float = 120, cwd: Path = REPO, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:

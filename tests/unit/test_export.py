@@ -12,7 +12,7 @@ import onnxruntime
 import pytest
 import torch
 
-from tests.support.running import REPO, cli
+from tests.support.running import REPO, cli, cli_here
 from tinker_atropos.models.acting import InferencePolicy
 from tinker_atropos.models.export import export_policy
 from tinker_atropos.models.mlp import ActorCritic
@@ -98,17 +98,17 @@ def test_export_from_a_run_folder_and_its_errors(tmp_path: Path) -> None:
     )
     assert elsewhere.returncode == 0 and elsewhere.stderr == "", elsewhere.stderr[-3000:]
     assert (tmp_path / "new" / "folder" / "p.pt2").stat().st_size > 0  # the folder made, as SB3's save does
-    unwritable = cli("export", str(run_dir), "--out", str(run_dir / "config.yaml" / "p.onnx"))
+    unwritable = cli_here("export", str(run_dir), "--out", str(run_dir / "config.yaml" / "p.onnx"))
     assert (unwritable.returncode, unwritable.stderr.strip()) == (
         1,
         f"error: cannot write {run_dir / 'config.yaml' / 'p.onnx'}: a file stands where its folder would be",
     )
-    wrong = cli("export", str(run_dir), "--format", "tflite")
+    wrong = cli_here("export", str(run_dir), "--format", "tflite")
     assert (wrong.returncode, wrong.stderr.strip()) == (
         2,
         "error: --format 'tflite' is not one of: onnx, pt2, peft, merged",
     )
-    missing = cli(
+    missing = cli_here(
         "export",
         str(run_dir),
         "--config",
@@ -119,7 +119,7 @@ def test_export_from_a_run_folder_and_its_errors(tmp_path: Path) -> None:
     assert missing.returncode == 2
     assert missing.stderr.startswith(f"error: checkpoint {tmp_path / 'missing.pt'} does not load: ")
     for command in ("export", "eval"):  # a run folder that is not there is named as such
-        nowhere = cli(command, str(tmp_path / "no-such-run"))
+        nowhere = cli_here(command, str(tmp_path / "no-such-run"))
         assert (nowhere.returncode, nowhere.stderr.strip()) == (
             2,
             f"error: run folder {tmp_path / 'no-such-run'} does not exist (`up` makes runs/RUN_NAME)",
