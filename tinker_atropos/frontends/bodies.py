@@ -75,12 +75,13 @@ class BodyLimit:
         await JSONResponse({"detail": detail}, status_code=413)(scope, receive, send)
 
 
-def _inflate(data: bytes, limit: int) -> bytes | None:
-    """``data`` gunzipped, ``limit`` + 1 bytes at most (more: over the limit); None when it is not gzip."""
+def _inflate(data: bytes, limit: int) -> list[bytes | None]:
+    """``data`` gunzipped, ``limit`` + 1 bytes at most (more: over the limit), alone in a list (``GzipRequests``
+    empties it); None when it is not gzip."""
     try:
-        return zlib.decompressobj(wbits=zlib.MAX_WBITS | 16).decompress(data, limit + 1)
+        return [zlib.decompressobj(wbits=zlib.MAX_WBITS | 16).decompress(data, limit + 1)]
     except zlib.error:
-        return None
+        return [None]
 
 
 class GzipRequests:
@@ -102,7 +103,11 @@ class GzipRequests:
                 return
             chunks.append(message.get("body", b""))
             more = message.get("more_body", False)
-        body = await asyncio.to_thread(_inflate, b"".join(chunks), self.limit)
+        # handed over in a list emptied here: the executor's future holds the list, and its worker thread holds the
+        # future a moment after the result is set (until it loops for the next task): a body of its own would be
+        # held twice meanwhile
+        handed = await asyncio.to_thread(_inflate, b"".join(chunks), self.limit)
+        body = handed.pop()
         del chunks
         if body is None:
             return await PlainTextResponse("Invalid gzip payload", status_code=400)(scope, receive, send)
